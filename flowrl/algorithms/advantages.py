@@ -1,0 +1,36 @@
+"""Advantage estimators as pure functions of (rewards, group ids)."""
+from __future__ import annotations
+
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std: str = "global", eps: float = 1e-4,
+                     clip: float | None = 5.0) -> torch.Tensor:
+    """GRPO advantages A_i = (r_i - mean of i's group) / (std + eps), clipped to [-clip, clip].
+
+    std='global' divides by the std of all rewards in the batch (Flow-GRPO's default, `global_std=True`);
+    std='group' by the std within each prompt group (DanceGRPO's `--use_group`).
+    """
+    rewards = rewards.float()
+    groups, inverse = torch.unique(group_ids, return_inverse=True)
+    count = torch.zeros(len(groups)).index_add_(0, inverse, torch.ones_like(rewards))
+    mean = torch.zeros(len(groups)).index_add_(0, inverse, rewards) / count
+    centered = rewards - mean[inverse]
+    if std == "global":
+        scale = rewards.std(unbiased=False)
+    elif std == "group":
+        var = torch.zeros(len(groups)).index_add_(0, inverse, centered**2) / count
+        scale = var.sqrt()[inverse]
+    else:
+        raise ValueError(f"std must be 'global' or 'group', got {std!r}")
+    advantages = centered / (scale + eps)
+    return advantages.clamp(-clip, clip) if clip is not None else advantages
+
+
+def zero_std_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Per-sample flag: True where every sample of the group got the same reward (no learning signal)."""
+    flags = torch.zeros_like(rewards, dtype=torch.bool)
+    for g in torch.unique(group_ids):
+        members = group_ids == g
+        flags[members] = bool((rewards[members] == rewards[members][0]).all())
+    return flags

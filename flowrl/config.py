@@ -1,0 +1,259 @@
+"""Typed experiment configs: YAML -> dataclasses, `key=value` overrides, one clear error per bad field.
+
+Every field is checked against its annotation (int, float, str, bool, Literal, X | None, list[X], nested
+dataclass); unknown keys are errors that list the known ones. Algorithm parameters are validated by the
+algorithm's own dataclass (see algorithms/).
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .errors import ConfigError
+from .sampling import SDE_KINDS
+
+
+@dataclass
+class RunSection:
+    name: str = "run"
+    out_dir: str = "runs"
+    seed: int = 0
+    resume: str | None = None  # a checkpoint dir, or "auto" (the newest in the run dir), or None (also auto)
+
+
+@dataclass
+class PipelineSection:
+    path: str = "pipelines/shapes-sd3"
+    height: int = 32
+    width: int = 32
+    max_sequence_length: int | None = 16
+    num_frames: int = 9  # video families only
+
+
+@dataclass
+class LoraSection:
+    rank: int = 16
+    alpha: float = 32.0
+    target_modules: list[str] | None = None  # None: the family's attention projections
+
+
+@dataclass
+class SamplerSection:
+    kind: str = "flow"
+    noise_level: float = 0.7
+    num_steps: int = 10
+    guidance_scale: float = 4.5
+    sde_window_size: int = 0  # 0: every step is SDE; k > 0: a window of k SDE steps (Flow-GRPO-Fast / MixGRPO)
+    sde_window_range: list[int] = field(default_factory=lambda: [0, 5])  # the window start is drawn from [lo, hi)
+
+    def validate(self):
+        if self.kind not in SDE_KINDS:
+            raise ConfigError(f"sampler.kind: expected one of {list(SDE_KINDS)}, got {self.kind!r}")
+        if self.num_steps < 1:
+            raise ConfigError(f"sampler.num_steps: expected an integer >= 1, got {self.num_steps}")
+        if self.noise_level < 0:
+            raise ConfigError(f"sampler.noise_level: expected a number >= 0, got {self.noise_level}")
+        lo, hi = (self.sde_window_range + [None, None])[:2]
+        if len(self.sde_window_range) != 2 or not 0 <= lo < hi:
+            raise ConfigError(f"sampler.sde_window_range: expected [lo, hi] with 0 <= lo < hi, got {self.sde_window_range}")
+        if self.sde_window_size < 0 or (self.sde_window_size and hi - 1 + self.sde_window_size > self.num_steps):
+            raise ConfigError(f"sampler.sde_window_size: a window of {self.sde_window_size} steps starting in "
+                              f"[{lo}, {hi}) must fit in sampler.num_steps={self.num_steps}")
+
+
+@dataclass
+class AlgorithmSection:
+    name: str = "grpo"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RewardTerm:
+    name: str = "shapes"
+    weight: float = 1.0
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PromptsSection:
+    source: str = "shapes_train"  # shapes_train | shapes_eval | a text file with one prompt per line
+
+
+@dataclass
+class TrainSection:
+    updates: int = 40
+    groups_per_update: int = 8  # prompts per update (global, over all processes)
+    group_size: int = 8  # samples per prompt
+    optimizer_steps_per_update: int = 1
+    lr: float = 3e-4
+    weight_decay: float = 1e-4
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    grad_clip: float = 1.0
+    microbatch_size: int = 16  # samples per forward/backward in the update phase
+    ema_decay: float = 0.0  # 0 disables EMA of the trained weights
+    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    threads: int = 0  # torch CPU threads; 0 keeps torch's default
+
+    def validate(self):
+        for name in ("updates", "groups_per_update", "optimizer_steps_per_update", "microbatch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name}: expected an integer >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ConfigError(f"train.group_size: expected an integer >= 2 (group advantages need it), got {self.group_size}")
+        if self.lr <= 0:
+            raise ConfigError(f"train.lr: expected a positive number, got {self.lr}")
+        if not 0 <= self.ema_decay < 1:
+            raise ConfigError(f"train.ema_decay: expected a number in [0, 1), got {self.ema_decay}")
+
+
+@dataclass
+class EvalSection:
+    every: int = 0  # evaluate every N updates (0: only before and after training)
+    prompts: str = "shapes_eval"
+    num_per_prompt: int = 4
+    num_steps: int = 20
+    guidance_scale: float = 4.5
+    seed: int = 2024
+    enabled: bool = True
+
+
+@dataclass
+class RunConfig:
+    run: RunSection = field(default_factory=RunSection)
+    pipeline: PipelineSection = field(default_factory=PipelineSection)
+    lora: LoraSection | None = field(default_factory=LoraSection)
+    sampler: SamplerSection = field(default_factory=SamplerSection)
+    algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
+    reward: list[RewardTerm] = field(default_factory=lambda: [RewardTerm()])
+    prompts: PromptsSection = field(default_factory=PromptsSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+
+    def validate(self):
+        self.sampler.validate()
+        self.train.validate()
+        if not self.reward:
+            raise ConfigError("reward: expected at least one reward term")
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value, tp, where: str):
+    """Check / coerce `value` to annotation `tp`; ConfigError naming `where` otherwise."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _convert(value, option, where)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: expected one of {list(args)}, got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return [_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    raise ConfigError(f"{where}: unsupported field type {tp}")
+
+
+def from_dict(cls, data, where: str = ""):
+    """Build dataclass `cls` from a mapping, checking every field; `where` prefixes field names in errors."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            raise ConfigError(f"{where + '.' if where else ''}{key}: unknown field; known fields: {', '.join(names)}")
+    kwargs = {k: _convert(v, hints[k], f"{where + '.' if where else ''}{k}") for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `a.b.c=value` strings (value parsed as YAML) to a nested mapping."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. train.lr=1e-4")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            if node.get(part) is None:
+                node[part] = {}
+            if not isinstance(node[part], dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section")
+            node = node[part]
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
+    """Read, override and validate a YAML config."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; expected a YAML file such as configs/shapes_grpo.yaml")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of sections at the top level")
+    config = from_dict(RunConfig, apply_overrides(data, list(overrides)))
+    config.validate()
+    return config
+
+
+def config_to_dict(config) -> dict:
+    return dataclasses.asdict(config)

@@ -1,0 +1,1 @@
+"""Evaluation suites (JSON results and plots)."""

@@ -1,0 +1,66 @@
+"""The shapes suite: GenEval-style accuracy per tag; overall is the mean of the six tag accuracies."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ..errors import UserError
+from ..shapes import TAGS, parse_prompt, score
+
+
+def shapes_accuracy(images: np.ndarray, prompts: list[str]) -> dict:
+    """{'overall': mean over tags, 'tags': {tag: accuracy}, 'counts': {tag: n}} for uint8 images and prompts."""
+    by_tag: dict[str, list[float]] = {}
+    for image, prompt in zip(images, prompts):
+        by_tag.setdefault(parse_prompt(prompt).tag, []).append(score(image, prompt))
+    tags = {t: float(np.mean(by_tag[t])) for t in TAGS if t in by_tag}
+    return {"overall": float(np.mean(list(tags.values()))) if tags else 0.0, "tags": tags,
+            "counts": {t: len(by_tag[t]) for t in tags}}
+
+
+def format_accuracy(result: dict) -> str:
+    lines = [f"{'tag':<14} {'accuracy':>8} {'n':>5}"]
+    for tag, acc in result["tags"].items():
+        lines.append(f"{tag:<14} {acc:>8.3f} {result['counts'][tag]:>5}")
+    lines.append(f"{'overall':<14} {result['overall']:>8.3f}")
+    return "\n".join(lines)
+
+
+def read_samples_dir(folder: str | Path) -> tuple[np.ndarray, list[str]]:
+    """Images and prompts listed in DIR/samples.jsonl (one {"prompt", "seed", "file"} object per line)."""
+    folder = Path(folder)
+    index = folder / "samples.jsonl"
+    if not index.is_file():
+        raise UserError(f"{index} does not exist; expected a folder written by `flowrl sample` "
+                        "(PNG files plus samples.jsonl with prompt, seed, file per line)")
+    images, prompts = [], []
+    for number, line in enumerate(index.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            file, prompt = folder / record["file"], record["prompt"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise UserError(f"{index} line {number}: expected a JSON object with 'prompt' and 'file'") from None
+        if not file.is_file():
+            raise UserError(f"{index} line {number}: image file {file} does not exist")
+        try:
+            parse_prompt(prompt)
+        except ValueError as error:
+            raise UserError(f"{index} line {number}: {error}") from None
+        images.append(np.asarray(Image.open(file).convert("RGB")))
+        prompts.append(prompt)
+    if not images:
+        raise UserError(f"{index} lists no samples")
+    return np.stack(images), prompts
+
+
+def evaluate_samples_dir(folder: str | Path) -> dict:
+    """Score a samples folder, write DIR/shapes_eval.json and return the result."""
+    images, prompts = read_samples_dir(folder)
+    result = shapes_accuracy(images, prompts)
+    (Path(folder) / "shapes_eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result

@@ -1,0 +1,33 @@
+"""A word-level tokenizer built locally for the shapes vocabulary (no hub download).
+
+It is a `PreTrainedTokenizerFast` over a `tokenizers` WordLevel model, saved beside each pipeline so that
+`from_pretrained` loads it like any other tokenizer. Sequences are `<bos> words <eos>` padded with `<pad>`.
+"""
+from __future__ import annotations
+
+from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+from tokenizers.models import WordLevel
+from transformers import PreTrainedTokenizerFast
+
+from ..shapes.prompts import NUMBER_WORDS, RELATIONS
+from ..shapes.world import COLORS, SHAPES
+
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # ids 0..3
+MODEL_MAX_LENGTH = 16  # the longest grammar prompt is 8 words + bos + eos
+
+
+def shapes_vocabulary() -> list[str]:
+    words = ["a", "an", "and", "of", "no", "not", *COLORS, *SHAPES, *(s + "s" for s in SHAPES), *NUMBER_WORDS]
+    words += [w for r in RELATIONS for w in r.split()]
+    return list(SPECIAL_TOKENS) + sorted(set(words))
+
+
+def build_tokenizer(max_length: int = MODEL_MAX_LENGTH) -> PreTrainedTokenizerFast:
+    vocab = {word: i for i, word in enumerate(shapes_vocabulary())}
+    core = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    core.normalizer = normalizers.Lowercase()
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    core.post_processor = processors.TemplateProcessing(
+        single="<bos> $A <eos>", special_tokens=[("<bos>", vocab["<bos>"]), ("<eos>", vocab["<eos>"])])
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>",
+                                   pad_token="<pad>", unk_token="<unk>", model_max_length=max_length)

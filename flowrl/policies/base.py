@@ -1,0 +1,138 @@
+"""The policy contract: a diffusers flow pipeline seen as a stochastic policy over denoising steps.
+
+A family adapter (SD3, FLUX, Wan) says how to encode prompts, call the transformer for a velocity (with
+classifier-free guidance where the family uses it), lay out initial noise, and decode. Everything else (LoRA
+through peft, the reference policy as the adapter switched off, step schedules) lives here once.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Conditioning:
+    """Prompt conditioning, batch-first so it can be indexed like the samples it conditions."""
+    tensors: dict[str, torch.Tensor]
+    negative: dict[str, torch.Tensor] = field(default_factory=dict)  # unconditional branch for CFG
+    prompts: list[str] = field(default_factory=list)
+
+    def select(self, index) -> "Conditioning":
+        index = torch.as_tensor(index, dtype=torch.long)
+        pick = {k: v[index] for k, v in self.tensors.items()}
+        neg = {k: v[index] for k, v in self.negative.items()}
+        return Conditioning(pick, neg, [self.prompts[i] for i in index.tolist()] if self.prompts else [])
+
+    def __len__(self) -> int:
+        return next(iter(self.tensors.values())).shape[0]
+
+
+class FlowPolicy:
+    """Base adapter. Subclasses implement `encode`, `_forward`, `noise_shape`, `decode` and `_raw_sigmas`."""
+
+    family = "flow"
+
+    def __init__(self, pipeline, max_sequence_length: int | None = None):
+        self.pipeline = pipeline
+        self.transformer = pipeline.transformer
+        self.model = self.transformer  # what is called: the transformer, or its distributed wrapper
+        self.max_sequence_length = max_sequence_length
+        self._sigma_cache: dict[int, torch.Tensor] = {}
+        for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
+            module = getattr(pipeline, name, None)
+            if module is not None:
+                module.requires_grad_(False)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.transformer.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.transformer.parameters()).dtype
+
+    # ---- family-specific -------------------------------------------------------------------------------
+    def encode(self, prompts: list[str], guidance_scale: float) -> Conditioning:
+        raise NotImplementedError
+
+    def _forward(self, latents: torch.Tensor, sigma: torch.Tensor, tensors: dict, guidance_scale: float) -> torch.Tensor:
+        raise NotImplementedError
+
+    def noise_shape(self, height: int, width: int, **kwargs) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _raw_sigmas(self, scheduler, num_steps: int, noise_shape: tuple[int, ...]) -> None:
+        scheduler.set_timesteps(num_steps)
+
+    # ---- shared ------------------------------------------------------------------------------------------
+    def uses_cfg(self, guidance_scale: float) -> bool:
+        return guidance_scale > 1.0
+
+    def velocity(self, latents: torch.Tensor, sigma, cond: Conditioning, guidance_scale: float) -> torch.Tensor:
+        """Velocity (eps - x0 convention) in fp32, guided as v_u + w (v_c - v_u) when CFG is on."""
+        sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device)
+        sigma = sigma.expand(latents.shape[0]) if sigma.ndim == 0 else sigma
+        x = latents.to(self.dtype)
+        if not self.uses_cfg(guidance_scale):
+            return self._forward(x, sigma, cond.tensors, guidance_scale).float()
+        both = {k: torch.cat([cond.negative[k], v]) for k, v in cond.tensors.items()}
+        out = self._forward(torch.cat([x, x]), torch.cat([sigma, sigma]), both, guidance_scale).float()
+        uncond, text = out.chunk(2)
+        return uncond + guidance_scale * (text - uncond)
+
+    def sigmas(self, num_steps: int, noise_shape: tuple[int, ...] = ()) -> torch.Tensor:
+        """The pipeline's own sigma schedule for `num_steps` (N + 1 values ending at 0), fp32."""
+        key = (num_steps, tuple(noise_shape))
+        if key not in self._sigma_cache:
+            scheduler = copy.deepcopy(self.pipeline.scheduler)  # set_timesteps mutates scheduler state
+            self._raw_sigmas(scheduler, num_steps, noise_shape)
+            self._sigma_cache[key] = scheduler.sigmas.float().cpu()
+        return self._sigma_cache[key]
+
+    def add_lora(self, rank: int, alpha: float, target_modules: list[str], init: str = "gaussian") -> None:
+        from peft import LoraConfig
+
+        self.transformer.requires_grad_(False)
+        self.transformer.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules,
+                                                init_lora_weights=init))
+
+    @property
+    def has_lora(self) -> bool:
+        return bool(getattr(self.transformer, "_hf_peft_config_loaded", False))
+
+    @contextlib.contextmanager
+    def reference(self):
+        """The reference policy: the same network with its LoRA adapter switched off."""
+        if not self.has_lora:
+            raise RuntimeError("the reference policy needs a LoRA adapter (full fine-tuning keeps no reference)")
+        self.transformer.disable_adapters()
+        try:
+            yield self
+        finally:
+            self.transformer.enable_adapters()
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.transformer.parameters() if p.requires_grad]
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        names = {id(p): n for n, p in self.transformer.named_parameters()}
+        return {names[id(p)]: p.detach().clone() for p in self.trainable_parameters()}
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        params = dict(self.transformer.named_parameters())
+        missing = [n for n in state if n not in params]
+        if missing:
+            raise ValueError(f"checkpoint has parameters this policy lacks, e.g. {missing[:3]}")
+        with torch.no_grad():
+            for name, value in state.items():
+                params[name].copy_(value)
+
+    def to_images(self, decoded: torch.Tensor) -> torch.Tensor:
+        """VAE output in [-1, 1] -> [0, 1] fp32."""
+        return (decoded.float() / 2 + 0.5).clamp(0, 1)

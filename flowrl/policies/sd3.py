@@ -1,0 +1,46 @@
+"""StableDiffusion3Pipeline adapter: joint text/image transformer, three text encoders, optional CFG."""
+from __future__ import annotations
+
+import torch
+
+from .base import Conditioning, FlowPolicy
+
+SD3_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+                    "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"]
+
+
+class SD3Policy(FlowPolicy):
+    family = "sd3"
+    lora_targets = SD3_LORA_TARGETS
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str], guidance_scale: float) -> Conditioning:
+        cfg = self.uses_cfg(guidance_scale)
+        kwargs = {} if self.max_sequence_length is None else {"max_sequence_length": self.max_sequence_length}
+        embeds, neg, pooled, neg_pooled = self.pipeline.encode_prompt(
+            prompts, prompts, prompts, device=self.device, do_classifier_free_guidance=cfg,
+            negative_prompt=[""] * len(prompts) if cfg else None, **kwargs)
+        negative = {"embeds": neg, "pooled": neg_pooled} if cfg else {}
+        return Conditioning({"embeds": embeds, "pooled": pooled}, negative, list(prompts))
+
+    def _forward(self, latents, sigma, tensors, guidance_scale):
+        return self.model(hidden_states=latents, encoder_hidden_states=tensors["embeds"].to(latents.dtype),
+                          pooled_projections=tensors["pooled"].to(latents.dtype), timestep=sigma * 1000,
+                          return_dict=False)[0]
+
+    def noise_shape(self, height: int, width: int, **kwargs) -> tuple[int, ...]:
+        factor = self.pipeline.vae_scale_factor
+        return (self.transformer.config.in_channels, height // factor, width // factor)
+
+    def _raw_sigmas(self, scheduler, num_steps, noise_shape):
+        mu = None
+        if scheduler.config.get("use_dynamic_shifting", False):
+            from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
+            patch = self.transformer.config.patch_size
+            mu = calculate_shift(noise_shape[-1] * noise_shape[-2] // patch**2)
+        scheduler.set_timesteps(num_steps, mu=mu)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        vae = self.pipeline.vae
+        z = latents.to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
+        return self.to_images(vae.decode(z, return_dict=False)[0])

@@ -1,0 +1,45 @@
+"""WanPipeline adapter (text-to-video): 5-D latents [B, C, F, H, W], UMT5/T5 text, true CFG."""
+from __future__ import annotations
+
+import torch
+
+from .base import Conditioning, FlowPolicy
+
+WAN_LORA_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+                    "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"]
+
+
+class WanPolicy(FlowPolicy):
+    family = "wan"
+    lora_targets = WAN_LORA_TARGETS
+
+    def __init__(self, pipeline, max_sequence_length=None, num_frames: int = 9):
+        super().__init__(pipeline, max_sequence_length)
+        self.num_frames = num_frames
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str], guidance_scale: float) -> Conditioning:
+        cfg = self.uses_cfg(guidance_scale)
+        kwargs = {} if self.max_sequence_length is None else {"max_sequence_length": self.max_sequence_length}
+        embeds, neg = self.pipeline.encode_prompt(prompts, negative_prompt=[""] * len(prompts) if cfg else None,
+                                                  do_classifier_free_guidance=cfg, device=self.device, **kwargs)
+        return Conditioning({"embeds": embeds}, {"embeds": neg} if cfg else {}, list(prompts))
+
+    def noise_shape(self, height: int, width: int, **kwargs) -> tuple[int, ...]:
+        p = self.pipeline
+        frames = (self.num_frames - 1) // p.vae_scale_factor_temporal + 1
+        return (self.transformer.config.in_channels, frames, height // p.vae_scale_factor_spatial,
+                width // p.vae_scale_factor_spatial)
+
+    def _forward(self, latents, sigma, tensors, guidance_scale):
+        return self.model(hidden_states=latents, timestep=sigma * 1000,
+                          encoder_hidden_states=tensors["embeds"].to(latents.dtype), return_dict=False)[0]
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Video in [0, 1], [B, 3, F, H, W]."""
+        vae = self.pipeline.vae
+        z_dim = vae.config.z_dim
+        mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(latents.device, vae.dtype)
+        inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(latents.device, vae.dtype)
+        z = latents.to(vae.dtype) / inv_std + mean
+        return self.to_images(vae.decode(z, return_dict=False)[0])

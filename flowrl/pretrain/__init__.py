@@ -1,0 +1,1 @@
+"""`flowrl pretrain` recipes that produce the embedded default pipelines from the shapes renderer."""

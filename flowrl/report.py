@@ -1,0 +1,125 @@
+"""Run-dir outputs people read: metrics.csv, TensorBoard events, a reward-curve PNG, a before/after grid and
+report.html."""
+from __future__ import annotations
+
+import csv
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+
+class MetricsLog:
+    """Appends one row per update to metrics.csv (columns grow as new metrics appear) and to TensorBoard."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True):
+        self.path = run_dir / "metrics.csv"
+        self.rows = self._read()
+        self.writer = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+            except ImportError:  # tensorboard is a core dependency; keep training if a user removed it
+                self.writer = None
+
+    def _read(self) -> list[dict]:
+        if not self.path.is_file():
+            return []
+        with self.path.open() as f:
+            return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+
+    def append(self, update: int, metrics: dict) -> None:
+        row = {"update": update, **{k: float(v) for k, v in metrics.items()}}
+        self.rows = [r for r in self.rows if int(r["update"]) < update] + [row]  # a resumed run rewrites its tail
+        columns = list(dict.fromkeys(k for r in self.rows for k in r))
+        with self.path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(self.rows)
+        if self.writer is not None:
+            for key, value in metrics.items():
+                self.writer.add_scalar(key, float(value), update)
+            self.writer.flush()
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+
+
+def plot_rewards(rows: list[dict], path: Path, evals: dict | None = None, title: str = "reward") -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    updates = [r["update"] for r in rows]
+    ax.plot(updates, [r["reward_mean"] for r in rows], color="#bbbbbb", lw=1, label="train reward (per update)")
+    if len(rows) >= 5:
+        k = max(2, len(rows) // 10)
+        smooth = np.convolve([r["reward_mean"] for r in rows], np.ones(k) / k, mode="valid")
+        ax.plot(updates[k - 1:], smooth, color="#1f77b4", lw=2, label=f"train reward ({k}-update mean)")
+    if evals:
+        xs, ys = zip(*sorted((int(u), e["overall"]) for u, e in evals.items()))
+        ax.plot(xs, ys, "o-", color="#d62728", label="eval-split accuracy")
+    ax.set_xlabel("update")
+    ax.set_ylabel("score")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def image_grid(columns: list[np.ndarray], labels: list[str], row_titles: list[str], path: Path, scale: int = 4) -> None:
+    """A labelled grid: columns[c][r] is the uint8 image at row r, column c."""
+    rows = len(row_titles)
+    h, w = columns[0][0].shape[:2]
+    cell_w, cell_h, title_w, head_h = w * scale, h * scale, 260, 20
+    canvas = Image.new("RGB", (title_w + len(columns) * (cell_w + 4), head_h + rows * (cell_h + 4)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for c, label in enumerate(labels):
+        draw.text((title_w + c * (cell_w + 4) + 4, 4), label, fill="black")
+    for r, title in enumerate(row_titles):
+        draw.text((4, head_h + r * (cell_h + 4) + cell_h // 2 - 6), title[:42], fill="black")
+        for c in range(len(columns)):
+            tile = Image.fromarray(columns[c][r]).resize((cell_w, cell_h), Image.NEAREST)
+            canvas.paste(tile, (title_w + c * (cell_w + 4), head_h + r * (cell_h + 4)))
+    canvas.save(path)
+
+
+def write_report(run_dir: Path, config_text: str, before: dict | None, after: dict | None, rows: list[dict],
+                 notes: list[str] = ()) -> Path:
+    """report.html: the before/after table, the plots and the config, self-contained beside the PNGs."""
+    def table() -> str:
+        if not before or not after:
+            return "<p>No evaluation recorded.</p>"
+        out = ["<table><tr><th>tag</th><th>base</th><th>tuned</th><th>change</th></tr>"]
+        for tag in before["tags"]:
+            b, a = before["tags"][tag], after["tags"].get(tag, float("nan"))
+            out.append(f"<tr><td>{tag}</td><td>{b:.3f}</td><td>{a:.3f}</td><td>{a - b:+.3f}</td></tr>")
+        b, a = before["overall"], after["overall"]
+        out.append(f"<tr><th>overall</th><th>{b:.3f}</th><th>{a:.3f}</th><th>{a - b:+.3f}</th></tr></table>")
+        return "\n".join(out)
+
+    minutes = sum(r.get("seconds", 0) for r in rows) / 60
+    body = f"""<!doctype html><html><head><meta charset="utf-8"><title>flowrl run {html.escape(run_dir.name)}</title>
+<style>body{{font-family:sans-serif;max-width:900px;margin:2em auto}}td,th{{padding:2px 10px;text-align:right}}
+pre{{background:#f4f4f4;padding:1em;overflow:auto}}</style></head><body>
+<h1>flowrl run: {html.escape(run_dir.name)}</h1>
+<p>{len(rows)} updates, {minutes:.1f} minutes of training (rollout + update).</p>
+<h2>Eval-split accuracy (shapes verifier, same seeds before and after)</h2>{table()}
+{''.join(f'<p>{html.escape(n)}</p>' for n in notes)}
+<h2>Reward</h2><img src="reward_curve.png">
+<h2>Base vs tuned (same prompt, same seed)</h2><img src="before_after.png">
+<h2>Config</h2><pre>{html.escape(config_text)}</pre></body></html>"""
+    path = run_dir / "report.html"
+    path.write_text(body)
+    return path
+
+
+def save_json(path: Path, data) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")

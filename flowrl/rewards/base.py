@@ -1,0 +1,72 @@
+"""One contract for every reward, a registry by name, and weighted combination.
+
+A reward maps a batch of decoded samples (float [B, 3, H, W] or video [B, 3, F, H, W], values in [0, 1]),
+their prompts and per-sample metadata to scores [B] plus an info dict of extra per-sample tensors. Rewards that
+are differentiable in the samples say so, for methods that backpropagate through them (ReFL, DRaFT, MEND).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class RewardOutput:
+    scores: torch.Tensor  # [B] fp32
+    info: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Reward:
+    name = "reward"
+    differentiable = False
+
+    def __call__(self, samples: torch.Tensor, prompts: list[str], meta: dict | None = None) -> RewardOutput:
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, Callable[..., Reward]] = {}
+
+
+def register_reward(name: str):
+    def wrap(factory):
+        _REGISTRY[name] = factory
+        return factory
+    return wrap
+
+
+def reward_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def build_reward(name: str, **params) -> Reward:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown reward {name!r}; registered: {reward_names()}")
+    return _REGISTRY[name](**params)
+
+
+class WeightedSum(Reward):
+    """sum_k w_k r_k, optionally with each r_k standardized over the batch first (so scales don't dominate).
+
+    Each component's raw scores are kept in info as '<name>' for logging.
+    """
+    name = "weighted_sum"
+
+    def __init__(self, rewards: list[Reward], weights: list[float], normalize: bool = False):
+        if len(rewards) != len(weights):
+            raise ValueError("one weight per reward")
+        self.rewards, self.weights, self.normalize = rewards, weights, normalize
+        self.differentiable = all(r.differentiable for r in rewards)
+
+    def __call__(self, samples, prompts, meta=None) -> RewardOutput:
+        total, info = 0.0, {}
+        for reward, weight in zip(self.rewards, self.weights):
+            out = reward(samples, prompts, meta)
+            info[reward.name] = out.scores.detach()
+            info.update({f"{reward.name}/{k}": v for k, v in out.info.items()})
+            scores = out.scores
+            if self.normalize and scores.numel() > 1:
+                scores = (scores - scores.mean()) / (scores.std() + 1e-6)
+            total = total + weight * scores
+        return RewardOutput(total, info)

@@ -1,0 +1,103 @@
+"""Rollouts: run a policy's sampler and keep what every method needs (the trajectory, per-step log-probs).
+
+Each sample draws its initial noise and its per-step noise from its own generator, seeded from
+(run seed, update, global sample index). A rollout is therefore the same whether a batch runs on one process or
+is sharded across several, and a resumed run replays exactly the samples it would have drawn.
+Callbacks run after every step and may replace the latents and re-index the particles (FK resampling,
+in-generation steering); the conditioning follows the same index.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .policies.base import Conditioning, FlowPolicy
+from .sampling import sde_step, x0_prediction
+
+
+@dataclass
+class Trajectory:
+    latents: torch.Tensor  # [T + 1, B, ...] fp32; latents[0] is the initial noise, latents[-1] the sample
+    log_probs: torch.Tensor  # [T, B] log pi(latents[i + 1] | latents[i]); 0 on deterministic steps
+    sigmas: torch.Tensor  # [T + 1]
+    stochastic: torch.Tensor  # [T] bool: steps drawn from the SDE (the ones a log-prob method can train)
+    kind: str
+    noise_level: float
+    guidance_scale: float
+    cond: Conditioning
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def final(self) -> torch.Tensor:
+        return self.latents[-1]
+
+    @property
+    def num_steps(self) -> int:
+        return self.log_probs.shape[0]
+
+
+@dataclass
+class StepState:
+    """What a callback sees after step i; it may assign `latents` and `index` (a particle re-indexing)."""
+    step: int
+    sigma: float
+    sigma_next: float
+    latents: torch.Tensor
+    x0_pred: torch.Tensor
+    cond: Conditioning
+    index: torch.Tensor | None = None
+
+
+def sample_generators(seeds: list[int]) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(int(s)) for s in seeds]
+
+
+def per_sample_noise(generators: list[torch.Generator], shape: tuple[int, ...]) -> torch.Tensor:
+    """One N(0, I) draw of `shape` from each sample's generator, stacked: [B, *shape]."""
+    return torch.stack([torch.randn(shape, generator=g) for g in generators])
+
+
+def sde_step_mask(num_steps: int, kind: str, window: tuple[int, int] | None) -> torch.Tensor:
+    """Which steps are stochastic: all for an SDE kind (or only [start, end) of a window), none for 'ode'."""
+    mask = torch.zeros(num_steps, dtype=torch.bool)
+    if kind != "ode":
+        start, end = window if window is not None else (0, num_steps)
+        mask[start:end] = True
+    return mask
+
+
+@torch.no_grad()
+def rollout(policy: FlowPolicy, cond: Conditioning, generators: list[torch.Generator], noise_shape: tuple[int, ...],
+            num_steps: int, kind: str = "flow", noise_level: float = 0.7, guidance_scale: float = 1.0,
+            sde_window: tuple[int, int] | None = None, initial_noise: torch.Tensor | None = None,
+            callbacks: list[Callable[[StepState], None]] = (), progress=None) -> Trajectory:
+    """Sample len(cond) trajectories. `sde_window` (start, end) keeps SDE steps only in that range (ODE elsewhere)."""
+    device = policy.device
+    sigmas = policy.sigmas(num_steps, noise_shape)
+    stochastic = sde_step_mask(num_steps, kind, sde_window)
+    x = initial_noise if initial_noise is not None else per_sample_noise(generators, noise_shape)
+    x = x.to(device=device, dtype=torch.float32)
+    latents, log_probs = [x], []
+    for i in range(num_steps):
+        sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
+        v = policy.velocity(x, sigma, cond, guidance_scale)
+        step_kind = kind if stochastic[i] else "ode"
+        noise = per_sample_noise(generators, noise_shape).to(device) if step_kind != "ode" else None
+        x, _, _, log_prob = sde_step(step_kind, v, x, sigma, sigma_next, noise_level, noise=noise)
+        if callbacks:
+            state = StepState(i, sigma, sigma_next, x, x0_prediction(v, latents[-1], sigma), cond)
+            for callback in callbacks:
+                callback(state)
+            if state.index is not None:  # particles were re-indexed: history and conditioning follow
+                latents = [z[state.index] for z in latents]
+                log_probs = [lp[state.index] for lp in log_probs]
+                cond = cond.select(state.index)
+            x = state.latents
+        latents.append(x)
+        log_probs.append(log_prob)
+        if progress is not None:
+            progress.update(1)
+    return Trajectory(torch.stack(latents), torch.stack(log_probs), sigmas, stochastic, kind, noise_level,
+                      guidance_scale, cond)

@@ -1,0 +1,130 @@
+"""Pure numerics of one denoising step with its Gaussian log-probability.
+
+Convention (diffusers `FlowMatchEulerDiscreteScheduler`, SD3/FLUX/Wan): x_sigma = (1 - sigma) x0 + sigma eps,
+the network predicts the velocity v = eps - x0, sampling runs sigma: 1 -> 0, so dt = sigma_next - sigma < 0.
+All maths runs in fp32 whatever the model dtype; results come back in fp32.
+
+Step kinds (one signature, `sde_step`):
+  ode    Euler step x + dt v; deterministic (std 0, log-prob 0).
+  flow   Flow-GRPO (arXiv 2505.05470, eq. 9): std_t = a sqrt(sigma / (1 - sigma)),
+         mean = x + [v + std_t^2 / (2 sigma) (x + (1 - sigma) v)] dt, step std = std_t sqrt(-dt).
+         At sigma = 1 the denominator uses sigma_next, as flow_grpo does with sigmas[1].
+  dance  DanceGRPO (arXiv 2505.07818): the same drift with a constant std_t = eta (= noise_level).
+  cps    Coefficients-preserving sampling (arXiv 2509.05952): std = sigma_next sin(a pi / 2),
+         mean = (1 - sigma_next) x0_hat + sqrt(sigma_next^2 - std^2) eps_hat.
+  sage   SAGE-GRPO (arXiv 2603.21872) as read in reference/methods.md: the Flow-GRPO mean with the exactly
+         integrated step variance a^2 [log((1 - sigma_next) / (1 - sigma)) - (sigma - sigma_next)];
+         the first step (sigma = 1, where that integral diverges) keeps the Flow-GRPO variance.
+
+Every log-prob is the exact Gaussian density of the stored next sample; `reduce="mean"` averages it over all
+non-batch elements (as the anchors do, hence their tiny PPO clip ranges), `reduce="none"` keeps the per-element
+map for token-level credit. The anchors' CPS log-prob drops the constants and the 1/(2 std^2) factor; here every
+kind uses the true density, so ratios share one temperature.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+SDE_KINDS = ("ode", "flow", "dance", "cps", "sage")
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _batch_shaped(value, like: torch.Tensor) -> torch.Tensor:
+    """A float or [B] tensor broadcast against a [B, ...] sample, in fp32."""
+    value = torch.as_tensor(value, dtype=torch.float32, device=like.device)
+    return value.reshape(-1, *([1] * (like.ndim - 1))) if value.ndim else value
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
+    """log N(x; mean, std^2) per element, averaged over non-batch dims unless reduce == 'none'.
+
+    Where std == 0 (a deterministic step) the log-prob is defined as 0.
+    """
+    std = torch.broadcast_to(std, x.shape)
+    safe = torch.where(std > 0, std, torch.ones_like(std))
+    log_prob = -((x - mean) ** 2) / (2 * safe**2) - torch.log(safe) - _LOG_SQRT_2PI
+    log_prob = torch.where(std > 0, log_prob, torch.zeros_like(log_prob))
+    if reduce == "none":
+        return log_prob
+    if reduce == "mean":
+        return log_prob.mean(dim=tuple(range(1, x.ndim)))
+    raise ValueError(f"reduce must be 'mean' or 'none', got {reduce!r}")
+
+
+def sde_step(kind: str, velocity: torch.Tensor, sample: torch.Tensor, sigma, sigma_next, noise_level: float,
+             noise: torch.Tensor | None = None, prev_sample: torch.Tensor | None = None, reduce: str = "mean",
+             generator: torch.Generator | None = None):
+    """One step from `sigma` to `sigma_next` (floats or [B] tensors).
+
+    Returns (prev_sample, mean, std, log_prob): the next sample (the given `prev_sample` when scoring a stored
+    trajectory, else mean + std * noise), the step mean (carries the gradient of `velocity`), the step std
+    broadcastable to the sample, and log pi(prev_sample | sample) reduced as `reduce` says.
+    """
+    if kind not in SDE_KINDS:
+        raise ValueError(f"unknown sde kind {kind!r}; expected one of {SDE_KINDS}")
+    v = velocity.float()
+    x = sample.float()
+    s = _batch_shaped(sigma, x)
+    s_next = _batch_shaped(sigma_next, x)
+    dt = s_next - s
+    a = float(noise_level)
+    if kind == "ode":
+        mean, std = x + dt * v, torch.zeros_like(s)
+    elif kind == "cps":
+        std = s_next * math.sin(a * math.pi / 2)
+        x0_hat, eps_hat = x - s * v, x + (1 - s) * v
+        mean = (1 - s_next) * x0_hat + torch.sqrt((s_next**2 - std**2).clamp(min=0)) * eps_hat
+    else:
+        if kind == "dance":
+            std_t = torch.full_like(s, a)
+        else:  # flow and sage share the Flow-GRPO drift
+            denominator = torch.where(s >= 1, 1 - s_next, 1 - s)
+            std_t = a * torch.sqrt(s / denominator)
+        mean = x + (v + std_t**2 / (2 * s) * (x + (1 - s) * v)) * dt
+        std = std_t * torch.sqrt(-dt)
+        if kind == "sage":
+            exact = a**2 * (torch.log((1 - s_next) / (1 - s).clamp(min=1e-12)) + dt)
+            std = torch.where(s >= 1, std, torch.sqrt(exact.clamp(min=0)))
+    if prev_sample is None:
+        if noise is None:
+            noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+        prev_sample = mean + std * noise.float()
+    prev_sample = prev_sample.float().detach()
+    return prev_sample, mean, std, gaussian_log_prob(prev_sample, mean, std, reduce)
+
+
+def ddim_step(epsilon: torch.Tensor, sample: torch.Tensor, alpha_prod, alpha_prod_prev, eta: float,
+              noise: torch.Tensor | None = None, prev_sample: torch.Tensor | None = None, reduce: str = "mean",
+              generator: torch.Generator | None = None):
+    """DDIM step with log-prob for epsilon-prediction models (DDPO, arXiv 2305.13301; Song et al. eq. 12).
+
+    alpha_prod / alpha_prod_prev are the cumulative alphas at t and at the previous (less noisy) timestep.
+    Returns (prev_sample, mean, std, log_prob) like `sde_step`.
+    """
+    eps = epsilon.float()
+    x = sample.float()
+    a_t = _batch_shaped(alpha_prod, x)
+    a_prev = _batch_shaped(alpha_prod_prev, x)
+    x0_hat = (x - torch.sqrt(1 - a_t) * eps) / torch.sqrt(a_t)
+    variance = (1 - a_prev) / (1 - a_t) * (1 - a_t / a_prev)
+    std = eta * torch.sqrt(variance.clamp(min=0))
+    mean = torch.sqrt(a_prev) * x0_hat + torch.sqrt((1 - a_prev - std**2).clamp(min=0)) * eps
+    if prev_sample is None:
+        if noise is None:
+            noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+        prev_sample = mean + std * noise.float()
+    prev_sample = prev_sample.float().detach()
+    return prev_sample, mean, std, gaussian_log_prob(prev_sample, mean, std, reduce)
+
+
+def x0_prediction(velocity: torch.Tensor, sample: torch.Tensor, sigma) -> torch.Tensor:
+    """One-step clean-sample estimate x0_hat = x - sigma v (fp32)."""
+    return sample.float() - _batch_shaped(sigma, sample) * velocity.float()
+
+
+def shifted_sigmas(num_steps: int, shift: float = 1.0) -> torch.Tensor:
+    """linspace(1, 0, N + 1) under the SD3 time shift sigma' = s sigma / (1 + (s - 1) sigma) (DanceGRPO's grid)."""
+    sigmas = torch.linspace(1.0, 0.0, num_steps + 1)
+    return shift * sigmas / (1 + (shift - 1) * sigmas)

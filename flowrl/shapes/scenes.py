@@ -1,0 +1,48 @@
+"""Scenes that satisfy a prompt: the renderer's (image, prompt) pairs for pretraining and for tests."""
+from __future__ import annotations
+
+import numpy as np
+
+from .prompts import TAGS, PromptSpec, all_prompt_specs
+from .verifier import POSITION_MARGIN
+from .world import COLORS, IMAGE_SIZE, ShapeObject, boxes_clash, random_box, render
+
+_MAX_TRIES = 500
+
+
+def _relation_ok(a: ShapeObject, b: ShapeObject, relation: str) -> bool:
+    """The relation holds with margin and dominates the other axis, so a rendered scene is unambiguous."""
+    (ax, ay), (bx, by) = a.centroid, b.centroid
+    dx, dy = bx - ax, by - ay
+    along = {"left of": dx, "right of": -dx, "above": dy, "below": -dy}[relation]
+    across = abs(dy) if relation in ("left of", "right of") else abs(dx)
+    return along > POSITION_MARGIN + 2 and along > across
+
+
+def scene_objects(spec: PromptSpec, rng: np.random.Generator) -> list[ShapeObject]:
+    """Objects that satisfy `spec`; free attributes (colours, positions, sizes) are drawn from `rng`."""
+    wanted = [(p.shape, p.color) for p in spec.phrases] * (spec.count if spec.tag == "counting" else 1)
+    for _ in range(_MAX_TRIES):
+        objects: list[ShapeObject] = []
+        for shape, color in wanted:
+            for _ in range(_MAX_TRIES):
+                obj = ShapeObject(shape, color or COLORS[rng.integers(len(COLORS))], *random_box(rng, IMAGE_SIZE))
+                if not any(boxes_clash(obj, other) for other in objects):
+                    objects.append(obj)
+                    break
+        if len(objects) == len(wanted) and (spec.relation is None or _relation_ok(*objects, spec.relation)):
+            return objects
+    raise RuntimeError(f"could not place a scene for {spec.text()!r}")
+
+
+def random_spec(rng: np.random.Generator) -> PromptSpec:
+    """A prompt drawn uniformly over tags, then uniformly within the tag."""
+    specs = all_prompt_specs(TAGS[rng.integers(len(TAGS))])
+    return specs[rng.integers(len(specs))]
+
+
+def sample_pairs(n: int, rng: np.random.Generator) -> tuple[np.ndarray, list[str]]:
+    """n rendered (image, prompt) pairs: uint8 [n, H, W, 3] and the prompts."""
+    specs = [random_spec(rng) for _ in range(n)]
+    images = np.stack([render(scene_objects(s, rng)) for s in specs])
+    return images, [s.text() for s in specs]

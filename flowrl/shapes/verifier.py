@@ -1,0 +1,119 @@
+"""Rule-based verifier: find the objects in an image and judge it against a prompt.
+
+Detection: every bright pixel takes its nearest palette colour, each colour's pixels split into connected
+components, and each component is classed by its silhouette (fill of the bounding box and how much narrower its
+top is than its bottom). The judgement follows GenEval's tag rules; `score` is the binary verdict used for
+evaluation and `dense_score` the fraction of the prompt's constraints met, a smoother training reward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import ndimage
+
+from .prompts import PromptSpec, parse_prompt
+from .world import PALETTE
+
+BACKGROUND_MAX = 70  # a pixel whose brightest channel is below this is background
+COLOR_MAX_DISTANCE = 130.0  # farther than this from every palette colour: not an object pixel
+MIN_AREA = 14  # smaller components are noise (the smallest rendered object covers 25 px)
+POSITION_MARGIN = 2.0  # centroid displacement (px) needed along the relation's axis
+
+_PALETTE_NAMES = list(PALETTE)
+_PALETTE_RGB = np.array([PALETTE[c] for c in _PALETTE_NAMES], dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Detection:
+    shape: str  # circle | square | triangle | unknown
+    color: str
+    cx: float
+    cy: float
+    area: int
+
+
+def classify_silhouette(mask: np.ndarray) -> str:
+    """Class of one connected component given as a boolean mask cropped to its bounding box."""
+    h, w = mask.shape
+    if max(h, w) > 1.6 * min(h, w):
+        return "unknown"  # elongated: merged objects or smears
+    fill = mask.sum() / (h * w)
+    rows = mask.sum(axis=1)
+    third = max(1, h // 3)
+    top, bottom = rows[:third].mean(), rows[-third:].mean()
+    if top < 0.6 * bottom:
+        return "triangle"
+    if fill >= 0.9:
+        return "square"
+    if fill >= 0.62:
+        return "circle"
+    return "unknown"
+
+
+def detect(image: np.ndarray) -> list[Detection]:
+    """Objects in a uint8 [H, W, 3] image."""
+    pixels = image.astype(np.float32)
+    bright = pixels.max(axis=-1) >= BACKGROUND_MAX
+    distance = np.linalg.norm(pixels[:, :, None, :] - _PALETTE_RGB[None, None], axis=-1)
+    nearest = distance.argmin(axis=-1)
+    near_enough = distance.min(axis=-1) <= COLOR_MAX_DISTANCE
+    found = []
+    for index, color in enumerate(_PALETTE_NAMES):
+        labels, count = ndimage.label(bright & near_enough & (nearest == index))
+        for region, box in enumerate(ndimage.find_objects(labels), start=1):
+            component = labels[box] == region
+            area = int(component.sum())
+            if area < MIN_AREA:
+                continue
+            ys, xs = np.nonzero(component)
+            found.append(Detection(classify_silhouette(component), color,
+                                   float(xs.mean() + box[1].start), float(ys.mean() + box[0].start), area))
+    return found
+
+
+def _matches(d: Detection, shape: str, color: str | None) -> bool:
+    return d.shape == shape and (color is None or d.color == color)
+
+
+def _relation_holds(a: Detection, b: Detection, relation: str) -> bool:
+    dx, dy = b.cx - a.cx, b.cy - a.cy  # image y grows downwards
+    return {"left of": dx, "right of": -dx, "above": dy, "below": -dy}[relation] > POSITION_MARGIN
+
+
+def constraint_scores(spec: PromptSpec, found: list[Detection]) -> list[float]:
+    """Per-constraint scores in [0, 1]; the prompt is met when all are 1."""
+    def exists(phrase) -> float:
+        return float(any(_matches(d, phrase.shape, phrase.color) for d in found))
+
+    if spec.tag == "counting":
+        n = sum(d.shape == spec.phrases[0].shape for d in found)
+        return [float(n > 0), max(0.0, 1.0 - abs(n - spec.count) / spec.count), float(n == spec.count)]
+    scores = []
+    for phrase in spec.phrases:
+        if phrase.color:  # partial credit for the right shape in the wrong colour
+            scores.append(float(any(d.shape == phrase.shape for d in found)))
+        scores.append(exists(phrase))
+    if spec.tag == "position":
+        a_phrase, b_phrase = spec.phrases
+        pairs = [(a, b) for a in found for b in found if a is not b
+                 and _matches(a, a_phrase.shape, a_phrase.color) and _matches(b, b_phrase.shape, b_phrase.color)]
+        scores.append(float(any(_relation_holds(a, b, spec.relation) for a, b in pairs)))
+    if spec.tag == "color_attr":  # both phrases must be met by different objects
+        a_phrase, b_phrase = spec.phrases
+        scores.append(float(any(_matches(a, a_phrase.shape, a_phrase.color) and _matches(b, b_phrase.shape, b_phrase.color)
+                                for a in found for b in found if a is not b)))
+    return scores
+
+
+def score(image: np.ndarray, prompt: str | PromptSpec) -> float:
+    """1.0 when the image meets every constraint of the prompt, else 0.0 (the GenEval-style verdict)."""
+    spec = parse_prompt(prompt) if isinstance(prompt, str) else prompt
+    return float(all(s == 1.0 for s in constraint_scores(spec, detect(image))))
+
+
+def dense_score(image: np.ndarray, prompt: str | PromptSpec) -> float:
+    """Fraction of the prompt's constraints met, in [0, 1]."""
+    spec = parse_prompt(prompt) if isinstance(prompt, str) else prompt
+    scores = constraint_scores(spec, detect(image))
+    return float(sum(scores) / len(scores))

@@ -1,0 +1,306 @@
+"""The one training loop: rollout -> reward -> (gathered) advantages -> algorithm loss -> optimizer step.
+
+Runs unchanged on one CPU, on several processes (`accelerate launch` / torchrun: prompt groups are sharded
+across ranks, rewards gathered before advantages, gradients averaged by DDP), with exact resume from the newest
+checkpoint of the run dir or from `run.resume=PATH`.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from tqdm import tqdm
+
+from .algorithms import RolloutBatch, WorkItems, build_algorithm
+from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from .config import RunConfig, config_to_dict
+from .errors import ConfigError, UserError
+from .policies import load_pipeline, policy_for
+from .prompt_source import PromptSource, derived_seed
+from .rewards import WeightedSum, build_reward
+from .rollout import per_sample_noise, rollout, sample_generators
+
+
+@dataclass
+class RunState:
+    update: int = 0
+    ema: list[torch.Tensor] | None = None
+
+
+def build_policy(config: RunConfig):
+    kwargs = {"max_sequence_length": config.pipeline.max_sequence_length}
+    pipeline = load_pipeline(config.pipeline.path)
+    if type(pipeline).__name__ == "WanPipeline":
+        kwargs["num_frames"] = config.pipeline.num_frames
+    policy = policy_for(pipeline, **kwargs)
+    if config.lora is not None:
+        targets = config.lora.target_modules or policy.lora_targets
+        policy.add_lora(config.lora.rank, config.lora.alpha, targets)
+    else:
+        policy.transformer.requires_grad_(True)
+    return policy
+
+
+def build_rewards(config: RunConfig):
+    try:
+        terms = [build_reward(t.name, **t.params) for t in config.reward]
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"reward: {error}") from None
+    return WeightedSum(terms, [t.weight for t in config.reward])
+
+
+def adapter_description(config: RunConfig, policy) -> dict | None:
+    if config.lora is None:
+        return None
+    return {"rank": config.lora.rank, "alpha": config.lora.alpha,
+            "target_modules": config.lora.target_modules or policy.lora_targets}
+
+
+class Trainer:
+    def __init__(self, config: RunConfig, accelerator=None, run_dir: Path | None = None, log=True):
+        from accelerate import Accelerator
+
+        self.config = config
+        if config.train.threads:
+            torch.set_num_threads(config.train.threads)
+        self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available(),
+                                                      mixed_precision=config.train.mixed_precision)
+        self.world = self.accelerator.num_processes
+        self.rank = self.accelerator.process_index
+        self.is_main = self.accelerator.is_main_process
+        self.run_dir = Path(run_dir or Path(config.run.out_dir) / config.run.name)
+        self.log = log and self.is_main
+        global_batch = config.train.groups_per_update * config.train.group_size
+        if global_batch % self.world:
+            raise ConfigError(f"train.groups_per_update x train.group_size = {global_batch} samples must divide "
+                              f"evenly over {self.world} processes")
+        torch.manual_seed(config.run.seed)  # LoRA initialisation draws from the global generator
+        self.policy = build_policy(config)
+        self.policy.transformer.to(self.accelerator.device)
+        self.algorithm = build_algorithm(config.algorithm.name, config.algorithm.params, config.sampler)
+        self.reward = build_rewards(config)
+        self.prompts = PromptSource(config.prompts.source)
+        params = self.policy.trainable_parameters()
+        if not params:
+            raise ConfigError("nothing to train: the policy has no trainable parameters")
+        optimizer = torch.optim.AdamW(params, lr=config.train.lr, betas=tuple(config.train.adam_betas),
+                                      weight_decay=config.train.weight_decay)
+        if self.world > 1:
+            self.policy.model = self.accelerator.prepare_model(self.policy.transformer)
+        self.optimizer = self.accelerator.prepare_optimizer(optimizer)
+        self.params = params
+        self.state = RunState()
+        if config.train.ema_decay > 0:
+            self.state.ema = [p.detach().clone() for p in params]
+
+    # ---- rollout and scoring ------------------------------------------------------------------------------
+    def local_slice(self) -> slice:
+        per_rank = self.config.train.groups_per_update * self.config.train.group_size // self.world
+        return slice(self.rank * per_rank, (self.rank + 1) * per_rank)
+
+    def collect(self, update: int, progress=None) -> tuple[RolloutBatch, dict]:
+        c = self.config
+        seed, size = c.run.seed, c.train.group_size
+        prompts = self.prompts.draw(c.train.groups_per_update, seed, update)
+        every_prompt = [p for p in prompts for _ in range(size)]
+        every_group = torch.arange(len(prompts)).repeat_interleave(size)
+        every_seed = [derived_seed(seed, update, i) for i in range(len(every_prompt))]
+        mine = self.local_slice()
+        local_prompts, local_groups, local_seeds = every_prompt[mine], every_group[mine], every_seed[mine]
+        shape = self.policy.noise_shape(c.pipeline.height, c.pipeline.width)
+        generators = sample_generators(local_seeds)
+        initial = None
+        if self.algorithm.shared_initial_noise:  # DanceGRPO: the group's first sample seeds everyone's x_T
+            initial = per_sample_noise(sample_generators([every_seed[int(g) * size] for g in local_groups]), shape)
+        window = None
+        if c.sampler.sde_window_size:
+            lo, hi = c.sampler.sde_window_range
+            start = int(torch.randint(lo, hi, (1,), generator=torch.Generator().manual_seed(derived_seed(seed, update, 29))))
+            window = (start, start + c.sampler.sde_window_size)
+        cond = self.policy.encode(local_prompts, c.sampler.guidance_scale)
+        with self.accelerator.autocast():
+            traj = rollout(self.policy, cond, generators, shape, c.sampler.num_steps, c.sampler.kind,
+                           c.sampler.noise_level, c.sampler.guidance_scale, window, initial_noise=initial,
+                           progress=progress)
+            with torch.no_grad():
+                samples = self.policy.decode(traj.final)
+        scored = self.reward(samples, local_prompts, {"seeds": local_seeds})
+        rewards = scored.scores.float().to(self.accelerator.device)
+        global_rewards = self.accelerator.gather(rewards).cpu()
+        global_groups = self.accelerator.gather(local_groups.to(self.accelerator.device)).cpu()
+        batch = RolloutBatch(traj, rewards.cpu(), local_groups, local_seeds, global_rewards, global_groups,
+                             torch.arange(mine.start, mine.stop))
+        metrics = {"reward_mean": global_rewards.mean().item(), "reward_std": global_rewards.std().item()}
+        for key, value in scored.info.items():
+            metrics[f"reward/{key}"] = self.accelerator.gather(value.float().to(self.accelerator.device)).mean().item()
+        return batch, metrics
+
+    # ---- update -------------------------------------------------------------------------------------------
+    def _global_max(self, value: int) -> int:
+        return int(self.accelerator.gather(torch.tensor([value], device=self.accelerator.device)).max())
+
+    def _global_sum(self, value: int) -> int:
+        return int(self.accelerator.gather(torch.tensor([value], device=self.accelerator.device)).sum())
+
+    def optimize(self, batch: RolloutBatch, items: WorkItems, update: int, progress=None) -> dict:
+        c = self.config.train
+        order = torch.randperm(len(items), generator=torch.Generator().manual_seed(derived_seed(self.config.run.seed, update, 31)))
+        items = items.subset(order)
+        sums: dict[str, float] = {}
+        counted = 0
+        grad_norms = []
+        for chunk_index in range(c.optimizer_steps_per_update):
+            chunk = items.subset(torch.arange(chunk_index, len(items), c.optimizer_steps_per_update))
+            total = self._global_sum(len(chunk))
+            if total == 0:
+                continue
+            micro = max(1, math.ceil(self._global_max(len(chunk)) / c.microbatch_size))
+            for m in range(micro):
+                part = chunk.subset(torch.arange(m * c.microbatch_size, min(len(chunk), (m + 1) * c.microbatch_size)))
+                if len(part) == 0:  # keep every process's backward count equal (DDP), with zero weight
+                    part = WorkItems(items.sample[:1], items.step[:1], torch.zeros(1)) if len(items) else None
+                if part is None:
+                    raise RuntimeError("a process had no trainable items while others did")
+                sync = m == micro - 1
+                context = self.accelerator.no_sync(self.policy.model) if (self.world > 1 and not sync) else _nullcontext()
+                with context, self.accelerator.autocast():
+                    losses, diagnostics = self.algorithm.loss(self.policy, batch, part)
+                    loss = (losses * part.weight.to(losses.device)).sum() * self.world / total
+                    self.accelerator.backward(loss)
+                real = part.weight > 0
+                for key, value in diagnostics.items():
+                    sums[key] = sums.get(key, 0.0) + value[real.to(value.device)].float().sum().item()
+                sums["loss"] = sums.get("loss", 0.0) + (losses.detach() * part.weight.to(losses.device)).sum().item()
+                counted += int(real.sum())
+                if progress is not None:
+                    progress.update(1)
+            grad_norms.append(float(self.accelerator.clip_grad_norm_(self.params, c.grad_clip)))
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self._update_ema()
+        metrics = {k: v / max(counted, 1) for k, v in sums.items()}
+        metrics["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+        metrics["trained_items"] = self._global_sum(len(items))
+        return metrics
+
+    def _update_ema(self):
+        if self.state.ema is None:
+            return
+        decay = self.config.train.ema_decay
+        with torch.no_grad():
+            torch._foreach_lerp_(self.state.ema, [p.detach() for p in self.params], 1 - decay)
+
+    # ---- checkpoints --------------------------------------------------------------------------------------
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def save(self) -> Path | None:
+        if not self.is_main:
+            return None
+        names = list(self.policy.trainable_state_dict())
+        ema = dict(zip(names, [e.detach().cpu() for e in self.state.ema])) if self.state.ema is not None else None
+        return save_checkpoint(self.checkpoint_dir, self.state.update, self.policy.trainable_state_dict(),
+                               self.optimizer.state_dict(), ema, adapter_description(self.config, self.policy),
+                               keep=self.config.train.keep_checkpoints)
+
+    def resume_path(self) -> Path | None:
+        requested = self.config.run.resume
+        if requested and requested != "auto":
+            return Path(requested)
+        found = list_checkpoints(self.checkpoint_dir)
+        return found[-1] if found else None
+
+    def restore(self, path: Path) -> None:
+        saved = load_checkpoint(path)
+        self.policy.load_trainable_state_dict(saved["trainable"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        if saved["ema"] is not None and self.state.ema is not None:
+            for e, v in zip(self.state.ema, saved["ema"].values()):
+                e.copy_(v)
+        self.state.update = saved["update"]
+
+    # ---- main loop ----------------------------------------------------------------------------------------
+    def run(self, on_update=None) -> RunState:
+        """Train until config.train.updates; `on_update(update, metrics)` runs on the main process after each."""
+        c = self.config
+        path = self.resume_path()
+        if path is not None:
+            self.restore(path)
+            if self.log:
+                tqdm.write(f"resumed from {path} at update {self.state.update}")
+        steps = c.sampler.num_steps
+        bar = tqdm(total=c.train.updates, initial=self.state.update, desc="updates", disable=not self.log)
+        try:
+            while self.state.update < c.train.updates:
+                update = self.state.update
+                started = time.time()
+                inner = tqdm(total=steps, desc=f"rollout {update}", leave=False, disable=not self.log)
+                batch, metrics = self.collect(update, inner)
+                inner.close()
+                items, prep = self.algorithm.prepare(batch)
+                metrics.update(prep)
+                inner = tqdm(desc=f"train {update}", leave=False, disable=not self.log)
+                metrics.update(self.optimize(batch, items, update, inner))
+                inner.close()
+                self.state.update += 1
+                metrics["seconds"] = time.time() - started
+                if self.is_main and on_update is not None:
+                    on_update(self.state.update, metrics)
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}")
+                if c.train.checkpoint_every and self.state.update % c.train.checkpoint_every == 0:
+                    self.save()
+        except KeyboardInterrupt:
+            if self.log:
+                tqdm.write(f"interrupted: saving a checkpoint at update {self.state.update}")
+            self.save()
+            raise
+        finally:
+            bar.close()
+        if list_checkpoints(self.checkpoint_dir)[-1:] != [self.checkpoint_dir / f"update_{self.state.update:06d}"]:
+            self.save()
+        self.accelerator.wait_for_everyone()
+        return self.state
+
+    def swap_in_ema(self):
+        """Context: the EMA weights in place of the trained ones (for evaluation), when EMA is on."""
+        return _EmaSwap(self.params, self.state.ema)
+
+
+class _EmaSwap:
+    def __init__(self, params, ema):
+        self.params, self.ema = params, ema
+
+    def __enter__(self):
+        if self.ema is not None:
+            self.saved = [p.detach().clone() for p in self.params]
+            with torch.no_grad():
+                for p, e in zip(self.params, self.ema):
+                    p.copy_(e)
+
+    def __exit__(self, *exc):
+        if self.ema is not None:
+            with torch.no_grad():
+                for p, s in zip(self.params, self.saved):
+                    p.copy_(s)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def write_config(config: RunConfig, run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+
+
+__all__ = ["Trainer", "build_policy", "write_config", "UserError"]

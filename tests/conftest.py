@@ -1,0 +1,20 @@
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+torch.set_num_threads(2)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3_dir(tmp_path_factory):
+    """A tiny random shapes-sd3 pipeline saved in diffusers format."""
+    from tiny_pipelines import tiny_shapes_sd3
+
+    folder = tmp_path_factory.mktemp("tiny_sd3")
+    tiny_shapes_sd3().save_pretrained(folder)
+    return folder

@@ -1,0 +1,34 @@
+"""Small run configs on the tiny pipeline, shared by the training tests and the distributed worker."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import yaml
+
+from flowrl.config import load_config
+
+
+def tiny_run_config(path: Path, pipeline_dir: Path, out_dir: Path, name: str, **train) -> Path:
+    data = {
+        "run": {"name": name, "out_dir": str(out_dir), "seed": 0},
+        "pipeline": {"path": str(pipeline_dir), "height": 32, "width": 32, "max_sequence_length": 16},
+        "lora": {"rank": 4, "alpha": 8},
+        "sampler": {"kind": "flow", "noise_level": 0.7, "num_steps": 4, "guidance_scale": 2.0},
+        "algorithm": {"name": "grpo", "params": {"clip_range": 1e-3, "timestep_fraction": 0.5}},
+        "reward": [{"name": "jpeg_compressibility"}],
+        "prompts": {"source": "shapes_train"},
+        "train": {"updates": 3, "groups_per_update": 2, "group_size": 4, "lr": 1e-3, "microbatch_size": 4,
+                  "optimizer_steps_per_update": 2, "ema_decay": 0.5, "checkpoint_every": 1, "threads": 1, **train},
+        "eval": {"enabled": False},
+    }
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def train_and_collect(config_path: Path, overrides=(), accelerator=None) -> dict[str, torch.Tensor]:
+    from flowrl.train import Trainer
+
+    trainer = Trainer(load_config(config_path, list(overrides)), accelerator=accelerator, log=False)
+    trainer.run()
+    return {k: v.cpu() for k, v in trainer.policy.trainable_state_dict().items()}

@@ -1,0 +1,79 @@
+"""Configs load into typed dataclasses; bad input gets one clear line and exit status 2."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from flowrl.config import load_config
+from flowrl.errors import ConfigError
+
+SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_config_validates(path):
+    from flowrl.algorithms import build_algorithm
+    from flowrl.train import build_rewards
+
+    config = load_config(path)
+    build_algorithm(config.algorithm.name, config.algorithm.params, config.sampler)
+    build_rewards(config)
+
+
+def test_overrides_are_typed(tmp_path):
+    config = load_config(REPO / "configs/shapes_grpo.yaml", ["train.lr=1e-3", "sampler.kind=dance", "lora=null",
+                                                               "algorithm.params.kl_beta=0.04"])
+    assert config.train.lr == 1e-3 and config.sampler.kind == "dance" and config.lora is None
+    assert config.algorithm.params["kl_beta"] == 0.04
+
+
+@pytest.mark.parametrize("override,message", [
+    ("train.lr=fast", "train.lr: expected a number, got 'fast'"),
+    ("train.group_size=1", "train.group_size: expected an integer >= 2"),
+    ("sampler.kind=langevin", "sampler.kind: expected one of"),
+    ("train.lrr=1", "train.lrr: unknown field"),
+    ("train.updates=2.5", "train.updates: expected an integer, got 2.5"),
+    ("train.mixed_precision=fp8", "train.mixed_precision: expected one of ['no', 'fp16', 'bf16']"),
+    ("lora.rank=[1]", "lora.rank: expected an integer"),
+    ("sampler.sde_window_size=9", "sampler.sde_window_size"),
+])
+def test_bad_fields_are_named(override, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(REPO / "configs/shapes_grpo.yaml", [override])
+    assert message in str(error.value)
+
+
+def _flowrl(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "flowrl", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  lr: fast\nrun:\n  out_dir: " + str(tmp_path / "runs") + "\n")
+    result = _flowrl("train", str(bad))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == ["flowrl train: error: train.lr: expected a number, got 'fast'"]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["train", "missing.yaml"], "config file missing.yaml does not exist"),
+    (["train", "configs/shapes_grpo.yaml", "pipeline.path=/nonexistent"], "pipeline folder /nonexistent has no model_index.json"),
+    (["eval", "shapes", "--samples", "/nonexistent"], "/nonexistent/samples.jsonl does not exist"),
+    (["sample", "--pipeline", "pipelines/shapes-sd3", "--prompts", "/nonexistent.txt", "--out", "/tmp/x"],
+     "prompt file /nonexistent.txt does not exist"),
+])
+def test_cli_bad_inputs_are_named(args, message):
+    result = _flowrl(*args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_bad_yaml_is_named(tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("train: [unclosed\n")
+    result = _flowrl("train", str(bad))
+    assert result.returncode == 2 and "is not valid YAML" in result.stderr

@@ -1,0 +1,44 @@
+import numpy as np
+import pytest
+import torch
+
+from flowrl.rewards import WeightedSum, build_reward, reward_names
+from flowrl.shapes.scenes import sample_pairs
+
+
+def _as_tensor(images: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255
+
+
+def test_shapes_reward_scores_renders_and_mismatches():
+    images, prompts = sample_pairs(16, np.random.default_rng(0))
+    reward = build_reward("shapes")
+    out = reward(_as_tensor(images), prompts)
+    assert out.scores.shape == (16,) and torch.all(out.scores == 1) and torch.all(out.info["accuracy"] == 1)
+    shuffled = reward(_as_tensor(images), prompts[1:] + prompts[:1])
+    assert shuffled.scores.mean() < 0.9
+    assert not reward.differentiable
+
+
+def test_jpeg_rewards_prefer_flat_or_busy_images():
+    flat = torch.zeros(2, 3, 32, 32)
+    busy = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    compress = build_reward("jpeg_compressibility")
+    incompress = build_reward("jpeg_incompressibility")
+    assert torch.all(compress(flat, ["", ""]).scores > compress(busy, ["", ""]).scores)
+    assert torch.all(incompress(busy, ["", ""]).scores > incompress(flat, ["", ""]).scores)
+
+
+def test_weighted_sum_and_registry():
+    images, prompts = sample_pairs(4, np.random.default_rng(1))
+    samples = _as_tensor(images)
+    shapes, jpeg = build_reward("shapes"), build_reward("jpeg_compressibility")
+    combined = WeightedSum([shapes, jpeg], [2.0, 0.5])(samples, prompts)
+    expected = 2.0 * shapes(samples, prompts).scores + 0.5 * jpeg(samples, prompts).scores
+    torch.testing.assert_close(combined.scores, expected)
+    assert set(combined.info) >= {"shapes", "jpeg_compressibility"}
+    normalized = WeightedSum([jpeg], [1.0], normalize=True)(samples, prompts).scores
+    assert abs(normalized.mean().item()) < 1e-5
+    assert {"shapes", "jpeg_compressibility", "jpeg_incompressibility"} <= set(reward_names())
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        build_reward("nope")

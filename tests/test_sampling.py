@@ -1,0 +1,117 @@
+"""Step numerics against closed forms."""
+import math
+
+import pytest
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+from scipy.integrate import quad
+
+from flowrl.sampling import ddim_step, gaussian_log_prob, sde_step, shifted_sigmas
+
+KINDS = ["flow", "dance", "cps", "sage"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_log_prob_is_the_gaussian_density(kind):
+    g = torch.Generator().manual_seed(0)
+    x, v = torch.randn(3, 4, 5, 5, generator=g), torch.randn(3, 4, 5, 5, generator=g)
+    prev, mean, std, log_prob = sde_step(kind, v, x, 0.8, 0.6, 0.7, generator=g)
+    expected = torch.distributions.Normal(mean, torch.broadcast_to(std, mean.shape)).log_prob(prev)
+    torch.testing.assert_close(log_prob, expected.mean(dim=(1, 2, 3)))
+    per_element = sde_step(kind, v, x, 0.8, 0.6, 0.7, prev_sample=prev, reduce="none")[3]
+    torch.testing.assert_close(per_element, expected)
+
+
+def test_flow_step_matches_flow_grpo_formula():
+    g = torch.Generator().manual_seed(1)
+    x, v = torch.randn(2, 8, generator=g), torch.randn(2, 8, generator=g)
+    s, s_next, a = 0.7, 0.5, 0.7
+    _, mean, std, _ = sde_step("flow", v, x, s, s_next, a, noise=torch.zeros_like(x))
+    std_t = a * math.sqrt(s / (1 - s))
+    dt = s_next - s
+    expected = x * (1 + std_t**2 / (2 * s) * dt) + v * (1 + std_t**2 * (1 - s) / (2 * s)) * dt
+    torch.testing.assert_close(mean, expected)
+    assert float(std) == pytest.approx(std_t * math.sqrt(-dt))
+    # at sigma = 1 the denominator takes sigma_next (flow_grpo's sigmas[1])
+    _, _, std_first, _ = sde_step("flow", v, x, 1.0, 0.9, a)
+    assert float(std_first) == pytest.approx(a * math.sqrt(1 / 0.1) * math.sqrt(0.1))
+
+
+def test_dance_has_constant_noise_and_flow_drift():
+    x, v = torch.randn(2, 8), torch.randn(2, 8)
+    _, mean_d, std_d, _ = sde_step("dance", v, x, 0.6, 0.4, 0.3)
+    assert float(std_d) == pytest.approx(0.3 * math.sqrt(0.2))
+    score = -(x + 0.4 * v) / 0.6  # DanceGRPO's score of x0_hat = x - sigma v
+    torch.testing.assert_close(mean_d, x - 0.2 * v - 0.5 * 0.3**2 * score * -0.2)
+
+
+def test_sage_variance_is_the_integrated_diffusion():
+    a, s, s_next = 0.7, 0.95, 0.85
+    _, _, std, _ = sde_step("sage", torch.zeros(1, 4), torch.zeros(1, 4), s, s_next, a)
+    integral, _ = quad(lambda u: a**2 * u / (1 - u), s_next, s)
+    assert float(std) ** 2 == pytest.approx(integral, rel=1e-5)
+    assert float(std) ** 2 == pytest.approx(0.489, abs=1e-3)  # reference/methods.md's worked example
+    _, _, std_flow, _ = sde_step("flow", torch.zeros(1, 4), torch.zeros(1, 4), s, s_next, a)
+    assert float(std_flow) ** 2 == pytest.approx(0.931, abs=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["ode"] + KINDS)
+def test_zero_noise_limit_is_the_diffusers_euler_step(kind):
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    scheduler.set_timesteps(6)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 4, 8, 8, generator=g)
+    for i, t in enumerate(scheduler.timesteps):
+        v = torch.randn(x.shape, generator=g)
+        expected = scheduler.step(v, t, x, return_dict=False)[0]
+        ours, _, std, log_prob = sde_step(kind, v, x, scheduler.sigmas[i], scheduler.sigmas[i + 1], 0.0)
+        torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+        assert torch.all(log_prob == 0)  # deterministic: density defined as 0
+        x = expected
+
+
+@pytest.mark.parametrize("kind,noise_level", [("flow", 0.7), ("dance", 0.3), ("sage", 0.7)])
+def test_sde_keeps_the_data_marginal(kind, noise_level):
+    """With the exact velocity of Gaussian data x0 ~ N(0, c^2), every SDE kind must end near N(0, c^2)."""
+    c = 0.5
+    def velocity(x, t):  # E[eps - x0 | x_t] for x_t = (1 - t) x0 + t eps
+        var = (1 - t) ** 2 * c**2 + t**2
+        return (t - (1 - t) * c**2) / var * x
+    g = torch.Generator().manual_seed(3)
+    sigmas = shifted_sigmas(60)
+    x = torch.randn(1, 40000, generator=g)
+    for i in range(60):
+        s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+        x = sde_step(kind, velocity(x, s), x, s, s_next, noise_level, generator=g)[0]
+    assert x.std().item() == pytest.approx(c, rel=0.05)
+    assert abs(x.mean().item()) < 0.02
+
+
+def test_cps_preserves_the_forward_coefficients():
+    """Given the true x0 and eps (oracle velocity eps - x0), a CPS step lands on x_{s'} = (1 - s') x0 + s' eps'."""
+    g = torch.Generator().manual_seed(5)
+    x0, eps = 0.5 * torch.randn(1, 50000, generator=g), torch.randn(1, 50000, generator=g)
+    s, s_next = 0.8, 0.5
+    x = (1 - s) * x0 + s * eps
+    x_next = sde_step("cps", eps - x0, x, s, s_next, 0.8, generator=g)[0]
+    slope = ((x_next * x0).mean() / (x0 * x0).mean()).item()
+    assert slope == pytest.approx(1 - s_next, abs=0.01)
+    residual = x_next - (1 - s_next) * x0
+    assert residual.std().item() == pytest.approx(s_next, rel=0.01)
+
+
+def test_ddim_log_prob_matches_torch_normal():
+    g = torch.Generator().manual_seed(4)
+    x, eps = torch.randn(3, 4, 6, 6, generator=g), torch.randn(3, 4, 6, 6, generator=g)
+    prev, mean, std, log_prob = ddim_step(eps, x, 0.5, 0.7, eta=1.0, generator=g)
+    normal = torch.distributions.Normal(mean, torch.broadcast_to(std, mean.shape))
+    torch.testing.assert_close(log_prob, normal.log_prob(prev).mean(dim=(1, 2, 3)))
+    # eta = 0 is plain DDIM: x0_hat re-noised deterministically
+    det, _, _, _ = ddim_step(eps, x, 0.5, 0.7, eta=0.0)
+    x0 = (x - math.sqrt(0.5) * eps) / math.sqrt(0.5)
+    torch.testing.assert_close(det, math.sqrt(0.7) * x0 + math.sqrt(0.3) * eps)
+
+
+def test_gaussian_log_prob_rejects_unknown_reduction():
+    with pytest.raises(ValueError):
+        gaussian_log_prob(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 1), reduce="sum")

@@ -1,0 +1,78 @@
+import numpy as np
+import pytest
+
+from flowrl.shapes import TAGS, dense_score, detect, eval_prompt_set, parse_prompt, score, train_prompt_set
+from flowrl.shapes.prompts import HELD_OUT_COMBOS, all_prompt_specs
+from flowrl.shapes.scenes import sample_pairs, scene_objects
+from flowrl.shapes.world import MAX_SIZE, MIN_GAP, MIN_SIZE, PALETTE, ShapeObject, boxes_clash, render
+
+
+def test_renderer_obeys_the_world_rules():
+    rng = np.random.default_rng(0)
+    for spec in [s for tag in TAGS for s in all_prompt_specs(tag)[:5]]:
+        objects = scene_objects(spec, rng)
+        assert 1 <= len(objects) <= 4
+        for i, a in enumerate(objects):
+            assert MIN_SIZE <= a.size <= MAX_SIZE
+            assert 0 <= a.x0 and a.x0 + a.size <= 32 and 0 <= a.y0 and a.y0 + a.size <= 32
+            for b in objects[i + 1:]:
+                assert not boxes_clash(a, b, MIN_GAP)
+        colours = {tuple(c) for c in render(objects).reshape(-1, 3)}
+        assert colours <= {(0, 0, 0), *PALETTE.values()}
+
+
+def test_triangle_points_up_and_shapes_fill_as_expected():
+    tri = ShapeObject("triangle", "red", 0, 0, 11).mask()[:11, :11]
+    assert tri[0].sum() < tri[-1].sum()
+    assert ShapeObject("square", "red", 0, 0, 9).mask().sum() == 81
+    disc = ShapeObject("circle", "red", 0, 0, 11).mask().sum()
+    assert 0.7 * 121 < disc < 0.85 * 121
+
+
+def test_verifier_accepts_every_render_of_its_prompt():
+    images, prompts = sample_pairs(600, np.random.default_rng(1))
+    assert all(score(im, p) == 1.0 for im, p in zip(images, prompts))
+    assert all(dense_score(im, p) == 1.0 for im, p in zip(images, prompts))
+
+
+def test_verifier_rejects_mismatches():
+    red_circle = render([ShapeObject("circle", "red", 4, 4, 11)])
+    assert score(red_circle, "a red circle") == 1.0
+    assert score(red_circle, "a blue circle") == 0.0
+    assert score(red_circle, "a square") == 0.0
+    assert score(red_circle, "two circles") == 0.0
+    assert 0 < dense_score(red_circle, "a blue circle") < 1  # right shape, wrong colour
+    pair = render([ShapeObject("square", "green", 2, 10, 9), ShapeObject("triangle", "blue", 20, 10, 9)])
+    assert score(pair, "a green square left of a blue triangle") == 1.0
+    assert score(pair, "a green square right of a blue triangle") == 0.0
+    assert score(pair, "a blue triangle right of a square") == 1.0
+    assert score(np.zeros((32, 32, 3), np.uint8), "a circle") == 0.0
+    assert detect(np.zeros((32, 32, 3), np.uint8)) == []
+
+
+def test_counting_needs_the_exact_count():
+    three = render([ShapeObject("square", "red", x, 2, 7) for x in (1, 11, 21)])
+    assert score(three, "three squares") == 1.0
+    assert score(three, "two squares") == 0.0
+    assert score(three, "four squares") == 0.0
+
+
+def test_prompts_parse_back_and_bad_prompts_are_named():
+    for tag in TAGS:
+        for spec in all_prompt_specs(tag):
+            assert parse_prompt(spec.text()) == spec
+    with pytest.raises(ValueError, match="a purple circle"):
+        parse_prompt("a purple circle")
+
+
+def test_split_holds_out_colour_shape_combinations():
+    for tag, prompts in train_prompt_set().items():
+        for p in prompts:
+            assert not parse_prompt(p).color_shape_pairs() & HELD_OUT_COMBOS
+    evals = eval_prompt_set()
+    for p in evals:
+        spec = parse_prompt(p)
+        if spec.tag in ("colors", "color_attr", "position"):
+            assert spec.color_shape_pairs() & HELD_OUT_COMBOS
+    assert {parse_prompt(p).tag for p in evals} == set(TAGS)
+    assert evals == eval_prompt_set()  # fixed

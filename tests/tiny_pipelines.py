@@ -1,0 +1,62 @@
+"""Tiny offline instances of real diffusers pipelines (configs after diffusers' own tests), built in memory.
+
+Tokenizers are built locally (a word-level `PreTrainedTokenizerFast`), never fetched from a hub.
+"""
+from __future__ import annotations
+
+import torch
+from diffusers import (AutoencoderKL, AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, FluxPipeline,
+                       FluxTransformer2DModel, WanPipeline, WanTransformer3DModel)
+from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+from flowrl.models.shapes_sd3 import ShapesSD3Size, build_pipeline
+from flowrl.models.tokenizer import build_tokenizer, shapes_vocabulary
+
+TINY_SHAPES = ShapesSD3Size(num_layers=1, num_heads=2, head_dim=16, text_hidden=32, text_layers=2,
+                            text_projection=16, vae_channels=(8, 16))
+
+
+def tiny_shapes_sd3(seed: int = 0):
+    pipe = build_pipeline(TINY_SHAPES, seed=seed)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _t5(d_model: int = 32, seed: int = 0) -> T5EncoderModel:
+    torch.manual_seed(seed)
+    return T5EncoderModel(T5Config(vocab_size=len(shapes_vocabulary()), d_model=d_model, d_kv=8, d_ff=37,
+                                   num_layers=2, num_heads=4, relative_attention_num_buckets=8, dropout_rate=0.0,
+                                   feed_forward_proj="relu", pad_token_id=0, eos_token_id=2,
+                                   decoder_start_token_id=0)).eval()
+
+
+def tiny_flux(seed: int = 0) -> FluxPipeline:
+    torch.manual_seed(seed)
+    transformer = FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+                                         attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                         pooled_projection_dim=32, axes_dims_rope=[4, 4, 8])
+    clip = CLIPTextModel(CLIPTextConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, hidden_size=32,
+                                        intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
+                                        vocab_size=len(shapes_vocabulary()), max_position_embeddings=16,
+                                        projection_dim=32))
+    vae = AutoencoderKL(sample_size=32, in_channels=3, out_channels=3, block_out_channels=(4,), layers_per_block=1,
+                        latent_channels=1, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
+                        shift_factor=0.0609, scaling_factor=1.5035)
+    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder=clip, tokenizer=build_tokenizer(),
+                        text_encoder_2=_t5(32, seed), tokenizer_2=build_tokenizer(), transformer=transformer, vae=vae)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def tiny_wan(seed: int = 0) -> WanPipeline:
+    torch.manual_seed(seed)
+    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True])
+    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+                                        in_channels=16, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32,
+                                        num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+                                        rope_max_seq_len=32)
+    pipe = WanPipeline(tokenizer=build_tokenizer(), text_encoder=_t5(32, seed), vae=vae, transformer=transformer,
+                       scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
