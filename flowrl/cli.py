@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="run an experiment config")
     train.add_argument("config")
-    train.add_argument("overrides", nargs="*", help="key=value, e.g. train.updates=10 run.resume=PATH")
+    train.add_argument("overrides", nargs="*", help="key=value, e.g. train.updates=10 resume=PATH")
 
     sample = sub.add_parser("sample", help="generate images for a prompt file")
     sample.add_argument("--pipeline", required=True)
@@ -66,7 +66,9 @@ def cmd_train(args) -> None:
     from .config import load_config
     from .experiment import run_experiment
 
-    config = load_config(args.config, args.overrides)
+    # `resume=PATH` is short for `run.resume=PATH`
+    overrides = ["run." + o if o.startswith("resume=") else o for o in args.overrides]
+    config = load_config(args.config, overrides)
     run_dir = run_experiment(config)
     print(f"run written to {run_dir} (report: {run_dir / 'report.html'})")
 

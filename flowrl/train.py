@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,7 +167,7 @@ class Trainer:
                 if part is None:
                     raise RuntimeError("a process had no trainable items while others did")
                 sync = m == micro - 1
-                context = self.accelerator.no_sync(self.policy.model) if (self.world > 1 and not sync) else _nullcontext()
+                context = self.accelerator.no_sync(self.policy.model) if (self.world > 1 and not sync) else nullcontext()
                 with context, self.accelerator.autocast():
                     losses, diagnostics = self.algorithm.loss(self.policy, batch, part)
                     loss = (losses * part.weight.to(losses.device)).sum() * self.world / total
@@ -220,8 +221,8 @@ class Trainer:
         self.policy.load_trainable_state_dict(saved["trainable"])
         self.optimizer.load_state_dict(saved["optimizer"])
         if saved["ema"] is not None and self.state.ema is not None:
-            for e, v in zip(self.state.ema, saved["ema"].values()):
-                e.copy_(v)
+            for e, name in zip(self.state.ema, self.policy.trainable_state_dict()):
+                e.copy_(saved["ema"][name])
         self.state.update = saved["update"]
 
     # ---- main loop ----------------------------------------------------------------------------------------
@@ -267,35 +268,20 @@ class Trainer:
         self.accelerator.wait_for_everyone()
         return self.state
 
+    @contextmanager
     def swap_in_ema(self):
-        """Context: the EMA weights in place of the trained ones (for evaluation), when EMA is on."""
-        return _EmaSwap(self.params, self.state.ema)
-
-
-class _EmaSwap:
-    def __init__(self, params, ema):
-        self.params, self.ema = params, ema
-
-    def __enter__(self):
-        if self.ema is not None:
-            self.saved = [p.detach().clone() for p in self.params]
+        """The EMA weights in place of the trained ones (for evaluation), when EMA is on."""
+        if self.state.ema is None:
+            yield
+            return
+        saved = [p.detach().clone() for p in self.params]
+        with torch.no_grad():
+            torch._foreach_copy_(self.params, self.state.ema)
+        try:
+            yield
+        finally:
             with torch.no_grad():
-                for p, e in zip(self.params, self.ema):
-                    p.copy_(e)
-
-    def __exit__(self, *exc):
-        if self.ema is not None:
-            with torch.no_grad():
-                for p, s in zip(self.params, self.saved):
-                    p.copy_(s)
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+                torch._foreach_copy_(self.params, saved)
 
 
 def write_config(config: RunConfig, run_dir: Path) -> None:

@@ -46,6 +46,11 @@ class FlowPolicy:
             if module is not None:
                 module.requires_grad_(False)
 
+    def net(self):
+        """The network to call: the distributed wrapper when gradients flow, the bare module otherwise (rollouts
+        and evaluation need no gradient synchronisation, and may run on one process alone)."""
+        return self.model if torch.is_grad_enabled() else self.transformer
+
     @property
     def device(self) -> torch.device:
         return next(self.transformer.parameters()).device

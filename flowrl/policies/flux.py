@@ -39,7 +39,7 @@ class FluxPolicy(FlowPolicy):
         guidance = None
         if self.transformer.config.guidance_embeds:
             guidance = torch.full((latents.shape[0],), guidance_scale, device=latents.device, dtype=torch.float32)
-        return self.model(hidden_states=latents, timestep=sigma.to(latents.dtype), guidance=guidance,
+        return self.net()(hidden_states=latents, timestep=sigma.to(latents.dtype), guidance=guidance,
                           pooled_projections=tensors["pooled"].to(latents.dtype),
                           encoder_hidden_states=tensors["embeds"].to(latents.dtype), txt_ids=self._text_ids,
                           img_ids=self._image_ids(latents.device, latents.dtype), return_dict=False)[0]

@@ -24,7 +24,7 @@ class SD3Policy(FlowPolicy):
         return Conditioning({"embeds": embeds, "pooled": pooled}, negative, list(prompts))
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        return self.model(hidden_states=latents, encoder_hidden_states=tensors["embeds"].to(latents.dtype),
+        return self.net()(hidden_states=latents, encoder_hidden_states=tensors["embeds"].to(latents.dtype),
                           pooled_projections=tensors["pooled"].to(latents.dtype), timestep=sigma * 1000,
                           return_dict=False)[0]
 

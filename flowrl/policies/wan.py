@@ -32,7 +32,7 @@ class WanPolicy(FlowPolicy):
                 width // p.vae_scale_factor_spatial)
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        return self.model(hidden_states=latents, timestep=sigma * 1000,
+        return self.net()(hidden_states=latents, timestep=sigma * 1000,
                           encoder_hidden_states=tensors["embeds"].to(latents.dtype), return_dict=False)[0]
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
