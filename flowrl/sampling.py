@@ -53,6 +53,19 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, re
     raise ValueError(f"reduce must be 'mean' or 'none', got {reduce!r}")
 
 
+def _gaussian_transition(mean, std, noise, prev_sample, reduce, generator):
+    """Draw (or take the given) next sample of N(mean, std^2) and score it: (prev_sample, mean, std, log_prob)."""
+    if prev_sample is None:
+        if noise is None and not bool((std > 0).any()):
+            prev_sample = mean  # deterministic step: draw nothing
+        else:
+            if noise is None:
+                noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
+            prev_sample = mean + std * noise.float()
+    prev_sample = prev_sample.float().detach()
+    return prev_sample, mean, std, gaussian_log_prob(prev_sample, mean, std, reduce)
+
+
 def sde_step(kind: str, velocity: torch.Tensor, sample: torch.Tensor, sigma, sigma_next, noise_level: float,
              noise: torch.Tensor | None = None, prev_sample: torch.Tensor | None = None, reduce: str = "mean",
              generator: torch.Generator | None = None):
@@ -87,12 +100,7 @@ def sde_step(kind: str, velocity: torch.Tensor, sample: torch.Tensor, sigma, sig
         if kind == "sage":
             exact = a**2 * (torch.log((1 - s_next) / (1 - s).clamp(min=1e-12)) + dt)
             std = torch.where(s >= 1, std, torch.sqrt(exact.clamp(min=0)))
-    if prev_sample is None:
-        if noise is None:
-            noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
-        prev_sample = mean + std * noise.float()
-    prev_sample = prev_sample.float().detach()
-    return prev_sample, mean, std, gaussian_log_prob(prev_sample, mean, std, reduce)
+    return _gaussian_transition(mean, std, noise, prev_sample, reduce, generator)
 
 
 def ddim_step(epsilon: torch.Tensor, sample: torch.Tensor, alpha_prod, alpha_prod_prev, eta: float,
@@ -111,12 +119,7 @@ def ddim_step(epsilon: torch.Tensor, sample: torch.Tensor, alpha_prod, alpha_pro
     variance = (1 - a_prev) / (1 - a_t) * (1 - a_t / a_prev)
     std = eta * torch.sqrt(variance.clamp(min=0))
     mean = torch.sqrt(a_prev) * x0_hat + torch.sqrt((1 - a_prev - std**2).clamp(min=0)) * eps
-    if prev_sample is None:
-        if noise is None:
-            noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
-        prev_sample = mean + std * noise.float()
-    prev_sample = prev_sample.float().detach()
-    return prev_sample, mean, std, gaussian_log_prob(prev_sample, mean, std, reduce)
+    return _gaussian_transition(mean, std, noise, prev_sample, reduce, generator)
 
 
 def x0_prediction(velocity: torch.Tensor, sample: torch.Tensor, sigma) -> torch.Tensor:

@@ -76,3 +76,11 @@ def test_split_holds_out_colour_shape_combinations():
             assert spec.color_shape_pairs() & HELD_OUT_COMBOS
     assert {parse_prompt(p).tag for p in evals} == set(TAGS)
     assert evals == eval_prompt_set()  # fixed
+
+
+def test_shipped_prompt_files_match_the_split():
+    from conftest import REPO
+
+    assert (REPO / "assets/shapes/eval_prompts.txt").read_text().splitlines() == eval_prompt_set()
+    shipped_train = (REPO / "assets/shapes/train_prompts.txt").read_text().splitlines()
+    assert shipped_train == [p for tag in TAGS for p in train_prompt_set()[tag]]

@@ -27,10 +27,10 @@ class PretrainConfig:
     vae_batch: int = 64
     vae_lr: float = 1e-3
     vae_kl_weight: float = 1e-6
-    flow_steps: int = 2600
+    flow_steps: int = 3000
     flow_batch: int = 64
-    flow_lr: float = 5e-4
-    warmup_steps: int = 200
+    flow_lr: float = 8e-4
+    warmup_steps: int = 300
     caption_dropout: float = 0.1
     ema_decay: float = 0.999
     threads: int = 2
