@@ -92,6 +92,7 @@ class TrainSection:
     group_size: int = 8  # samples per prompt
     optimizer_steps_per_update: int = 1
     lr: float = 3e-4
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine: from lr down to 0 at the last update
     weight_decay: float = 1e-4
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     grad_clip: float = 1.0

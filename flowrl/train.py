@@ -154,6 +154,7 @@ class Trainer:
         sums: dict[str, float] = {}
         counted = 0
         grad_norms = []
+        self._set_learning_rate(update)
         for chunk_index in range(c.optimizer_steps_per_update):
             chunk = items.subset(torch.arange(chunk_index, len(items), c.optimizer_steps_per_update))
             total = self._global_sum(len(chunk))
@@ -186,7 +187,14 @@ class Trainer:
         metrics = {k: v / max(counted, 1) for k, v in sums.items()}
         metrics["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         metrics["trained_items"] = self._global_sum(len(items))
+        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         return metrics
+
+    def _set_learning_rate(self, update: int) -> None:
+        c = self.config.train
+        scale = 1.0 if c.lr_schedule == "constant" else 0.5 * (1 + math.cos(math.pi * update / c.updates))
+        for group in self.optimizer.param_groups:
+            group["lr"] = c.lr * scale
 
     def _update_ema(self):
         if self.state.ema is None:
