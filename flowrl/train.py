@@ -149,20 +149,24 @@ class Trainer:
 
     def optimize(self, batch: RolloutBatch, items: WorkItems, update: int, progress=None) -> dict:
         c = self.config.train
-        order = torch.randperm(len(items), generator=torch.Generator().manual_seed(derived_seed(self.config.run.seed, update, 31)))
-        items = items.subset(order)
+        # Each optimizer step takes the samples at its positions of one global shuffle, so the split does not
+        # depend on how samples are sharded over processes.
+        generator = torch.Generator().manual_seed(derived_seed(self.config.run.seed, update, 31))
+        position = torch.argsort(torch.randperm(len(batch.global_rewards), generator=generator))
+        step_of_item = position[batch.local_index[items.sample]] % c.optimizer_steps_per_update
         sums: dict[str, float] = {}
         counted = 0
         grad_norms = []
         self._set_learning_rate(update)
         for chunk_index in range(c.optimizer_steps_per_update):
-            chunk = items.subset(torch.arange(chunk_index, len(items), c.optimizer_steps_per_update))
+            chunk = items.subset(torch.nonzero(step_of_item == chunk_index).flatten())
             total = self._global_sum(len(chunk))
             if total == 0:
                 continue
             micro = max(1, math.ceil(self._global_max(len(chunk)) / c.microbatch_size))
             for m in range(micro):
-                part = chunk.subset(torch.arange(m * c.microbatch_size, min(len(chunk), (m + 1) * c.microbatch_size)))
+                part = chunk.subset(torch.arange(min(len(chunk), m * c.microbatch_size),
+                                                 min(len(chunk), (m + 1) * c.microbatch_size)))
                 if len(part) == 0:  # keep every process's backward count equal (DDP), with zero weight
                     part = WorkItems(items.sample[:1], items.step[:1], torch.zeros(1)) if len(items) else None
                 if part is None:

@@ -1,5 +1,6 @@
 """The training loop: exact resume, multi-process equivalence, interruption, learning on a tiny budget."""
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,12 +20,13 @@ def test_resume_is_exact(tiny_sd3_dir, tmp_path):
     train_and_collect(split, ["train.updates=2"])  # stops after 2 updates, checkpoint written
     checkpoints = sorted((tmp_path / "runs/split/checkpoints").glob("update_*"))
     assert checkpoints[-1].name == "update_000002"
+    kept = shutil.copytree(checkpoints[-1], tmp_path / "kept_update_2")  # the resumed run prunes old ones
     resumed = train_and_collect(split)  # picks up the newest checkpoint of the run dir
     assert expected.keys() == resumed.keys()
     for name in expected:
         assert torch.equal(expected[name], resumed[name]), name
     # and from an explicit path
-    explicit = train_and_collect(split, ["run.name=other", f"run.resume={checkpoints[-1]}"])
+    explicit = train_and_collect(split, ["run.name=other", f"run.resume={kept}"])
     for name in expected:
         assert torch.equal(expected[name], explicit[name]), name
 
