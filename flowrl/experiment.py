@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from .config import RunConfig, config_to_dict
@@ -16,7 +17,7 @@ from .train import Trainer, write_config
 GRID_PROMPTS = 12
 
 
-def evaluate(trainer: Trainer, desc: str) -> tuple[dict, "np.ndarray", list[str]]:
+def evaluate(trainer: Trainer, desc: str) -> tuple[dict, np.ndarray, list[str]]:
     c = trainer.config.eval
     prompts = PromptSource(c.prompts).all()
     images, records = generate(trainer.policy, prompts, c.num_per_prompt, c.seed, c.num_steps, c.guidance_scale,

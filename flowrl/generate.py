@@ -9,18 +9,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .images import to_uint8
 from .prompt_source import derived_seed
 from .rollout import rollout, sample_generators
 
 
 def sample_seeds(seed: int, num_prompts: int, num_per_prompt: int) -> list[int]:
     return [derived_seed(seed, p, k) for p in range(num_prompts) for k in range(num_per_prompt)]
-
-
-def to_uint8(images: torch.Tensor) -> np.ndarray:
-    """[B, 3, H, W] (or video [B, 3, F, H, W]) in [0, 1] -> uint8 channels-last."""
-    images = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
-    return images.movedim(1, -1).cpu().numpy()
 
 
 @torch.no_grad()

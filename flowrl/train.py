@@ -19,7 +19,7 @@ from tqdm import tqdm
 from .algorithms import RolloutBatch, WorkItems, build_algorithm
 from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from .config import RunConfig, config_to_dict
-from .errors import ConfigError, UserError
+from .errors import ConfigError
 from .policies import load_pipeline, policy_for
 from .prompt_source import PromptSource, derived_seed
 from .rewards import WeightedSum, build_reward
@@ -301,4 +301,4 @@ def write_config(config: RunConfig, run_dir: Path) -> None:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
 
 
-__all__ = ["Trainer", "build_policy", "write_config", "UserError"]
+__all__ = ["Trainer", "build_policy", "build_rewards", "write_config"]

@@ -6,7 +6,6 @@ steps the optimizer, so every algorithm gets distributed training and exact resu
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -85,6 +84,3 @@ def build_algorithm(name: str, params: dict, sampler) -> Algorithm:
         algorithm.params.validate()
     return algorithm
 
-
-def params_dict(algorithm: Algorithm) -> dict:
-    return dataclasses.asdict(algorithm.params)

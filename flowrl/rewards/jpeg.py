@@ -6,13 +6,13 @@ import io
 import torch
 from PIL import Image
 
+from ..images import to_uint8
 from .base import Reward, RewardOutput, register_reward
-from .shapes import to_uint8_images
 
 
 def jpeg_kilobytes(samples: torch.Tensor, quality: int = 95) -> torch.Tensor:
     sizes = []
-    for image in to_uint8_images(samples):
+    for image in to_uint8(samples):
         buffer = io.BytesIO()
         Image.fromarray(image).save(buffer, format="JPEG", quality=quality)
         sizes.append(buffer.tell() / 1000.0)

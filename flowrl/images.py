@@ -1,0 +1,11 @@
+"""Conversions between the float samples policies decode and the uint8 images verifiers, files and JPEG see."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def to_uint8(images: torch.Tensor) -> np.ndarray:
+    """[B, 3, H, W] (or video [B, 3, F, H, W]) in [0, 1] -> uint8, channels last."""
+    images = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
+    return images.movedim(1, -1).cpu().numpy()
