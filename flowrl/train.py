@@ -215,9 +215,9 @@ class Trainer:
     def save(self) -> Path | None:
         if not self.is_main:
             return None
-        names = list(self.policy.trainable_state_dict())
-        ema = dict(zip(names, [e.detach().cpu() for e in self.state.ema])) if self.state.ema is not None else None
-        return save_checkpoint(self.checkpoint_dir, self.state.update, self.policy.trainable_state_dict(),
+        trainable = self.policy.trainable_state_dict()
+        ema = dict(zip(trainable, [e.detach().cpu() for e in self.state.ema])) if self.state.ema is not None else None
+        return save_checkpoint(self.checkpoint_dir, self.state.update, trainable,
                                self.optimizer.state_dict(), ema, adapter_description(self.config, self.policy),
                                keep=self.config.train.keep_checkpoints)
 
