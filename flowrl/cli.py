@@ -17,11 +17,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     pre = sub.add_parser("pretrain", help="train an embedded default pipeline from the renderer's data")
-    pre.add_argument("recipe", choices=["shapes"], help="which default: shapes -> pipelines/shapes-sd3")
-    pre.add_argument("--out", default="pipelines/shapes-sd3")
+    pre.add_argument("recipe", choices=sorted(PRETRAIN_OUT),
+                     help="shapes -> pipelines/shapes-sd3 (flow); shapes-sd -> pipelines/shapes-sd (epsilon, DDIM); "
+                          "scorer -> pipelines/shapes-scorer (the learned reward)")
+    pre.add_argument("--out", default=None, help="output folder (default: the recipe's folder under pipelines/)")
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--vae-steps", type=int, default=None)
     pre.add_argument("--flow-steps", type=int, default=None)
+    pre.add_argument("--steps", type=int, default=None, help="scorer: training steps")
+    pre.add_argument("--pipeline", default="pipelines/shapes-sd3", help="scorer: pipeline whose samples measure its AUC")
     pre.add_argument("--card-only", action="store_true", help="re-evaluate an existing folder and rewrite its card")
 
     train = sub.add_parser("train", help="run an experiment config")
@@ -41,13 +45,30 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--width", type=int, default=32)
     sample.add_argument("--max-sequence-length", type=int, default=16)
 
+    demo = sub.add_parser("demo", help="Gradio page: the base model and checkpoints side by side")
+    demo.add_argument("--pipeline", required=True)
+    demo.add_argument("--checkpoint", action="append", default=[], help="a checkpoint folder; repeat for several")
+    demo.add_argument("--reward", default="shapes_clip", help="reward shown under each image")
+    demo.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
+    demo.add_argument("--port", type=int, default=7860)
+    demo.add_argument("--steps", type=int, default=20)
+    demo.add_argument("--guidance", type=float, default=4.5)
+
     ev = sub.add_parser("eval", help="score samples with an evaluation suite")
     ev.add_argument("suite", choices=["shapes"])
     ev.add_argument("--samples", required=True, help="a folder written by `flowrl sample`")
     return parser
 
 
+PRETRAIN_OUT = {"shapes": "pipelines/shapes-sd3", "shapes-sd": "pipelines/shapes-sd", "scorer": "pipelines/shapes-scorer"}
+
+
 def cmd_pretrain(args) -> None:
+    args.out = args.out or PRETRAIN_OUT[args.recipe]
+    if args.recipe == "scorer":
+        return pretrain_scorer_command(args)
+    if args.recipe == "shapes-sd":
+        return pretrain_shapes_sd_command(args)
     from .pretrain.shapes_sd3 import PretrainConfig, evaluate_and_write_card, pretrain_shapes_sd3, save_pipeline
 
     cfg = PretrainConfig(seed=args.seed)
@@ -60,6 +81,33 @@ def cmd_pretrain(args) -> None:
         save_pipeline(pipe, args.out, facts)
     result = evaluate_and_write_card(args.out)
     print(json.dumps(result, indent=2))
+
+
+def pretrain_shapes_sd_command(args) -> None:
+    from .pretrain.shapes_sd import ShapesSDPretrainConfig, card_text, pretrain_shapes_sd
+    from .pretrain.shapes_sd3 import evaluate_and_write_card, save_pipeline
+
+    cfg = ShapesSDPretrainConfig(seed=args.seed)
+    if args.flow_steps is not None:
+        cfg.flow_steps = args.flow_steps
+    if not args.card_only:
+        pipe, facts = pretrain_shapes_sd(cfg)
+        save_pipeline(pipe, args.out, facts)
+    print(json.dumps(evaluate_and_write_card(args.out, card_text), indent=2))
+
+
+def pretrain_scorer_command(args) -> None:
+    from .pretrain.scorer import (ScorerConfig, generated_auc, pretrain_scorer, rendered_auc, save_scorer,
+                                  write_scorer_card)
+
+    cfg = ScorerConfig(seed=args.seed)
+    if args.steps is not None:
+        cfg.steps = args.steps
+    model, tokenizer, facts = pretrain_scorer(cfg)
+    save_scorer(model, tokenizer, args.out, facts)
+    rendered, generated = rendered_auc(model, tokenizer), generated_auc(model, tokenizer, args.pipeline)
+    write_scorer_card(args.out, facts, rendered, generated)
+    print(json.dumps({"rendered": rendered, "generated": generated}, indent=2))
 
 
 def cmd_train(args) -> None:
@@ -99,6 +147,17 @@ def cmd_sample(args) -> None:
     print(f"wrote {len(images)} images and samples.jsonl to {out}")
 
 
+def cmd_demo(args) -> None:
+    try:
+        import gradio  # noqa: F401
+    except ImportError:
+        raise UserError("the demo needs gradio: pip install -e \".[demo]\"") from None
+    from .demo import build_demo
+
+    demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance)
+    demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)
+
+
 def cmd_eval(args) -> None:
     from .eval.shapes import evaluate_samples_dir, format_accuracy
 
@@ -109,7 +168,8 @@ def cmd_eval(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    commands = {"pretrain": cmd_pretrain, "train": cmd_train, "sample": cmd_sample, "eval": cmd_eval}
+    commands = {"pretrain": cmd_pretrain, "train": cmd_train, "sample": cmd_sample, "eval": cmd_eval,
+                "demo": cmd_demo}
     try:
         commands[args.command](args)
     except UserError as error:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from .errors import ConfigError
-from .sampling import SDE_KINDS
+from .sampling import SAMPLER_KINDS
 
 
 @dataclass
@@ -53,8 +53,8 @@ class SamplerSection:
     sde_window_range: list[int] = field(default_factory=lambda: [0, 5])  # the window start is drawn from [lo, hi)
 
     def validate(self):
-        if self.kind not in SDE_KINDS:
-            raise ConfigError(f"sampler.kind: expected one of {list(SDE_KINDS)}, got {self.kind!r}")
+        if self.kind not in SAMPLER_KINDS:
+            raise ConfigError(f"sampler.kind: expected one of {list(SAMPLER_KINDS)}, got {self.kind!r}")
         if self.num_steps < 1:
             raise ConfigError(f"sampler.num_steps: expected an integer >= 1, got {self.num_steps}")
         if self.noise_level < 0:

@@ -14,15 +14,14 @@ from typing import Callable
 import torch
 
 from .policies.base import Conditioning, FlowPolicy
-from .sampling import sde_step, x0_prediction
 
 
 @dataclass
 class Trajectory:
     latents: torch.Tensor  # [T + 1, B, ...] fp32; latents[0] is the initial noise, latents[-1] the sample
     log_probs: torch.Tensor  # [T, B] log pi(latents[i + 1] | latents[i]); 0 on deterministic steps
-    sigmas: torch.Tensor  # [T + 1]
-    stochastic: torch.Tensor  # [T] bool: steps drawn from the SDE (the ones a log-prob method can train)
+    sigmas: torch.Tensor  # [T + 1] schedule points: sigmas (flow), DDIM timesteps with -1 for the end (epsilon)
+    stochastic: torch.Tensor  # [T] bool: steps drawn with noise (the ones a log-prob method can train)
     kind: str
     noise_level: float
     guidance_scale: float
@@ -60,7 +59,7 @@ def per_sample_noise(generators: list[torch.Generator], shape: tuple[int, ...]) 
 
 
 def sde_step_mask(num_steps: int, kind: str, window: tuple[int, int] | None) -> torch.Tensor:
-    """Which steps are stochastic: all for an SDE kind (or only [start, end) of a window), none for 'ode'."""
+    """Which steps draw noise: all for an SDE kind (or only [start, end) of a window), none for 'ode'."""
     mask = torch.zeros(num_steps, dtype=torch.bool)
     if kind != "ode":
         start, end = window if window is not None else (0, num_steps)
@@ -82,12 +81,13 @@ def rollout(policy: FlowPolicy, cond: Conditioning, generators: list[torch.Gener
     latents, log_probs = [x], []
     for i in range(num_steps):
         sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
-        v = policy.velocity(x, sigma, cond, guidance_scale)
         step_kind = kind if stochastic[i] else "ode"
         noise = per_sample_noise(generators, noise_shape).to(device) if step_kind != "ode" else None
-        x, _, _, log_prob = sde_step(step_kind, v, x, sigma, sigma_next, noise_level, noise=noise)
+        x, _, std, log_prob, x0_pred = policy.step(step_kind, x, sigma, sigma_next, cond, guidance_scale,
+                                                   noise_level, noise=noise)
+        stochastic[i] = stochastic[i] and bool((torch.as_tensor(std) > 0).all())  # e.g. CPS's last step
         if callbacks:
-            state = StepState(i, sigma, sigma_next, x, x0_prediction(v, latents[-1], sigma), cond)
+            state = StepState(i, sigma, sigma_next, x, x0_pred, cond)
             for callback in callbacks:
                 callback(state)
             if state.index is not None:  # particles were re-indexed: history and conditioning follow

@@ -28,6 +28,7 @@ import math
 import torch
 
 SDE_KINDS = ("ode", "flow", "dance", "cps", "sage")
+SAMPLER_KINDS = SDE_KINDS + ("ddim",)  # ddim: epsilon-prediction pipelines
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 

@@ -82,8 +82,15 @@ class Trainer:
         torch.manual_seed(config.run.seed)  # LoRA initialisation draws from the global generator
         self.policy = build_policy(config)
         self.policy.transformer.to(self.accelerator.device)
+        if config.sampler.kind not in self.policy.kinds:
+            raise ConfigError(f"sampler.kind: a {type(self.policy.pipeline).__name__} samples with "
+                              f"{list(self.policy.kinds)}, got {config.sampler.kind!r}")
         self.algorithm = build_algorithm(config.algorithm.name, config.algorithm.params, config.sampler)
+        if self.algorithm.needs_ode_rollout and self.policy.family == "epsilon":
+            raise ConfigError(f"algorithm.name: {config.algorithm.name!r} is implemented for flow-matching pipelines; "
+                              f"{type(self.policy.pipeline).__name__} predicts noise")
         self.reward = build_rewards(config)
+        self.algorithm.bind_reward(self.reward)
         self.prompts = PromptSource(config.prompts.source)
         params = self.policy.trainable_parameters()
         if not params:
@@ -134,7 +141,7 @@ class Trainer:
         global_rewards = self.accelerator.gather(rewards).cpu()
         global_groups = self.accelerator.gather(local_groups.to(self.accelerator.device)).cpu()
         batch = RolloutBatch(traj, rewards.cpu(), local_groups, local_seeds, global_rewards, global_groups,
-                             torch.arange(mine.start, mine.stop))
+                             torch.arange(mine.start, mine.stop), local_prompts)
         metrics = {"reward_mean": global_rewards.mean().item(), "reward_std": global_rewards.std().item()}
         for key, value in scored.info.items():
             metrics[f"reward/{key}"] = self.accelerator.gather(value.float().to(self.accelerator.device)).mean().item()
@@ -255,7 +262,7 @@ class Trainer:
                 inner = tqdm(total=steps, desc=f"rollout {update}", leave=False, disable=not self.log)
                 batch, metrics = self.collect(update, inner)
                 inner.close()
-                items, prep = self.algorithm.prepare(batch)
+                items, prep = self.algorithm.prepare(batch, self.policy)
                 metrics.update(prep)
                 inner = tqdm(desc=f"train {update}", leave=False, disable=not self.log)
                 metrics.update(self.optimize(batch, items, update, inner))

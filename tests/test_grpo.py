@@ -3,7 +3,7 @@ import torch
 
 from flowrl.algorithms import RolloutBatch, build_algorithm
 from flowrl.algorithms.advantages import group_advantages, zero_std_groups
-from flowrl.algorithms.grpo import trained_steps
+from flowrl.algorithms.base import trained_steps
 from flowrl.config import SamplerSection
 from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
@@ -36,7 +36,7 @@ def _batch(policy, kind="flow"):
     traj = rollout(policy, cond, sample_generators(range(6)), policy.noise_shape(32, 32), 4, kind, 0.7, 2.0)
     rewards = torch.tensor([0.0, 1.0, 0.5, 0.2, 0.9, 0.4])
     groups = torch.tensor([0, 0, 0, 1, 1, 1])
-    return RolloutBatch(traj, rewards, groups, list(range(6)), rewards, groups, torch.arange(6))
+    return RolloutBatch(traj, rewards, groups, list(range(6)), rewards, groups, torch.arange(6), ["a circle"] * 6)
 
 
 @pytest.mark.parametrize("kind", ["flow", "dance", "sage", "cps"])
@@ -45,7 +45,7 @@ def test_ratio_is_exactly_one_on_the_first_on_policy_step(kind):
     policy.add_lora(4, 8, policy.lora_targets)
     batch = _batch(policy, kind)
     algorithm = build_algorithm("grpo", {"kl_beta": 0.1}, SamplerSection(kind=kind))
-    items, _ = algorithm.prepare(batch)
+    items, _ = algorithm.prepare(batch, policy)
     losses, diagnostics = algorithm.loss(policy, batch, items)
     assert torch.equal(diagnostics["ratio"], torch.ones_like(diagnostics["ratio"]))
     assert torch.all(diagnostics["clip_frac"] == 0)
@@ -60,7 +60,7 @@ def test_clipped_surrogate_stops_the_gradient_outside_the_trust_region():
     policy.add_lora(4, 8, policy.lora_targets)
     batch = _batch(policy)
     algorithm = build_algorithm("grpo", {"clip_range": 1e-6}, SamplerSection())
-    items, _ = algorithm.prepare(batch)
+    items, _ = algorithm.prepare(batch, policy)
     with torch.no_grad():  # move the policy so every ratio leaves [1 - eps, 1 + eps]
         for p in policy.trainable_parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -76,7 +76,7 @@ def test_zero_std_groups_are_dropped_and_deterministic_steps_skipped():
     batch = _batch(policy, "cps")
     batch.global_rewards = batch.rewards = torch.tensor([1.0, 1.0, 1.0, 0.2, 0.9, 0.4])
     algorithm = build_algorithm("grpo", {}, SamplerSection(kind="cps"))
-    items, metrics = algorithm.prepare(batch)
+    items, metrics = algorithm.prepare(batch, policy)
     assert set(items.sample.tolist()) == {3, 4, 5}
     assert metrics["zero_std_share"] == pytest.approx(0.5)
     assert 3 not in items.step.tolist()  # CPS's last step has zero variance

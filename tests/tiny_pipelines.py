@@ -60,3 +60,14 @@ def tiny_wan(seed: int = 0) -> WanPipeline:
                        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0))
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def tiny_shapes_sd(seed: int = 0):
+    """A tiny epsilon-prediction StableDiffusionPipeline (DDIM), the shapes-sd layout at toy width."""
+    from flowrl.models.shapes_sd import ShapesSDSize, build_pipeline as build_sd
+    from flowrl.models.shapes_sd3 import build_vae
+
+    pipe = build_sd(build_vae(TINY_SHAPES, seed + 1), ShapesSDSize(channels=(16, 32), head_dim=8, text_hidden=32,
+                                                                    text_layers=2), seed=seed)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe

@@ -6,6 +6,7 @@ steps the optimizer, so every algorithm gets distributed training and exact resu
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -23,20 +24,43 @@ class RolloutBatch:
     global_rewards: torch.Tensor  # [B_global], gathered from every process
     global_group_ids: torch.Tensor  # [B_global]
     local_index: torch.Tensor  # positions of this process's samples in the global arrays
+    prompts: list[str]  # this process's prompts (rewards that are called again during the update need them)
 
 
 @dataclass
 class WorkItems:
-    """The (sample, step) pairs one update trains on this process, each with its own loss weight."""
+    """The (sample, step) pairs one update trains on this process, each with its own loss weight.
+
+    `key` is each item's position in the list `prepare` built, so per-item tensors an algorithm computed there
+    (fresh noise, old velocities, targets) can be looked up from any subset.
+    """
     sample: torch.Tensor  # [N] long, index into the local batch
     step: torch.Tensor  # [N] long, denoising step index
     weight: torch.Tensor  # [N] float
+    key: torch.Tensor | None = None  # [N] long
+
+    def __post_init__(self):
+        if self.key is None:
+            self.key = torch.arange(len(self.sample))
 
     def __len__(self) -> int:
         return int(self.sample.numel())
 
     def subset(self, index) -> "WorkItems":
-        return WorkItems(self.sample[index], self.step[index], self.weight[index])
+        return WorkItems(self.sample[index], self.step[index], self.weight[index], self.key[index])
+
+    @staticmethod
+    def build(samples: list[int], steps: list[int], weights: list[float] | None = None) -> "WorkItems":
+        weight = torch.ones(len(samples)) if weights is None else torch.tensor(weights, dtype=torch.float32)
+        return WorkItems(torch.tensor(samples, dtype=torch.long), torch.tensor(steps, dtype=torch.long), weight)
+
+
+def trained_steps(trainable: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
+    """A seeded random subset (ceil(fraction * n) of n) of the trainable step indices, in a random order."""
+    candidates = torch.nonzero(trainable).flatten()
+    count = max(1, math.ceil(fraction * len(candidates) - 1e-9)) if len(candidates) else 0
+    order = torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed + 7919))
+    return candidates[order[:count]]
 
 
 class Algorithm:
@@ -51,12 +75,35 @@ class Algorithm:
     def from_config(cls, params: dict, sampler):
         return cls(from_dict(cls.Params, params, f"algorithm.params"), sampler)
 
-    # rollout needs
+    # rollout and reward needs
     shared_initial_noise = False
+    needs_ode_rollout = False  # methods that read velocities off stored Euler steps
+    needs_reward_gradient = False  # methods that backpropagate through the reward
+    reward = None  # set by the loop (`bind_reward`) for methods that call the reward during the update
 
-    def prepare(self, batch: RolloutBatch) -> tuple[WorkItems, dict]:
-        """Compute per-sample quantities (advantages, ...) and choose the items to train; return metrics too."""
+    def check_sampler(self, sampler) -> None:
+        from ..errors import ConfigError
+        if self.needs_ode_rollout and sampler.kind != "ode":
+            raise ConfigError(f"sampler.kind: algorithm {self.name!r} trains on deterministic (Euler) rollouts; "
+                              f"expected 'ode', got {sampler.kind!r}")
+
+    def bind_reward(self, reward) -> None:
+        from ..errors import ConfigError
+        if self.needs_reward_gradient and not reward.differentiable:
+            raise ConfigError(f"reward: algorithm {self.name!r} backpropagates through the reward, but it is not "
+                              "differentiable; use a differentiable reward such as shapes_clip")
+        self.reward = reward
+
+    def prepare(self, batch: RolloutBatch, policy) -> tuple[WorkItems, dict]:
+        """Compute per-sample quantities (advantages, targets, ...) and choose the items to train; return metrics.
+
+        Runs before any optimizer step of the update, so `policy` is still the policy that made the rollout.
+        """
         raise NotImplementedError
+
+    def score_latents(self, policy, latents: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        """Reward of decoded latents, differentiable in the latents when the reward is."""
+        return self.reward(policy.decode(latents), prompts).scores
 
     def loss(self, policy, batch: RolloutBatch, items: WorkItems) -> tuple[torch.Tensor, dict]:
         """Per-item losses [N] (weights not yet applied) with gradients, plus per-item diagnostics."""
@@ -82,5 +129,6 @@ def build_algorithm(name: str, params: dict, sampler) -> Algorithm:
     algorithm = _REGISTRY[name].from_config(params, sampler)
     if hasattr(algorithm.params, "validate"):
         algorithm.params.validate()
+    algorithm.check_sampler(sampler)
     return algorithm
 

@@ -9,16 +9,14 @@ Each sample trains a `timestep_fraction` of its stochastic steps, chosen by its 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from ..errors import ConfigError
-from ..sampling import sde_step
 from .advantages import group_advantages, zero_std_groups
-from .base import Algorithm, RolloutBatch, WorkItems, register_algorithm
+from .base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
 
 
 @dataclass
@@ -38,14 +36,6 @@ class GRPOParams:
             raise ConfigError(f"algorithm.params.clip_range: expected a positive number, got {self.clip_range}")
 
 
-def trained_steps(trainable: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
-    """A seeded random subset (ceil(fraction * n) of n) of the trainable step indices, in a random order."""
-    candidates = torch.nonzero(trainable).flatten()
-    count = max(1, math.ceil(fraction * len(candidates) - 1e-9)) if len(candidates) else 0
-    order = torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed + 7919))
-    return candidates[order[:count]]
-
-
 @register_algorithm
 class GRPO(Algorithm):
     name = "grpo"
@@ -55,31 +45,21 @@ class GRPO(Algorithm):
     def shared_initial_noise(self) -> bool:
         return self.params.shared_initial_noise
 
-    def prepare(self, batch: RolloutBatch):
+    def prepare(self, batch: RolloutBatch, policy=None):
         p = self.params
         advantages = group_advantages(batch.global_rewards, batch.global_group_ids, p.std, clip=p.adv_clip_max)
         dead = zero_std_groups(batch.global_rewards, batch.global_group_ids)
         self.advantages = advantages[batch.local_index]
         keep = ~dead[batch.local_index] if p.drop_zero_std else torch.ones_like(self.advantages, dtype=torch.bool)
         traj = batch.trajectory
-        # a step can be trained when it was stochastic and its Gaussian is not degenerate
-        step_std_positive = torch.tensor([self._step_has_noise(traj, j) for j in range(traj.num_steps)])
         samples, steps = [], []
         for i in torch.nonzero(keep).flatten().tolist():
-            chosen = trained_steps(traj.stochastic & step_std_positive, p.timestep_fraction, batch.seeds[i])
+            chosen = trained_steps(traj.stochastic, p.timestep_fraction, batch.seeds[i])
             samples += [i] * len(chosen)
             steps += chosen.tolist()
-        items = WorkItems(torch.tensor(samples, dtype=torch.long), torch.tensor(steps, dtype=torch.long),
-                          torch.ones(len(samples)))
+        items = WorkItems.build(samples, steps)
         metrics = {"zero_std_share": dead.float().mean().item(), "advantage_abs_mean": advantages.abs().mean().item()}
         return items, metrics
-
-    @staticmethod
-    def _step_has_noise(traj, j: int) -> bool:
-        sample = traj.latents[j, :1]
-        _, _, std, _ = sde_step(traj.kind, torch.zeros_like(sample), sample, traj.sigmas[j], traj.sigmas[j + 1],
-                                traj.noise_level, prev_sample=sample)
-        return bool((std > 0).all())
 
     def step_terms(self, policy, traj, items: WorkItems):
         """Velocity and step Gaussian of the current policy on the stored transitions of `items`."""
@@ -87,8 +67,8 @@ class GRPO(Algorithm):
         x_next = traj.latents[items.step + 1, items.sample]
         sigma, sigma_next = traj.sigmas[items.step], traj.sigmas[items.step + 1]
         cond = traj.cond.select(items.sample)
-        v = policy.velocity(x, sigma, cond, traj.guidance_scale)
-        _, mean, std, log_prob = sde_step(traj.kind, v, x, sigma, sigma_next, traj.noise_level, prev_sample=x_next)
+        _, mean, std, log_prob, _ = policy.step(traj.kind, x, sigma, sigma_next, cond, traj.guidance_scale,
+                                                traj.noise_level, prev_sample=x_next)
         return x, cond, sigma, sigma_next, mean, std, log_prob
 
     def loss(self, policy, batch: RolloutBatch, items: WorkItems):
@@ -103,8 +83,8 @@ class GRPO(Algorithm):
                        "approx_kl": 0.5 * (log_prob - old_log_prob).detach() ** 2}
         if p.kl_beta > 0:
             with torch.no_grad(), policy.reference():
-                v_ref = policy.velocity(x, sigma, cond, traj.guidance_scale)
-            _, mean_ref, _, _ = sde_step(traj.kind, v_ref, x, sigma, sigma_next, traj.noise_level, prev_sample=x)
+                _, mean_ref, _, _, _ = policy.step(traj.kind, x, sigma, sigma_next, cond, traj.guidance_scale,
+                                                   traj.noise_level, prev_sample=x)
             kl = ((mean - mean_ref) ** 2 / (2 * std**2)).mean(dim=tuple(range(1, mean.ndim)))
             losses = losses + p.kl_beta * kl
             diagnostics["kl"] = kl.detach()

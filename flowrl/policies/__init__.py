@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from .base import Conditioning, FlowPolicy
 from .flux import FluxPolicy
+from .sd import SDPolicy
 from .sd3 import SD3Policy
 from .wan import WanPolicy
 
-_FAMILIES = {"StableDiffusion3Pipeline": SD3Policy, "FluxPipeline": FluxPolicy, "WanPipeline": WanPolicy}
+_FAMILIES = {"StableDiffusionPipeline": SDPolicy, "StableDiffusion3Pipeline": SD3Policy, "FluxPipeline": FluxPolicy, "WanPipeline": WanPolicy}
 
 
 def policy_for(pipeline, **kwargs) -> FlowPolicy:
@@ -35,4 +36,4 @@ def load_pipeline(path, dtype=None):
     return pipe
 
 
-__all__ = ["Conditioning", "FlowPolicy", "FluxPolicy", "SD3Policy", "WanPolicy", "load_pipeline", "policy_for"]
+__all__ = ["Conditioning", "FlowPolicy", "FluxPolicy", "SDPolicy", "SD3Policy", "WanPolicy", "load_pipeline", "policy_for"]

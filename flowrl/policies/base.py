@@ -31,13 +31,17 @@ class Conditioning:
 
 
 class FlowPolicy:
-    """Base adapter. Subclasses implement `encode`, `_forward`, `noise_shape`, `decode` and `_raw_sigmas`."""
+    """Base adapter. Subclasses implement `encode`, `_forward`, `noise_shape`, `decode` and `_raw_sigmas`.
+
+    `transformer` is the denoising network being trained (the UNet for epsilon-prediction pipelines).
+    """
 
     family = "flow"
+    kinds = ("ode", "flow", "dance", "cps", "sage")  # sampler kinds this family's `step` understands
 
     def __init__(self, pipeline, max_sequence_length: int | None = None):
         self.pipeline = pipeline
-        self.transformer = pipeline.transformer
+        self.transformer = getattr(pipeline, "transformer", None) or pipeline.unet
         self.model = self.transformer  # what is called: the transformer, or its distributed wrapper
         self.max_sequence_length = max_sequence_length
         self._sigma_cache: dict[int, torch.Tensor] = {}
@@ -90,6 +94,15 @@ class FlowPolicy:
         out = self._forward(torch.cat([x, x]), torch.cat([sigma, sigma]), both, guidance_scale).float()
         uncond, text = out.chunk(2)
         return uncond + guidance_scale * (text - uncond)
+
+    def step(self, kind: str, x: torch.Tensor, sigma, sigma_next, cond: Conditioning, guidance_scale: float,
+             noise_level: float, noise: torch.Tensor | None = None, prev_sample: torch.Tensor | None = None):
+        """One sampler step between schedule points: (next sample, mean, std, log_prob, x0 prediction)."""
+        from ..sampling import sde_step, x0_prediction
+
+        v = self.velocity(x, sigma, cond, guidance_scale)
+        out = sde_step(kind, v, x, sigma, sigma_next, noise_level, noise=noise, prev_sample=prev_sample)
+        return (*out, x0_prediction(v, x, sigma))
 
     def sigmas(self, num_steps: int, noise_shape: tuple[int, ...] = ()) -> torch.Tensor:
         """The pipeline's own sigma schedule for `num_steps` (N + 1 values ending at 0), fp32."""

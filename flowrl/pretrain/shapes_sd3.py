@@ -74,29 +74,22 @@ def encode_captions(pipe, prompts: list[str]):
     return embeds, pooled
 
 
-def train_flow(pipe, cfg: PretrainConfig, rng: np.random.Generator, generator: torch.Generator) -> dict:
-    modules = [pipe.transformer, pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3]
+def train_denoiser(modules, batch_loss, cfg, rng: np.random.Generator, desc: str) -> float:
+    """The shared pretraining loop: fresh renders each step, caption dropout for CFG, AdamW with warm-up and cosine
+    decay, gradient clipping, and an EMA of the weights that replaces them at the end. Returns the last loss.
+
+    `batch_loss(images, prompts)` maps a uint8 batch and its (possibly dropped) captions to a scalar loss.
+    """
     params = [p for m in modules for p in m.parameters()]
     ema = [p.detach().clone() for p in params]
     optimizer = torch.optim.AdamW(params, lr=cfg.flow_lr, weight_decay=0.01)
     for m in modules:
         m.train()
-    vae = pipe.vae
-    bar = tqdm(range(cfg.flow_steps), desc="pretrain flow", mininterval=5)
+    bar = tqdm(range(cfg.flow_steps), desc=desc, mininterval=5)
     for step in bar:
         images, prompts = sample_pairs(cfg.flow_batch, rng)
         prompts = ["" if rng.random() < cfg.caption_dropout else p for p in prompts]
-        with torch.no_grad():
-            x0 = vae.encode(images_to_tensor(images)).latent_dist.sample(generator)
-            x0 = (x0 - vae.config.shift_factor) * vae.config.scaling_factor
-        # logit-normal t (SD3): more weight on the middle of the path, where prompts matter most
-        t = torch.sigmoid(torch.randn(cfg.flow_batch, generator=generator))
-        noise = torch.randn(x0.shape, generator=generator)
-        xt = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
-        embeds, pooled = encode_captions(pipe, prompts)
-        velocity = pipe.transformer(hidden_states=xt, encoder_hidden_states=embeds, pooled_projections=pooled,
-                                    timestep=t * 1000).sample
-        loss = (velocity - (noise - x0)).pow(2).mean()
+        loss = batch_loss(images, prompts)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -114,7 +107,27 @@ def train_flow(pipe, cfg: PretrainConfig, rng: np.random.Generator, generator: t
             p.copy_(e)
     for m in modules:
         m.eval()
-    return {"flow_final_loss": loss.item()}
+    return loss.item()
+
+
+def train_flow(pipe, cfg: PretrainConfig, rng: np.random.Generator, generator: torch.Generator) -> dict:
+    vae = pipe.vae
+
+    def batch_loss(images, prompts):
+        with torch.no_grad():
+            x0 = vae.encode(images_to_tensor(images)).latent_dist.sample(generator)
+            x0 = (x0 - vae.config.shift_factor) * vae.config.scaling_factor
+        # logit-normal t (SD3): more weight on the middle of the path, where prompts matter most
+        t = torch.sigmoid(torch.randn(cfg.flow_batch, generator=generator))
+        noise = torch.randn(x0.shape, generator=generator)
+        xt = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
+        embeds, pooled = encode_captions(pipe, prompts)
+        velocity = pipe.transformer(hidden_states=xt, encoder_hidden_states=embeds, pooled_projections=pooled,
+                                    timestep=t * 1000).sample
+        return (velocity - (noise - x0)).pow(2).mean()
+
+    modules = [pipe.transformer, pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3]
+    return {"flow_final_loss": train_denoiser(modules, batch_loss, cfg, rng, "pretrain flow")}
 
 
 def pretrain_shapes_sd3(cfg: PretrainConfig, size: ShapesSD3Size | None = None):
@@ -149,8 +162,9 @@ def save_pipeline(pipe, out_dir, facts: dict) -> None:
 CARD_EVAL = {"num_per_prompt": 4, "seed": 2024, "num_steps": 20, "guidance_scale": 4.5}
 
 
-def evaluate_and_write_card(out_dir) -> dict:
-    """Evaluate the saved pipeline on the shapes eval split (the protocol RL runs use) and write its README."""
+def evaluate_and_write_card(out_dir, card_text=None) -> dict:
+    """Evaluate the saved pipeline on the shapes eval split (the protocol RL runs use) and write its README
+    with `card_text(facts, result, table)` (the shapes-sd3 card by default)."""
     import json
     from pathlib import Path
 
@@ -174,7 +188,7 @@ def evaluate_and_write_card(out_dir) -> dict:
     facts_path = out / "training_facts.json"
     facts = json.loads(facts_path.read_text()) if facts_path.is_file() else {}
     (out / "eval.json").write_text(json.dumps({"protocol": e, **result}, indent=2) + "\n")
-    (out / "README.md").write_text(_card_text(facts, result, format_accuracy(result)))
+    (out / "README.md").write_text((card_text or _card_text)(facts, result, format_accuracy(result)))
     return result
 
 

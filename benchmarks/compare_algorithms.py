@@ -1,0 +1,191 @@
+"""Every image method on the same work, side by side, in one run.
+
+Same pipeline family (shapes-sd3 for the flow methods, shapes-sd for DDPO, which is defined on DDIM), the same
+learned reward (the shapes scorer, `shapes_clip`), the same training prompts and seeds, the same LoRA, optimizer,
+learning rate and number of samples per update. Every `--eval-every` updates each method's policy samples the
+eval split (36 prompts x 4, fixed seeds, deterministic sampler, CFG 4.5) and we record the learned reward, the
+verifier's accuracy, the RMS pixel distance to the base model's same-seed samples and the within-prompt pixel
+diversity, against updates and against training wall-clock (evaluation time excluded).
+
+    python benchmarks/compare_algorithms.py            # ~40 min on 2 CPU cores
+    python benchmarks/compare_algorithms.py --updates 4 --eval-every 2 --algorithms grpo,mend   # smoke run
+
+Writes OUT/results.json, OUT/table.md and OUT/curves.png (OUT = benchmarks/results/compare_algorithms).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from flowrl.config import RunConfig, from_dict  # noqa: E402
+from flowrl.eval.diversity import paired_pixel_distance, within_prompt_pixel_distance  # noqa: E402
+from flowrl.eval.shapes import shapes_accuracy  # noqa: E402
+from flowrl.generate import generate  # noqa: E402
+from flowrl.rewards import build_reward  # noqa: E402
+from flowrl.shapes.prompts import eval_prompt_set  # noqa: E402
+from flowrl.train import Trainer  # noqa: E402
+
+ODE = {"kind": "ode", "num_steps": 10, "guidance_scale": 4.5}
+METHODS = {
+    "grpo": {"sampler": {"kind": "flow", "noise_level": 0.7, "num_steps": 10, "guidance_scale": 4.5,
+                         "sde_window_size": 3, "sde_window_range": [0, 3]},
+             "algorithm": {"name": "grpo", "params": {"clip_range": 1e-4, "std": "global"}}},
+    "nft": {"sampler": ODE, "algorithm": {"name": "nft", "params": {"beta": 1.0, "timestep_fraction": 0.3}}},
+    "refl": {"sampler": ODE, "algorithm": {"name": "refl", "params": {"step_range": [0.7, 1.0]}}},
+    "draft": {"sampler": ODE, "algorithm": {"name": "draft", "params": {"k": 2}}},
+    "mend": {"sampler": ODE, "algorithm": {"name": "mend", "params": {"quantile": 0.75, "timestep_fraction": 0.3}}},
+    "ddpo": {"pipeline": {"path": "pipelines/shapes-sd"},
+             "sampler": {"kind": "ddim", "noise_level": 1.0, "num_steps": 10, "guidance_scale": 4.5},
+             "algorithm": {"name": "ddpo", "params": {"clip_range": 1e-4, "timestep_fraction": 0.3}}},
+}
+EVAL = {"num_per_prompt": 4, "seed": 2024, "num_steps": 20, "guidance_scale": 4.5}
+
+
+def method_config(name: str, updates: int, out: Path, seed: int) -> RunConfig:
+    data = {"run": {"name": name, "out_dir": str(out / "runs"), "seed": seed},
+            "pipeline": {"path": "pipelines/shapes-sd3", "height": 32, "width": 32, "max_sequence_length": 16},
+            "lora": {"rank": 16, "alpha": 32},
+            "reward": [{"name": "shapes_clip", "weight": 1.0}],
+            "prompts": {"source": "shapes_train"},
+            "train": {"updates": updates, "groups_per_update": 4, "group_size": 8, "lr": 1e-3,
+                      "lr_schedule": "cosine", "microbatch_size": 32, "checkpoint_every": 0},
+            "eval": {"enabled": False}}
+    for section, value in copy.deepcopy(METHODS[name]).items():
+        data[section] = {**data.get(section, {}), **value} if isinstance(value, dict) else value
+    config = from_dict(RunConfig, data)
+    config.validate()
+    return config
+
+
+class Evaluator:
+    """The eval-split protocol for one pipeline: samples, learned reward, accuracy, distance and diversity."""
+
+    def __init__(self):
+        self.prompts = eval_prompt_set()
+        self.scorer = build_reward("shapes_clip")
+        self.base: dict[str, np.ndarray] = {}
+
+    def __call__(self, policy, pipeline_path: str, desc: str) -> dict:
+        e = EVAL
+        images, records = generate(policy, self.prompts, e["num_per_prompt"], e["seed"], e["num_steps"],
+                                   e["guidance_scale"], desc=None)
+        prompts = [r["prompt"] for r in records]
+        self.base.setdefault(pipeline_path, images)
+        with torch.no_grad():
+            learned = self.scorer(torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255, prompts).scores
+        return {"learned_reward": float(learned.mean()), "accuracy": shapes_accuracy(images, prompts)["overall"],
+                "distance_to_base": paired_pixel_distance(images, self.base[pipeline_path]),
+                "diversity": within_prompt_pixel_distance(images, e["num_per_prompt"])}
+
+
+def run_method(name: str, args, evaluator: Evaluator) -> dict:
+    config = method_config(name, args.updates, args.out, args.seed)
+    shutil.rmtree(Path(config.run.out_dir) / name, ignore_errors=True)  # a fresh run, never a resume
+    trainer = Trainer(config, log=False)
+    path = config.pipeline.path
+    curve = [{"update": 0, "train_seconds": 0.0, **evaluator(trainer.policy, path, f"{name} base")}]
+    clock = {"train": 0.0}
+    last = {"reward_mean": float("nan")}
+
+    def on_update(update, metrics):
+        clock["train"] += metrics["seconds"]
+        last.update(metrics)
+        if update % args.eval_every == 0 or update == args.updates:
+            point = {"update": update, "train_seconds": clock["train"], "train_reward": metrics["reward_mean"],
+                     **evaluator(trainer.policy, path, f"{name} eval {update}")}
+            curve.append(point)
+            print(f"  {name} {update:4d}: learned {point['learned_reward']:.3f}  acc {point['accuracy']:.3f}  "
+                  f"dist {point['distance_to_base']:.3f}  div {point['diversity']:.3f}  ({clock['train']:.0f} s)",
+                  flush=True)
+
+    started = time.time()
+    trainer.run(on_update)
+    return {"pipeline": path, "curve": curve, "seconds_per_update": clock["train"] / args.updates,
+            "wall_seconds": time.time() - started, "config": {"sampler": METHODS[name]["sampler"],
+                                                               "algorithm": METHODS[name]["algorithm"]}}
+
+
+def updates_to_target(curve: list[dict], target: float) -> int | None:
+    return next((p["update"] for p in curve if p["update"] > 0 and p["learned_reward"] >= target), None)
+
+
+def write_table(results: dict, gain: float, path: Path) -> str:
+    lines = [f"| method | pipeline | learned reward (base -> final) | eval accuracy (base -> final) | updates to "
+             f"+{gain} learned reward | s / update | distance to base | diversity (base -> final) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        first, final = r["curve"][0], r["curve"][-1]
+        reached = updates_to_target(r["curve"], first["learned_reward"] + gain)
+        lines.append(f"| {name} | {Path(r['pipeline']).name} | {first['learned_reward']:.2f} -> {final['learned_reward']:.2f} "
+                     f"| {first['accuracy']:.3f} -> {final['accuracy']:.3f} | {reached if reached else 'not reached'} "
+                     f"| {r['seconds_per_update']:.1f} | {final['distance_to_base']:.3f} "
+                     f"| {first['diversity']:.3f} -> {final['diversity']:.3f} |")
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    return text
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), dpi=110)
+    for name, r in results.items():
+        c = r["curve"]
+        for row, key in enumerate(["learned_reward", "accuracy"]):
+            axes[row, 0].plot([p["update"] for p in c], [p[key] for p in c], marker="o", ms=3, label=name)
+            axes[row, 1].plot([p["train_seconds"] / 60 for p in c], [p[key] for p in c], marker="o", ms=3, label=name)
+    for row, label in enumerate(["learned reward (eval split)", "verifier accuracy (eval split)"]):
+        axes[row, 0].set_ylabel(label)
+        axes[row, 0].set_xlabel("updates")
+        axes[row, 1].set_xlabel("training minutes (2 CPU cores)")
+    axes[0, 0].legend(fontsize=8)
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    fig.suptitle("Image methods on the shapes world: same reward, prompts, seeds and samples per update")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--updates", type=int, default=100)
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--algorithms", default=",".join(METHODS))
+    parser.add_argument("--gain", type=float, default=1.0, help="the stated target: base learned reward + GAIN")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "compare_algorithms")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    args.out.mkdir(parents=True, exist_ok=True)
+    names = [n.strip() for n in args.algorithms.split(",") if n.strip()]
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        parser.error(f"--algorithms: unknown {unknown}; known: {list(METHODS)}")
+    results_path = args.out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    evaluator = Evaluator()
+    for name in names:
+        print(f"{name}: {args.updates} updates", flush=True)
+        results[name] = run_method(name, args, evaluator)
+        results_path.write_text(json.dumps(results, indent=2) + "\n")  # nothing lost if a later method fails
+    print(write_table({n: results[n] for n in names}, args.gain, args.out / "table.md"))
+    plot({n: results[n] for n in names}, args.out / "curves.png")
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

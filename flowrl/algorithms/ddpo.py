@@ -1,0 +1,31 @@
+"""DDPO (Black et al., arXiv 2305.13301): PPO on the DDIM sampling chain of an epsilon-prediction model.
+
+The objective is GRPO's clipped surrogate on per-step log-densities; what makes it DDPO is the policy: DDIM steps
+with eta > 0 (`sampler.kind: ddim`, `noise_level` = eta, 1.0 in the paper) are Gaussians
+N(mean_DDIM(eps_theta), std_eta^2) whose log-density `sampling.ddim_step` computes. Advantages are normalised per
+prompt. The paper tracks each prompt's reward statistics over a buffer of recent updates; here every update draws
+a group of samples per prompt, so the group itself is the prompt's statistics (std per group, not per batch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import ConfigError
+from .base import register_algorithm
+from .grpo import GRPO, GRPOParams
+
+
+@dataclass
+class DDPOParams(GRPOParams):
+    std: Literal["global", "group"] = "group"
+
+
+@register_algorithm
+class DDPO(GRPO):
+    name = "ddpo"
+    Params = DDPOParams
+
+    def check_sampler(self, sampler) -> None:
+        if sampler.kind != "ddim":
+            raise ConfigError(f"sampler.kind: ddpo samples with stochastic DDIM; expected 'ddim', got {sampler.kind!r}")

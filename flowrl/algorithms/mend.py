@@ -1,0 +1,146 @@
+"""MEND: reward post-training of flow models by proximal velocity matching.
+
+No public code exists; this follows the reading in reference/methods.md section 1 (trajectory-shift targets).
+1. Cap: per prompt group, kappa = the q-quantile of the group's rewards; the capped reward is min(R, kappa).
+   Samples at or above the cap get no move.
+2. Proposals: for a sample below the cap, g = dR(D(x0))/dx0 through the VAE decoder and the reward, normalised to
+   unit RMS; candidates delta_m = eta_max 2^-m g_hat, m = 0..M-1.
+3. Acceptance: net(delta) = [min(R(x0 + delta), kappa) - min(r, kappa)] / s - (lambda / 2) MSE(delta), with s the
+   group's reward std (so lambda does not depend on the reward's scale). The best candidate is accepted only when
+   its net is > 0, i.e. its capped gain exceeds its quadratic displacement price; otherwise delta = 0.
+4. Targets: the stored ODE trajectory is shifted so that it starts from the same noise and ends at x0 + delta:
+   x~_k = x_k + (1 - t_k) delta, u*_k = v_old(x_k) - delta, where v_old is read off the stored Euler step
+   (x_{k+1} - x_k) / (t_{k+1} - t_k). Integrating u* from x~_0 = x_0 ends exactly at x_K + delta.
+5. Loss: mean ||v_theta(x~_k) - u*_k||^2 (optionally weighted by t^2, an x0-space loss). No KL, no reference, no
+   advantage weights: samples with delta = 0 are anchors that keep their old velocity.
+Groups where every sample is at the cap (all rewards equal) carry no move and are not trained at all, so such a
+batch gives exactly zero gradient. Anchor rows are kept in every group that has a sample below the cap (decided
+from the gathered rewards, so the split is the same on one process or many).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import torch
+
+from ..errors import ConfigError
+from .base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
+
+
+@dataclass
+class MENDParams:
+    quantile: float = 0.75  # q: the group's cap is its q-quantile reward
+    price: float = 100.0  # lambda of the quadratic displacement price (per element MSE, rewards in group-std units)
+    step_max: float = 0.2  # eta_max: the largest proposal, in latent RMS units
+    num_step_sizes: int = 4  # M
+    timestep_fraction: float = 0.5
+    time_weight: Literal["uniform", "t2"] = "uniform"
+
+    def validate(self):
+        if not 0 < self.quantile <= 1:
+            raise ConfigError(f"algorithm.params.quantile: expected a number in (0, 1], got {self.quantile}")
+        if self.price <= 0 or self.step_max <= 0 or self.num_step_sizes < 1:
+            raise ConfigError("algorithm.params: price and step_max must be positive and num_step_sizes >= 1, got "
+                              f"{self.price}, {self.step_max}, {self.num_step_sizes}")
+        if not 0 < self.timestep_fraction <= 1:
+            raise ConfigError(f"algorithm.params.timestep_fraction: expected a number in (0, 1], got {self.timestep_fraction}")
+
+
+def group_caps(rewards: torch.Tensor, group_ids: torch.Tensor, quantile: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sample: its group's q-quantile reward (the cap) and the group's reward std."""
+    cap, scale = torch.empty_like(rewards, dtype=torch.float32), torch.empty_like(rewards, dtype=torch.float32)
+    for g in torch.unique(group_ids):
+        members = group_ids == g
+        cap[members] = torch.quantile(rewards[members].float(), quantile)
+        scale[members] = rewards[members].float().std(unbiased=False)
+    return cap, scale
+
+
+def choose_moves(reward_of: Callable[[torch.Tensor], torch.Tensor], x0: torch.Tensor, gradient: torch.Tensor,
+                 rewards: torch.Tensor, cap: torch.Tensor, scale: torch.Tensor, price: float, step_max: float,
+                 num_step_sizes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accepted moves delta [B, ...] (zero where none pays) and their net gains [B] (0 where rejected).
+
+    `reward_of(x)` scores latents [B, ...]; rewards/cap/scale are [B]; the gradient need not be normalised.
+    """
+    dims = tuple(range(1, x0.ndim))
+    shape = (-1, *[1] * (x0.ndim - 1))
+    unit = gradient / gradient.pow(2).mean(dim=dims, keepdim=True).sqrt().clamp(min=1e-12)
+    base = torch.minimum(rewards, cap)
+    best_net = torch.zeros_like(rewards)
+    best = torch.zeros_like(x0)
+    for m in range(num_step_sizes):
+        delta = step_max * 2.0**-m * unit
+        gain = (torch.minimum(reward_of(x0 + delta), cap) - base) / scale.clamp(min=1e-8)
+        net = gain - price / 2 * delta.pow(2).mean(dim=dims)
+        better = net > best_net  # strictly: a move is taken only when its gain exceeds its price
+        best_net = torch.where(better, net, best_net)
+        best = torch.where(better.reshape(shape), delta, best)
+    return best, best_net
+
+
+def shifted_trajectory(latents: torch.Tensor, sigmas: torch.Tensor, delta: torch.Tensor):
+    """States x~_k = x_k + (1 - t_k) delta and targets u*_k = v_old_k - delta of an ODE trajectory [K + 1, ...].
+
+    v_old_k is the velocity of the stored Euler step k. Returns ([K, ...] states, [K, ...] targets).
+    """
+    t = sigmas.reshape(-1, *[1] * (latents.ndim - 1)).to(latents)
+    v_old = (latents[1:] - latents[:-1]) / (t[1:] - t[:-1])
+    return latents[:-1] + (1 - t[:-1]) * delta, v_old - delta
+
+
+@register_algorithm
+class MEND(Algorithm):
+    name = "mend"
+    Params = MENDParams
+    needs_ode_rollout = True
+    needs_reward_gradient = True
+
+    def prepare(self, batch: RolloutBatch, policy):
+        p, traj = self.params, batch.trajectory
+        cap_all, scale_all = group_caps(batch.global_rewards, batch.global_group_ids, p.quantile)
+        below_all = batch.global_rewards < cap_all
+        live_groups = torch.unique(batch.global_group_ids[below_all])
+        cap, scale = cap_all[batch.local_index], scale_all[batch.local_index]
+        below = below_all[batch.local_index]
+        x0 = traj.final
+        delta = torch.zeros_like(x0)
+        net = torch.zeros(len(x0))
+        index = torch.nonzero(below).flatten()
+        if len(index):
+            prompts = [batch.prompts[i] for i in index.tolist()]
+            with torch.enable_grad():
+                x = x0[index].detach().requires_grad_(True)
+                gradient, = torch.autograd.grad(self.score_latents(policy, x, prompts).sum(), x)
+            with torch.no_grad():
+                delta[index], net[index] = choose_moves(
+                    lambda z: self.score_latents(policy, z, prompts).float(), x0[index], gradient,
+                    batch.rewards[index].float(), cap[index], scale[index], p.price, p.step_max, p.num_step_sizes)
+        self.delta = delta
+        samples, steps = [], []
+        for i in torch.nonzero(torch.isin(batch.group_ids, live_groups)).flatten().tolist():
+            chosen = trained_steps(torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction, batch.seeds[i])
+            samples += [i] * len(chosen)
+            steps += chosen.tolist()
+        moved = net > 0
+        dims = tuple(range(1, x0.ndim))
+        metrics = {"below_cap_share": below.float().mean().item(), "moved_share": moved.float().mean().item(),
+                   "move_mse": delta[moved].pow(2).mean(dim=dims).mean().item() if moved.any() else 0.0,
+                   "net_gain": net[moved].mean().item() if moved.any() else 0.0}
+        return WorkItems.build(samples, steps), metrics
+
+    def loss(self, policy, batch: RolloutBatch, items: WorkItems):
+        traj = batch.trajectory
+        states, targets = [], []
+        for i, k in zip(items.sample.tolist(), items.step.tolist()):
+            x, u = shifted_trajectory(traj.latents[k:k + 2, i], traj.sigmas[k:k + 2], self.delta[i])
+            states.append(x[0])
+            targets.append(u[0])
+        sigma = traj.sigmas[items.step]
+        v = policy.velocity(torch.stack(states), sigma, traj.cond.select(items.sample), traj.guidance_scale)
+        losses = (v - torch.stack(targets)).pow(2).flatten(1).mean(1)
+        if self.params.time_weight == "t2":
+            losses = losses * sigma.to(losses) ** 2
+        moved = self.delta[items.sample].flatten(1).abs().amax(1) > 0
+        return losses, {"moved_rows": moved.float()}

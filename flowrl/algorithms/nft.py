@@ -1,0 +1,117 @@
+"""DiffusionNFT: online RL by forward-process negative-aware fine-tuning (Zheng et al., arXiv 2509.16117).
+
+No likelihoods and no SDE: samples come from any sampler (here the ODE rollout). Each sample's group advantage
+becomes an optimality weight r = clip(A / adv_clip_max / 2 + 0.5, 0, 1). At a trained timestep t the final sample
+x0 is re-noised with fresh noise, x_t = (1 - t) x0 + t eps, and two implicit policies are built from the current
+velocity v and the rollout policy's v_old:
+    v+ = beta v + (1 - beta) v_old          (positive: should reconstruct good samples)
+    v- = (1 + beta) v_old - beta v          (negative: should reconstruct bad ones)
+with x0-space losses normalised by their own (stop-gradient) mean absolute error,
+    L = [r L(v+) + (1 - r) L(v-)] / beta,   L(u) = mean((x_t - t u - x0)^2) / sg(mean|x_t - t u - x0|).
+At v = v_old the gradient is (2r - 1) grad L(v+): advantage-weighted flow matching on the policy's own samples.
+The old policy is the one that made the rollout (the paper's EMA old policy with decay 0); an optional KL term
+pulls v towards the LoRA-disabled reference. The velocity trained is the guided one at `guidance_scale` (None: the
+sampler's; 1.0: the paper's CFG-free setting).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from ..errors import ConfigError
+from ..prompt_source import derived_seed
+from .advantages import group_advantages
+from .base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
+
+
+@dataclass
+class NFTParams:
+    beta: float = 1.0
+    adv_clip_max: float = 5.0
+    std: Literal["global", "group"] = "global"
+    timestep_fraction: float = 0.5
+    kl_beta: float = 0.0
+    guidance_scale: float | None = None
+
+    def validate(self):
+        if self.beta <= 0:
+            raise ConfigError(f"algorithm.params.beta: expected a positive number, got {self.beta}")
+        if not 0 < self.timestep_fraction <= 1:
+            raise ConfigError(f"algorithm.params.timestep_fraction: expected a number in (0, 1], got {self.timestep_fraction}")
+
+
+def optimality_weight(advantages: torch.Tensor, adv_clip_max: float) -> torch.Tensor:
+    """r = clip(A / adv_clip_max / 2 + 0.5, 0, 1): 1 for the best samples, 0 for the worst, 0.5 for average."""
+    return (advantages / adv_clip_max / 2 + 0.5).clamp(0, 1)
+
+
+def _normalised_x0_loss(x0_pred: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    dims = tuple(range(1, x0.ndim))
+    error = x0_pred - x0
+    return (error**2).mean(dim=dims) / error.abs().mean(dim=dims).detach().clamp(min=1e-5)
+
+
+def nft_loss(v: torch.Tensor, v_old: torch.Tensor, x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor,
+             r: torch.Tensor, beta: float) -> torch.Tensor:
+    """Per-item DiffusionNFT loss (see the module docstring); t and r are [N]."""
+    t = t.reshape(-1, *[1] * (x_t.ndim - 1))
+    v_pos = beta * v + (1 - beta) * v_old
+    v_neg = (1 + beta) * v_old - beta * v
+    loss_pos = _normalised_x0_loss(x_t - t * v_pos, x0)
+    loss_neg = _normalised_x0_loss(x_t - t * v_neg, x0)
+    return (r * loss_pos + (1 - r) * loss_neg) / beta
+
+
+@register_algorithm
+class DiffusionNFT(Algorithm):
+    name = "nft"
+    Params = NFTParams
+    needs_ode_rollout = True
+
+    def prepare(self, batch: RolloutBatch, policy):
+        p, traj = self.params, batch.trajectory
+        advantages = group_advantages(batch.global_rewards, batch.global_group_ids, p.std, clip=p.adv_clip_max)
+        self.weights = optimality_weight(advantages[batch.local_index], p.adv_clip_max)
+        samples, steps = [], []
+        for i in torch.nonzero(advantages[batch.local_index] != 0).flatten().tolist():  # r = 0.5: no signal
+            chosen = trained_steps(torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction, batch.seeds[i])
+            samples += [i] * len(chosen)
+            steps += chosen.tolist()
+        items = WorkItems.build(samples, steps)
+        t = traj.sigmas[items.step]
+        x0 = traj.final[items.sample]
+        noise = torch.stack([torch.randn(x0.shape[1:], generator=torch.Generator().manual_seed(
+            derived_seed(batch.seeds[i], j, 101))) for i, j in zip(samples, steps)]) if samples else x0.clone()
+        shaped = t.reshape(-1, *[1] * (x0.ndim - 1))
+        self.x_t = (1 - shaped) * x0 + shaped * noise.to(x0.device)
+        self.t = t
+        self.v_old = torch.zeros_like(self.x_t)
+        with torch.no_grad():
+            for chunk in torch.split(torch.arange(len(items)), self.sampler_chunk):
+                self.v_old[chunk] = policy.velocity(self.x_t[chunk], t[chunk], traj.cond.select(items.sample[chunk]),
+                                                    self.guidance(traj))
+        metrics = {"advantage_abs_mean": advantages.abs().mean().item(),
+                   "positive_share": (self.weights > 0.5).float().mean().item()}
+        return items, metrics
+
+    sampler_chunk = 64
+
+    def guidance(self, traj) -> float:
+        return traj.guidance_scale if self.params.guidance_scale is None else self.params.guidance_scale
+
+    def loss(self, policy, batch: RolloutBatch, items: WorkItems):
+        p, traj = self.params, batch.trajectory
+        x_t, t = self.x_t[items.key], self.t[items.key]
+        cond = traj.cond.select(items.sample)
+        v = policy.velocity(x_t, t, cond, self.guidance(traj))
+        losses = nft_loss(v, self.v_old[items.key], x_t, traj.final[items.sample], t, self.weights[items.sample], p.beta)
+        diagnostics = {"velocity_change": (v - self.v_old[items.key]).detach().pow(2).flatten(1).mean(1)}
+        if p.kl_beta > 0:
+            with torch.no_grad(), policy.reference():
+                v_ref = policy.velocity(x_t, t, cond, self.guidance(traj))
+            kl = (v - v_ref).pow(2).flatten(1).mean(1)
+            losses = losses + p.kl_beta * kl
+            diagnostics["kl"] = kl.detach()
+        return losses, diagnostics

@@ -1,0 +1,118 @@
+"""Reward backpropagation: ReFL (Xu et al., ImageReward, arXiv 2304.05977) and DRaFT-K (Clark et al., arXiv
+2309.17400), with AlignProp-style random truncation as an option.
+
+Both maximise a differentiable reward R(D(x0)) by its gradient; they differ in where the gradient enters.
+- ReFL: at a random late step k (a fraction range of the schedule), one velocity call with gradient gives the
+  one-step prediction x0_hat = x_k - t_k v(x_k); loss = ReLU(cap - R) (ReFL's cap) or -R.
+- DRaFT-K: the last K steps of the stored ODE rollout are re-run with gradient (each velocity call checkpointed
+  so memory does not grow with K); loss = ReLU(cap - R) or -R on the final sample. `random_k` draws K per sample
+  uniformly from 1..K (AlignProp's randomised truncation). DRaFT-1 on a flow model equals ReFL at the last step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from ..errors import ConfigError
+from .base import Algorithm, RolloutBatch, WorkItems, register_algorithm
+
+
+def reward_loss(scores: torch.Tensor, cap: float | None, scale: float) -> torch.Tensor:
+    """scale * ReLU(cap - R) (no gradient once R reaches the cap) or scale * -R without a cap."""
+    return scale * (torch.relu(cap - scores) if cap is not None else -scores)
+
+
+@dataclass
+class ReFLParams:
+    step_range: list[float] = field(default_factory=lambda: [0.7, 1.0])  # fraction of the schedule for k
+    cap: float | None = None
+    loss_scale: float = 1.0
+
+    def validate(self):
+        lo, hi = self.step_range
+        if not 0 <= lo < hi <= 1:
+            raise ConfigError(f"algorithm.params.step_range: expected [lo, hi] with 0 <= lo < hi <= 1, got {self.step_range}")
+
+
+@dataclass
+class DRaFTParams:
+    k: int = 1
+    random_k: bool = False
+    cap: float | None = None
+    loss_scale: float = 1.0
+    checkpointing: bool = True
+
+    def validate(self):
+        if self.k < 1:
+            raise ConfigError(f"algorithm.params.k: expected an integer >= 1, got {self.k}")
+
+
+class _RewardBackprop(Algorithm):
+    needs_ode_rollout = True
+    needs_reward_gradient = True
+
+    def first_step(self, num_steps: int, seed: int) -> int:
+        raise NotImplementedError
+
+    def prepare(self, batch: RolloutBatch, policy):
+        num_steps = batch.trajectory.num_steps
+        steps = [self.first_step(num_steps, seed) for seed in batch.seeds]
+        return WorkItems.build(list(range(len(steps))), steps), {}
+
+
+@register_algorithm
+class ReFL(_RewardBackprop):
+    name = "refl"
+    Params = ReFLParams
+
+    def first_step(self, num_steps, seed):
+        lo, hi = self.params.step_range
+        first, last = int(lo * num_steps), max(int(lo * num_steps) + 1, int(round(hi * num_steps)))
+        return int(torch.randint(first, min(last, num_steps), (1,), generator=torch.Generator().manual_seed(seed + 11)))
+
+    def loss(self, policy, batch, items):
+        traj = batch.trajectory
+        x = traj.latents[items.step, items.sample]
+        sigma = traj.sigmas[items.step].to(x)
+        v = policy.velocity(x, sigma, traj.cond.select(items.sample), traj.guidance_scale)
+        x0_hat = x - sigma.reshape(-1, *[1] * (x.ndim - 1)) * v
+        scores = self.score_latents(policy, x0_hat, [batch.prompts[i] for i in items.sample.tolist()])
+        return reward_loss(scores, self.params.cap, self.params.loss_scale), {"reward_of_prediction": scores.detach()}
+
+
+@register_algorithm
+class DRaFT(_RewardBackprop):
+    name = "draft"
+    Params = DRaFTParams
+
+    def first_step(self, num_steps, seed):
+        k = min(self.params.k, num_steps)
+        if self.params.random_k:
+            k = int(torch.randint(1, k + 1, (1,), generator=torch.Generator().manual_seed(seed + 13)))
+        return num_steps - k
+
+    def loss(self, policy, batch, items):
+        traj = batch.trajectory
+        losses, scores = [], []
+        for start in torch.unique(items.step).tolist():  # samples that share a truncation point run together
+            rows = torch.nonzero(items.step == start).flatten()
+            sample = items.sample[rows]
+            cond = traj.cond.select(sample)
+            x = traj.latents[start, sample]
+            for j in range(start, traj.num_steps):
+                sigma, sigma_next = float(traj.sigmas[j]), float(traj.sigmas[j + 1])
+                if self.params.checkpointing:
+                    v = checkpoint(policy.velocity, x, sigma, cond, traj.guidance_scale, use_reentrant=False)
+                else:
+                    v = policy.velocity(x, sigma, cond, traj.guidance_scale)
+                x = x + (sigma_next - sigma) * v
+            score = self.score_latents(policy, x, [batch.prompts[i] for i in sample.tolist()])
+            losses.append((rows, reward_loss(score, self.params.cap, self.params.loss_scale)))
+            scores.append((rows, score.detach()))
+        out = torch.zeros(len(items), device=traj.final.device)
+        reward = torch.zeros(len(items))
+        out = out.index_put((torch.cat([r for r, _ in losses]),), torch.cat([l for _, l in losses]))
+        reward[torch.cat([r for r, _ in scores])] = torch.cat([s for _, s in scores]).float().cpu()
+        return out, {"reward_of_sample": reward}

@@ -1,0 +1,133 @@
+"""`flowrl demo`: a Gradio page that generates one prompt and seed with the base model and every checkpoint,
+side by side, each image labelled with its reward.
+
+LoRA checkpoints become named peft adapters on one network (switched per image, so memory grows by the adapters
+only); full-weight checkpoints are swapped in and out of the network's parameters.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import UserError
+
+DISPLAY_SIZE = 192  # the shapes pipelines make 32x32 images; show them large, with crisp pixels
+
+
+class CheckpointSet:
+    """The base model plus checkpoints, any one of which can be made active."""
+
+    def __init__(self, policy, checkpoints: list[str]):
+        from safetensors.torch import load_file
+
+        self.policy = policy
+        self.labels = ["base"]
+        self.kinds: dict[str, tuple[str, object]] = {}
+        params = dict(policy.transformer.named_parameters())
+        for number, checkpoint in enumerate(checkpoints):
+            path = Path(checkpoint)
+            weights_file = next((path / f for f in ("ema.safetensors", "trainable.safetensors") if (path / f).is_file()), None)
+            if weights_file is None:
+                raise UserError(f"--checkpoint {path}: expected a checkpoint folder with trainable.safetensors "
+                                "(runs/<name>/checkpoints/update_N)")
+            label = f"{path.parent.parent.name}/{path.name}" if path.parent.name == "checkpoints" else path.name
+            label = label if label not in self.labels else f"{label} ({number})"
+            weights = load_file(weights_file)
+            if any("lora_" in k for k in weights):
+                self._add_adapter(path, f"ckpt{number}", weights)
+                self.kinds[label] = ("lora", f"ckpt{number}")
+            else:
+                unknown = [k for k in weights if k not in params]
+                if unknown:
+                    raise UserError(f"--checkpoint {path}: weights do not fit this pipeline (e.g. {unknown[0]})")
+                self.kinds[label] = ("full", weights)
+            self.labels.append(label)
+        self.base_full = {k: params[k].detach().clone() for _, (kind, w) in self.kinds.items() if kind == "full" for k in w}
+        self.activate("base")
+
+    def _add_adapter(self, path: Path, name: str, weights: dict) -> None:
+        from peft import LoraConfig
+
+        adapter_file = path / "adapter.json"
+        if not adapter_file.is_file():
+            raise UserError(f"--checkpoint {path}: LoRA weights without adapter.json describing the adapter")
+        adapter = json.loads(adapter_file.read_text())
+        self.policy.transformer.add_adapter(LoraConfig(r=adapter["rank"], lora_alpha=adapter["alpha"],
+                                                       target_modules=adapter["target_modules"]), adapter_name=name)
+        params = dict(self.policy.transformer.named_parameters())
+        with torch.no_grad():
+            for key, value in weights.items():
+                params[key.replace(".default.", f".{name}.")].copy_(value)
+
+    def activate(self, label: str) -> None:
+        transformer = self.policy.transformer
+        params = dict(transformer.named_parameters())
+        with torch.no_grad():
+            for key, value in self.base_full.items():
+                params[key].copy_(value)
+        if getattr(transformer, "_hf_peft_config_loaded", False):
+            transformer.disable_adapters()
+        if label == "base":
+            return
+        kind, payload = self.kinds[label]
+        if kind == "lora":
+            transformer.enable_adapters()
+            transformer.set_adapter(payload)
+        else:
+            with torch.no_grad():
+                for key, value in payload.items():
+                    params[key].copy_(value)
+
+
+def upscale(image: np.ndarray, size: int = DISPLAY_SIZE) -> np.ndarray:
+    factor = max(1, size // max(image.shape[:2]))
+    return image.repeat(factor, 0).repeat(factor, 1)
+
+
+def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str = "shapes_clip", steps: int = 20,
+               guidance_scale: float = 4.5, height: int = 32, width: int = 32, max_sequence_length: int = 16):
+    import gradio as gr
+
+    from .generate import generate
+    from .policies import load_pipeline, policy_for
+    from .rewards import build_reward
+
+    policy = policy_for(load_pipeline(pipeline_dir), max_sequence_length=max_sequence_length)
+    models = CheckpointSet(policy, checkpoints)
+    try:
+        scorer = build_reward(reward)
+    except ValueError as error:
+        raise UserError(f"--reward: {error}") from None
+
+    def run(prompt: str, seed: float, progress=gr.Progress()):
+        prompt = (prompt or "").strip()
+        if not prompt:
+            raise gr.Error("Enter a prompt.")
+        gallery = []
+        for number, label in enumerate(models.labels):
+            progress(number / len(models.labels), desc=f"generating with {label}")
+            models.activate(label)
+            images, _ = generate(policy, [prompt], 1, int(seed), steps, guidance_scale, height, width, desc=None)
+            with torch.no_grad():
+                score = float(scorer(torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255, [prompt]).scores[0])
+            gallery.append((upscale(images[0]), f"{label} | {reward} {score:.3f}"))
+        models.activate("base")
+        table = "| model | " + reward + " |\n|---|---|\n" + "\n".join(
+            f"| {caption.split(' | ')[0]} | {caption.split(' ')[-1]} |" for _, caption in gallery)
+        return gallery, table
+
+    with gr.Blocks(title="flowrl: base vs tuned") as demo:
+        gr.Markdown(f"## flowrl: base and fine-tuned side by side\nPipeline `{pipeline_dir}`; {steps} steps, "
+                    f"CFG {guidance_scale}; the caption under each image is its `{reward}` reward.")
+        with gr.Row():
+            prompt = gr.Textbox(label="prompt", value="a red circle left of a blue square", elem_id="prompt")
+            seed = gr.Number(label="seed", value=0, precision=0, elem_id="seed")
+        button = gr.Button("Generate", variant="primary", elem_id="generate")
+        scores = gr.Markdown(elem_id="scores")
+        gallery = gr.Gallery(label="samples", columns=len(models.labels), height=340, object_fit="contain",
+                             elem_id="gallery")
+        button.click(run, inputs=[prompt, seed], outputs=[gallery, scores])
+    return demo

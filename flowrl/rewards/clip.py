@@ -1,0 +1,101 @@
+"""CLIP-family image-text rewards, differentiable in the images: the project's learned shapes scorer, PickScore
+and CLIPScore. All three are a `transformers.CLIPModel` loaded from a local folder; they differ in the score:
+- shapes_clip / pickscore: logit_scale * cos(image, text) (PickScore's form; Kirstain et al., arXiv 2305.01569)
+- clipscore: 2.5 * max(cos, 0) (Hessel et al., arXiv 2104.08718)
+Images are resized to the model's input size and normalised with the folder's preprocessor_config.json (CLIP's
+OpenAI statistics when absent) in torch, so gradients reach the pixels.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+from .base import Reward, RewardOutput, register_reward
+
+OPENAI_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+OPENAI_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+
+DEFAULT_SCORER = Path(__file__).resolve().parents[2] / "pipelines" / "shapes-scorer"
+
+
+def require_local_folder(path: str | Path | None, reward: str, how_to_get: str) -> Path:
+    """The folder a real-model reward loads from, or one clear error naming it and how to get the weights."""
+    if path is None:
+        raise UserError(f"reward {reward}: params.path is required; {how_to_get}")
+    folder = Path(path)
+    if not folder.is_dir():
+        raise UserError(f"reward {reward}: params.path {folder} does not exist; {how_to_get}")
+    return folder
+
+
+def image_statistics(folder: Path) -> tuple[list[float], list[float]]:
+    config = folder / "preprocessor_config.json"
+    if config.is_file():
+        data = json.loads(config.read_text())
+        return data.get("image_mean", OPENAI_CLIP_MEAN), data.get("image_std", OPENAI_CLIP_STD)
+    return OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+
+
+def clip_pixels(samples: torch.Tensor, size: int, mean, std) -> torch.Tensor:
+    """[B, 3, H, W] in [0, 1] -> the CLIP vision input: bicubic resize to size x size, then normalise."""
+    x = samples.float()
+    if x.shape[-1] != size or x.shape[-2] != size:
+        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bicubic", align_corners=False)
+    mean = torch.tensor(mean, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(std, device=x.device).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+class CLIPReward(Reward):
+    differentiable = True
+
+    def __init__(self, folder: Path, score: str, name: str):
+        from transformers import AutoTokenizer, CLIPModel
+
+        self.name, self.score = name, score
+        self.model = CLIPModel.from_pretrained(folder, dtype=torch.float32, local_files_only=True).eval()
+        self.model.requires_grad_(False)
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        self.mean, self.std = image_statistics(folder)
+        self.size = self.model.config.vision_config.image_size
+        self.max_length = min(self.tokenizer.model_max_length, self.model.config.text_config.max_position_embeddings)
+
+    def features(self, samples: torch.Tensor, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        device = next(self.model.parameters()).device
+        tokens = self.tokenizer(prompts, padding="max_length", truncation=True, max_length=self.max_length,
+                                return_tensors="pt").to(device)
+        image = self.model.get_image_features(pixel_values=clip_pixels(samples.to(device), self.size, self.mean, self.std))
+        text = self.model.get_text_features(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask)
+        image, text = (getattr(f, "pooler_output", f) for f in (image, text))
+        return torch.nn.functional.normalize(image, dim=-1), torch.nn.functional.normalize(text, dim=-1)
+
+    def __call__(self, samples, prompts, meta=None) -> RewardOutput:
+        image, text = self.features(samples, prompts)
+        cos = (image * text).sum(-1)
+        if self.score == "clipscore":
+            return RewardOutput(2.5 * cos.clamp(min=0), {"cosine": cos.detach()})
+        return RewardOutput(self.model.logit_scale.exp() * cos, {"cosine": cos.detach()})
+
+
+@register_reward("shapes_clip")
+def shapes_clip(path: str | None = None) -> CLIPReward:
+    folder = require_local_folder(path or DEFAULT_SCORER, "shapes_clip",
+                                  "the project ships it in pipelines/shapes-scorer (`flowrl pretrain scorer` rebuilds it)")
+    return CLIPReward(folder, "pickscore", "shapes_clip")
+
+
+@register_reward("pickscore")
+def pickscore(path: str | None = None) -> CLIPReward:
+    folder = require_local_folder(path, "pickscore", "save yuvalkirstain/PickScore_v1 (CLIPModel) together with the "
+                                  "laion/CLIP-ViT-H-14-laion2B-s32B-b79K tokenizer and preprocessor files into one folder")
+    return CLIPReward(folder, "pickscore", "pickscore")
+
+
+@register_reward("clipscore")
+def clipscore(path: str | None = None) -> CLIPReward:
+    folder = require_local_folder(path, "clipscore", "save a CLIPModel such as openai/clip-vit-large-patch14 with "
+                                  "its tokenizer and preprocessor (save_pretrained) into a local folder")
+    return CLIPReward(folder, "clipscore", "clipscore")

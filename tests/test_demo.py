@@ -1,0 +1,115 @@
+"""The Gradio comparison demo, end to end in a real headless Chromium (Debian's chromium + chromedriver, driven by
+selenium): type a prompt, press Generate, and see the base and the checkpoint side by side with their rewards.
+
+Without a browser on the machine the test is skipped locally and fails in CI (CI=true), where .ci/run installs it.
+"""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+
+from flowrl.checkpoint import save_checkpoint
+from flowrl.policies import load_pipeline, policy_for
+
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+def _require_browser():
+    missing = [name for name, found in (("chromium", CHROMIUM), ("chromedriver", CHROMEDRIVER)) if not found]
+    try:
+        import gradio  # noqa: F401
+        import selenium  # noqa: F401
+    except ImportError as error:
+        missing.append(error.name)
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"the demo test needs {missing}; .ci/run installs them")
+        pytest.skip(f"no {missing} on this machine (.ci/run installs them)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _lora_checkpoint(pipeline_dir, folder):
+    policy = policy_for(load_pipeline(pipeline_dir), max_sequence_length=16)
+    policy.add_lora(4, 8, policy.lora_targets)
+    with torch.no_grad():
+        for name, p in policy.transformer.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    adapter = {"rank": 4, "alpha": 8, "target_modules": policy.lora_targets}
+    return save_checkpoint(folder / "tuned" / "checkpoints", 3, policy.trainable_state_dict(), {}, None, adapter)
+
+
+@pytest.fixture
+def demo_url(tiny_sd3_dir, tmp_path):
+    _require_browser()
+    checkpoint = _lora_checkpoint(tiny_sd3_dir, tmp_path)
+    port = _free_port()
+    log = open(tmp_path / "demo.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "flowrl", "demo", "--pipeline", str(tiny_sd3_dir),
+                               "--checkpoint", str(checkpoint), "--reward", "shapes", "--port", str(port),
+                               "--steps", "4"], stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if server.poll() is not None:
+            pytest.fail("the demo exited: " + (tmp_path / "demo.log").read_text()[-2000:])
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        server.terminate()
+        pytest.fail("the demo did not start within 120 s: " + (tmp_path / "demo.log").read_text()[-2000:])
+    yield url
+    server.terminate()
+    server.wait(timeout=30)
+    log.close()
+
+
+def test_demo_generates_base_and_checkpoint_side_by_side_in_a_real_browser(demo_url, tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        driver.get(demo_url)
+        wait = WebDriverWait(driver, 120)
+        box = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#prompt textarea"))
+        box.clear()
+        box.send_keys("a red circle")
+        driver.find_element(By.CSS_SELECTOR, "#generate").click()
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#gallery img")) >= 2)
+        text = wait.until(lambda d: d.find_element(By.ID, "gallery").text if "tuned/update_000003" in
+                          d.find_element(By.ID, "gallery").text else False)
+        assert "base | shapes" in text
+        assert "tuned/update_000003 | shapes" in text
+        table = driver.find_element(By.ID, "scores").text  # the rewards, readable above the images
+        assert "base" in table and "tuned/update_000003" in table
+        screenshot = tmp_path / "demo.png"
+        driver.save_screenshot(str(screenshot))
+        assert screenshot.stat().st_size > 10_000
+        out = os.environ.get("FLOWRL_SCREENSHOT_DIR")
+        if out:
+            shutil.copy(screenshot, os.path.join(out, "demo.png"))
+    finally:
+        driver.quit()

@@ -1,0 +1,214 @@
+"""DiffusionNFT, MEND, ReFL and DRaFT against hand computations and the properties their definitions promise."""
+import pytest
+import torch
+
+from flowrl.algorithms import RolloutBatch, build_algorithm
+from flowrl.algorithms.mend import choose_moves, group_caps, shifted_trajectory
+from flowrl.algorithms.nft import nft_loss, optimality_weight
+from flowrl.algorithms.reward_backprop import reward_loss
+from flowrl.config import SamplerSection
+from flowrl.errors import ConfigError
+from flowrl.policies import policy_for
+from flowrl.rewards.base import Reward, RewardOutput
+from flowrl.rollout import rollout, sample_generators
+from tiny_pipelines import tiny_shapes_sd3
+
+ODE = SamplerSection(kind="ode", guidance_scale=2.0)
+
+
+class RedReward(Reward):
+    """A differentiable stand-in for a learned reward: mean red minus mean green."""
+    name = "red"
+    differentiable = True
+
+    def __call__(self, samples, prompts, meta=None):
+        return RewardOutput(samples[:, 0].mean((1, 2)) - samples[:, 1].mean((1, 2)))
+
+
+def _policy():
+    policy = policy_for(tiny_shapes_sd3(), max_sequence_length=16)
+    policy.add_lora(4, 8, policy.lora_targets)
+    return policy
+
+
+def _ode_batch(policy, rewards=None, steps=4):
+    prompts = ["a red circle"] * 4 + ["a square"] * 4
+    cond = policy.encode(prompts, 2.0)
+    traj = rollout(policy, cond, sample_generators(range(8)), policy.noise_shape(32, 32), steps, "ode", 0.7, 2.0)
+    if rewards is None:
+        with torch.no_grad():
+            rewards = RedReward()(policy.decode(traj.final), prompts).scores
+    groups = torch.tensor([0] * 4 + [1] * 4)
+    return RolloutBatch(traj, rewards, groups, list(range(8)), rewards, groups, torch.arange(8), prompts)
+
+
+# ---- MEND ----------------------------------------------------------------------------------------------------
+def test_mend_shifted_trajectory_ends_at_x0_plus_delta():
+    torch.manual_seed(0)
+    sigmas = torch.tensor([1.0, 0.8, 0.55, 0.3, 0.1, 0.0])
+    latents = torch.randn(6, 3, 4, 4).cumsum(0)  # any stored Euler trajectory
+    delta = 0.1 * torch.randn(3, 4, 4)
+    states, targets = shifted_trajectory(latents, sigmas, delta)
+    for k in range(5):
+        torch.testing.assert_close(states[k], latents[k] + (1 - sigmas[k]) * delta)
+    x = states[0]  # t = 1: the same noise as the stored trajectory
+    torch.testing.assert_close(x, latents[0])
+    for k in range(5):
+        x = x + (sigmas[k + 1] - sigmas[k]) * targets[k]
+    torch.testing.assert_close(x, latents[-1] + delta, atol=1e-5, rtol=0)
+
+
+def test_mend_never_accepts_a_move_whose_capped_gain_is_at_most_its_price():
+    torch.manual_seed(1)
+    x0 = torch.randn(64, 2, 3, 3)
+    direction = torch.randn(2, 3, 3)
+    reward_of = lambda z: (z * direction).flatten(1).sum(1) + 0.3 * z.flatten(1).pow(2).sum(1).sin()  # noqa: E731
+    rewards = reward_of(x0)
+    cap, scale = group_caps(rewards, torch.arange(64) // 8, 0.75)
+    gradient = torch.func.vmap(torch.func.grad(lambda z: reward_of(z[None])[0]))(x0)
+    price = 30.0
+    delta, net = choose_moves(reward_of, x0, gradient, rewards, cap, scale, price, 0.5, 4)
+    moved = delta.flatten(1).abs().amax(1) > 0
+    assert 0 < moved.sum() < 64
+    mse = delta.pow(2).flatten(1).mean(1)
+    gain = (torch.minimum(reward_of(x0 + delta), cap) - torch.minimum(rewards, cap)) / scale
+    assert torch.all(gain[moved] > price / 2 * mse[moved])  # every accepted move pays for itself
+    torch.testing.assert_close(net[moved], gain[moved] - price / 2 * mse[moved])
+    assert torch.all(mse[moved] < 2 * (cap - rewards)[moved] / scale[moved] / price)  # the built-in trust region
+    assert not moved[rewards >= cap].any()  # at or above the cap: no move
+    none, _ = choose_moves(reward_of, x0, gradient, rewards, cap, scale, 1e12, 0.5, 4)
+    assert torch.all(none == 0)  # an infinite price accepts nothing
+
+
+def test_mend_gives_exactly_zero_gradient_when_every_sample_is_at_the_cap():
+    policy = _policy()
+    batch = _ode_batch(policy, rewards=torch.tensor([0.5] * 4 + [0.2] * 4))
+    algorithm = build_algorithm("mend", {}, ODE)
+    algorithm.bind_reward(RedReward())
+    items, metrics = algorithm.prepare(batch, policy)
+    assert len(items) == 0 and metrics["moved_share"] == 0
+    assert torch.all(algorithm.delta == 0)
+
+
+def test_mend_moves_raise_the_reward_and_regress_onto_shifted_targets():
+    policy = _policy()
+    batch = _ode_batch(policy)
+    algorithm = build_algorithm("mend", {"price": 1.0, "timestep_fraction": 1.0}, ODE)
+    algorithm.bind_reward(RedReward())
+    items, metrics = algorithm.prepare(batch, policy)
+    assert metrics["moved_share"] > 0 and len(items) == 8 * 4
+    moved = algorithm.delta.flatten(1).abs().amax(1) > 0
+    with torch.no_grad():
+        after = RedReward()(policy.decode(batch.trajectory.final + algorithm.delta), batch.prompts).scores
+    assert torch.all(after[moved] > batch.rewards[moved])
+    losses, diagnostics = algorithm.loss(policy, batch, items)
+    anchors = diagnostics["moved_rows"] == 0
+    assert losses[anchors].max() < 1e-8  # at theta_old an anchor's target is its own velocity
+    assert losses[~anchors].min() > 1e-6
+    losses.sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.trainable_parameters())
+
+
+# ---- DiffusionNFT ----------------------------------------------------------------------------------------------
+def test_nft_loss_matches_a_hand_computation():
+    x0 = torch.tensor([[1.0, -1.0]])
+    x_t = torch.tensor([[0.5, 0.5]])
+    t, r, beta = torch.tensor([0.5]), torch.tensor([0.75]), 0.5
+    v, v_old = torch.tensor([[0.0, 2.0]]), torch.tensor([[-1.0, 2.0]])
+    # v+ = 0.5 v + 0.5 v_old = [-0.5, 2];  x0+ = x_t - 0.5 v+ = [0.75, -0.5];  error [-0.25, 0.5]
+    loss_pos = ((0.25**2 + 0.5**2) / 2) / ((0.25 + 0.5) / 2)
+    # v- = 1.5 v_old - 0.5 v = [-1.5, 2];  x0- = [1.25, -0.5];  error [0.25, 0.5]
+    loss_neg = ((0.25**2 + 0.5**2) / 2) / ((0.25 + 0.5) / 2)
+    expected = (0.75 * loss_pos + 0.25 * loss_neg) / 0.5
+    torch.testing.assert_close(nft_loss(v, v_old, x_t, x0, t, r, beta), torch.tensor([expected]))
+    torch.testing.assert_close(optimality_weight(torch.tensor([-10.0, 0.0, 2.5, 5.0]), 5.0),
+                               torch.tensor([0.0, 0.5, 0.75, 1.0]))
+
+
+def test_nft_gradient_at_the_old_policy_is_advantage_weighted_flow_matching():
+    torch.manual_seed(2)
+    x0, x_t, v_old = torch.randn(3, 5), torch.randn(3, 5), torch.randn(3, 5)
+    t, r = torch.tensor([0.3, 0.6, 0.9]), torch.tensor([0.9, 0.5, 0.2])
+    v = v_old.clone().requires_grad_(True)
+    nft_loss(v, v_old, x_t, x0, t, r, 1.0).sum().backward()
+    error = x_t - t[:, None] * v_old - x0
+    positive_grad = 2 * error * -t[:, None] / 5 / error.abs().mean(1, keepdim=True)
+    torch.testing.assert_close(v.grad, (2 * r[:, None] - 1) * positive_grad)
+
+
+def test_nft_trains_on_re_noised_samples_of_signal_groups():
+    policy = _policy()
+    batch = _ode_batch(policy, rewards=torch.tensor([0.1, 0.4, 0.2, 0.9, 0.5, 0.5, 0.5, 0.5]))
+    algorithm = build_algorithm("nft", {"timestep_fraction": 0.5}, ODE)
+    items, _ = algorithm.prepare(batch, policy)
+    assert set(items.sample.tolist()) == {0, 1, 2, 3}  # the second group has no signal
+    losses, diagnostics = algorithm.loss(policy, batch, items)
+    assert torch.all(diagnostics["velocity_change"] < 1e-10)  # v_old is the rollout policy's velocity
+    losses.sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.trainable_parameters())
+
+
+# ---- ReFL / DRaFT ---------------------------------------------------------------------------------------------
+def test_reward_loss_cap_stops_the_gradient():
+    scores = torch.tensor([0.5, 2.5, 1.0], requires_grad=True)
+    loss = reward_loss(scores, 2.0, 0.1)
+    torch.testing.assert_close(loss.detach(), torch.tensor([0.15, 0.0, 0.1]))
+    loss.sum().backward()
+    torch.testing.assert_close(scores.grad, torch.tensor([-0.1, 0.0, -0.1]))
+    torch.testing.assert_close(reward_loss(scores.detach(), None, 1.0), -scores.detach())
+
+
+def test_refl_loss_is_the_reward_of_the_one_step_prediction():
+    policy = _policy()
+    batch = _ode_batch(policy)
+    algorithm = build_algorithm("refl", {"step_range": [0.5, 1.0]}, ODE)
+    algorithm.bind_reward(RedReward())
+    items, _ = algorithm.prepare(batch, policy)
+    assert len(items) == 8 and set(items.step.tolist()) <= {2, 3}
+    losses, _ = algorithm.loss(policy, batch, items)
+    traj = batch.trajectory
+    with torch.no_grad():
+        x = traj.latents[items.step, items.sample]
+        sigma = traj.sigmas[items.step]
+        v = policy.velocity(x, sigma, traj.cond.select(items.sample), 2.0)
+        expected = -RedReward()(policy.decode(x - sigma[:, None, None, None] * v), batch.prompts).scores
+    torch.testing.assert_close(losses.detach(), expected, atol=1e-5, rtol=1e-4)
+
+
+def test_draft_gradient_matches_finite_differences():
+    policy = _policy()
+    with torch.no_grad():  # a LoRA with weight, so the derivative is far above fp32 rounding
+        for name, p in policy.transformer.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(0))
+    batch = _ode_batch(policy, steps=3)
+    algorithm = build_algorithm("draft", {"k": 2}, ODE)
+    algorithm.bind_reward(RedReward())
+    items, _ = algorithm.prepare(batch, policy)
+    assert items.step.tolist() == [1] * 8
+    param = next(p for n, p in policy.transformer.named_parameters() if "lora_A" in n)
+    losses, diagnostics = algorithm.loss(policy, batch, items)
+    # the final sample re-run with gradient reproduces the stored rollout's reward
+    torch.testing.assert_close(-losses.detach(), batch.rewards, atol=1e-4, rtol=1e-3)
+    grad, = torch.autograd.grad(losses.sum(), param)
+    assert grad.abs().sum() > 0
+    direction = torch.randn(param.shape, generator=torch.Generator().manual_seed(1))
+    eps = 1e-3
+    with torch.no_grad():
+        param.add_(eps * direction)
+        plus = algorithm.loss(policy, batch, items)[0].sum()
+        param.sub_(2 * eps * direction)
+        minus = algorithm.loss(policy, batch, items)[0].sum()
+        param.add_(eps * direction)
+    numeric = (plus - minus) / (2 * eps)
+    assert float((grad * direction).sum()) == pytest.approx(float(numeric), rel=0.05)
+
+
+def test_methods_that_need_reward_gradients_or_ode_rollouts_say_so():
+    with pytest.raises(ConfigError, match="sampler.kind"):
+        build_algorithm("mend", {}, SamplerSection(kind="flow"))
+    algorithm = build_algorithm("refl", {}, ODE)
+    not_differentiable = RedReward()
+    not_differentiable.differentiable = False
+    with pytest.raises(ConfigError, match="not differentiable"):
+        algorithm.bind_reward(not_differentiable)
