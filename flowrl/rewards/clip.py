@@ -2,6 +2,7 @@
 and CLIPScore. All three are a `transformers.CLIPModel` loaded from a local folder; they differ in the score:
 - shapes_clip / pickscore: logit_scale * cos(image, text) (PickScore's form; Kirstain et al., arXiv 2305.01569)
 - clipscore: 2.5 * max(cos, 0) (Hessel et al., arXiv 2104.08718)
+(HPSv2.1, a CLIP too, scores plain cos; see learned_real.py.)
 Images are resized to the model's input size and normalised with the folder's preprocessor_config.json (CLIP's
 OpenAI statistics when absent) in torch, so gradients reach the pixels.
 """
@@ -77,6 +78,8 @@ class CLIPReward(Reward):
         cos = (image * text).sum(-1)
         if self.score == "clipscore":
             return RewardOutput(2.5 * cos.clamp(min=0), {"cosine": cos.detach()})
+        if self.score == "cosine":
+            return RewardOutput(cos)
         return RewardOutput(self.model.logit_scale.exp() * cos, {"cosine": cos.detach()})
 
 

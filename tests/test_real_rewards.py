@@ -1,0 +1,82 @@
+"""Real-reward adapters on tiny random-weight instances of the same architectures, saved to local folders:
+contract (scores [B]), batch independence, gradients to the pixels, and one clear error for a missing folder."""
+import pytest
+import torch
+from transformers import (BlipConfig, BlipForImageTextRetrieval, CLIPConfig, CLIPImageProcessor, CLIPModel)
+
+from flowrl.errors import UserError
+from flowrl.models.tokenizer import build_tokenizer, shapes_vocabulary
+from flowrl.rewards import build_reward
+from flowrl.rewards.learned_real import ScoreMLP
+
+PROMPTS = ["a red circle", "two squares", "a blue triangle"]
+VOCAB = len(shapes_vocabulary())
+
+
+def _save_clip(folder):
+    torch.manual_seed(0)
+    config = CLIPConfig(text_config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+                                         num_attention_heads=2, max_position_embeddings=16, pad_token_id=0,
+                                         bos_token_id=1, eos_token_id=2),
+                        vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=37,
+                                           num_hidden_layers=1, num_attention_heads=2), projection_dim=24)
+    CLIPModel(config).save_pretrained(folder)
+    build_tokenizer().save_pretrained(folder)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
+
+
+def _save_blip(folder):
+    torch.manual_seed(0)
+    config = BlipConfig(text_config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+                                         num_attention_heads=2, max_position_embeddings=40, encoder_hidden_size=32,
+                                         pad_token_id=0, bos_token_id=1, eos_token_id=2, sep_token_id=2),
+                        vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=37,
+                                           num_hidden_layers=1, num_attention_heads=2), projection_dim=24)
+    BlipForImageTextRetrieval(config).save_pretrained(folder)
+    build_tokenizer().save_pretrained(folder)
+
+
+def _save_mlp(folder, dim):
+    torch.manual_seed(1)
+    torch.save(ScoreMLP(dim).state_dict(), folder / "mlp.pth")
+
+
+@pytest.fixture(scope="module")
+def reward_folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rewards")
+    _save_clip(root / "clip_model")
+    (root / "aesthetic").mkdir()
+    _save_clip(root / "aesthetic" / "clip")
+    _save_mlp(root / "aesthetic", 24)
+    (root / "imagereward").mkdir()
+    _save_blip(root / "imagereward" / "blip")
+    _save_mlp(root / "imagereward", 32)
+    return {"pickscore": root / "clip_model", "clipscore": root / "clip_model", "hpsv2": root / "clip_model",
+            "aesthetic": root / "aesthetic", "imagereward": root / "imagereward"}
+
+
+@pytest.mark.parametrize("name", ["pickscore", "clipscore", "hpsv2", "aesthetic", "imagereward"])
+def test_real_reward_contract_and_gradients(name, reward_folders):
+    reward = build_reward(name, path=str(reward_folders[name]))
+    assert reward.differentiable
+    images = torch.rand(3, 3, 64, 64, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    out = reward(images, PROMPTS)
+    assert out.scores.shape == (3,) and torch.isfinite(out.scores).all()
+    single = reward(images[1:2].detach(), PROMPTS[1:2]).scores  # a sample's score does not depend on its batch
+    torch.testing.assert_close(single, out.scores[1:2].detach(), atol=1e-4, rtol=1e-4)
+    # CLIPScore clips negative cosines to 0 (as random weights give); its gradient is checked on the cosine
+    target = (lambda f: (f[0] * f[1]).sum())(reward.features(images, PROMPTS)) if name == "clipscore" else out.scores.sum()
+    target.backward()
+    assert images.grad is not None and images.grad.abs().sum() > 0
+
+
+def test_clipscore_is_two_and_a_half_times_the_clipped_cosine(reward_folders):
+    reward = build_reward("clipscore", path=str(reward_folders["clipscore"]))
+    out = reward(torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(3)), PROMPTS)
+    torch.testing.assert_close(out.scores, 2.5 * out.info["cosine"].clamp(min=0))
+
+
+@pytest.mark.parametrize("name", ["pickscore", "hpsv2", "aesthetic", "imagereward", "clipscore"])
+def test_missing_weights_get_one_clear_message(name, tmp_path):
+    with pytest.raises(UserError, match=f"reward {name}: params.path {tmp_path / 'nowhere'} does not exist"):
+        build_reward(name, path=str(tmp_path / "nowhere"))
