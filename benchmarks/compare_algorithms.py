@@ -1,8 +1,8 @@
 """Every image method on the same work, side by side, in one run.
 
-Same pipeline family (shapes-sd3 for the flow methods, shapes-sd for DDPO, which is defined on DDIM), the same
-learned reward (the shapes scorer, `shapes_clip`), the same training prompts and seeds, the same LoRA, optimizer,
-learning rate and number of samples per update. Every `--eval-every` updates each method's policy samples the
+Each method runs its shipped config (configs/shapes_<method>.yaml: shapes-sd3 for the flow methods, shapes-sd for
+DDPO, which is defined on DDIM) with the same learned reward (the shapes scorer, `shapes_clip`), training prompts
+and seeds, LoRA, optimizer, learning rate and samples per update (4 prompts x 8) overriding it. Every `--eval-every` updates each method's policy samples the
 eval split (36 prompts x 4, fixed seeds, deterministic sampler, CFG 4.5) and we record the learned reward, the
 verifier's accuracy, the RMS pixel distance to the base model's same-seed samples and the within-prompt pixel
 diversity, against updates and against training wall-clock (evaluation time excluded).
@@ -15,7 +15,6 @@ Writes OUT/results.json, OUT/table.md and OUT/curves.png (OUT = benchmarks/resul
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import shutil
 import sys
@@ -28,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flowrl.config import RunConfig, from_dict  # noqa: E402
+from flowrl.config import RunConfig, config_to_dict, load_config  # noqa: E402
 from flowrl.eval.diversity import paired_pixel_distance, within_prompt_pixel_distance  # noqa: E402
 from flowrl.eval.shapes import shapes_accuracy  # noqa: E402
 from flowrl.generate import generate  # noqa: E402
@@ -36,36 +35,17 @@ from flowrl.rewards import build_reward  # noqa: E402
 from flowrl.shapes.prompts import eval_prompt_set  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 
-ODE = {"kind": "ode", "num_steps": 10, "guidance_scale": 4.5}
-METHODS = {
-    "grpo": {"sampler": {"kind": "flow", "noise_level": 0.7, "num_steps": 10, "guidance_scale": 4.5,
-                         "sde_window_size": 3, "sde_window_range": [0, 3]},
-             "algorithm": {"name": "grpo", "params": {"clip_range": 1e-4, "std": "global"}}},
-    "nft": {"sampler": ODE, "algorithm": {"name": "nft", "params": {"beta": 1.0, "timestep_fraction": 0.3}}},
-    "refl": {"sampler": ODE, "algorithm": {"name": "refl", "params": {"step_range": [0.7, 1.0]}}},
-    "draft": {"sampler": ODE, "algorithm": {"name": "draft", "params": {"k": 2}}},
-    "mend": {"sampler": ODE, "algorithm": {"name": "mend", "params": {"quantile": 0.75, "timestep_fraction": 0.3}}},
-    "ddpo": {"pipeline": {"path": "pipelines/shapes-sd"},
-             "sampler": {"kind": "ddim", "noise_level": 1.0, "num_steps": 10, "guidance_scale": 4.5},
-             "algorithm": {"name": "ddpo", "params": {"clip_range": 1e-4, "timestep_fraction": 0.3}}},
-}
+METHODS = {name: ROOT / "configs" / f"shapes_{name}.yaml" for name in ("grpo", "nft", "refl", "draft", "mend", "ddpo")}
 EVAL = {"num_per_prompt": 4, "seed": 2024, "num_steps": 20, "guidance_scale": 4.5}
 
 
 def method_config(name: str, updates: int, out: Path, seed: int) -> RunConfig:
-    data = {"run": {"name": name, "out_dir": str(out / "runs"), "seed": seed},
-            "pipeline": {"path": "pipelines/shapes-sd3", "height": 32, "width": 32, "max_sequence_length": 16},
-            "lora": {"rank": 16, "alpha": 32},
-            "reward": [{"name": "shapes_clip", "weight": 1.0}],
-            "prompts": {"source": "shapes_train"},
-            "train": {"updates": updates, "groups_per_update": 4, "group_size": 8, "lr": 1e-3,
-                      "lr_schedule": "cosine", "microbatch_size": 32, "checkpoint_every": 0},
-            "eval": {"enabled": False}}
-    for section, value in copy.deepcopy(METHODS[name]).items():
-        data[section] = {**data.get(section, {}), **value} if isinstance(value, dict) else value
-    config = from_dict(RunConfig, data)
-    config.validate()
-    return config
+    """The method's shipped config with the shared budget, reward and seed of the comparison."""
+    shared = [f"run.name={name}", f"run.out_dir={out / 'runs'}", f"run.seed={seed}", f"train.updates={updates}",
+              "train.groups_per_update=4", "train.group_size=8", "train.lr=1.0e-3", "train.lr_schedule=cosine",
+              "train.microbatch_size=32", "train.checkpoint_every=0", "lora.rank=16", "lora.alpha=32",
+              "eval.enabled=false", "reward=[{name: shapes_clip, weight: 1.0}]"]
+    return load_config(METHODS[name], shared)
 
 
 class Evaluator:
@@ -96,11 +76,11 @@ def run_method(name: str, args, evaluator: Evaluator) -> dict:
     path = config.pipeline.path
     curve = [{"update": 0, "train_seconds": 0.0, **evaluator(trainer.policy, path, f"{name} base")}]
     clock = {"train": 0.0}
-    last = {"reward_mean": float("nan")}
+    history = []  # every update's training metrics (reward, loss, the method's diagnostics)
 
     def on_update(update, metrics):
         clock["train"] += metrics["seconds"]
-        last.update(metrics)
+        history.append({"update": update, **{k: float(v) for k, v in metrics.items()}})
         if update % args.eval_every == 0 or update == args.updates:
             point = {"update": update, "train_seconds": clock["train"], "train_reward": metrics["reward_mean"],
                      **evaluator(trainer.policy, path, f"{name} eval {update}")}
@@ -111,9 +91,8 @@ def run_method(name: str, args, evaluator: Evaluator) -> dict:
 
     started = time.time()
     trainer.run(on_update)
-    return {"pipeline": path, "curve": curve, "seconds_per_update": clock["train"] / args.updates,
-            "wall_seconds": time.time() - started, "config": {"sampler": METHODS[name]["sampler"],
-                                                               "algorithm": METHODS[name]["algorithm"]}}
+    return {"pipeline": path, "curve": curve, "history": history, "seconds_per_update": clock["train"] / args.updates,
+            "wall_seconds": time.time() - started, "config": config_to_dict(config)}
 
 
 def updates_to_target(curve: list[dict], target: float) -> int | None:

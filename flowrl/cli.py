@@ -25,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--vae-steps", type=int, default=None)
     pre.add_argument("--flow-steps", type=int, default=None)
     pre.add_argument("--steps", type=int, default=None, help="scorer: training steps")
-    pre.add_argument("--pipeline", default="pipelines/shapes-sd3", help="scorer: pipeline whose samples measure its AUC")
+    pre.add_argument("--pipeline", default="pipelines/shapes-sd3", help="scorer: pipeline whose samples it trains on and is measured on")
     pre.add_argument("--card-only", action="store_true", help="re-evaluate an existing folder and rewrite its card")
 
     train = sub.add_parser("train", help="run an experiment config")
@@ -103,7 +103,7 @@ def pretrain_scorer_command(args) -> None:
     cfg = ScorerConfig(seed=args.seed)
     if args.steps is not None:
         cfg.steps = args.steps
-    model, tokenizer, facts = pretrain_scorer(cfg)
+    model, tokenizer, facts = pretrain_scorer(cfg, pipeline_dir=args.pipeline)
     save_scorer(model, tokenizer, args.out, facts)
     rendered, generated = rendered_auc(model, tokenizer), generated_auc(model, tokenizer, args.pipeline)
     write_scorer_card(args.out, facts, rendered, generated)

@@ -113,10 +113,13 @@ class MEND(Algorithm):
             with torch.enable_grad():
                 x = x0[index].detach().requires_grad_(True)
                 gradient, = torch.autograd.grad(self.score_latents(policy, x, prompts).sum(), x)
+            device = x0.device
             with torch.no_grad():
-                delta[index], net[index] = choose_moves(
+                moves, gains = choose_moves(
                     lambda z: self.score_latents(policy, z, prompts).float(), x0[index], gradient,
-                    batch.rewards[index].float(), cap[index], scale[index], p.price, p.step_max, p.num_step_sizes)
+                    batch.rewards[index].float().to(device), cap[index].to(device), scale[index].to(device),
+                    p.price, p.step_max, p.num_step_sizes)
+            delta[index], net[index] = moves, gains.cpu()
         self.delta = delta
         samples, steps = [], []
         for i in torch.nonzero(torch.isin(batch.group_ids, live_groups)).flatten().tolist():

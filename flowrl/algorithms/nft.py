@@ -69,6 +69,7 @@ class DiffusionNFT(Algorithm):
     name = "nft"
     Params = NFTParams
     needs_ode_rollout = True
+    chunk = 64  # items per no-grad forward when computing the old velocities
 
     def prepare(self, batch: RolloutBatch, policy):
         p, traj = self.params, batch.trajectory
@@ -80,8 +81,8 @@ class DiffusionNFT(Algorithm):
             samples += [i] * len(chosen)
             steps += chosen.tolist()
         items = WorkItems.build(samples, steps)
-        t = traj.sigmas[items.step]
         x0 = traj.final[items.sample]
+        t = traj.sigmas[items.step].to(x0.device)
         noise = torch.stack([torch.randn(x0.shape[1:], generator=torch.Generator().manual_seed(
             derived_seed(batch.seeds[i], j, 101))) for i, j in zip(samples, steps)]) if samples else x0.clone()
         shaped = t.reshape(-1, *[1] * (x0.ndim - 1))
@@ -89,14 +90,12 @@ class DiffusionNFT(Algorithm):
         self.t = t
         self.v_old = torch.zeros_like(self.x_t)
         with torch.no_grad():
-            for chunk in torch.split(torch.arange(len(items)), self.sampler_chunk):
+            for chunk in torch.split(torch.arange(len(items)), self.chunk):
                 self.v_old[chunk] = policy.velocity(self.x_t[chunk], t[chunk], traj.cond.select(items.sample[chunk]),
                                                     self.guidance(traj))
         metrics = {"advantage_abs_mean": advantages.abs().mean().item(),
                    "positive_share": (self.weights > 0.5).float().mean().item()}
         return items, metrics
-
-    sampler_chunk = 64
 
     def guidance(self, traj) -> float:
         return traj.guidance_scale if self.params.guidance_scale is None else self.params.guidance_scale
@@ -106,7 +105,8 @@ class DiffusionNFT(Algorithm):
         x_t, t = self.x_t[items.key], self.t[items.key]
         cond = traj.cond.select(items.sample)
         v = policy.velocity(x_t, t, cond, self.guidance(traj))
-        losses = nft_loss(v, self.v_old[items.key], x_t, traj.final[items.sample], t, self.weights[items.sample], p.beta)
+        losses = nft_loss(v, self.v_old[items.key], x_t, traj.final[items.sample], t,
+                          self.weights[items.sample].to(v.device), p.beta)
         diagnostics = {"velocity_change": (v - self.v_old[items.key]).detach().pow(2).flatten(1).mean(1)}
         if p.kl_beta > 0:
             with torch.no_grad(), policy.reference():

@@ -3,9 +3,10 @@
 Each step renders B scenes and pairs every image with 2B prompts: the B scene prompts and, per scene, a prompt
 of the same tag with other attributes (hard negatives). The verifier's verdict on every (image, prompt) pair is
 the target of a pairwise sigmoid loss (SigLIP's form, which allows several positives per row) on
-`logit_scale * cos + score_bias`. Images are blurred and noised at random so the scorer also reads the softer
-outputs of a generator. Agreement with the verifier is reported as AUC on held-out rendered pairs and on samples
-of the embedded shapes-sd3 pipeline.
+`logit_scale * cos + score_bias`. Renders are blurred and noised at random, and each batch also holds samples of
+the embedded shapes-sd3 pipeline on RL-training prompts (drawn once before training), so the scorer learns to
+judge a generator's imperfect attempts, as PickScore learned from real generations. Agreement with the verifier
+is reported as AUC on held-out rendered pairs and on pipeline samples of the held-out eval prompts.
 """
 from __future__ import annotations
 
@@ -28,12 +29,14 @@ from ..shapes.scenes import sample_pairs
 @dataclass
 class ScorerConfig:
     seed: int = 0
-    steps: int = 1500
+    steps: int = 1200
     batch: int = 96
     lr: float = 1e-3
     warmup_steps: int = 100
     blur_probability: float = 0.5
     noise_std: float = 0.04
+    generated: int = 2048  # samples of the embedded pipeline on training prompts, labelled by the verifier
+    generated_per_step: int = 32
     threads: int = 2
 
 
@@ -91,22 +94,42 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
-def pretrain_scorer(cfg: ScorerConfig, size: ScorerSize | None = None):
+def generated_pairs(pipeline_dir: str | Path, count: int, seed: int) -> tuple[np.ndarray, list[str]]:
+    """`count` samples of the pipeline (ODE 20 steps, CFG 4.5, seed-derived noise) on RL-training prompts."""
+    from ..generate import generate
+    from ..policies import load_pipeline, policy_for
+    from ..prompt_source import PromptSource
+    from .shapes_sd3 import T5_SEQUENCE_LENGTH
+
+    policy = policy_for(load_pipeline(pipeline_dir), max_sequence_length=T5_SEQUENCE_LENGTH)
+    prompts = PromptSource("shapes_train").draw(count, seed, 0)
+    images, _ = generate(policy, prompts, 1, seed + 1, 20, 4.5, desc="scorer training samples")
+    return images, prompts
+
+
+def pretrain_scorer(cfg: ScorerConfig, size: ScorerSize | None = None, pipeline_dir: str | Path | None = None):
     torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
+    start = time.time()
+    pool = generated_pairs(pipeline_dir, cfg.generated, cfg.seed) if pipeline_dir and cfg.generated else None
     model = build_scorer(size, cfg.seed)
     model.score_bias = torch.nn.Parameter(torch.tensor(float(model.config.score_bias)))
     tokenizer = scorer_tokenizer()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     model.train()
-    start = time.time()
     bar = tqdm(range(cfg.steps), desc="pretrain scorer", mininterval=5)
     for step in bar:
         images, prompts = sample_pairs(cfg.batch, rng)
+        pixels = degrade(to_pixels(images), cfg, generator)
+        if pool is not None:
+            pick = rng.integers(len(pool[0]), size=cfg.generated_per_step)
+            images = np.concatenate([images, pool[0][pick]])
+            prompts = prompts + [pool[1][i] for i in pick]
+            pixels = torch.cat([pixels, to_pixels(pool[0][pick])])
         prompts = prompts + hard_negative_prompts(prompts, rng)
         labels = verdict_matrix(images, prompts)
-        logits = pair_logits(model, tokenizer, degrade(to_pixels(images), cfg, generator), prompts)
+        logits = pair_logits(model, tokenizer, pixels, prompts)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum") / len(images)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -121,7 +144,7 @@ def pretrain_scorer(cfg: ScorerConfig, size: ScorerSize | None = None):
     model.config.score_bias = model.score_bias.item()
     del model.score_bias
     facts = {"config": asdict(cfg), "size": asdict(size or ScorerSize()), "final_loss": loss.item(),
-             "minutes": (time.time() - start) / 60}
+             "minutes": (time.time() - start) / 60, "generated_from": str(pipeline_dir) if pool is not None else None}
     return model, tokenizer, facts
 
 
@@ -195,10 +218,11 @@ Images enter as 32x32 RGB in [0, 1], normalised with mean = std = 0.5 (preproces
 `sigmoid(score + score_bias)`.
 
 ## How it was trained
-`flowrl pretrain scorer` (seed {cfg['seed']}), {cfg['steps']} steps, {cfg['batch']} rendered scenes per step, each paired with
-its own prompt, a same-tag prompt with other attributes (hard negative) and every other prompt of the batch; targets
-are the verifier's verdicts; pairwise sigmoid loss; AdamW lr {cfg['lr']} (warm-up, cosine); random Gaussian blur and
-pixel noise. {facts['minutes']:.1f} minutes on 2 CPU cores; final loss {facts['final_loss']:.3f}.
+`flowrl pretrain scorer` (seed {cfg['seed']}), {cfg['steps']} steps, {cfg['batch']} rendered scenes (randomly blurred and noised) plus
+{cfg['generated_per_step']} samples of {facts.get('generated_from')} per step (from a pool of {cfg['generated']} drawn once on RL-training prompts), each
+paired with its own prompt, a same-tag prompt with other attributes (hard negative) and every other prompt of the
+batch; targets are the verifier's verdicts; pairwise sigmoid loss; AdamW lr {cfg['lr']} (warm-up, cosine).
+{facts['minutes']:.1f} minutes on 2 CPU cores (including drawing the pool); final loss {facts['final_loss']:.3f}.
 
 ## Agreement with the verifier (AUC)
 | pairs | AUC |
