@@ -28,49 +28,39 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.config import RunConfig, config_to_dict, load_config  # noqa: E402
-from flowrl.eval.diversity import paired_pixel_distance, within_prompt_pixel_distance  # noqa: E402
-from flowrl.eval.shapes import shapes_accuracy  # noqa: E402
-from flowrl.generate import generate  # noqa: E402
+from flowrl.eval.protocol import evaluate_policy  # noqa: E402
 from flowrl.rewards import build_reward  # noqa: E402
-from flowrl.shapes.prompts import eval_prompt_set  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 
 METHODS = {name: ROOT / "configs" / f"shapes_{name}.yaml" for name in ("grpo", "nft", "refl", "draft", "mend", "ddpo")}
-EVAL = {"num_per_prompt": 4, "seed": 2024, "num_steps": 20, "guidance_scale": 4.5}
 
 
-def method_config(name: str, updates: int, out: Path, seed: int) -> RunConfig:
-    """The method's shipped config with the shared budget, reward and seed of the comparison."""
+def method_config(name: str, updates: int, out: Path, seed: int, extra: list[str] = ()) -> RunConfig:
+    """The method's shipped config with the shared budget, reward and seed of the comparison (and `extra`)."""
     shared = [f"run.name={name}", f"run.out_dir={out / 'runs'}", f"run.seed={seed}", f"train.updates={updates}",
               "train.groups_per_update=4", "train.group_size=8", "train.lr=1.0e-3", "train.lr_schedule=cosine",
               "train.microbatch_size=32", "train.checkpoint_every=0", "lora.rank=16", "lora.alpha=32",
               "eval.enabled=false", "reward=[{name: shapes_clip, weight: 1.0}]"]
-    return load_config(METHODS[name], shared)
+    return load_config(METHODS[name], shared + list(extra))
 
 
 class Evaluator:
-    """The eval-split protocol for one pipeline: samples, learned reward, accuracy, distance and diversity."""
+    """The shared eval protocol (flowrl.eval.protocol), remembering each pipeline's base samples."""
 
     def __init__(self):
-        self.prompts = eval_prompt_set()
         self.scorer = build_reward("shapes_clip")
         self.base: dict[str, np.ndarray] = {}
 
     def __call__(self, policy, pipeline_path: str, desc: str) -> dict:
-        e = EVAL
-        images, records = generate(policy, self.prompts, e["num_per_prompt"], e["seed"], e["num_steps"],
-                                   e["guidance_scale"], desc=None)
-        prompts = [r["prompt"] for r in records]
-        self.base.setdefault(pipeline_path, images)
-        with torch.no_grad():
-            learned = self.scorer(torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255, prompts).scores
-        return {"learned_reward": float(learned.mean()), "accuracy": shapes_accuracy(images, prompts)["overall"],
-                "distance_to_base": paired_pixel_distance(images, self.base[pipeline_path]),
-                "diversity": within_prompt_pixel_distance(images, e["num_per_prompt"])}
+        metrics, images = evaluate_policy(policy, self.scorer, self.base.get(pipeline_path))
+        if pipeline_path not in self.base:
+            self.base[pipeline_path] = images
+            metrics["distance_to_base"] = 0.0
+        return metrics
 
 
 def run_method(name: str, args, evaluator: Evaluator) -> dict:
-    config = method_config(name, args.updates, args.out, args.seed)
+    config = method_config(name, args.updates, args.out, args.seed, args.override)
     shutil.rmtree(Path(config.run.out_dir) / name, ignore_errors=True)  # a fresh run, never a resume
     trainer = Trainer(config, log=False)
     path = config.pipeline.path
@@ -147,6 +137,9 @@ def main():
     parser.add_argument("--gain", type=float, default=1.0, help="the stated target: base learned reward + GAIN")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "compare_algorithms")
+    parser.add_argument("--override", nargs="*", default=[], help="key=value applied to every selected method "
+                        "(a side run; its results are stored under the method name plus --suffix)")
+    parser.add_argument("--suffix", default="", help="label suffix for side runs, e.g. ' (lr 3e-4)'")
     args = parser.parse_args()
     torch.set_num_threads(2)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -158,11 +151,11 @@ def main():
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     evaluator = Evaluator()
     for name in names:
-        print(f"{name}: {args.updates} updates", flush=True)
-        results[name] = run_method(name, args, evaluator)
+        print(f"{name}{args.suffix}: {args.updates} updates", flush=True)
+        results[name + args.suffix] = run_method(name, args, evaluator)
         results_path.write_text(json.dumps(results, indent=2) + "\n")  # nothing lost if a later method fails
-    print(write_table({n: results[n] for n in names}, args.gain, args.out / "table.md"))
-    plot({n: results[n] for n in names}, args.out / "curves.png")
+    print(write_table(results, args.gain, args.out / "table.md"))
+    plot(results, args.out / "curves.png")
     print(f"written to {args.out}")
 
 

@@ -44,6 +44,14 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--height", type=int, default=32)
     sample.add_argument("--width", type=int, default=32)
     sample.add_argument("--max-sequence-length", type=int, default=16)
+    sample.add_argument("--kind", default=None, help="sampler: ode (default) or a stochastic kind (flow, dance, "
+                        "sage, cps; ddim for epsilon pipelines; the default with --fk-particles)")
+    sample.add_argument("--noise-level", type=float, default=None, help="SDE noise level / DDIM eta")
+    sample.add_argument("--fk-particles", type=int, default=0, help="FK steering with K particles per image")
+    sample.add_argument("--fk-lambda", type=float, default=10.0)
+    sample.add_argument("--fk-potential", default="diff", choices=["diff", "max", "add", "rt"])
+    sample.add_argument("--fk-every", type=int, default=2, help="steps between scheduled resamplings")
+    sample.add_argument("--fk-reward", default="shapes_clip", help="reward the particles are steered towards")
 
     demo = sub.add_parser("demo", help="Gradio page: the base model and checkpoints side by side")
     demo.add_argument("--pipeline", required=True)
@@ -55,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--guidance", type=float, default=4.5)
 
     ev = sub.add_parser("eval", help="score samples with an evaluation suite")
-    ev.add_argument("suite", choices=["shapes"])
+    ev.add_argument("suite", choices=["shapes", "diversity"], help="shapes: per-tag accuracy; diversity: within-"
+                    "prompt diversity (pixels, scorer features, Vendi, free attributes)")
     ev.add_argument("--samples", required=True, help="a folder written by `flowrl sample`")
     return parser
 
@@ -135,8 +144,27 @@ def cmd_sample(args) -> None:
     policy = policy_for(load_pipeline(args.pipeline), max_sequence_length=args.max_sequence_length)
     if args.checkpoint:
         load_trained_weights(policy, args.checkpoint)
+    fk, fk_reward = None, None
+    stochastic = "ddim" if policy.family == "epsilon" else "flow"
+    kind = args.kind or (stochastic if args.fk_particles else "ode")
+    if kind not in policy.kinds:
+        raise UserError(f"--kind: a {type(policy.pipeline).__name__} samples with {list(policy.kinds)}, got {kind!r}")
+    noise_level = args.noise_level if args.noise_level is not None else (0.0 if kind == "ode" else
+                                                                         1.0 if kind == "ddim" else 0.7)
+    if args.fk_particles:
+        from .fk import FKConfig
+        from .rewards import build_reward
+
+        fk = FKConfig(num_particles=args.fk_particles, lam=args.fk_lambda, potential=args.fk_potential,
+                      resample_every=args.fk_every)
+        fk.validate("--fk")
+        try:
+            fk_reward = build_reward(args.fk_reward)
+        except ValueError as error:
+            raise UserError(f"--fk-reward: {error}") from None
     images, records = generate(policy, prompts, args.num_per_prompt, args.seed, args.steps, args.guidance,
-                               args.height, args.width)
+                               args.height, args.width, kind=kind, noise_level=noise_level, fk=fk,
+                               fk_reward=fk_reward)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "samples.jsonl").open("w") as index:
@@ -159,6 +187,12 @@ def cmd_demo(args) -> None:
 
 
 def cmd_eval(args) -> None:
+    if args.suite == "diversity":
+        from .eval.diversity import evaluate_diversity_dir
+
+        print(json.dumps(evaluate_diversity_dir(args.samples), indent=2))
+        print(f"written to {Path(args.samples) / 'diversity_eval.json'}")
+        return
     from .eval.shapes import evaluate_samples_dir, format_accuracy
 
     result = evaluate_samples_dir(args.samples)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from .errors import ConfigError
+from .fk import FKConfig
 from .sampling import SAMPLER_KINDS
 
 
@@ -51,6 +52,9 @@ class SamplerSection:
     guidance_scale: float = 4.5
     sde_window_size: int = 0  # 0: every step is SDE; k > 0: a window of k SDE steps (Flow-GRPO-Fast / MixGRPO)
     sde_window_range: list[int] = field(default_factory=lambda: [0, 5])  # the window start is drawn from [lo, hi)
+    # FK-steered training rollouts: each prompt group is one set of FK particles, resampled while denoising.
+    # The group is then not an on-policy sample (biased towards the reward); metrics flag it.
+    fk: FKConfig | None = None
 
     def validate(self):
         if self.kind not in SAMPLER_KINDS:
@@ -141,6 +145,11 @@ class RunConfig:
     def validate(self):
         self.sampler.validate()
         self.train.validate()
+        if self.sampler.fk is not None:
+            self.sampler.fk.validate("sampler.fk")
+            if self.sampler.fk.num_particles != self.train.group_size:
+                raise ConfigError(f"sampler.fk.num_particles: the FK particles of a prompt are its training group; "
+                                  f"expected train.group_size = {self.train.group_size}, got {self.sampler.fk.num_particles}")
         if not self.reward:
             raise ConfigError("reward: expected at least one reward term")
 

@@ -21,20 +21,41 @@ def sample_seeds(seed: int, num_prompts: int, num_per_prompt: int) -> list[int]:
 @torch.no_grad()
 def generate(policy, prompts: list[str], num_per_prompt: int = 1, seed: int = 0, num_steps: int = 20,
              guidance_scale: float = 4.5, height: int = 32, width: int = 32, kind: str = "ode",
-             noise_level: float = 0.0, batch_size: int = 64, desc: str | None = "sampling") -> tuple[np.ndarray, list[dict]]:
-    """Images (uint8 [N, H, W, 3]) for every prompt x num_per_prompt, and one record per image (prompt, seed)."""
+             noise_level: float = 0.0, batch_size: int = 64, desc: str | None = "sampling", fk=None,
+             fk_reward=None) -> tuple[np.ndarray, list[dict]]:
+    """Images (uint8 [N, H, W, 3]) for every prompt x num_per_prompt, and one record per image (prompt, seed).
+
+    With `fk` (an FKConfig) and `fk_reward`, each image is the first particle of its own FK-steered set of
+    fk.num_particles particles (a draw from the final, resampled set), with its final reward in the record.
+    """
     expanded = [p for p in prompts for _ in range(num_per_prompt)]
     seeds = sample_seeds(seed, len(prompts), num_per_prompt)
     shape = policy.noise_shape(height, width)
-    outputs = []
+    k = fk.num_particles if fk is not None else 1
+    per_batch = max(1, batch_size // k)
+    outputs, records = [], []
     bar = tqdm(total=len(expanded), desc=desc, disable=desc is None, mininterval=2)
-    for start in range(0, len(expanded), batch_size):
-        chunk = expanded[start:start + batch_size]
-        cond = policy.encode(chunk, guidance_scale)
-        traj = rollout(policy, cond, sample_generators(seeds[start:start + batch_size]), shape, num_steps, kind,
-                       noise_level, guidance_scale)
-        outputs.append(to_uint8(policy.decode(traj.final)))
+    for start in range(0, len(expanded), per_batch):
+        chunk, chunk_seeds = expanded[start:start + per_batch], seeds[start:start + per_batch]
+        particle_seeds = [derived_seed(s, j) for s in chunk_seeds for j in range(k)] if k > 1 else chunk_seeds
+        cond = policy.encode([p for p in chunk for _ in range(k)], guidance_scale)
+        callbacks, steering = [], None
+        if fk is not None:
+            from .fk import FKSteering
+
+            def reward_of(latents, texts):
+                return fk_reward(policy.decode(latents), texts).scores
+
+            steering = FKSteering(fk, reward_of, num_steps, len(chunk), torch.Generator().manual_seed(chunk_seeds[0]))
+            callbacks = [steering]
+        traj = rollout(policy, cond, sample_generators(particle_seeds), shape, num_steps, kind, noise_level,
+                       guidance_scale, callbacks=callbacks)
+        outputs.append(to_uint8(policy.decode(traj.final[::k])))
+        for n, (prompt, s) in enumerate(zip(chunk, chunk_seeds)):
+            record = {"prompt": prompt, "seed": s}
+            if steering is not None:
+                record["fk_reward"] = float(steering.final_rewards[n * k])
+            records.append(record)
         bar.update(len(chunk))
     bar.close()
-    records = [{"prompt": p, "seed": s} for p, s in zip(expanded, seeds)]
     return np.concatenate(outputs), records

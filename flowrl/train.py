@@ -79,6 +79,9 @@ class Trainer:
         if global_batch % self.world:
             raise ConfigError(f"train.groups_per_update x train.group_size = {global_batch} samples must divide "
                               f"evenly over {self.world} processes")
+        if config.sampler.fk is not None and config.train.groups_per_update % self.world:
+            raise ConfigError(f"train.groups_per_update: FK rollouts keep each prompt's particles on one process; "
+                              f"expected a multiple of {self.world} processes, got {config.train.groups_per_update}")
         torch.manual_seed(config.run.seed)  # LoRA initialisation draws from the global generator
         self.policy = build_policy(config)
         self.policy.transformer.to(self.accelerator.device)
@@ -130,10 +133,27 @@ class Trainer:
             start = int(torch.randint(lo, hi, (1,), generator=torch.Generator().manual_seed(derived_seed(seed, update, 29))))
             window = (start, start + c.sampler.sde_window_size)
         cond = self.policy.encode(local_prompts, c.sampler.guidance_scale)
+        callbacks, steering = [], None
+        if c.sampler.fk is not None:
+            from .fk import FKSteering
+
+            def reward_of(latents, texts):
+                return self.reward(self.policy.decode(latents), texts).scores
+
+            steering = FKSteering(c.sampler.fk, reward_of, c.sampler.num_steps, len(local_prompts) // size,
+                                  torch.Generator().manual_seed(derived_seed(seed, update, 37, self.rank)))
+            callbacks = [steering]
+        recorder = None
+        if self.algorithm.needs_step_rewards:
+            from .algorithms.credit import IntermediateRewards
+
+            recorder = IntermediateRewards(lambda z, texts: self.reward(self.policy.decode(z), texts).scores,
+                                           c.sampler.num_steps)
+            callbacks.append(recorder)  # after FK, so it follows FK's re-indexing
         with self.accelerator.autocast():
             traj = rollout(self.policy, cond, generators, shape, c.sampler.num_steps, c.sampler.kind,
                            c.sampler.noise_level, c.sampler.guidance_scale, window, initial_noise=initial,
-                           progress=progress)
+                           callbacks=callbacks, progress=progress)
             with torch.no_grad():
                 samples = self.policy.decode(traj.final)
         scored = self.reward(samples, local_prompts, {"seeds": local_seeds})
@@ -141,8 +161,13 @@ class Trainer:
         global_rewards = self.accelerator.gather(rewards).cpu()
         global_groups = self.accelerator.gather(local_groups.to(self.accelerator.device)).cpu()
         batch = RolloutBatch(traj, rewards.cpu(), local_groups, local_seeds, global_rewards, global_groups,
-                             torch.arange(mine.start, mine.stop), local_prompts)
+                             torch.arange(mine.start, mine.stop), local_prompts, progress=update / c.train.updates)
+        if recorder is not None:
+            batch.step_rewards = recorder.rewards
+            batch.global_step_rewards = self.accelerator.gather(batch.step_rewards.to(self.accelerator.device)).cpu()
         metrics = {"reward_mean": global_rewards.mean().item(), "reward_std": global_rewards.std().item()}
+        if steering is not None:  # FK-resampled groups are biased towards the reward: say so in every row
+            metrics["fk_resamplings"] = float(len(steering.resampled_at))
         for key, value in scored.info.items():
             metrics[f"reward/{key}"] = self.accelerator.gather(value.float().to(self.accelerator.device)).mean().item()
         return batch, metrics

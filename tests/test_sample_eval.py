@@ -40,3 +40,44 @@ def test_eval_shapes_scores_a_samples_folder(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "flowrl", "eval", "shapes", "--samples", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "line 1" in bad.stderr and "a purple circle" in bad.stderr
+
+
+def test_sample_with_fk_steering_records_each_images_reward(tiny_sd3_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\ntwo squares\n")
+    out = tmp_path / "fk"
+    result = subprocess.run([sys.executable, "-m", "flowrl", "sample", "--pipeline", str(tiny_sd3_dir), "--prompts",
+                             str(prompts), "--out", str(out), "--steps", "4", "--fk-particles", "3",
+                             "--fk-reward", "shapes", "--fk-every", "1", "--fk-lambda", "5"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in records] == ["a red circle", "two squares"]
+    from flowrl.rewards import build_reward
+    import torch
+    for r in records:  # the recorded reward is the saved image's (up to PNG quantisation, which the verifier ignores)
+        image = torch.from_numpy(np.asarray(Image.open(out / r["file"]))).permute(2, 0, 1)[None].float() / 255
+        assert build_reward("shapes")(image, [r["prompt"]]).scores.item() == r["fk_reward"]
+    bad = subprocess.run([sys.executable, "-m", "flowrl", "sample", "--pipeline", str(tiny_sd3_dir), "--prompts",
+                          str(prompts), "--out", str(out), "--fk-particles", "2", "--fk-reward", "nope"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--fk-reward" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_eval_diversity_of_a_samples_folder(tmp_path):
+    images, _ = sample_pairs(6, np.random.default_rng(4))
+    prompts = ["a circle"] * 3 + ["two squares"] * 3
+    with (tmp_path / "samples.jsonl").open("w") as index:
+        for n, (image, prompt) in enumerate(zip(images, prompts)):
+            Image.fromarray(image).save(tmp_path / f"{n}.png")
+            index.write(json.dumps({"prompt": prompt, "seed": n, "file": f"{n}.png"}) + "\n")
+    result = subprocess.run([sys.executable, "-m", "flowrl", "eval", "diversity", "--samples", str(tmp_path)],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = json.loads((tmp_path / "diversity_eval.json").read_text())
+    assert written["samples_per_prompt"] == 3 and written["prompts"] == 2
+    assert 0 < written["pixel_distance"] < 1 and 1 <= written["vendi"] <= 3
+    (tmp_path / "samples.jsonl").write_text(json.dumps({"prompt": "a circle", "seed": 0, "file": "0.png"}) + "\n")
+    bad = subprocess.run([sys.executable, "-m", "flowrl", "eval", "diversity", "--samples", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "samples per prompt" in bad.stderr

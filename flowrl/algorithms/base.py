@@ -25,6 +25,9 @@ class RolloutBatch:
     global_group_ids: torch.Tensor  # [B_global]
     local_index: torch.Tensor  # positions of this process's samples in the global arrays
     prompts: list[str]  # this process's prompts (rewards that are called again during the update need them)
+    progress: float = 0.0  # update / total updates (for schedules over the run)
+    step_rewards: torch.Tensor | None = None  # [B_local, T + 1] intermediate rewards, when the algorithm asks
+    global_step_rewards: torch.Tensor | None = None  # [B_global, T + 1]
 
 
 @dataclass
@@ -79,6 +82,7 @@ class Algorithm:
     shared_initial_noise = False
     needs_ode_rollout = False  # methods that read velocities off stored Euler steps
     needs_reward_gradient = False  # methods that backpropagate through the reward
+    needs_step_rewards = False  # methods that credit steps by intermediate rewards (credit.IntermediateRewards)
     reward = None  # set by the loop (`bind_reward`) for methods that call the reward during the update
 
     def check_sampler(self, sampler) -> None:

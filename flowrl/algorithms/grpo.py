@@ -6,6 +6,9 @@ rho = exp(log pi_theta - log pi_old) and the clipped surrogate max(-A rho, -A cl
 plus beta * KL(pi_theta || pi_ref) of the two step Gaussians, ||mu_theta - mu_ref||^2 / (2 std^2) per element,
 where the reference is the LoRA-disabled base. Groups whose rewards are all equal carry no signal and are dropped.
 Each sample trains a `timestep_fraction` of its stochastic steps, chosen by its own seed.
+Options for incremental Feynman-Kac training (credit.py): `credit: incremental` replaces the terminal advantage
+of step j by the group-normalised change of the intermediate reward across that step; `window_schedule` limits the
+trainable steps to an early window growing over the run (`incremental`) or to the last steps (`latter`).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import torch
 from ..errors import ConfigError
 from .advantages import group_advantages, zero_std_groups
 from .base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
+from .credit import fold_deterministic_tail, incremental_credits, step_advantages, window_mask
 
 
 @dataclass
@@ -28,12 +32,17 @@ class GRPOParams:
     timestep_fraction: float = 1.0
     shared_initial_noise: bool = False  # DanceGRPO: one initial noise per prompt group
     drop_zero_std: bool = True
+    credit: Literal["terminal", "incremental"] = "terminal"
+    window_schedule: Literal["all", "incremental", "latter"] = "all"
+    window_size: int = 3
 
     def validate(self):
         if not 0 < self.timestep_fraction <= 1:
             raise ConfigError(f"algorithm.params.timestep_fraction: expected a number in (0, 1], got {self.timestep_fraction}")
         if self.clip_range <= 0:
             raise ConfigError(f"algorithm.params.clip_range: expected a positive number, got {self.clip_range}")
+        if self.window_size < 1:
+            raise ConfigError(f"algorithm.params.window_size: expected an integer >= 1, got {self.window_size}")
 
 
 @register_algorithm
@@ -45,16 +54,26 @@ class GRPO(Algorithm):
     def shared_initial_noise(self) -> bool:
         return self.params.shared_initial_noise
 
+    @property
+    def needs_step_rewards(self) -> bool:
+        return self.params.credit == "incremental"
+
     def prepare(self, batch: RolloutBatch, policy=None):
         p = self.params
         advantages = group_advantages(batch.global_rewards, batch.global_group_ids, p.std, clip=p.adv_clip_max)
         dead = zero_std_groups(batch.global_rewards, batch.global_group_ids)
         self.advantages = advantages[batch.local_index]
         keep = ~dead[batch.local_index] if p.drop_zero_std else torch.ones_like(self.advantages, dtype=torch.bool)
+        if p.credit == "incremental":  # per-step credit carries signal even where final rewards tie
+            credits = fold_deterministic_tail(incremental_credits(batch.global_step_rewards),
+                                              batch.trajectory.stochastic)
+            self.step_advantages = step_advantages(credits, batch.global_group_ids, p.std, p.adv_clip_max)[batch.local_index]
+            keep = torch.ones_like(keep)
         traj = batch.trajectory
+        trainable = traj.stochastic & window_mask(traj.num_steps, p.window_schedule, batch.progress, p.window_size)
         samples, steps = [], []
         for i in torch.nonzero(keep).flatten().tolist():
-            chosen = trained_steps(traj.stochastic, p.timestep_fraction, batch.seeds[i])
+            chosen = trained_steps(trainable, p.timestep_fraction, batch.seeds[i])
             samples += [i] * len(chosen)
             steps += chosen.tolist()
         items = WorkItems.build(samples, steps)
@@ -75,7 +94,10 @@ class GRPO(Algorithm):
         p, traj = self.params, batch.trajectory
         x, cond, sigma, sigma_next, mean, std, log_prob = self.step_terms(policy, traj, items)
         old_log_prob = traj.log_probs[items.step, items.sample]
-        advantage = self.advantages[items.sample]
+        if p.credit == "incremental":
+            advantage = self.step_advantages[items.sample, items.step].to(log_prob.device)
+        else:
+            advantage = self.advantages[items.sample].to(log_prob.device)
         ratio = torch.exp(log_prob - old_log_prob)
         clipped = torch.clamp(ratio, 1 - p.clip_range, 1 + p.clip_range)
         losses = torch.maximum(-advantage * ratio, -advantage * clipped)

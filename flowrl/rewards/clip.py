@@ -73,6 +73,12 @@ class CLIPReward(Reward):
         image, text = (getattr(f, "pooler_output", f) for f in (image, text))
         return torch.nn.functional.normalize(image, dim=-1), torch.nn.functional.normalize(text, dim=-1)
 
+    def image_embeddings(self, samples: torch.Tensor) -> torch.Tensor:
+        """L2-normalised image features [B, D] (for diversity measured in the reward model's own space)."""
+        device = next(self.model.parameters()).device
+        image = self.model.get_image_features(pixel_values=clip_pixels(samples.to(device), self.size, self.mean, self.std))
+        return torch.nn.functional.normalize(getattr(image, "pooler_output", image), dim=-1)
+
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
         image, text = self.features(samples, prompts)
         cos = (image * text).sum(-1)

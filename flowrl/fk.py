@@ -1,0 +1,129 @@
+"""Feynman-Kac steering (Singhal et al., arXiv 2501.06848): sample k particles per prompt and resample them
+during denoising by potentials of intermediate rewards, so the final particles follow p(x0) exp(lambda r(x0)).
+
+The intermediate reward of a particle is the reward of its one-step x0 prediction, r_t = r(D(x0_hat(x_t))).
+Potentials (log G_t), with r_prev the particle's running value (0 at the start):
+    diff: lambda (r_t - r_prev)     max: lambda max(r_t, r_prev)     add: lambda (r_t + r_prev)     rt: lambda r_t
+r_prev becomes r_t for diff / rt, the running max for max, and the running sum for add. At the final step the
+potential is lambda r(x0) minus the log-product of the potentials applied so far, so every particle's product of
+potentials is exactly exp(lambda r(x0)) (for diff it telescopes to that already). Weights accumulate between
+resamplings; at a scheduled step the particles of each prompt are resampled (multinomial) when the effective
+sample size 1 / sum(w_norm^2) is below ess_threshold * k (ess_threshold 1 resamples at every scheduled step), and
+always at the final step. Works for every policy: it runs as a rollout callback on the policy's x0 prediction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+POTENTIALS = ("diff", "max", "add", "rt")
+
+
+@dataclass
+class FKConfig:
+    num_particles: int = 4
+    lam: float = 10.0
+    potential: Literal["diff", "max", "add", "rt"] = "diff"
+    resample_every: int = 2  # steps between scheduled resamplings
+    resample_range: list[int] | None = None  # [start, end] steps (inclusive); None: the whole trajectory
+    ess_threshold: float = 0.5
+
+    def validate(self, where: str = "fk"):
+        from .errors import ConfigError
+        if self.num_particles < 1 or self.resample_every < 1:
+            raise ConfigError(f"{where}: num_particles and resample_every must be >= 1")
+        if self.potential not in POTENTIALS:
+            raise ConfigError(f"{where}.potential: expected one of {list(POTENTIALS)}, got {self.potential!r}")
+        if not 0 <= self.ess_threshold <= 1:
+            raise ConfigError(f"{where}.ess_threshold: expected a number in [0, 1], got {self.ess_threshold}")
+
+    def scheduled(self, step: int, num_steps: int) -> bool:
+        start, end = self.resample_range or (0, num_steps - 1)
+        return start <= step <= end and (step - start) % self.resample_every == 0
+
+
+def log_potential(kind: str, lam: float, r_t: torch.Tensor, r_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log G_t, the new running value) for potential `kind`."""
+    if kind == "diff":
+        return lam * (r_t - r_prev), r_t
+    if kind == "max":
+        running = torch.maximum(r_t, r_prev)
+        return lam * running, running
+    if kind == "add":
+        return lam * (r_t + r_prev), r_t + r_prev
+    if kind == "rt":
+        return lam * r_t, r_t
+    raise ValueError(f"unknown potential {kind!r}; expected one of {POTENTIALS}")
+
+
+def effective_sample_size(log_weights: torch.Tensor) -> torch.Tensor:
+    """ESS per group of a [G, k] log-weight matrix: 1 / sum(w_norm^2)."""
+    w = torch.softmax(log_weights, dim=1)
+    return 1.0 / (w**2).sum(dim=1)
+
+
+def resample_indices(log_weights: torch.Tensor, generator: torch.Generator,
+                     groups_to_resample: torch.Tensor | None = None) -> torch.Tensor:
+    """Multinomial resampling within each group: [G, k] log-weights -> flat indices [G * k] into the particles.
+
+    Groups outside `groups_to_resample` (a [G] bool mask; default all) keep their particles in place.
+    """
+    groups, k = log_weights.shape
+    w = torch.softmax(log_weights.double(), dim=1)
+    w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
+    w = torch.where(w.sum(1, keepdim=True) > 0, w, torch.full_like(w, 1.0 / k))  # all-invalid group: uniform
+    picks = torch.multinomial(w, k, replacement=True, generator=generator)
+    if groups_to_resample is not None:
+        picks = torch.where(groups_to_resample[:, None], picks, torch.arange(k).expand(groups, k))
+    return (picks + torch.arange(groups)[:, None] * k).flatten()
+
+
+class FKSteering:
+    """A rollout callback. Particles are laid out prompt-major: particle j belongs to prompt j // k.
+
+    `reward_of(latents, prompts) -> [N]` scores latents (decode + reward); it is called on x0 predictions at
+    scheduled steps and on the final samples.
+    """
+
+    def __init__(self, config: FKConfig, reward_of, num_steps: int, num_prompts: int, generator: torch.Generator):
+        if config.potential not in POTENTIALS:
+            raise ValueError(f"potential: expected one of {POTENTIALS}, got {config.potential!r}")
+        self.config, self.reward_of, self.num_steps = config, reward_of, num_steps
+        self.k, self.groups = config.num_particles, num_prompts
+        self.generator = generator
+        n = num_prompts * config.num_particles
+        self.r_prev = torch.zeros(n, dtype=torch.float64)
+        self.log_product = torch.zeros(n, dtype=torch.float64)  # sum of applied log-potentials
+        self.log_weights = torch.zeros(n, dtype=torch.float64)  # accumulated since the last resampling
+        self.resampled_at: list[int] = []
+        self.final_rewards: torch.Tensor | None = None
+
+    def __call__(self, state) -> None:
+        last = state.step == self.num_steps - 1
+        if not last and not self.config.scheduled(state.step, self.num_steps):
+            return
+        with torch.no_grad():
+            target = state.latents if last else state.x0_pred
+            r_t = self.reward_of(target, state.cond.prompts).double().cpu()
+        if last:
+            log_g = self.config.lam * r_t - self.log_product
+            self.final_rewards = r_t
+        else:
+            log_g, self.r_prev = log_potential(self.config.potential, self.config.lam, r_t, self.r_prev)
+        self.log_product += log_g
+        self.log_weights += log_g
+        grouped = self.log_weights.view(self.groups, self.k)
+        low = effective_sample_size(grouped) < self.config.ess_threshold * self.k
+        if last:
+            low = torch.ones_like(low)
+        if low.any():
+            index = resample_indices(grouped, self.generator, low)
+            state.latents = state.latents[index.to(state.latents.device)]
+            state.index = index
+            self.r_prev, self.log_product = self.r_prev[index], self.log_product[index]
+            self.log_weights = self.log_weights.view(self.groups, self.k).masked_fill(low[:, None], 0.0).flatten()
+            if self.final_rewards is not None:
+                self.final_rewards = self.final_rewards[index]
+            self.resampled_at.append(state.step)

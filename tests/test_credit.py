@@ -1,0 +1,69 @@
+"""Incremental Feynman-Kac credit and timestep-window schedules."""
+import torch
+
+from flowrl.algorithms import RolloutBatch, build_algorithm
+from flowrl.algorithms.advantages import group_advantages
+from flowrl.algorithms.credit import (IntermediateRewards, fold_deterministic_tail, incremental_credits,
+                                     step_advantages, window_mask)
+from flowrl.config import SamplerSection
+from flowrl.policies import policy_for
+from flowrl.rewards import build_reward
+from flowrl.rollout import rollout, sample_generators
+from tiny_pipelines import tiny_shapes_sd3
+
+
+def test_per_step_credits_telescope_to_the_final_reward_gain():
+    rewards = torch.randn(5, 11, generator=torch.Generator().manual_seed(0))
+    credits = incremental_credits(rewards)
+    assert credits.shape == (5, 10)
+    torch.testing.assert_close(credits.sum(1), rewards[:, -1] - rewards[:, 0])
+
+
+def test_the_deterministic_tail_is_credited_to_the_last_stochastic_step():
+    rewards = torch.tensor([[0.0, 0.5, 0.25, 1.0, 2.0]])  # 4 steps; the SDE window is steps 0-1
+    folded = fold_deterministic_tail(incremental_credits(rewards), torch.tensor([True, True, False, False]))
+    torch.testing.assert_close(folded, torch.tensor([[0.5, 1.5, 0.0, 0.0]]))  # step 1: r_T - r_1
+    torch.testing.assert_close(folded.sum(1), rewards[:, -1] - rewards[:, 0])
+
+
+def test_step_advantages_normalise_each_step_over_its_group():
+    credits = torch.tensor([[1.0, 0.0], [3.0, 0.0], [2.0, 5.0], [2.0, 1.0]])
+    groups = torch.tensor([0, 0, 1, 1])
+    adv = step_advantages(credits, groups, "group", clip=None)
+    torch.testing.assert_close(adv[:, 0], group_advantages(credits[:, 0], groups, "group", clip=None))
+    torch.testing.assert_close(adv[:, 1], group_advantages(credits[:, 1], groups, "group", clip=None))
+
+
+def test_window_schedules():
+    assert window_mask(10, "all", 0.3, 3).all()
+    assert window_mask(10, "latter", 0.0, 3).tolist() == [False] * 7 + [True] * 3
+    assert window_mask(10, "incremental", 0.0, 3).tolist() == [True] * 3 + [False] * 7
+    assert window_mask(10, "incremental", 0.5, 3).sum() == 3 + 4
+    assert window_mask(10, "incremental", 0.999, 3).all()  # grows to every step by the end of the run
+
+
+def test_intermediate_rewards_and_incremental_grpo_on_a_tiny_rollout():
+    policy = policy_for(tiny_shapes_sd3(), max_sequence_length=16)
+    policy.add_lora(4, 8, policy.lora_targets)
+    reward = build_reward("jpeg_compressibility")
+    prompts = ["a red circle"] * 3 + ["a square"] * 3
+    recorder = IntermediateRewards(lambda z, texts: reward(policy.decode(z), texts).scores, 4)
+    traj = rollout(policy, policy.encode(prompts, 2.0), sample_generators(range(6)), policy.noise_shape(32, 32), 4,
+                   "flow", 0.7, 2.0, callbacks=[recorder])
+    step_rewards = recorder.rewards
+    assert step_rewards.shape == (6, 5)
+    with torch.no_grad():
+        final = reward(policy.decode(traj.final), prompts).scores
+    torch.testing.assert_close(step_rewards[:, -1], final)
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    batch = RolloutBatch(traj, final, groups, list(range(6)), final, groups, torch.arange(6), prompts, progress=0.0,
+                         step_rewards=step_rewards, global_step_rewards=step_rewards)
+    algorithm = build_algorithm("grpo", {"credit": "incremental", "window_schedule": "incremental", "window_size": 2},
+                                SamplerSection())
+    assert algorithm.needs_step_rewards
+    items, _ = algorithm.prepare(batch, policy)
+    assert set(items.step.tolist()) <= {0, 1}  # the first window at the start of a run
+    losses, diagnostics = algorithm.loss(policy, batch, items)
+    assert torch.equal(diagnostics["ratio"], torch.ones_like(diagnostics["ratio"]))
+    expected = -step_advantages(incremental_credits(step_rewards), groups)[items.sample, items.step]
+    torch.testing.assert_close(losses.detach(), expected)
