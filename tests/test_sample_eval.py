@@ -25,12 +25,17 @@ def test_sample_writes_pngs_and_index(tiny_sd3_dir, tmp_path):
         assert np.asarray(Image.open(out / r["file"])).shape == (32, 32, 3)
 
 
+def _write_samples_dir(folder, images, prompts):
+    """A folder laid out as `flowrl sample` writes it."""
+    with (folder / "samples.jsonl").open("w") as index:
+        for n, (image, prompt) in enumerate(zip(images, prompts)):
+            Image.fromarray(image).save(folder / f"{n}.png")
+            index.write(json.dumps({"prompt": prompt, "seed": n, "file": f"{n}.png"}) + "\n")
+
+
 def test_eval_shapes_scores_a_samples_folder(tmp_path):
     images, prompts = sample_pairs(24, np.random.default_rng(3))
-    with (tmp_path / "samples.jsonl").open("w") as index:
-        for n, (image, prompt) in enumerate(zip(images, prompts)):
-            Image.fromarray(image).save(tmp_path / f"{n}.png")
-            index.write(json.dumps({"prompt": prompt, "seed": n, "file": f"{n}.png"}) + "\n")
+    _write_samples_dir(tmp_path, images, prompts)
     result = subprocess.run([sys.executable, "-m", "flowrl", "eval", "shapes", "--samples", str(tmp_path)],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -56,7 +61,7 @@ def test_sample_with_fk_steering_records_each_images_reward(tiny_sd3_dir, tmp_pa
     from flowrl.rewards import build_reward
     import torch
     for r in records:  # the recorded reward is the saved image's (up to PNG quantisation, which the verifier ignores)
-        image = torch.from_numpy(np.asarray(Image.open(out / r["file"]))).permute(2, 0, 1)[None].float() / 255
+        image = torch.from_numpy(np.array(Image.open(out / r["file"]))).permute(2, 0, 1)[None].float() / 255
         assert build_reward("shapes")(image, [r["prompt"]]).scores.item() == r["fk_reward"]
     bad = subprocess.run([sys.executable, "-m", "flowrl", "sample", "--pipeline", str(tiny_sd3_dir), "--prompts",
                           str(prompts), "--out", str(out), "--fk-particles", "2", "--fk-reward", "nope"],
@@ -67,10 +72,7 @@ def test_sample_with_fk_steering_records_each_images_reward(tiny_sd3_dir, tmp_pa
 def test_eval_diversity_of_a_samples_folder(tmp_path):
     images, _ = sample_pairs(6, np.random.default_rng(4))
     prompts = ["a circle"] * 3 + ["two squares"] * 3
-    with (tmp_path / "samples.jsonl").open("w") as index:
-        for n, (image, prompt) in enumerate(zip(images, prompts)):
-            Image.fromarray(image).save(tmp_path / f"{n}.png")
-            index.write(json.dumps({"prompt": prompt, "seed": n, "file": f"{n}.png"}) + "\n")
+    _write_samples_dir(tmp_path, images, prompts)
     result = subprocess.run([sys.executable, "-m", "flowrl", "eval", "diversity", "--samples", str(tmp_path)],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

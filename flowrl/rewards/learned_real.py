@@ -37,6 +37,14 @@ class ScoreMLP(torch.nn.Module):
         return self.layers(x).squeeze(-1)
 
 
+def model_subfolder(folder: Path, name: str, reward: str, what: str) -> Path:
+    """PATH/name, or one clear error saying what belongs there."""
+    sub = folder / name
+    if not sub.is_dir():
+        raise UserError(f"reward {reward}: {sub} does not exist; expected the {what} folder beside the MLP weights")
+    return sub
+
+
 def load_mlp(folder: Path, dim: int, reward: str) -> ScoreMLP:
     from safetensors.torch import load_file
 
@@ -67,10 +75,7 @@ class AestheticReward(Reward):
     def __init__(self, folder: Path):
         from transformers import CLIPModel
 
-        clip_folder = folder / "clip"
-        if not clip_folder.is_dir():
-            raise UserError(f"reward aesthetic: {clip_folder} does not exist; expected the CLIP ViT-L/14 "
-                            "CLIPModel folder beside the MLP weights")
+        clip_folder = model_subfolder(folder, "clip", "aesthetic", "CLIP ViT-L/14 CLIPModel")
         self.clip = CLIPModel.from_pretrained(clip_folder, dtype=torch.float32, local_files_only=True).eval()
         self.clip.requires_grad_(False)
         self.mean, self.std = image_statistics(clip_folder)
@@ -97,10 +102,7 @@ class ImageRewardReward(Reward):
     def __init__(self, folder: Path):
         from transformers import AutoTokenizer, BlipForImageTextRetrieval
 
-        blip_folder = folder / "blip"
-        if not blip_folder.is_dir():
-            raise UserError(f"reward imagereward: {blip_folder} does not exist; expected a BlipForImageTextRetrieval "
-                            "folder beside the MLP weights")
+        blip_folder = model_subfolder(folder, "blip", "imagereward", "BlipForImageTextRetrieval")
         blip = BlipForImageTextRetrieval.from_pretrained(blip_folder, dtype=torch.float32, local_files_only=True)
         self.vision, self.text = blip.vision_model.eval(), blip.text_encoder.eval()
         self.vision.requires_grad_(False)
