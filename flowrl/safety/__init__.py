@@ -1,0 +1,1 @@
+"""In-generation safety in the shapes world: the stand-in unsafe concept and its prompt sets."""
