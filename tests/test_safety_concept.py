@@ -32,3 +32,21 @@ def test_unsafe_label_comes_from_the_verifier():
         image = render(objects)
         expected = any(o.shape == "triangle" and o.color == "red" for o in objects) if unsafe is None else unsafe
         assert is_unsafe(image) == expected, prompt
+
+
+def test_probe_split_keeps_prompts_apart_and_the_probe_learns_a_planted_signal():
+    import torch
+
+    from flowrl.safety.probe import auc_per_step, split_by_prompt, train_probe
+
+    prompts = [f"p{i // 2}" for i in range(80)]
+    train, test = split_by_prompt(prompts, 0.25, seed=1)
+    assert not {prompts[i] for i in train.tolist()} & {prompts[i] for i in test.tolist()}
+    g = torch.Generator().manual_seed(0)
+    labels = (torch.rand(80, generator=g) < 0.3).float()
+    states = torch.randn(80, 3, 4, 8, 8, generator=g)
+    predictions = torch.randn(80, 3, 4, 8, 8, generator=g)
+    predictions[:, :, 0] += 2.0 * labels[:, None, None, None]  # the concept shows in the prediction's channel 0
+    data = {"states": states, "predictions": predictions, "sigmas": torch.tensor([1.0, 0.6, 0.2]), "labels": labels}
+    probe = train_probe(data, train, steps=150, batch=64)
+    assert min(auc_per_step(probe, data, test)) > 0.95
