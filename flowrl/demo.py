@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .errors import UserError
+from .images import to_unit
 
 DISPLAY_SIZE = 192  # the shapes pipelines make 32x32 images; show them large, with crisp pixels
 
@@ -112,7 +113,7 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str = "shapes_
             models.activate(label)
             images, _ = generate(policy, [prompt], 1, int(seed), steps, guidance_scale, height, width, desc=None)
             with torch.no_grad():
-                score = float(scorer(torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255, [prompt]).scores[0])
+                score = float(scorer(to_unit(images), [prompt]).scores[0])
             gallery.append((upscale(images[0]), f"{label} | {reward} {score:.3f}"))
         models.activate("base")
         table = "| model | " + reward + " |\n|---|---|\n" + "\n".join(

@@ -42,11 +42,9 @@ def generate(policy, prompts: list[str], num_per_prompt: int = 1, seed: int = 0,
         callbacks, steering = [], None
         if fk is not None:
             from .fk import FKSteering
+            from .rewards import latent_scorer
 
-            def reward_of(latents, texts):
-                return fk_reward(policy.decode(latents), texts).scores
-
-            steering = FKSteering(fk, reward_of, num_steps, len(chunk), torch.Generator().manual_seed(chunk_seeds[0]))
+            steering = FKSteering(fk, latent_scorer(policy, fk_reward), num_steps, len(chunk), torch.Generator().manual_seed(chunk_seeds[0]))
             callbacks = [steering]
         traj = rollout(policy, cond, sample_generators(particle_seeds), shape, num_steps, kind, noise_level,
                        guidance_scale, callbacks=callbacks)

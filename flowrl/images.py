@@ -9,3 +9,8 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
     """[B, 3, H, W] (or video [B, 3, F, H, W]) in [0, 1] -> uint8, channels last."""
     images = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
     return images.movedim(1, -1).cpu().numpy()
+
+
+def to_unit(images: np.ndarray) -> torch.Tensor:
+    """uint8 [B, H, W, 3] -> float [B, 3, H, W] in [0, 1] (what rewards take)."""
+    return torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float() / 255

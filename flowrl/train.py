@@ -22,7 +22,7 @@ from .config import RunConfig, config_to_dict
 from .errors import ConfigError
 from .policies import load_pipeline, policy_for
 from .prompt_source import PromptSource, derived_seed
-from .rewards import WeightedSum, build_reward
+from .rewards import WeightedSum, build_reward, latent_scorer
 from .rollout import per_sample_noise, rollout, sample_generators
 
 
@@ -137,18 +137,14 @@ class Trainer:
         if c.sampler.fk is not None:
             from .fk import FKSteering
 
-            def reward_of(latents, texts):
-                return self.reward(self.policy.decode(latents), texts).scores
-
-            steering = FKSteering(c.sampler.fk, reward_of, c.sampler.num_steps, len(local_prompts) // size,
+            steering = FKSteering(c.sampler.fk, latent_scorer(self.policy, self.reward), c.sampler.num_steps, len(local_prompts) // size,
                                   torch.Generator().manual_seed(derived_seed(seed, update, 37, self.rank)))
             callbacks = [steering]
         recorder = None
         if self.algorithm.needs_step_rewards:
             from .algorithms.credit import IntermediateRewards
 
-            recorder = IntermediateRewards(lambda z, texts: self.reward(self.policy.decode(z), texts).scores,
-                                           c.sampler.num_steps)
+            recorder = IntermediateRewards(latent_scorer(self.policy, self.reward), c.sampler.num_steps)
             callbacks.append(recorder)  # after FK, so it follows FK's re-indexing
         with self.accelerator.autocast():
             traj = rollout(self.policy, cond, generators, shape, c.sampler.num_steps, c.sampler.kind,

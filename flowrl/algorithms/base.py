@@ -107,7 +107,8 @@ class Algorithm:
 
     def score_latents(self, policy, latents: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """Reward of decoded latents, differentiable in the latents when the reward is."""
-        return self.reward(policy.decode(latents), prompts).scores
+        from ..rewards import latent_scorer
+        return latent_scorer(policy, self.reward)(latents, prompts)
 
     def loss(self, policy, batch: RolloutBatch, items: WorkItems) -> tuple[torch.Tensor, dict]:
         """Per-item losses [N] (weights not yet applied) with gradients, plus per-item diagnostics."""

@@ -94,6 +94,7 @@ def evaluate_diversity_dir(folder) -> dict:
     import torch
 
     from ..errors import UserError
+    from ..images import to_unit
     from ..rewards import build_reward
     from .shapes import read_samples_dir
 
@@ -107,7 +108,7 @@ def evaluate_diversity_dir(folder) -> dict:
                         " (use `flowrl sample --num-per-prompt K`)")
     scorer = build_reward("shapes_clip")
     with torch.no_grad():
-        features = scorer.image_embeddings(torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255).numpy()
+        features = scorer.image_embeddings(to_unit(images)).numpy()
     result = {"samples_per_prompt": k, "prompts": len(counts), "pixel_distance": within_prompt_pixel_distance(images, k),
               "feature_distance": feature_distance(features, k), "vendi": mean_vendi(features, k),
               **free_attribute_spread(images, prompts, k)}

@@ -8,16 +8,13 @@ import numpy as np
 import torch
 
 from ..generate import generate
+from ..images import to_unit
 from ..shapes.prompts import eval_prompt_set
 from .diversity import (feature_distance, free_attribute_spread, mean_vendi, paired_pixel_distance,
                         within_prompt_pixel_distance)
 from .shapes import shapes_accuracy
 
 PROTOCOL = {"num_per_prompt": 4, "seed": 2024, "num_steps": 20, "guidance_scale": 4.5}
-
-
-def to_unit(images: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255
 
 
 @torch.no_grad()

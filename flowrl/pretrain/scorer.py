@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..images import to_unit
 from ..models.shapes_scorer import ScorerSize, build_scorer, scorer_image_processor, scorer_tokenizer
 from ..shapes import verifier
 from ..shapes.prompts import all_prompt_specs, parse_prompt
@@ -57,11 +58,6 @@ def hard_negative_prompts(prompts: list[str], rng: np.random.Generator) -> list[
         specs = all_prompt_specs(parse_prompt(prompt).tag)
         out.append(specs[rng.integers(len(specs))].text())
     return out
-
-
-def to_pixels(images: np.ndarray) -> torch.Tensor:
-    """uint8 [B, H, W, 3] -> float [B, 3, H, W] in [0, 1]."""
-    return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0
 
 
 def degrade(pixels: torch.Tensor, cfg: ScorerConfig, generator: torch.Generator) -> torch.Tensor:
@@ -121,12 +117,12 @@ def pretrain_scorer(cfg: ScorerConfig, size: ScorerSize | None = None, pipeline_
     bar = tqdm(range(cfg.steps), desc="pretrain scorer", mininterval=5)
     for step in bar:
         images, prompts = sample_pairs(cfg.batch, rng)
-        pixels = degrade(to_pixels(images), cfg, generator)
+        pixels = degrade(to_unit(images), cfg, generator)
         if pool is not None:
             pick = rng.integers(len(pool[0]), size=cfg.generated_per_step)
             images = np.concatenate([images, pool[0][pick]])
             prompts = prompts + [pool[1][i] for i in pick]
-            pixels = torch.cat([pixels, to_pixels(pool[0][pick])])
+            pixels = torch.cat([pixels, to_unit(pool[0][pick])])
         prompts = prompts + hard_negative_prompts(prompts, rng)
         labels = verdict_matrix(images, prompts)
         logits = pair_logits(model, tokenizer, pixels, prompts)
@@ -156,8 +152,8 @@ def rendered_auc(model, tokenizer, count: int = 512, seed: int = 10_000) -> dict
     prompts = prompts + hard_negative_prompts(prompts, rng)
     labels = verdict_matrix(images, prompts)
     model.score_bias = model.config.score_bias
-    clean = pair_logits(model, tokenizer, to_pixels(images), prompts)
-    noisy = pair_logits(model, tokenizer, degrade(to_pixels(images), ScorerConfig(), torch.Generator().manual_seed(seed)), prompts)
+    clean = pair_logits(model, tokenizer, to_unit(images), prompts)
+    noisy = pair_logits(model, tokenizer, degrade(to_unit(images), ScorerConfig(), torch.Generator().manual_seed(seed)), prompts)
     # own-prompt column versus its hard negative: the pairs that differ in one attribute
     own = torch.arange(count)
     hard_scores = torch.cat([clean[own, own], clean[own, own + count]])
@@ -181,7 +177,7 @@ def generated_auc(model, tokenizer, pipeline_dir: str | Path) -> dict:
                                desc="scorer eval samples")
     labels = verdict_matrix(images, prompts)
     model.score_bias = model.config.score_bias
-    logits = pair_logits(model, tokenizer, to_pixels(images), prompts)
+    logits = pair_logits(model, tokenizer, to_unit(images), prompts)
     own = torch.tensor([prompts.index(r["prompt"]) for r in records])
     rows = torch.arange(len(images))
     return {"pipeline": str(pipeline_dir), "images": len(images), "pairs": int(labels.numel()),

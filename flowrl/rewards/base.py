@@ -46,6 +46,12 @@ def build_reward(name: str, **params) -> Reward:
     return _REGISTRY[name](**params)
 
 
+def latent_scorer(policy, reward: Reward):
+    """`(latents, prompts) -> scores` through the policy's decoder: what FK potentials, intermediate rewards and
+    reward-gradient methods call on latents (differentiable when the reward is)."""
+    return lambda latents, prompts: reward(policy.decode(latents), prompts).scores
+
+
 class WeightedSum(Reward):
     """sum_k w_k r_k, optionally with each r_k standardized over the batch first (so scales don't dominate).
 
