@@ -19,13 +19,14 @@ def _parser() -> argparse.ArgumentParser:
     pre = sub.add_parser("pretrain", help="train an embedded default pipeline from the renderer's data")
     pre.add_argument("recipe", choices=sorted(PRETRAIN_OUT),
                      help="shapes -> pipelines/shapes-sd3 (flow); shapes-sd -> pipelines/shapes-sd (epsilon, DDIM); "
-                          "scorer -> pipelines/shapes-scorer (the learned reward)")
+                          "scorer -> pipelines/shapes-scorer (the learned reward); safety-probe -> "
+                          "pipelines/shapes-safety-probe (the red-triangle probe on intermediate states)")
     pre.add_argument("--out", default=None, help="output folder (default: the recipe's folder under pipelines/)")
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--vae-steps", type=int, default=None)
     pre.add_argument("--flow-steps", type=int, default=None)
-    pre.add_argument("--steps", type=int, default=None, help="scorer: training steps")
-    pre.add_argument("--pipeline", default="pipelines/shapes-sd3", help="scorer: pipeline whose samples it trains on and is measured on")
+    pre.add_argument("--steps", type=int, default=None, help="scorer / safety-probe: training steps")
+    pre.add_argument("--pipeline", default="pipelines/shapes-sd3", help="scorer / safety-probe: pipeline whose samples it trains on and is measured on")
     pre.add_argument("--card-only", action="store_true", help="re-evaluate an existing folder and rewrite its card")
 
     train = sub.add_parser("train", help="run an experiment config")
@@ -69,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-PRETRAIN_OUT = {"shapes": "pipelines/shapes-sd3", "shapes-sd": "pipelines/shapes-sd", "scorer": "pipelines/shapes-scorer"}
+PRETRAIN_OUT = {"shapes": "pipelines/shapes-sd3", "shapes-sd": "pipelines/shapes-sd", "scorer": "pipelines/shapes-scorer",
+                "safety-probe": "pipelines/shapes-safety-probe"}
 
 
 def cmd_pretrain(args) -> None:
@@ -78,6 +80,8 @@ def cmd_pretrain(args) -> None:
         return pretrain_scorer_command(args)
     if args.recipe == "shapes-sd":
         return pretrain_shapes_sd_command(args)
+    if args.recipe == "safety-probe":
+        return pretrain_safety_probe_command(args)
     from .pretrain.shapes_sd3 import PretrainConfig, evaluate_and_write_card, pretrain_shapes_sd3, save_pipeline
 
     cfg = PretrainConfig(seed=args.seed)
@@ -117,6 +121,19 @@ def pretrain_scorer_command(args) -> None:
     rendered, generated = rendered_auc(model, tokenizer), generated_auc(model, tokenizer, args.pipeline)
     write_scorer_card(args.out, facts, rendered, generated)
     print(json.dumps({"rendered": rendered, "generated": generated}, indent=2))
+
+
+def pretrain_safety_probe_command(args) -> None:
+    from .policies import load_pipeline, policy_for
+    from .safety.probe import ProbeConfig, pretrain_probe, save_probe
+
+    cfg = ProbeConfig(seed=args.seed)
+    if args.steps is not None:
+        cfg.steps = args.steps
+    policy = policy_for(load_pipeline(args.pipeline), max_sequence_length=16)
+    probe, facts = pretrain_probe(policy, cfg)
+    save_probe(probe, args.out, {"pipeline": args.pipeline, **facts})
+    print(json.dumps(facts, indent=2))
 
 
 def cmd_train(args) -> None:

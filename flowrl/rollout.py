@@ -71,8 +71,12 @@ def sde_step_mask(num_steps: int, kind: str, window: tuple[int, int] | None) -> 
 def rollout(policy: FlowPolicy, cond: Conditioning, generators: list[torch.Generator], noise_shape: tuple[int, ...],
             num_steps: int, kind: str = "flow", noise_level: float = 0.7, guidance_scale: float = 1.0,
             sde_window: tuple[int, int] | None = None, initial_noise: torch.Tensor | None = None,
-            callbacks: list[Callable[[StepState], None]] = (), progress=None) -> Trajectory:
-    """Sample len(cond) trajectories. `sde_window` (start, end) keeps SDE steps only in that range (ODE elsewhere)."""
+            callbacks: list[Callable[[StepState], None]] = (), progress=None, guide=None) -> Trajectory:
+    """Sample len(cond) trajectories. `sde_window` (start, end) keeps SDE steps only in that range (ODE elsewhere).
+
+    `guide` (see FlowPolicy.step) may change the model output at every step; it must follow particle
+    re-indexing itself when combined with resampling callbacks (`guide.select(index)` is called when present).
+    """
     device = policy.device
     sigmas = policy.sigmas(num_steps, noise_shape)
     stochastic = sde_step_mask(num_steps, kind, sde_window)
@@ -84,7 +88,7 @@ def rollout(policy: FlowPolicy, cond: Conditioning, generators: list[torch.Gener
         step_kind = kind if stochastic[i] else "ode"
         noise = per_sample_noise(generators, noise_shape).to(device) if step_kind != "ode" else None
         x, _, std, log_prob, x0_pred = policy.step(step_kind, x, sigma, sigma_next, cond, guidance_scale,
-                                                   noise_level, noise=noise)
+                                                   noise_level, noise=noise, guide=guide)
         stochastic[i] = stochastic[i] and bool((torch.as_tensor(std) > 0).all())  # e.g. CPS's last step
         if callbacks:
             state = StepState(i, sigma, sigma_next, x, x0_pred, cond)
@@ -94,6 +98,8 @@ def rollout(policy: FlowPolicy, cond: Conditioning, generators: list[torch.Gener
                 latents = [z[state.index] for z in latents]
                 log_probs = [lp[state.index] for lp in log_probs]
                 cond = cond.select(state.index)
+                if guide is not None and hasattr(guide, "select"):
+                    guide.select(state.index)
             x = state.latents
         latents.append(x)
         log_probs.append(log_prob)

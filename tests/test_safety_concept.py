@@ -1,5 +1,6 @@
 """The red-triangle stand-in for unsafe content: prompt sets by construction and labels from the verifier."""
 import numpy as np
+import pytest
 
 from flowrl.safety.concept import PROMPT_SETS, is_unsafe, prompt_set_of, safety_prompts
 from flowrl.shapes.prompts import parse_prompt
@@ -34,19 +35,39 @@ def test_unsafe_label_comes_from_the_verifier():
         assert is_unsafe(image) == expected, prompt
 
 
-def test_probe_split_keeps_prompts_apart_and_the_probe_learns_a_planted_signal():
+def test_safety_split_keeps_prompts_apart():
+    from flowrl.safety.concept import safety_prompts, safety_split
+
+    train, held = safety_split()
+    for name, prompts in safety_prompts().items():
+        assert not set(train[name]) & set(held[name])
+        assert sorted(train[name] + held[name]) == sorted(prompts)
+        assert abs(len(held[name]) - 0.25 * len(prompts)) <= 1
+
+
+def _planted(count, seed):
     import torch
 
-    from flowrl.safety.probe import auc_per_step, split_by_prompt, train_probe
-
-    prompts = [f"p{i // 2}" for i in range(80)]
-    train, test = split_by_prompt(prompts, 0.25, seed=1)
-    assert not {prompts[i] for i in train.tolist()} & {prompts[i] for i in test.tolist()}
-    g = torch.Generator().manual_seed(0)
-    labels = (torch.rand(80, generator=g) < 0.3).float()
-    states = torch.randn(80, 3, 4, 8, 8, generator=g)
-    predictions = torch.randn(80, 3, 4, 8, 8, generator=g)
+    g = torch.Generator().manual_seed(seed)
+    labels = (torch.rand(count, generator=g) < 0.3).float()
+    states = torch.randn(count, 3, 4, 8, 8, generator=g)
+    predictions = torch.randn(count, 3, 4, 8, 8, generator=g)
     predictions[:, :, 0] += 2.0 * labels[:, None, None, None]  # the concept shows in the prediction's channel 0
-    data = {"states": states, "predictions": predictions, "sigmas": torch.tensor([1.0, 0.6, 0.2]), "labels": labels}
-    probe = train_probe(data, train, steps=150, batch=64)
-    assert min(auc_per_step(probe, data, test)) > 0.95
+    return {"states": states, "predictions": predictions, "sigmas": torch.tensor([1.0, 0.6, 0.2]), "labels": labels}
+
+
+def test_probe_learns_a_planted_signal_and_survives_save_and_load(tmp_path):
+    import torch
+
+    from flowrl.errors import UserError
+    from flowrl.safety.probe import auc_per_step, load_probe, save_probe, train_probe
+
+    probe = train_probe(_planted(60, 0), steps=150, batch=64)
+    held = _planted(40, 1)
+    assert min(auc_per_step(probe, held)) > 0.95
+    save_probe(probe, tmp_path / "probe", {"note": "test"})
+    loaded = load_probe(tmp_path / "probe")
+    x = held["states"][:, 1]
+    assert torch.allclose(loaded(x, held["predictions"][:, 1], 0.6), probe(x, held["predictions"][:, 1], 0.6), atol=2e-2)
+    with pytest.raises(UserError, match="probe.safetensors"):
+        load_probe(tmp_path / "missing")

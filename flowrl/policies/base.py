@@ -85,22 +85,34 @@ class FlowPolicy:
 
     def velocity(self, latents: torch.Tensor, sigma, cond: Conditioning, guidance_scale: float) -> torch.Tensor:
         """Velocity (eps - x0 convention) in fp32, guided as v_u + w (v_c - v_u) when CFG is on."""
-        sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device)
-        sigma = sigma.expand(latents.shape[0]) if sigma.ndim == 0 else sigma
-        x = latents.to(self.dtype)
         if not self.uses_cfg(guidance_scale):
-            return self._forward(x, sigma, cond.tensors, guidance_scale).float()
-        both = {k: torch.cat([cond.negative[k], v]) for k, v in cond.tensors.items()}
-        out = self._forward(torch.cat([x, x]), torch.cat([sigma, sigma]), both, guidance_scale).float()
-        uncond, text = out.chunk(2)
+            return self.branch_outputs(latents, sigma, [cond.tensors], guidance_scale)[0]
+        uncond, text = self.branch_outputs(latents, sigma, [cond.negative, cond.tensors], guidance_scale)
         return uncond + guidance_scale * (text - uncond)
 
+    def branch_outputs(self, latents: torch.Tensor, sigma, branches: list[dict], guidance_scale: float) -> list[torch.Tensor]:
+        """Unguided model outputs (fp32) of the same latents under each conditioning branch, in one batched call:
+        what CFG and negative (concept) guidance combine."""
+        sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device)
+        sigma = sigma.expand(latents.shape[0]) if sigma.ndim == 0 else sigma
+        x, n = latents.to(self.dtype), len(branches)
+        tensors = {k: torch.cat([branch[k] for branch in branches]) for k in branches[0]}
+        out = self._forward(torch.cat([x] * n), torch.cat([sigma] * n), tensors, guidance_scale).float()
+        return list(out.chunk(n))
+
     def step(self, kind: str, x: torch.Tensor, sigma, sigma_next, cond: Conditioning, guidance_scale: float,
-             noise_level: float, noise: torch.Tensor | None = None, prev_sample: torch.Tensor | None = None):
-        """One sampler step between schedule points: (next sample, mean, std, log_prob, x0 prediction)."""
+             noise_level: float, noise: torch.Tensor | None = None, prev_sample: torch.Tensor | None = None,
+             guide=None):
+        """One sampler step between schedule points: (next sample, mean, std, log_prob, x0 prediction).
+
+        `guide(x, sigma, cond, guidance_scale, v) -> v` may replace the model output before the step is taken
+        (in-generation steering); it sees the same quantity the sampler uses (velocity here, epsilon for DDIM).
+        """
         from ..sampling import sde_step, x0_prediction
 
         v = self.velocity(x, sigma, cond, guidance_scale)
+        if guide is not None:
+            v = guide(x, sigma, cond, guidance_scale, v)
         out = sde_step(kind, v, x, sigma, sigma_next, noise_level, noise=noise, prev_sample=prev_sample)
         return (*out, x0_prediction(v, x, sigma))
 

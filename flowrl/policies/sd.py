@@ -54,10 +54,13 @@ class SDPolicy(FlowPolicy):
         final = torch.as_tensor(scheduler.final_alpha_cumprod, dtype=torch.float32)
         return torch.where(t >= 0, table[t.clamp(min=0).long()], final)
 
-    def step(self, kind, x, timestep, timestep_next, cond, guidance_scale, noise_level, noise=None, prev_sample=None):
+    def step(self, kind, x, timestep, timestep_next, cond, guidance_scale, noise_level, noise=None, prev_sample=None,
+             guide=None):
         if kind not in self.kinds:
             raise ValueError(f"epsilon-prediction pipelines sample with {self.kinds}, not {kind!r}")
         eps = self.velocity(x, timestep, cond, guidance_scale)
+        if guide is not None:
+            eps = guide(x, timestep, cond, guidance_scale, eps)
         a_t, a_prev = self.alpha_prod(timestep).to(x.device), self.alpha_prod(timestep_next).to(x.device)
         eta = noise_level if kind == "ddim" else 0.0
         out = ddim_step(eps, x, a_t, a_prev, eta, noise=noise, prev_sample=prev_sample)

@@ -2,22 +2,28 @@
 
 Input at step i: the noisy latent x_i, the model's one-step prediction x0_hat(x_i) and the noise level sigma_i
 (as a constant channel); label: whether the trajectory's final image is unsafe (`concept.is_unsafe`). One small
-CNN serves every step; its AUC is reported per step on held-out trajectories.
+CNN serves every step. `flowrl pretrain safety-probe` trains it on ODE trajectories of the train-side safety
+prompts (3 seeds each) and reports its AUC per step on the held-out prompts (concept.safety_split).
 """
 from __future__ import annotations
 
-import numpy as np
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
 import torch
 
+from ..errors import UserError
 from ..images import to_uint8
 from ..pretrain.scorer import auc
 from ..rollout import rollout, sample_generators
-from .concept import is_unsafe
+from .concept import PROMPT_SETS, is_unsafe, safety_split
 
 
 class StateProbe(torch.nn.Module):
     def __init__(self, latent_channels: int = 4, width: int = 32):
         super().__init__()
+        self.latent_channels, self.width = latent_channels, width
         self.net = torch.nn.Sequential(
             torch.nn.Conv2d(2 * latent_channels + 1, width, 3, padding=1), torch.nn.SiLU(),
             torch.nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), torch.nn.SiLU(),
@@ -25,8 +31,32 @@ class StateProbe(torch.nn.Module):
             torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(2 * width, 1))
 
     def forward(self, x_t: torch.Tensor, x0_pred: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        level = sigma.reshape(-1, 1, 1, 1).expand(-1, 1, *x_t.shape[-2:]).to(x_t)
+        sigma = torch.as_tensor(sigma, dtype=x_t.dtype, device=x_t.device)
+        level = sigma.reshape(-1, 1, 1, 1).expand(x_t.shape[0], 1, *x_t.shape[-2:])
         return self.net(torch.cat([x_t, x0_pred, level], dim=1)).squeeze(-1)  # logit of "will end unsafe"
+
+
+def save_probe(probe: StateProbe, folder: str | Path, facts: dict) -> None:
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.half().contiguous() for k, v in probe.state_dict().items()}, str(folder / "probe.safetensors"))
+    (folder / "probe.json").write_text(json.dumps({"latent_channels": probe.latent_channels, "width": probe.width,
+                                                   **facts}, indent=2) + "\n")
+
+
+def load_probe(folder: str | Path) -> StateProbe:
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / "probe.safetensors").is_file() or not (folder / "probe.json").is_file():
+        raise UserError(f"probe folder {folder}: expected probe.safetensors and probe.json "
+                        "(made by `flowrl pretrain safety-probe`)")
+    meta = json.loads((folder / "probe.json").read_text())
+    probe = StateProbe(meta["latent_channels"], meta["width"])
+    probe.load_state_dict({k: v.float() for k, v in load_file(str(folder / "probe.safetensors")).items()})
+    return probe.eval().requires_grad_(False)
 
 
 class _PredictionRecorder:
@@ -55,41 +85,59 @@ def labelled_trajectories(policy, prompts: list[str], seeds: list[int], num_step
             "labels": torch.tensor(labels, dtype=torch.float32)}
 
 
-def train_probe(data: dict, train_index: torch.Tensor, steps: int = 400, batch: int = 256, lr: float = 2e-3,
-                seed: int = 0) -> StateProbe:
+def train_probe(data: dict, steps: int = 1500, batch: int = 256, lr: float = 2e-3, seed: int = 0) -> StateProbe:
+    """Class-balanced logistic loss over random (trajectory, step) pairs, cosine-decayed AdamW."""
     torch.manual_seed(seed)
     probe = StateProbe(data["states"].shape[2])
     optimizer = torch.optim.AdamW(probe.parameters(), lr=lr, weight_decay=1e-4)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
     generator = torch.Generator().manual_seed(seed)
-    num_steps = data["states"].shape[1]
-    positives = data["labels"][train_index].mean().clamp(1e-3, 1 - 1e-3)
-    weight = (1 - positives) / positives  # balance the classes
+    count, num_steps = data["states"].shape[:2]
+    positives = data["labels"].mean().clamp(1e-3, 1 - 1e-3)
+    weight = (1 - positives) / positives
     for _ in range(steps):
-        rows = train_index[torch.randint(len(train_index), (batch,), generator=generator)]
+        rows = torch.randint(count, (batch,), generator=generator)
         cols = torch.randint(num_steps, (batch,), generator=generator)
         logits = probe(data["states"][rows, cols], data["predictions"][rows, cols], data["sigmas"][cols])
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, data["labels"][rows], pos_weight=weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        schedule.step()
     return probe.eval()
 
 
 @torch.no_grad()
-def auc_per_step(probe: StateProbe, data: dict, index: torch.Tensor) -> list[float]:
-    out = []
-    for step in range(data["states"].shape[1]):
-        logits = probe(data["states"][index, step], data["predictions"][index, step],
-                       data["sigmas"][step].expand(len(index)))
-        out.append(auc(logits, data["labels"][index]))
-    return out
+def auc_per_step(probe: StateProbe, data: dict) -> list[float]:
+    return [auc(probe(data["states"][:, step], data["predictions"][:, step], data["sigmas"][step]), data["labels"])
+            for step in range(data["states"].shape[1])]
 
 
-def split_by_prompt(prompts: list[str], held_out_share: float = 0.25, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Train / held-out trajectory indices with no prompt on both sides."""
-    unique = sorted(set(prompts))
-    rng = np.random.default_rng(seed)
-    held = set(rng.choice(unique, size=max(1, int(held_out_share * len(unique))), replace=False).tolist())
-    test = torch.tensor([i for i, p in enumerate(prompts) if p in held])
-    train = torch.tensor([i for i, p in enumerate(prompts) if p not in held])
-    return train, test
+@dataclass
+class ProbeConfig:
+    seed: int = 0
+    seeds_per_prompt: int = 3
+    steps: int = 1500
+    num_steps: int = 20
+    guidance_scale: float = 4.5
+
+
+def pretrain_probe(policy, cfg: ProbeConfig) -> tuple[StateProbe, dict]:
+    """Train on the train-side safety prompts; AUC per step on held-out prompts (fresh seeds)."""
+    from ..prompt_source import derived_seed
+
+    train_sets, held_sets = safety_split()
+
+    def trajectories(sets: dict, salt: int) -> dict:
+        prompts = [p for name in PROMPT_SETS for p in sets[name] for _ in range(cfg.seeds_per_prompt)]
+        seeds = [derived_seed(cfg.seed, salt, i) for i in range(len(prompts))]
+        return labelled_trajectories(policy, prompts, seeds, cfg.num_steps, cfg.guidance_scale)
+
+    train, held = trajectories(train_sets, 1), trajectories(held_sets, 2)
+    probe = train_probe(train, cfg.steps, seed=cfg.seed)
+    aucs = auc_per_step(probe, held)
+    facts = {"config": asdict(cfg), "train_trajectories": len(train["labels"]),
+             "train_unsafe_share": round(float(train["labels"].mean()), 3),
+             "held_out_trajectories": len(held["labels"]), "held_out_unsafe_share": round(float(held["labels"].mean()), 3),
+             "sigmas": [round(float(s), 3) for s in held["sigmas"]], "held_out_auc_per_step": [round(a, 4) for a in aucs]}
+    return probe, facts
