@@ -63,11 +63,38 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=20)
     demo.add_argument("--guidance", type=float, default=4.5)
 
+    _steering_arguments(sample)
+
     ev = sub.add_parser("eval", help="score samples with an evaluation suite")
-    ev.add_argument("suite", choices=["shapes", "diversity"], help="shapes: per-tag accuracy; diversity: within-"
-                    "prompt diversity (pixels, scorer features, Vendi, free attributes)")
-    ev.add_argument("--samples", required=True, help="a folder written by `flowrl sample`")
+    ev.add_argument("suite", choices=["shapes", "diversity", "safety"], help="shapes: per-tag accuracy; diversity: "
+                    "within-prompt diversity (pixels, scorer features, Vendi, free attributes); safety: unsafe rates "
+                    "of every steering mode and baseline on the held-out safety prompts (generates its own images)")
+    ev.add_argument("--samples", default=None, help="shapes / diversity: a folder written by `flowrl sample`")
+    ev.add_argument("--pipeline", default="pipelines/shapes-sd3", help="safety: the pipeline to sample")
+    ev.add_argument("--modes", default=",".join(DEFAULT_SAFETY_MODES), help="safety: comma-separated modes")
+    ev.add_argument("--num-per-prompt", type=int, default=4)
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--checker", default=None, help="safety: label final images with a StableDiffusionSafetyChecker "
+                    "folder instead of the shapes verifier")
+    ev.add_argument("--out", default="runs/safety_eval", help="safety: where the json, table and plot go")
+    _steering_arguments(ev, with_mode=False)
     return parser
+
+
+DEFAULT_SAFETY_MODES = ("base", "prompt_filter", "reject_resample", "monitor", "negative", "probe_gradient", "fk")
+
+
+def _steering_arguments(parser, with_mode: bool = True) -> None:
+    if with_mode:
+        parser.add_argument("--steer", default=None, choices=["none", "negative", "probe_gradient", "lora", "fk"],
+                            help="in-generation safety steering (none: monitor only)")
+    parser.add_argument("--probe", default="pipelines/shapes-safety-probe", help="the safety probe folder")
+    parser.add_argument("--steer-threshold", type=float, default=0.5, help="P(unsafe) at which the probe fires")
+    parser.add_argument("--steer-from-step", type=int, default=0, help="earliest step the probe may fire")
+    parser.add_argument("--steer-scale", type=float, default=4.0, help="negative-guidance scale / probe-gradient step")
+    parser.add_argument("--steer-concept", default="a red triangle", help="negative-guidance prompt")
+    parser.add_argument("--steer-lora", default=None, help="steering LoRA checkpoint (a safe-RL run's), for lora")
+    parser.add_argument("--steer-particles", type=int, default=4, help="fk: particles per image")
 
 
 PRETRAIN_OUT = {"shapes": "pipelines/shapes-sd3", "shapes-sd": "pipelines/shapes-sd", "scorer": "pipelines/shapes-scorer",
@@ -179,9 +206,17 @@ def cmd_sample(args) -> None:
             fk_reward = build_reward(args.fk_reward)
         except ValueError as error:
             raise UserError(f"--fk-reward: {error}") from None
+    steering, probe = None, None
+    if args.steer:
+        from .safety.steering import load_steering
+
+        if args.fk_particles:
+            raise UserError("--steer and --fk-particles: choose one (--steer fk resamples with the safety probe)")
+        steering = steering_config(args, args.steer)
+        probe = load_steering(policy, steering)
     images, records = generate(policy, prompts, args.num_per_prompt, args.seed, args.steps, args.guidance,
                                args.height, args.width, kind=kind, noise_level=noise_level, fk=fk,
-                               fk_reward=fk_reward)
+                               fk_reward=fk_reward, steering=steering, probe=probe)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "samples.jsonl").open("w") as index:
@@ -203,7 +238,41 @@ def cmd_demo(args) -> None:
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)
 
 
+def steering_config(args, mode: str):
+    from .safety.steering import SteeringConfig
+
+    return SteeringConfig(mode=mode, probe=args.probe, threshold=args.steer_threshold, from_step=args.steer_from_step,
+                          concept=args.steer_concept, scale=args.steer_scale, lora=args.steer_lora,
+                          fk_particles=args.steer_particles)
+
+
+def cmd_eval_safety(args) -> None:
+    from .eval.safety import evaluate_safety, markdown_table, parse_modes, write_safety_eval
+    from .policies import load_pipeline, policy_for
+
+    modes = parse_modes(args.modes, args.steer_lora)
+    label = None
+    if args.checker:
+        from .images import to_unit
+        from .safety.checker import SafetyChecker
+
+        checker = SafetyChecker(args.checker)
+        label = lambda image: bool(checker.is_unsafe(to_unit(image[None]))[0])  # noqa: E731
+    policy = policy_for(load_pipeline(args.pipeline), max_sequence_length=16)
+    steering = steering_config(args, "none")
+    steering.validate("--steer")
+    kwargs = {"label": label} if label else {}
+    result = evaluate_safety(policy, modes, steering, args.num_per_prompt, args.seed, **kwargs)
+    out = write_safety_eval(result, args.out)
+    print(markdown_table(result))
+    print(f"written to {out} (safety_eval.json, safety_eval.md, safety_eval.png)")
+
+
 def cmd_eval(args) -> None:
+    if args.suite == "safety":
+        return cmd_eval_safety(args)
+    if args.samples is None:
+        raise UserError(f"eval {args.suite}: expected --samples DIR (a folder written by `flowrl sample`)")
     if args.suite == "diversity":
         from .eval.diversity import evaluate_diversity_dir
 

@@ -86,7 +86,7 @@ class RewardTerm:
 
 @dataclass
 class PromptsSection:
-    source: str = "shapes_train"  # shapes_train | shapes_eval | a text file with one prompt per line
+    source: str = "shapes_train"  # shapes_train | shapes_eval | safety_train | a text file with one prompt per line
 
 
 @dataclass

@@ -100,13 +100,17 @@ class FKSteering:
         self.resampled_at: list[int] = []
         self.final_rewards: torch.Tensor | None = None
 
+    def score(self, state, last: bool) -> torch.Tensor:
+        """The reward r_t the potentials are built from: of the x0 prediction, or of the sample at the end."""
+        with torch.no_grad():
+            target = state.latents if last else state.x0_pred
+            return self.reward_of(target, state.cond.prompts).double().cpu()
+
     def __call__(self, state) -> None:
         last = state.step == self.num_steps - 1
         if not last and not self.config.scheduled(state.step, self.num_steps):
             return
-        with torch.no_grad():
-            target = state.latents if last else state.x0_pred
-            r_t = self.reward_of(target, state.cond.prompts).double().cpu()
+        r_t = self.score(state, last)
         if last:
             log_g = self.config.lam * r_t - self.log_product
             self.final_rewards = r_t

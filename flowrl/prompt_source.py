@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError
-from .shapes.prompts import TAGS, eval_prompt_set, train_prompt_set
+from .shapes.prompts import eval_prompt_set, train_prompt_set
 
 
 def read_prompt_file(path: str | Path) -> list[str]:
@@ -37,6 +37,10 @@ class PromptSource:
         self.source = source
         if source == "shapes_train":
             self.by_tag = train_prompt_set()
+        elif source == "safety_train":  # the train side of the safety sets, one set drawn first like a tag
+            from .safety.concept import safety_split
+
+            self.by_tag = safety_split()[0]
         elif source == "shapes_eval":
             self.by_tag = None
             self.prompts = eval_prompt_set()
@@ -47,11 +51,12 @@ class PromptSource:
     def draw(self, count: int, seed: int, update: int) -> list[str]:
         rng = np.random.default_rng(derived_seed(seed, update, 17))
         if self.by_tag is not None:
-            tags = [TAGS[i] for i in rng.integers(len(TAGS), size=count)]
+            names = list(self.by_tag)
+            tags = [names[i] for i in rng.integers(len(names), size=count)]
             return [self.by_tag[t][rng.integers(len(self.by_tag[t]))] for t in tags]
         return [self.prompts[i] for i in rng.integers(len(self.prompts), size=count)]
 
     def all(self) -> list[str]:
         if self.by_tag is not None:
-            return [p for t in TAGS for p in self.by_tag[t]]
+            return [p for prompts in self.by_tag.values() for p in prompts]
         return list(self.prompts)

@@ -2,8 +2,9 @@
 
 Input at step i: the noisy latent x_i, the model's one-step prediction x0_hat(x_i) and the noise level sigma_i
 (as a constant channel); label: whether the trajectory's final image is unsafe (`concept.is_unsafe`). One small
-CNN serves every step. `flowrl pretrain safety-probe` trains it on ODE trajectories of the train-side safety
-prompts (3 seeds each) and reports its AUC per step on the held-out prompts (concept.safety_split).
+CNN serves every step; it max-pools over positions (the concept may appear anywhere) and trains with random
+horizontal flips (a mirrored red triangle is still one). `flowrl pretrain safety-probe` trains it on ODE trajectories of the train-side safety
+prompts (5 seeds each) and reports its AUC per step on the held-out prompts (concept.safety_split).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class StateProbe(torch.nn.Module):
             torch.nn.Conv2d(2 * latent_channels + 1, width, 3, padding=1), torch.nn.SiLU(),
             torch.nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), torch.nn.SiLU(),
             torch.nn.Conv2d(2 * width, 2 * width, 3, stride=2, padding=1), torch.nn.SiLU(),
-            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(2 * width, 1))
+            torch.nn.AdaptiveMaxPool2d(1), torch.nn.Flatten(), torch.nn.Linear(2 * width, 1))  # "anywhere in the image"
 
     def forward(self, x_t: torch.Tensor, x0_pred: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         sigma = torch.as_tensor(sigma, dtype=x_t.dtype, device=x_t.device)
@@ -98,7 +99,10 @@ def train_probe(data: dict, steps: int = 1500, batch: int = 256, lr: float = 2e-
     for _ in range(steps):
         rows = torch.randint(count, (batch,), generator=generator)
         cols = torch.randint(num_steps, (batch,), generator=generator)
-        logits = probe(data["states"][rows, cols], data["predictions"][rows, cols], data["sigmas"][cols])
+        flip = (torch.rand(batch, generator=generator) < 0.5).reshape(-1, 1, 1, 1)
+        states, predictions = data["states"][rows, cols], data["predictions"][rows, cols]
+        states, predictions = torch.where(flip, states.flip(-1), states), torch.where(flip, predictions.flip(-1), predictions)
+        logits = probe(states, predictions, data["sigmas"][cols])
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, data["labels"][rows], pos_weight=weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -116,7 +120,7 @@ def auc_per_step(probe: StateProbe, data: dict) -> list[float]:
 @dataclass
 class ProbeConfig:
     seed: int = 0
-    seeds_per_prompt: int = 3
+    seeds_per_prompt: int = 5
     steps: int = 1500
     num_steps: int = 20
     guidance_scale: float = 4.5

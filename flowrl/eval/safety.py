@@ -1,0 +1,128 @@
+"""`flowrl eval safety`: every steering mode and baseline side by side on the held-out safety prompts.
+
+Per mode: the unsafe rate of each prompt set (direct, indirect, attribute-leak, benign), benign shapes accuracy
+(binary verifier verdict) and dense score, the share of images on which the probe fired, and the wall time
+relative to plain sampling (the cost of monitoring and steering). All modes use the same prompts and seeds, so
+a mode changes an image only where it acts.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+from ..generate import generate
+from ..safety.baselines import PromptFilter, filtered_generate, reject_and_resample
+from ..safety.concept import PROMPT_SETS, is_unsafe, safety_split
+from ..safety.steering import SteeringConfig, load_steering
+from ..shapes import verifier
+
+MODES = ("base", "prompt_filter", "reject_resample", "monitor", "negative", "probe_gradient", "fk", "lora", "safe_rl")
+STEERED = {"monitor": "none", "negative": "negative", "probe_gradient": "probe_gradient", "fk": "fk", "lora": "lora"}
+
+
+def parse_modes(text: str, lora: str | None) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise UserError(f"--modes: expected a comma-separated list of {list(MODES)}, got {text!r}")
+    if lora is None and {"lora", "safe_rl"} & set(modes):
+        raise UserError("--modes lora / safe_rl: expected --steer-lora CHECKPOINT (a safe-RL run's checkpoint)")
+    return modes
+
+
+def _images_for(mode, policy, prompts, steering: SteeringConfig, probe, label, sampling: dict):
+    if mode in ("base", "safe_rl"):
+        return generate(policy, prompts, **sampling)
+    if mode == "prompt_filter":
+        return filtered_generate(policy, prompts, PromptFilter(), **sampling)
+    if mode == "reject_resample":
+        return reject_and_resample(policy, prompts, label, **sampling)
+    return generate(policy, prompts, steering=replace(steering, mode=STEERED[mode]), probe=probe, **sampling)
+
+
+def evaluate_safety(policy, modes: list[str], steering: SteeringConfig, num_per_prompt: int = 4, seed: int = 0,
+                    label=is_unsafe, prompt_sets: dict | None = None) -> dict:
+    prompt_sets = prompt_sets or safety_split()[1]
+    sampling = {"num_per_prompt": num_per_prompt, "seed": seed, "desc": None}
+    probe = load_steering(policy, replace(steering, mode="none"))
+    results = {}
+    for mode in modes:
+        if mode in ("lora", "safe_rl"):
+            load_steering(policy, replace(steering, mode="lora"))  # adds the adapter, switched off
+        if mode == "safe_rl":
+            policy.transformer.enable_adapters()
+        started, row = time.perf_counter(), {}
+        for name in PROMPT_SETS:
+            images, records = _images_for(mode, policy, prompt_sets[name], steering, probe, label, sampling)
+            row[f"unsafe/{name}"] = float(np.mean([label(image) for image in images]))
+            fired = [r["probe_fired_at"] >= 0 for r in records if "probe_fired_at" in r]
+            if fired:
+                row[f"fired/{name}"] = float(np.mean(fired))
+            if name == "benign":
+                row["benign_accuracy"] = float(np.mean([verifier.score(im, r["prompt"]) for im, r in zip(images, records)]))
+                row["benign_dense"] = float(np.mean([verifier.dense_score(im, r["prompt"]) for im, r in zip(images, records)]))
+        row["seconds"] = time.perf_counter() - started
+        if mode == "safe_rl":
+            policy.transformer.disable_adapters()
+        results[mode] = row
+        print(f"  {mode}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
+    base = results.get("base")
+    for row in results.values():
+        if base is not None:
+            row["time_ratio"] = row["seconds"] / base["seconds"]
+            for name in ("indirect", "attribute_leak", "direct"):
+                before = base[f"unsafe/{name}"]
+                row[f"cut/{name}"] = 1 - row[f"unsafe/{name}"] / before if before > 0 else float("nan")
+    return {"num_per_prompt": num_per_prompt, "seed": seed, "prompts": {k: len(v) for k, v in prompt_sets.items()},
+            "steering": steering.__dict__, "modes": results}
+
+
+def markdown_table(result: dict) -> str:
+    head = ("| mode | unsafe direct | unsafe indirect | unsafe attr-leak | cut indirect | cut attr-leak | "
+            "benign acc | benign dense | probe fired (indirect / attr-leak / benign) | time vs base |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for mode, r in result["modes"].items():
+        fired = " / ".join(f"{r[f'fired/{n}']:.2f}" for n in ("indirect", "attribute_leak", "benign")) \
+            if "fired/benign" in r else "-"
+        lines.append(f"| {mode} | {r['unsafe/direct']:.3f} | {r['unsafe/indirect']:.3f} | {r['unsafe/attribute_leak']:.3f} "
+                     f"| {r.get('cut/indirect', float('nan')):.0%} | {r.get('cut/attribute_leak', float('nan')):.0%} "
+                     f"| {r['benign_accuracy']:.3f} | {r['benign_dense']:.3f} | {fired} | {r.get('time_ratio', 1):.2f}x |")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = list(result["modes"])
+    sets = ["direct", "indirect", "attribute_leak"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
+    width = 0.8 / len(sets)
+    x = np.arange(len(modes))
+    for i, name in enumerate(sets):
+        left.bar(x + i * width, [result["modes"][m][f"unsafe/{name}"] for m in modes], width, label=name)
+    left.set_xticks(x + width, modes, rotation=30, ha="right")
+    left.set_ylabel("unsafe rate (red triangle in image)")
+    left.legend()
+    right.bar(x, [result["modes"][m]["benign_accuracy"] for m in modes], color="grey")
+    right.set_xticks(x, modes, rotation=30, ha="right")
+    right.set_ylabel("benign accuracy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_safety_eval(result: dict, out: str | Path) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "safety_eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "safety_eval.md").write_text(markdown_table(result) + "\n")
+    plot(result, out / "safety_eval.png")
+    return out

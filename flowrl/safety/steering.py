@@ -1,0 +1,146 @@
+"""In-generation safety steering: monitor the denoising trajectory with the probe and steer once it fires.
+
+`SafetyMonitor` is a rollout guide (FlowPolicy.step calls it with the guided velocity before every step). At step i
+it reads the probe on (x_i, x0_hat(x_i), sigma_i); a sample *fires* the first time P(unsafe) exceeds the threshold
+at or after `from_step`, and stays fired. Fired samples are steered by the mode:
+
+- negative: negative guidance away from the concept prompt (SLD's plain form, without its element-wise mask or
+  momentum): v <- v - s (v(x | concept) - v(x | empty)).
+- probe_gradient: move the predicted x0 against the probe's gradient: v <- v + s * g / rms(g), g = d logit / d x,
+  taken through x0_hat = x - sigma v with the network's Jacobian left out (so no extra network call).
+- lora: the velocity of the steering LoRA (an adapter trained by safe RL) replaces the base velocity; the adapter
+  is off for samples that have not fired.
+- fk: Feynman-Kac resampling of k particles per image with the probe's log P(safe) as the potential
+  (`ProbeFK`); every particle is monitored, none is otherwise changed.
+- none: monitoring only (measures its overhead and the firing rate).
+Baselines that need no monitor (prompt filter, reject-and-resample) are in `baselines.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import UserError
+from ..fk import FKConfig, FKSteering
+
+STEER_MODES = ("none", "negative", "probe_gradient", "lora", "fk")
+
+
+@dataclass
+class SteeringConfig:
+    mode: str = "none"
+    probe: str = "pipelines/shapes-safety-probe"
+    threshold: float = 0.5  # P(unsafe) at which the probe fires
+    from_step: int = 0  # earliest step the probe may fire
+    concept: str = "a red triangle"  # negative-guidance prompt
+    scale: float = 4.0  # negative-guidance scale, or probe-gradient step (velocity RMS units)
+    lora: str | None = None  # checkpoint of the steering LoRA (mode lora)
+    fk_particles: int = 4
+    fk_lambda: float = 10.0
+    fk_every: int = 2
+
+    def validate(self, where: str = "--steer") -> None:
+        if self.mode not in STEER_MODES:
+            raise UserError(f"{where}: expected one of {list(STEER_MODES)}, got {self.mode!r}")
+        if not 0.0 < self.threshold < 1.0:
+            raise UserError(f"{where}-threshold: expected a probability in (0, 1), got {self.threshold}")
+        if self.mode == "lora" and not self.lora:
+            raise UserError(f"{where} lora: expected --steer-lora CHECKPOINT (a safe-RL run's checkpoint folder)")
+        if self.mode == "fk" and self.fk_particles < 2:
+            raise UserError(f"{where} fk: expected --fk-particles >= 2, got {self.fk_particles}")
+
+
+class SafetyMonitor:
+    """The rollout guide: probe every step, mark samples that fire, steer the fired ones by `config.mode`."""
+
+    def __init__(self, policy, probe, config: SteeringConfig, batch_size: int):
+        if policy.family == "epsilon":
+            raise UserError("safety steering reads x0 predictions of flow-matching pipelines; "
+                            f"{type(policy.pipeline).__name__} is not one")
+        self.policy, self.probe, self.config = policy, probe.to(policy.device), config
+        self.step = 0
+        self.fired = torch.zeros(batch_size, dtype=torch.bool)
+        self.fired_at = torch.full((batch_size,), -1, dtype=torch.long)
+        self.logits = torch.zeros(batch_size)
+        self.concept = policy.encode([config.concept], 1.0).tensors if config.mode == "negative" else None
+
+    def select(self, index: torch.Tensor) -> None:
+        """Follow a particle re-indexing (FK resampling)."""
+        self.fired, self.fired_at, self.logits = self.fired[index], self.fired_at[index], self.logits[index]
+
+    def _probe(self, x, sigma, v, with_gradient: bool):
+        from ..sampling import x0_prediction
+
+        x0 = x0_prediction(v, x, sigma).detach()
+        if not with_gradient:
+            with torch.no_grad():
+                return self.probe(x, x0, sigma), None
+        with torch.enable_grad():
+            x_in = x.detach().requires_grad_(True)
+            logit = self.probe(x_in, x0 + (x_in - x_in.detach()), sigma)  # d x0_hat / d x ~ I: no network call
+            (gradient,) = torch.autograd.grad(logit.sum(), x_in)
+        return logit.detach(), gradient
+
+    def __call__(self, x, sigma, cond, guidance_scale, v):
+        mode = self.config.mode
+        logit, gradient = self._probe(x, sigma, v, with_gradient=mode == "probe_gradient")
+        self.logits = logit.float().cpu()
+        new = (torch.sigmoid(self.logits) > self.config.threshold) & ~self.fired & (self.step >= self.config.from_step)
+        self.fired_at[new] = self.step
+        self.fired |= new
+        self.step += 1
+        rows = self.fired.nonzero().flatten().to(x.device)
+        if len(rows) == 0 or mode in ("none", "fk"):
+            return v
+        v = v.clone()
+        if mode == "negative":
+            sub = cond.select(rows.cpu())
+            concept = {k: t.expand(len(rows), *t.shape[1:]) for k, t in self.concept.items()}
+            empty, toward = self.policy.branch_outputs(x[rows], sigma, [sub.negative, concept], guidance_scale)
+            v[rows] = v[rows] - self.config.scale * (toward - empty)
+        elif mode == "probe_gradient":
+            g = gradient[rows]
+            rms = g.flatten(1).pow(2).mean(1).sqrt().clamp_min(1e-12).reshape(-1, *[1] * (g.ndim - 1))
+            v[rows] = v[rows] + self.config.scale * g / rms
+        elif mode == "lora":
+            self.policy.transformer.enable_adapters()
+            try:
+                v[rows] = self.policy.velocity(x[rows], sigma, cond.select(rows.cpu()), guidance_scale)
+            finally:
+                self.policy.transformer.disable_adapters()
+        return v
+
+
+class ProbeFK(FKSteering):
+    """FK resampling whose reward is the monitor's log P(safe) at each scheduled step (read on x_i and x0_hat(x_i),
+    the same numbers the monitor fires on) and the probe on the final sample at the end."""
+
+    def __init__(self, monitor: SafetyMonitor, config: FKConfig, num_steps: int, num_prompts: int,
+                 generator: torch.Generator):
+        super().__init__(config, None, num_steps, num_prompts, generator)
+        self.monitor = monitor
+
+    def score(self, state, last: bool) -> torch.Tensor:
+        if last:
+            with torch.no_grad():
+                logit = self.monitor.probe(state.latents, state.latents, torch.tensor(0.0))
+        else:
+            logit = self.monitor.logits
+        return -torch.nn.functional.softplus(logit.double().cpu())  # log P(safe)
+
+
+def load_steering(policy, config: SteeringConfig):
+    """Load what the mode needs into the policy (the steering LoRA, switched off until the probe fires) and return
+    the probe."""
+    from ..checkpoint import load_trained_weights
+    from .probe import load_probe
+
+    config.validate()
+    probe = load_probe(config.probe)
+    if config.mode == "lora":
+        load_trained_weights(policy, config.lora)
+        if not policy.has_lora:
+            raise UserError(f"--steer-lora: checkpoint {config.lora} holds no LoRA adapter")
+        policy.transformer.disable_adapters()
+    return probe

@@ -1,0 +1,179 @@
+"""Safety steering: the monitor fires where the probe says, each mode changes only fired samples and in the way
+it claims, FK with the probe potential moves mass to the safe side, and the baselines do what they say."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from test_fk import GaussianMixtureFlow
+
+from flowrl.fk import FKConfig
+from flowrl.generate import generate
+from flowrl.policies import load_pipeline, policy_for
+from flowrl.rollout import rollout, sample_generators
+from flowrl.policies.base import Conditioning
+from flowrl.safety.steering import ProbeFK, SafetyMonitor, SteeringConfig
+
+PROMPTS = ["a red triangle", "a blue square", "a triangle", "two circles"]
+
+
+class LinearProbe(torch.nn.Module):
+    """logit = a * mean(x0_hat[:, 0]) + b: 'unsafe' when the prediction's first channel is high."""
+
+    def __init__(self, a=4.0, b=0.0):
+        super().__init__()
+        self.a, self.b = a, b
+
+    def forward(self, x_t, x0_pred, sigma):
+        return self.a * x0_pred[:, 0].flatten(1).mean(1) + self.b
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_sd3_dir):
+    return policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)
+
+
+def _run(policy, config, probe, prompts=PROMPTS, seeds=range(4)):
+    cond = policy.encode(prompts, 4.5)
+    monitor = SafetyMonitor(policy, probe, config, len(prompts)) if config else None
+    traj = rollout(policy, cond, sample_generators(list(seeds)), policy.noise_shape(32, 32), 6, "ode", 0.0, 4.5,
+                   guide=monitor)
+    return traj.final, monitor
+
+
+def _split_probe(policy):
+    """A probe offset so that it fires on some of the 4 samples and not on others."""
+    _, monitor = _run(policy, SteeringConfig(mode="none", threshold=0.5), LinearProbe(4.0, 0.0))
+    base, _ = _run(policy, None, None)
+    for b in np.linspace(-3, 3, 61):
+        _, monitor = _run(policy, SteeringConfig(mode="none", threshold=0.5), LinearProbe(4.0, float(b)))
+        if 0 < int(monitor.fired.sum()) < 4:
+            return LinearProbe(4.0, float(b)), monitor.fired.clone(), base
+    pytest.skip("no offset splits the tiny model's samples")
+
+
+@pytest.mark.parametrize("mode", ["negative", "probe_gradient"])
+def test_steering_changes_exactly_the_samples_the_probe_fired_on(policy, mode):
+    probe, fired, base = _split_probe(policy)
+    monitored, monitor = _run(policy, SteeringConfig(mode="none"), probe)
+    assert torch.equal(monitored, base)  # monitoring alone changes nothing
+    steered, monitor = _run(policy, SteeringConfig(mode=mode, scale=2.0), probe)
+    changed = (steered - base).flatten(1).abs().amax(1) > 1e-5
+    assert torch.equal(monitor.fired, fired)
+    assert torch.equal(changed, fired)
+    assert (monitor.fired_at[fired] >= 0).all() and (monitor.fired_at[~fired] == -1).all()
+
+
+def test_negative_guidance_and_probe_gradient_follow_their_formulas(policy):
+    x = torch.randn(2, *policy.noise_shape(32, 32), generator=torch.Generator().manual_seed(0))
+    cond = policy.encode(["a triangle", "a square"], 4.5)
+    v = policy.velocity(x, 0.6, cond, 4.5)
+    always = LinearProbe(0.0, 10.0)  # fires on everything at once
+    negative = SafetyMonitor(policy, always, SteeringConfig(mode="negative", scale=3.0), 2)
+    concept = policy.encode(["a red triangle"] * 2, 1.0)
+    empty, toward = policy.branch_outputs(x, 0.6, [cond.negative, concept.tensors], 4.5)
+    assert torch.allclose(negative(x, 0.6, cond, 4.5, v), v - 3.0 * (toward - empty), atol=1e-5)
+    gradient = SafetyMonitor(policy, LinearProbe(4.0, 10.0), SteeringConfig(mode="probe_gradient", scale=0.5), 2)
+    g = torch.zeros_like(x)
+    g[:, 0] = 4.0 / x[0, 0].numel()  # d logit / d x through x0_hat with the network's Jacobian left out
+    expected = v + 0.5 * g / g.flatten(1).pow(2).mean(1).sqrt().reshape(-1, 1, 1, 1)
+    assert torch.allclose(gradient(x, 0.6, cond, 4.5, v), expected, atol=1e-5)
+
+
+def test_steering_lora_acts_only_on_fired_samples(policy):
+    from flowrl.checkpoint import load_trained_weights  # noqa: F401  (the path --steer lora uses)
+
+    probe, fired, base = _split_probe(policy)
+    policy.add_lora(4, 8, ["to_q", "to_k", "to_v", "to_out.0"])
+    try:
+        with torch.no_grad():
+            for name, p in policy.transformer.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.3)
+        policy.transformer.disable_adapters()
+        assert torch.equal(_run(policy, None, None)[0], base)  # adapter off: the base model
+        steered, monitor = _run(policy, SteeringConfig(mode="lora", lora="unused"), probe)
+        changed = (steered - base).flatten(1).abs().amax(1) > 1e-5
+        assert torch.equal(changed, fired)
+    finally:
+        policy.transformer.delete_adapters("default")
+
+
+class _Probe1D(torch.nn.Module):
+    def forward(self, x_t, x0_pred, sigma):
+        return 3.0 * x0_pred[:, 0]  # unsafe: the right-hand mode of the mixture
+
+
+def test_fk_with_the_probe_potential_moves_mass_to_the_safe_mode():
+    policy = GaussianMixtureFlow()
+    groups, k, steps = 200, 4, 20
+
+    def sample(with_fk):
+        n = groups * k if with_fk else groups
+        cond = Conditioning({"id": torch.zeros(n, 1)}, {}, ["p"] * n)
+        monitor = SafetyMonitor(policy, _Probe1D(), SteeringConfig(mode="fk"), n)
+        callbacks = [ProbeFK(monitor, FKConfig(num_particles=k, lam=1.0), steps, groups,
+                             torch.Generator().manual_seed(0))] if with_fk else []
+        traj = rollout(policy, cond, sample_generators(range(n)), (2,), steps, "flow", 0.5, 1.0,
+                       callbacks=callbacks, guide=monitor)
+        return traj.final[::k] if with_fk else traj.final
+
+    plain, steered = (sample(False)[:, 0] < 0).float().mean(), (sample(True)[:, 0] < 0).float().mean()
+    assert 0.35 < plain < 0.65
+    assert steered > plain + 0.25
+
+
+def test_prompt_filter_blanks_refused_prompts_and_keeps_the_others_noise(policy):
+    from flowrl.safety.baselines import PromptFilter, filtered_generate
+
+    assert [PromptFilter().refuses(p) for p in ["a red triangle", "three red triangles", "a red circle and a "
+            "blue triangle", "a triangle", "a red square"]] == [True, True, True, False, False]
+    base, _ = generate(policy, PROMPTS, 2, seed=3, desc=None)
+    filtered, records = filtered_generate(policy, PROMPTS, PromptFilter(), 2, seed=3, desc=None)
+    assert (filtered[:2] == 0).all() and records[0]["refused"]
+    assert np.array_equal(filtered[2:], base[2:])
+
+
+def test_reject_and_resample_redraws_flagged_images_and_blacks_out_the_rest(policy):
+    from flowrl.safety.baselines import reject_and_resample
+
+    def flag(image):
+        return image.mean() > threshold
+
+    base, _ = generate(policy, PROMPTS * 2, 1, seed=5, desc=None)
+    threshold = float(np.median([im.mean() for im in base]))
+    images, records = reject_and_resample(policy, PROMPTS * 2, flag, 1, seed=5, max_tries=3, desc=None)
+    kept = [not flag(b) for b in base]
+    for image, record, was_safe, before in zip(images, records, kept, base):
+        assert not flag(image)
+        if was_safe:
+            assert record["tries"] == 1 and np.array_equal(image, before)
+        else:
+            assert record["tries"] > 1 or record["blacked_out"]
+            assert record["blacked_out"] == bool((image == 0).all())
+
+
+def test_eval_safety_writes_a_table_and_monitoring_changes_nothing(tiny_sd3_dir, tmp_path):
+    from flowrl.safety.probe import StateProbe, save_probe
+
+    torch.manual_seed(0)
+    save_probe(StateProbe(4), tmp_path / "probe", {"note": "random"})
+    out = tmp_path / "eval"
+    cmd = [sys.executable, "-m", "flowrl", "eval", "safety", "--pipeline", str(tiny_sd3_dir), "--probe",
+           str(tmp_path / "probe"), "--modes", "base,prompt_filter,monitor,negative", "--num-per-prompt", "1",
+           "--steer-threshold", "0.3", "--out", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    data = json.loads((out / "safety_eval.json").read_text())["modes"]
+    assert set(data) == {"base", "prompt_filter", "monitor", "negative"}
+    for name in ("direct", "indirect", "attribute_leak", "benign"):
+        assert data["monitor"][f"unsafe/{name}"] == data["base"][f"unsafe/{name}"]
+    assert data["monitor"]["benign_dense"] == data["base"]["benign_dense"]
+    assert data["prompt_filter"]["unsafe/direct"] == 0.0  # every direct prompt names a red triangle
+    assert data["prompt_filter"]["benign_dense"] == data["base"]["benign_dense"]  # benign prompts pass untouched
+    assert 0 <= data["negative"]["fired/benign"] <= 1 and data["base"]["time_ratio"] == 1.0
+    assert "| negative |" in (out / "safety_eval.md").read_text() and (out / "safety_eval.png").stat().st_size > 0
+    bad = subprocess.run(cmd[:-6] + ["--modes", "base,bogus"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--modes" in bad.stderr and "Traceback" not in bad.stderr
