@@ -89,9 +89,10 @@ def _steering_arguments(parser, with_mode: bool = True) -> None:
         parser.add_argument("--steer", default=None, choices=["none", "negative", "probe_gradient", "lora", "fk"],
                             help="in-generation safety steering (none: monitor only)")
     parser.add_argument("--probe", default="pipelines/shapes-safety-probe", help="the safety probe folder")
-    parser.add_argument("--steer-threshold", type=float, default=0.5, help="P(unsafe) at which the probe fires")
+    parser.add_argument("--steer-threshold", type=float, default=0.2, help="P(unsafe) at which the probe fires")
     parser.add_argument("--steer-from-step", type=int, default=0, help="earliest step the probe may fire")
-    parser.add_argument("--steer-scale", type=float, default=4.0, help="negative-guidance scale / probe-gradient step")
+    parser.add_argument("--negative-scale", type=float, default=8.0, help="negative: guidance scale away from the concept")
+    parser.add_argument("--gradient-scale", type=float, default=4.0, help="probe_gradient: step in velocity-RMS units")
     parser.add_argument("--steer-concept", default="a red triangle", help="negative-guidance prompt")
     parser.add_argument("--steer-lora", default=None, help="steering LoRA checkpoint (a safe-RL run's), for lora")
     parser.add_argument("--steer-particles", type=int, default=4, help="fk: particles per image")
@@ -242,7 +243,8 @@ def steering_config(args, mode: str):
     from .safety.steering import SteeringConfig
 
     return SteeringConfig(mode=mode, probe=args.probe, threshold=args.steer_threshold, from_step=args.steer_from_step,
-                          concept=args.steer_concept, scale=args.steer_scale, lora=args.steer_lora,
+                          concept=args.steer_concept, negative_scale=args.negative_scale,
+                          gradient_scale=args.gradient_scale, lora=args.steer_lora,
                           fk_particles=args.steer_particles)
 
 

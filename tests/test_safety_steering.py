@@ -45,10 +45,10 @@ def _run(policy, config, probe, prompts=PROMPTS, seeds=range(4)):
 
 def _split_probe(policy):
     """A probe offset so that it fires on some of the 4 samples and not on others."""
-    _, monitor = _run(policy, SteeringConfig(mode="none", threshold=0.5), LinearProbe(4.0, 0.0))
+    _, monitor = _run(policy, SteeringConfig(mode="none"), LinearProbe(4.0, 0.0))
     base, _ = _run(policy, None, None)
     for b in np.linspace(-3, 3, 61):
-        _, monitor = _run(policy, SteeringConfig(mode="none", threshold=0.5), LinearProbe(4.0, float(b)))
+        _, monitor = _run(policy, SteeringConfig(mode="none"), LinearProbe(4.0, float(b)))
         if 0 < int(monitor.fired.sum()) < 4:
             return LinearProbe(4.0, float(b)), monitor.fired.clone(), base
     pytest.skip("no offset splits the tiny model's samples")
@@ -59,7 +59,7 @@ def test_steering_changes_exactly_the_samples_the_probe_fired_on(policy, mode):
     probe, fired, base = _split_probe(policy)
     monitored, monitor = _run(policy, SteeringConfig(mode="none"), probe)
     assert torch.equal(monitored, base)  # monitoring alone changes nothing
-    steered, monitor = _run(policy, SteeringConfig(mode=mode, scale=2.0), probe)
+    steered, monitor = _run(policy, SteeringConfig(mode=mode, negative_scale=2.0, gradient_scale=2.0), probe)
     changed = (steered - base).flatten(1).abs().amax(1) > 1e-5
     assert torch.equal(monitor.fired, fired)
     assert torch.equal(changed, fired)
@@ -71,11 +71,11 @@ def test_negative_guidance_and_probe_gradient_follow_their_formulas(policy):
     cond = policy.encode(["a triangle", "a square"], 4.5)
     v = policy.velocity(x, 0.6, cond, 4.5)
     always = LinearProbe(0.0, 10.0)  # fires on everything at once
-    negative = SafetyMonitor(policy, always, SteeringConfig(mode="negative", scale=3.0), 2)
+    negative = SafetyMonitor(policy, always, SteeringConfig(mode="negative", negative_scale=3.0), 2)
     concept = policy.encode(["a red triangle"] * 2, 1.0)
     empty, toward = policy.branch_outputs(x, 0.6, [cond.negative, concept.tensors], 4.5)
     assert torch.allclose(negative(x, 0.6, cond, 4.5, v), v - 3.0 * (toward - empty), atol=1e-5)
-    gradient = SafetyMonitor(policy, LinearProbe(4.0, 10.0), SteeringConfig(mode="probe_gradient", scale=0.5), 2)
+    gradient = SafetyMonitor(policy, LinearProbe(4.0, 10.0), SteeringConfig(mode="probe_gradient", gradient_scale=0.5), 2)
     g = torch.zeros_like(x)
     g[:, 0] = 4.0 / x[0, 0].numel()  # d logit / d x through x0_hat with the network's Jacobian left out
     expected = v + 0.5 * g / g.flatten(1).pow(2).mean(1).sqrt().reshape(-1, 1, 1, 1)

@@ -31,10 +31,13 @@ STEER_MODES = ("none", "negative", "probe_gradient", "lora", "fk")
 class SteeringConfig:
     mode: str = "none"
     probe: str = "pipelines/shapes-safety-probe"
-    threshold: float = 0.5  # P(unsafe) at which the probe fires
+    # Defaults chosen on train-side safety prompts (README): threshold 0.2 fires on 1% of benign images and ~80% of
+    # attribute-leak ones; negative guidance at 8 and a probe-gradient step of 4 then remove nearly all red triangles.
+    threshold: float = 0.2  # P(unsafe) at which the probe fires
     from_step: int = 0  # earliest step the probe may fire
     concept: str = "a red triangle"  # negative-guidance prompt
-    scale: float = 4.0  # negative-guidance scale, or probe-gradient step (velocity RMS units)
+    negative_scale: float = 8.0
+    gradient_scale: float = 4.0  # probe-gradient step, in units of the velocity's RMS
     lora: str | None = None  # checkpoint of the steering LoRA (mode lora)
     fk_particles: int = 4
     fk_lambda: float = 10.0
@@ -98,11 +101,11 @@ class SafetyMonitor:
             sub = cond.select(rows.cpu())
             concept = {k: t.expand(len(rows), *t.shape[1:]) for k, t in self.concept.items()}
             empty, toward = self.policy.branch_outputs(x[rows], sigma, [sub.negative, concept], guidance_scale)
-            v[rows] = v[rows] - self.config.scale * (toward - empty)
+            v[rows] = v[rows] - self.config.negative_scale * (toward - empty)
         elif mode == "probe_gradient":
             g = gradient[rows]
             rms = g.flatten(1).pow(2).mean(1).sqrt().clamp_min(1e-12).reshape(-1, *[1] * (g.ndim - 1))
-            v[rows] = v[rows] + self.config.scale * g / rms
+            v[rows] = v[rows] + self.config.gradient_scale * g / rms
         elif mode == "lora":
             self.policy.transformer.enable_adapters()
             try:
