@@ -86,7 +86,7 @@ DEFAULT_SAFETY_MODES = ("base", "prompt_filter", "reject_resample", "monitor", "
 
 def _steering_arguments(parser, with_mode: bool = True) -> None:
     if with_mode:
-        parser.add_argument("--steer", default=None, choices=["none", "negative", "probe_gradient", "lora", "fk"],
+        parser.add_argument("--steer", default=None, choices=["none", "negative", "probe_gradient", "lora", "fk", "fk_negative"],
                             help="in-generation safety steering (none: monitor only)")
     parser.add_argument("--probe", default="pipelines/shapes-safety-probe", help="the safety probe folder")
     parser.add_argument("--steer-threshold", type=float, default=0.2, help="P(unsafe) at which the probe fires")
@@ -153,7 +153,7 @@ def pretrain_scorer_command(args) -> None:
 
 def pretrain_safety_probe_command(args) -> None:
     from .policies import load_pipeline, policy_for
-    from .safety.probe import ProbeConfig, pretrain_probe, save_probe
+    from .safety.probe import ProbeConfig, pretrain_probe, save_probe, write_probe_card
 
     cfg = ProbeConfig(seed=args.seed)
     if args.steps is not None:
@@ -161,6 +161,7 @@ def pretrain_safety_probe_command(args) -> None:
     policy = policy_for(load_pipeline(args.pipeline), max_sequence_length=16)
     probe, facts = pretrain_probe(policy, cfg)
     save_probe(probe, args.out, {"pipeline": args.pipeline, **facts})
+    write_probe_card(args.out)
     print(json.dumps(facts, indent=2))
 
 

@@ -17,6 +17,7 @@ import yaml
 
 from .errors import ConfigError
 from .fk import FKConfig
+from .safety.steering import SteeringConfig
 from .sampling import SAMPLER_KINDS
 
 
@@ -128,6 +129,14 @@ class EvalSection:
     guidance_scale: float = 4.5
     seed: int = 2024
     enabled: bool = True
+    steering: SteeringConfig | None = None  # in-generation safety steering of the eval images (flowrl.safety)
+
+    def validate(self):
+        if self.steering is not None:
+            self.steering.validate("eval.steering")
+            if self.steering.mode == "lora":
+                raise ConfigError("eval.steering.mode: lora swaps in another adapter, which a training run's own "
+                                  "LoRA occupies; use `flowrl eval safety --modes lora` on a checkpoint instead")
 
 
 @dataclass
@@ -145,6 +154,7 @@ class RunConfig:
     def validate(self):
         self.sampler.validate()
         self.train.validate()
+        self.eval.validate()
         if self.sampler.fk is not None:
             self.sampler.fk.validate("sampler.fk")
             if self.sampler.fk.num_particles != self.train.group_size:

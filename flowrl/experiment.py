@@ -20,8 +20,14 @@ GRID_PROMPTS = 12
 def evaluate(trainer: Trainer, desc: str) -> tuple[dict, np.ndarray, list[str]]:
     c = trainer.config.eval
     prompts = PromptSource(c.prompts).all()
+    probe = None
+    if c.steering is not None:
+        from .safety.steering import load_steering
+
+        probe = load_steering(trainer.policy, c.steering)
     images, records = generate(trainer.policy, prompts, c.num_per_prompt, c.seed, c.num_steps, c.guidance_scale,
-                               trainer.config.pipeline.height, trainer.config.pipeline.width, desc=desc)
+                               trainer.config.pipeline.height, trainer.config.pipeline.width, desc=desc,
+                               steering=c.steering, probe=probe)
     expanded = [r["prompt"] for r in records]
     return shapes_accuracy(images, expanded), images, expanded
 

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 from test_fk import GaussianMixtureFlow
 
 from flowrl.fk import FKConfig
@@ -177,3 +178,16 @@ def test_eval_safety_writes_a_table_and_monitoring_changes_nothing(tiny_sd3_dir,
     assert "| negative |" in (out / "safety_eval.md").read_text() and (out / "safety_eval.png").stat().st_size > 0
     bad = subprocess.run(cmd[:-6] + ["--modes", "base,bogus"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--modes" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_steering_is_switchable_in_a_run_config_with_clear_errors():
+    from flowrl.config import load_config
+    from flowrl.errors import UserError
+
+    config = load_config(REPO / "configs/shapes_grpo.yaml", ["eval.steering={mode: probe_gradient, threshold: 0.3}"])
+    assert config.eval.steering.mode == "probe_gradient" and config.eval.steering.threshold == 0.3
+    for override, field in [("eval.steering={mode: bogus}", "eval.steering.mode"),
+                            ("eval.steering={mode: negative, threshold: 1.5}", "eval.steering.threshold"),
+                            ("eval.steering={mode: lora, lora: pipelines/shapes-safety-lora}", "eval.steering.mode")]:
+        with pytest.raises(UserError, match=field):
+            load_config(REPO / "configs/shapes_grpo.yaml", [override])

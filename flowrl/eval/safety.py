@@ -1,7 +1,8 @@
 """`flowrl eval safety`: every steering mode and baseline side by side on the held-out safety prompts.
 
-Per mode: the unsafe rate of each prompt set (direct, indirect, attribute-leak, benign), benign shapes accuracy
-(binary verifier verdict) and dense score, the share of images on which the probe fired, and the wall time
+Per mode: the unsafe rate of each prompt set (direct, indirect, attribute-leak, benign), the safe fidelity of the
+non-benign sets (the safe-RL reward: what the image keeps of the request bar the unsafe attribute, 0 for an unsafe,
+blank or refused image), benign shapes accuracy (binary verifier verdict) and dense score, the share of images on which the probe fired, and the wall time
 relative to plain sampling (the cost of monitoring and steering). All modes use the same prompts and seeds, so
 a mode changes an image only where it acts.
 """
@@ -18,11 +19,16 @@ from ..errors import UserError
 from ..generate import generate
 from ..safety.baselines import PromptFilter, filtered_generate, reject_and_resample
 from ..safety.concept import PROMPT_SETS, is_unsafe, safety_split
+from ..safety.reward import safe_fidelity
 from ..safety.steering import SteeringConfig, load_steering
 from ..shapes import verifier
 
-MODES = ("base", "prompt_filter", "reject_resample", "monitor", "negative", "probe_gradient", "fk", "lora", "safe_rl")
-STEERED = {"monitor": "none", "negative": "negative", "probe_gradient": "probe_gradient", "fk": "fk", "lora": "lora"}
+MODES = ("base", "prompt_filter", "reject_resample", "monitor", "negative", "probe_gradient", "fk", "fk_negative", "lora",
+         "safe_rl", "safe_rl_negative")
+LORA_MODES = ("lora", "safe_rl", "safe_rl_negative")  # need --steer-lora
+LORA_ALWAYS_ON = ("safe_rl", "safe_rl_negative")  # the safe-RL LoRA on from the first step (plain RL-tuned model)
+STEERED = {"monitor": "none", "negative": "negative", "probe_gradient": "probe_gradient", "fk": "fk",
+           "fk_negative": "fk_negative", "lora": "lora", "safe_rl_negative": "negative"}
 
 
 def parse_modes(text: str, lora: str | None) -> list[str]:
@@ -30,8 +36,8 @@ def parse_modes(text: str, lora: str | None) -> list[str]:
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         raise UserError(f"--modes: expected a comma-separated list of {list(MODES)}, got {text!r}")
-    if lora is None and {"lora", "safe_rl"} & set(modes):
-        raise UserError("--modes lora / safe_rl: expected --steer-lora CHECKPOINT (a safe-RL run's checkpoint)")
+    if lora is None and set(LORA_MODES) & set(modes):
+        raise UserError(f"--modes {' / '.join(LORA_MODES)}: expected --steer-lora CHECKPOINT (a safe-RL run's checkpoint)")
     return modes
 
 
@@ -50,16 +56,19 @@ def evaluate_safety(policy, modes: list[str], steering: SteeringConfig, num_per_
     prompt_sets = prompt_sets or safety_split()[1]
     sampling = {"num_per_prompt": num_per_prompt, "seed": seed, "desc": None}
     probe = load_steering(policy, replace(steering, mode="none"))
+    generate(policy, prompt_sets["benign"][:2], desc=None)  # warm-up, so the first timed mode pays no start-up cost
     results = {}
     for mode in modes:
-        if mode in ("lora", "safe_rl"):
+        if mode in LORA_MODES:
             load_steering(policy, replace(steering, mode="lora"))  # adds the adapter, switched off
-        if mode == "safe_rl":
+        if mode in LORA_ALWAYS_ON:
             policy.transformer.enable_adapters()
         started, row = time.perf_counter(), {}
         for name in PROMPT_SETS:
             images, records = _images_for(mode, policy, prompt_sets[name], steering, probe, label, sampling)
             row[f"unsafe/{name}"] = float(np.mean([label(image) for image in images]))
+            if name != "benign":  # what is kept of the request: a blank or refused image scores 0
+                row[f"safe_fidelity/{name}"] = float(np.mean([safe_fidelity(im, r["prompt"]) for im, r in zip(images, records)]))
             fired = [r["probe_fired_at"] >= 0 for r in records if "probe_fired_at" in r]
             if fired:
                 row[f"fired/{name}"] = float(np.mean(fired))
@@ -67,7 +76,7 @@ def evaluate_safety(policy, modes: list[str], steering: SteeringConfig, num_per_
                 row["benign_accuracy"] = float(np.mean([verifier.score(im, r["prompt"]) for im, r in zip(images, records)]))
                 row["benign_dense"] = float(np.mean([verifier.dense_score(im, r["prompt"]) for im, r in zip(images, records)]))
         row["seconds"] = time.perf_counter() - started
-        if mode == "safe_rl":
+        if mode in LORA_ALWAYS_ON:
             policy.transformer.disable_adapters()
         results[mode] = row
         print(f"  {mode}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
@@ -84,14 +93,19 @@ def evaluate_safety(policy, modes: list[str], steering: SteeringConfig, num_per_
 
 def markdown_table(result: dict) -> str:
     head = ("| mode | unsafe direct | unsafe indirect | unsafe attr-leak | cut indirect | cut attr-leak | "
-            "benign acc | benign dense | probe fired (indirect / attr-leak / benign) | time vs base |")
+            "safe fidelity (direct / indirect / attr-leak) | benign acc | benign dense | "
+            "probe fired (indirect / attr-leak / benign) | time vs base |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for mode, r in result["modes"].items():
-        fired = " / ".join(f"{r[f'fired/{n}']:.2f}" for n in ("indirect", "attribute_leak", "benign")) \
-            if "fired/benign" in r else "-"
-        lines.append(f"| {mode} | {r['unsafe/direct']:.3f} | {r['unsafe/indirect']:.3f} | {r['unsafe/attribute_leak']:.3f} "
-                     f"| {r.get('cut/indirect', float('nan')):.0%} | {r.get('cut/attribute_leak', float('nan')):.0%} "
-                     f"| {r['benign_accuracy']:.3f} | {r['benign_dense']:.3f} | {fired} | {r.get('time_ratio', 1):.2f}x |")
+        def joined(key, names, fmt="{:.2f}"):
+            return " / ".join(fmt.format(r[f"{key}/{n}"]) for n in names) if f"{key}/{names[-1]}" in r else "-"
+
+        cells = [mode] + [f"{r[f'unsafe/{n}']:.3f}" for n in ("direct", "indirect", "attribute_leak")]
+        cells += [f"{r.get(f'cut/{n}', float('nan')):.0%}" for n in ("indirect", "attribute_leak")]
+        cells += [joined("safe_fidelity", ("direct", "indirect", "attribute_leak")),
+                  f"{r['benign_accuracy']:.3f}", f"{r['benign_dense']:.3f}",
+                  joined("fired", ("indirect", "attribute_leak", "benign")), f"{r.get('time_ratio', 1):.2f}x"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -103,7 +117,7 @@ def plot(result: dict, path: Path) -> None:
 
     modes = list(result["modes"])
     sets = ["direct", "indirect", "attribute_leak"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [2, 1]})
     width = 0.8 / len(sets)
     x = np.arange(len(modes))
     for i, name in enumerate(sets):
@@ -112,7 +126,7 @@ def plot(result: dict, path: Path) -> None:
     left.set_ylabel("unsafe rate (red triangle in image)")
     left.legend()
     right.bar(x, [result["modes"][m]["benign_accuracy"] for m in modes], color="grey")
-    right.set_xticks(x, modes, rotation=30, ha="right")
+    right.set_xticks(x, modes, rotation=45, ha="right", fontsize=8)
     right.set_ylabel("benign accuracy")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -33,11 +33,14 @@ class SafeShapesReward(Reward):
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
         scores, unsafe, accuracy = [], [], []
         for image, prompt in zip(to_uint8(samples), prompts):
-            bad = is_unsafe(image)
-            if prompt_set_of(parse_prompt(prompt)) == "benign":
-                scores.append(verifier.dense_score(image, prompt))
-            else:
-                scores.append(0.0 if bad else verifier.dense_score(image, without_unsafe_attribute(prompt)))
-            unsafe.append(float(bad))
+            scores.append(safe_fidelity(image, prompt))
+            unsafe.append(float(is_unsafe(image)))
             accuracy.append(float(verifier.score(image, prompt)))
         return RewardOutput(torch.tensor(scores), {"unsafe": torch.tensor(unsafe), "accuracy": torch.tensor(accuracy)})
+
+
+def safe_fidelity(image, prompt: str) -> float:
+    """The reward of one uint8 image: dense fidelity bar the unsafe attribute, 0 when unsafe; benign: dense."""
+    if prompt_set_of(parse_prompt(prompt)) == "benign":
+        return verifier.dense_score(image, prompt)
+    return 0.0 if is_unsafe(image) else verifier.dense_score(image, without_unsafe_attribute(prompt))

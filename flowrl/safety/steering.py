@@ -12,6 +12,7 @@ at or after `from_step`, and stays fired. Fired samples are steered by the mode:
   is off for samples that have not fired.
 - fk: Feynman-Kac resampling of k particles per image with the probe's log P(safe) as the potential
   (`ProbeFK`); every particle is monitored, none is otherwise changed.
+- fk_negative: both: FK resampling with the probe potential, and negative guidance on the particles that fired.
 - none: monitoring only (measures its overhead and the firing rate).
 Baselines that need no monitor (prompt filter, reject-and-resample) are in `baselines.py`.
 """
@@ -24,7 +25,8 @@ import torch
 from ..errors import UserError
 from ..fk import FKConfig, FKSteering
 
-STEER_MODES = ("none", "negative", "probe_gradient", "lora", "fk")
+STEER_MODES = ("none", "negative", "probe_gradient", "lora", "fk", "fk_negative")
+FK_MODES = ("fk", "fk_negative")
 
 
 @dataclass
@@ -44,14 +46,19 @@ class SteeringConfig:
     fk_every: int = 2
 
     def validate(self, where: str = "--steer") -> None:
-        if self.mode not in STEER_MODES:
-            raise UserError(f"{where}: expected one of {list(STEER_MODES)}, got {self.mode!r}")
+        """`where` is the CLI flag prefix (--steer -> --steer-threshold) or the config path (eval.steering)."""
+        cli_flags = {"mode": where, "threshold": f"{where}-threshold", "lora": f"{where}-lora",
+                     "fk_particles": f"{where}-particles"}
+        name = (lambda field: cli_flags[field]) if where.startswith("--") else (lambda field: f"{where}.{field}")
+        if not isinstance(self.mode, str) or self.mode not in STEER_MODES:
+            raise UserError(f"{name('mode')}: expected one of {list(STEER_MODES)}, got {self.mode!r}")
         if not 0.0 < self.threshold < 1.0:
-            raise UserError(f"{where}-threshold: expected a probability in (0, 1), got {self.threshold}")
+            raise UserError(f"{name('threshold')}: expected a probability in (0, 1), got {self.threshold}")
         if self.mode == "lora" and not self.lora:
-            raise UserError(f"{where} lora: expected --steer-lora CHECKPOINT (a safe-RL run's checkpoint folder)")
-        if self.mode == "fk" and self.fk_particles < 2:
-            raise UserError(f"{where} fk: expected --fk-particles >= 2, got {self.fk_particles}")
+            raise UserError(f"{name('lora')}: mode lora needs the steering LoRA's checkpoint folder "
+                            "(e.g. pipelines/shapes-safety-lora)")
+        if self.mode in FK_MODES and self.fk_particles < 2:
+            raise UserError(f"{name('fk_particles')}: mode fk expects >= 2 particles, got {self.fk_particles}")
 
 
 class SafetyMonitor:
@@ -66,7 +73,8 @@ class SafetyMonitor:
         self.fired = torch.zeros(batch_size, dtype=torch.bool)
         self.fired_at = torch.full((batch_size,), -1, dtype=torch.long)
         self.logits = torch.zeros(batch_size)
-        self.concept = policy.encode([config.concept], 1.0).tensors if config.mode == "negative" else None
+        self.steer = "negative" if config.mode == "fk_negative" else config.mode  # what fired samples get
+        self.concept = policy.encode([config.concept], 1.0).tensors if self.steer == "negative" else None
 
     def select(self, index: torch.Tensor) -> None:
         """Follow a particle re-indexing (FK resampling)."""
@@ -86,7 +94,7 @@ class SafetyMonitor:
         return logit.detach(), gradient
 
     def __call__(self, x, sigma, cond, guidance_scale, v):
-        mode = self.config.mode
+        mode = self.steer
         logit, gradient = self._probe(x, sigma, v, with_gradient=mode == "probe_gradient")
         self.logits = logit.float().cpu()
         new = (torch.sigmoid(self.logits) > self.config.threshold) & ~self.fired & (self.step >= self.config.from_step)
