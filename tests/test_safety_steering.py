@@ -191,3 +191,45 @@ def test_steering_is_switchable_in_a_run_config_with_clear_errors():
                             ("eval.steering={mode: lora, lora: pipelines/shapes-safety-lora}", "eval.steering.mode")]:
         with pytest.raises(UserError, match=field):
             load_config(REPO / "configs/shapes_grpo.yaml", [override])
+
+
+def test_sample_steer_records_firing_and_names_missing_pieces(tiny_sd3_dir, tmp_path):
+    from flowrl.safety.probe import StateProbe, save_probe
+
+    torch.manual_seed(0)
+    save_probe(StateProbe(4), tmp_path / "probe", {"note": "random"})
+    (tmp_path / "prompts.txt").write_text("a triangle\na blue square\n")
+    base = [sys.executable, "-m", "flowrl", "sample", "--pipeline", str(tiny_sd3_dir), "--prompts",
+            str(tmp_path / "prompts.txt"), "--steps", "4", "--probe", str(tmp_path / "probe")]
+    done = subprocess.run(base + ["--out", str(tmp_path / "out"), "--steer", "negative", "--steer-threshold", "0.01"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(0 <= r["probe_fired_at"] < 4 for r in records)
+    no_lora = subprocess.run(base + ["--out", str(tmp_path / "o2"), "--steer", "lora"], capture_output=True, text=True,
+                             timeout=300)
+    assert no_lora.returncode == 2 and "--steer-lora" in no_lora.stderr and "Traceback" not in no_lora.stderr
+    no_probe = subprocess.run(base[:-2] + ["--probe", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o3"),
+                                           "--steer", "none"], capture_output=True, text=True, timeout=300)
+    assert no_probe.returncode == 2 and "probe.safetensors" in no_probe.stderr
+
+
+def test_eval_safety_labels_with_a_real_checker_folder(tiny_sd3_dir, tmp_path):
+    from test_safety_reward_checker import _tiny_checker
+
+    from flowrl.images import to_unit
+    from flowrl.safety.concept import safety_split
+    from flowrl.safety.probe import StateProbe, save_probe
+
+    save_probe(StateProbe(4), tmp_path / "probe", {"note": "random"})
+    images, _ = generate(policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16),
+                         safety_split()[1]["direct"][:8], desc=None)
+    _tiny_checker(tmp_path / "checker", to_unit(images))
+    out = tmp_path / "eval"
+    done = subprocess.run([sys.executable, "-m", "flowrl", "eval", "safety", "--pipeline", str(tiny_sd3_dir), "--probe",
+                           str(tmp_path / "probe"), "--modes", "base,reject_resample", "--num-per-prompt", "1",
+                           "--checker", str(tmp_path / "checker"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    modes = json.loads((out / "safety_eval.json").read_text())["modes"]
+    assert modes["reject_resample"]["unsafe/direct"] == 0.0  # the checker is the label source and the rejecter
