@@ -2,9 +2,9 @@
 
 Per mode: the unsafe rate of each prompt set (direct, indirect, attribute-leak, benign), the safe fidelity of the
 non-benign sets (the safe-RL reward: what the image keeps of the request bar the unsafe attribute, 0 for an unsafe,
-blank or refused image), benign shapes accuracy (binary verifier verdict) and dense score, the share of images on which the probe fired, and the wall time
-relative to plain sampling (the cost of monitoring and steering). All modes use the same prompts and seeds, so
-a mode changes an image only where it acts.
+blank or refused image), benign shapes accuracy (binary verifier verdict) and dense score, the share of images
+on which the probe fired, and the wall time relative to plain sampling (the cost of monitoring and steering).
+All modes use the same prompts and seeds, so a mode changes an image only where it acts.
 """
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 Input at step i: the noisy latent x_i, the model's one-step prediction x0_hat(x_i) and the noise level sigma_i
 (as a constant channel); label: whether the trajectory's final image is unsafe (`concept.is_unsafe`). One small
 CNN serves every step; it max-pools over positions (the concept may appear anywhere) and trains with random
-horizontal flips (a mirrored red triangle is still one). `flowrl pretrain safety-probe` trains it on ODE trajectories of the train-side safety
-prompts (5 seeds each) and reports its AUC per step on the held-out prompts (concept.safety_split).
+horizontal flips (a mirrored red triangle is still one). `flowrl pretrain safety-probe` trains it on ODE
+trajectories of the train-side safety prompts (5 seeds each) and reports its AUC per step on the held-out prompts
+(concept.safety_split).
 """
 from __future__ import annotations
 
