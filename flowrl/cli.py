@@ -88,7 +88,8 @@ def _steering_arguments(parser, with_mode: bool = True) -> None:
     if with_mode:
         parser.add_argument("--steer", default=None, choices=["none", "negative", "probe_gradient", "lora", "fk", "fk_negative"],
                             help="in-generation safety steering (none: monitor only)")
-    parser.add_argument("--probe", default="pipelines/shapes-safety-probe", help="the safety probe folder")
+    parser.add_argument("--probe", default=None, help="the safety probe folder (default: the shipped "
+                        "pipelines/shapes-safety-probe)")
     parser.add_argument("--steer-threshold", type=float, default=0.2, help="P(unsafe) at which the probe fires")
     parser.add_argument("--steer-from-step", type=int, default=0, help="earliest step the probe may fire")
     parser.add_argument("--negative-scale", type=float, default=8.0, help="negative: guidance scale away from the concept")
@@ -243,7 +244,8 @@ def cmd_demo(args) -> None:
 def steering_config(args, mode: str):
     from .safety.steering import SteeringConfig
 
-    return SteeringConfig(mode=mode, probe=args.probe, threshold=args.steer_threshold, from_step=args.steer_from_step,
+    probe = {"probe": args.probe} if args.probe else {}
+    return SteeringConfig(mode=mode, **probe, threshold=args.steer_threshold, from_step=args.steer_from_step,
                           concept=args.steer_concept, negative_scale=args.negative_scale,
                           gradient_scale=args.gradient_scale, lora=args.steer_lora,
                           fk_particles=args.steer_particles)

@@ -19,6 +19,7 @@ Baselines that need no monitor (prompt filter, reject-and-resample) are in `base
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -27,12 +28,13 @@ from ..fk import FKConfig, FKSteering
 
 STEER_MODES = ("none", "negative", "probe_gradient", "lora", "fk", "fk_negative")
 FK_MODES = ("fk", "fk_negative")
+DEFAULT_PROBE = Path(__file__).resolve().parents[2] / "pipelines" / "shapes-safety-probe"  # works from any directory
 
 
 @dataclass
 class SteeringConfig:
     mode: str = "none"
-    probe: str = "pipelines/shapes-safety-probe"
+    probe: str = str(DEFAULT_PROBE)
     # Defaults chosen on train-side safety prompts (README): threshold 0.2 fires on 1% of benign images and ~80% of
     # attribute-leak ones; negative guidance at 8 and a probe-gradient step of 4 then remove nearly all red triangles.
     threshold: float = 0.2  # P(unsafe) at which the probe fires
