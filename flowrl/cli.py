@@ -90,13 +90,16 @@ def _steering_arguments(parser, with_mode: bool = True) -> None:
                             help="in-generation safety steering (none: monitor only)")
     parser.add_argument("--probe", default=None, help="the safety probe folder (default: the shipped "
                         "pipelines/shapes-safety-probe)")
-    parser.add_argument("--steer-threshold", type=float, default=0.2, help="P(unsafe) at which the probe fires")
-    parser.add_argument("--steer-from-step", type=int, default=0, help="earliest step the probe may fire")
-    parser.add_argument("--negative-scale", type=float, default=8.0, help="negative: guidance scale away from the concept")
-    parser.add_argument("--gradient-scale", type=float, default=4.0, help="probe_gradient: step in velocity-RMS units")
-    parser.add_argument("--steer-concept", default="a red triangle", help="negative-guidance prompt")
+    # defaults (None here) come from SteeringConfig, the one place they are set
+    parser.add_argument("--steer-threshold", type=float, default=None, help="P(unsafe) at which the probe fires (0.2)")
+    parser.add_argument("--steer-from-step", type=int, default=None, help="earliest step the probe may fire (0)")
+    parser.add_argument("--negative-scale", type=float, default=None, help="negative: guidance scale away from the "
+                        "concept (8)")
+    parser.add_argument("--gradient-scale", type=float, default=None, help="probe_gradient: step in velocity-RMS "
+                        "units (4)")
+    parser.add_argument("--steer-concept", default=None, help="negative-guidance prompt ('a red triangle')")
     parser.add_argument("--steer-lora", default=None, help="steering LoRA checkpoint (a safe-RL run's), for lora")
-    parser.add_argument("--steer-particles", type=int, default=4, help="fk: particles per image")
+    parser.add_argument("--steer-particles", type=int, default=None, help="fk: particles per image (4)")
 
 
 PRETRAIN_OUT = {"shapes": "pipelines/shapes-sd3", "shapes-sd": "pipelines/shapes-sd", "scorer": "pipelines/shapes-scorer",
@@ -244,11 +247,10 @@ def cmd_demo(args) -> None:
 def steering_config(args, mode: str):
     from .safety.steering import SteeringConfig
 
-    probe = {"probe": args.probe} if args.probe else {}
-    return SteeringConfig(mode=mode, **probe, threshold=args.steer_threshold, from_step=args.steer_from_step,
-                          concept=args.steer_concept, negative_scale=args.negative_scale,
-                          gradient_scale=args.gradient_scale, lora=args.steer_lora,
-                          fk_particles=args.steer_particles)
+    given = {"probe": args.probe, "threshold": args.steer_threshold, "from_step": args.steer_from_step,
+             "concept": args.steer_concept, "negative_scale": args.negative_scale,
+             "gradient_scale": args.gradient_scale, "lora": args.steer_lora, "fk_particles": args.steer_particles}
+    return SteeringConfig(mode=mode, **{k: v for k, v in given.items() if v is not None})
 
 
 def cmd_eval_safety(args) -> None:

@@ -34,12 +34,14 @@ def generate(policy, prompts: list[str], num_per_prompt: int = 1, seed: int = 0,
     expanded = [p for p in prompts for _ in range(num_per_prompt)]
     seeds = sample_seeds(seed, len(prompts), num_per_prompt) if seeds is None else list(seeds)
     shape = policy.noise_shape(height, width)
-    from .safety.steering import FK_MODES
+    if steering is not None:
+        from .safety.steering import FK_MODES
 
-    if steering is not None and steering.mode in FK_MODES:
-        from .fk import FKConfig
+        if steering.mode in FK_MODES:  # particles resampled with the probe as potential
+            from .fk import FKConfig
 
-        fk = FKConfig(num_particles=steering.fk_particles, lam=steering.fk_lambda, resample_every=steering.fk_every)
+            fk = FKConfig(num_particles=steering.fk_particles, lam=steering.fk_lambda,
+                          resample_every=steering.fk_every)
     k = fk.num_particles if fk is not None else 1
     per_batch = max(1, batch_size // k)
     outputs, records = [], []
