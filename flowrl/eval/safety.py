@@ -3,7 +3,8 @@
 Per mode: the unsafe rate of each prompt set (direct, indirect, attribute-leak, benign), the safe fidelity of the
 non-benign sets (the safe-RL reward: what the image keeps of the request bar the unsafe attribute, 0 for an unsafe,
 blank or refused image), benign shapes accuracy (binary verifier verdict) and dense score, the share of images
-on which the probe fired, and the wall time relative to plain sampling (the cost of monitoring and steering).
+on which the probe fired, and the wall time of producing the images relative to plain sampling (the cost of
+monitoring and steering; reject-and-resample's checker calls count, the evaluation's own scoring does not).
 All modes use the same prompts and seeds, so a mode changes an image only where it acts.
 """
 from __future__ import annotations
@@ -63,9 +64,11 @@ def evaluate_safety(policy, modes: list[str], steering: SteeringConfig, num_per_
             load_steering(policy, replace(steering, mode="lora"))  # adds the adapter, switched off
         if mode in LORA_ALWAYS_ON:
             policy.transformer.enable_adapters()
-        started, row = time.perf_counter(), {}
+        sampling_seconds, row = 0.0, {}
         for name in PROMPT_SETS:
+            started = time.perf_counter()
             images, records = _images_for(mode, policy, prompt_sets[name], steering, probe, label, sampling)
+            sampling_seconds += time.perf_counter() - started  # scoring below is not the mode's cost
             # a refused or blacked-out image shows nothing; it is not sent to the label source (a real checker may
             # flag a black frame)
             row[f"unsafe/{name}"] = float(np.mean([not (r.get("refused") or r.get("blacked_out")) and label(im)
@@ -78,7 +81,7 @@ def evaluate_safety(policy, modes: list[str], steering: SteeringConfig, num_per_
             if name == "benign":
                 row["benign_accuracy"] = float(np.mean([verifier.score(im, r["prompt"]) for im, r in zip(images, records)]))
                 row["benign_dense"] = float(np.mean([verifier.dense_score(im, r["prompt"]) for im, r in zip(images, records)]))
-        row["seconds"] = time.perf_counter() - started
+        row["seconds"] = sampling_seconds
         if mode in LORA_ALWAYS_ON:
             policy.transformer.disable_adapters()
         results[mode] = row

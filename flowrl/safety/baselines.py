@@ -32,15 +32,16 @@ def filtered_generate(policy, prompts: list[str], prompt_filter: PromptFilter, n
     """`generate` for the prompts the filter lets through (on the noise plain sampling would use), black images
     for the ones it refuses."""
     seeds = sample_seeds(seed, len(prompts), num_per_prompt)
-    keep = [i for i, p in enumerate(prompts) if not prompt_filter.refuses(p)]
+    refused = [prompt_filter.refuses(p) for p in prompts]
+    keep = [i for i, r in enumerate(refused) if not r]
     allowed = [prompts[i] for i in keep]
     allowed_seeds = [seeds[i * num_per_prompt + k] for i in keep for k in range(num_per_prompt)]
     images, records = generate(policy, allowed, num_per_prompt, seeds=allowed_seeds, **kwargs) if allowed else (None, [])
     height, width = kwargs.get("height", 32), kwargs.get("width", 32)
     out_images, out_records, n = [], [], 0
-    for prompt in prompts:
+    for prompt, refuse in zip(prompts, refused):
         for _ in range(num_per_prompt):
-            if prompt_filter.refuses(prompt):
+            if refuse:
                 out_images.append(np.zeros((height, width, 3), np.uint8))
                 out_records.append({"prompt": prompt, "refused": True})
             else:
