@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--flow-steps", type=int, default=None)
     pre.add_argument("--steps", type=int, default=None, help="scorer / safety-probe: training steps")
     pre.add_argument("--pipeline", default="pipelines/shapes-sd3", help="scorer / safety-probe: pipeline whose samples it trains on and is measured on")
+    pre.add_argument("--adversarial-steps", type=int, default=0,
+                     help="scorer: also train on pool samples climbed up the scorer by this many gradient steps (0: off)")
     pre.add_argument("--card-only", action="store_true", help="re-evaluate an existing folder and rewrite its card")
 
     train = sub.add_parser("train", help="run an experiment config")
@@ -145,7 +147,9 @@ def pretrain_scorer_command(args) -> None:
     from .pretrain.scorer import (ScorerConfig, generated_auc, pretrain_scorer, rendered_auc, save_scorer,
                                   write_scorer_card)
 
-    cfg = ScorerConfig(seed=args.seed)
+    if args.adversarial_steps < 0:
+        raise UserError(f"--adversarial-steps: expected an integer >= 0, got {args.adversarial_steps}")
+    cfg = ScorerConfig(seed=args.seed, adversarial_steps=args.adversarial_steps)
     if args.steps is not None:
         cfg.steps = args.steps
     model, tokenizer, facts = pretrain_scorer(cfg, pipeline_dir=args.pipeline)

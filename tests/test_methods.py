@@ -212,3 +212,51 @@ def test_methods_that_need_reward_gradients_or_ode_rollouts_say_so():
     not_differentiable.differentiable = False
     with pytest.raises(ConfigError, match="not differentiable"):
         algorithm.bind_reward(not_differentiable)
+
+
+# ---- shift-averaged reward gradients -----------------------------------------------------------------------------
+class CornerReward(Reward):
+    """Reads one pixel: the kind of position-bound score a shift should average away."""
+    name = "corner"
+    differentiable = True
+
+    def __call__(self, samples, prompts, meta=None):
+        return RewardOutput(samples[:, 0, 4, 4])
+
+
+def test_shift_average_copies_are_integer_translations_drawn_from_each_seed():
+    from flowrl.rewards.augment import ShiftAverage
+    shift = ShiftAverage(max_shift=2, copies=3)
+    images = torch.rand(2, 3, 12, 12)
+    out = shift.shifted(images, [5, 9])
+    assert out.shape == (6, 3, 12, 12)
+    offsets = shift.offsets([5, 9])
+    assert offsets.abs().max() <= 2 and torch.equal(offsets, shift.offsets([5, 9]))
+    for b in range(2):
+        for c in range(3):
+            dy, dx = offsets[b, c].tolist()
+            # inside the border the copy is the image moved by (-dy, -dx)
+            torch.testing.assert_close(out[b * 3 + c, :, 2:10, 2:10], images[b, :, 2 + dy:10 + dy, 2 + dx:10 + dx])
+
+
+def test_refl_with_reward_shift_spreads_the_gradient_of_a_position_bound_reward():
+    policy = _policy()
+    batch = _ode_batch(policy)
+    plain = build_algorithm("refl", {"step_range": [0.5, 1.0]}, ODE)
+    shifted = build_algorithm("refl", {"step_range": [0.5, 1.0], "reward_shift": 2, "reward_shift_copies": 8}, ODE)
+    images = torch.rand(8, 3, 32, 32, requires_grad=True)
+    grads = []
+    for algorithm in (plain, shifted):
+        algorithm.bind_reward(CornerReward())
+        decode = policy.decode
+        policy.decode = lambda latents: images  # score fixed images so the gradient is read in pixel space
+        try:
+            score = algorithm.score_latents(policy, None, batch.prompts, batch.seeds)
+        finally:
+            policy.decode = decode
+        grads.append(torch.autograd.grad(score.sum(), images)[0][:, 0])
+    assert int((grads[0][0] != 0).sum()) == 1  # the plain gradient is one pixel
+    assert int((grads[1][0] != 0).sum()) > 1  # the shifted copies read several
+    torch.testing.assert_close(grads[1].sum((1, 2)), torch.ones(8))  # still the mean of 8 unit-weight reads
+    with pytest.raises(ConfigError, match="reward_shift"):
+        build_algorithm("draft", {"reward_shift": -1}, ODE)

@@ -8,7 +8,8 @@ import torch
 
 from conftest import REPO
 from flowrl.models.shapes_scorer import ScorerSize
-from flowrl.pretrain.scorer import ScorerConfig, auc, pretrain_scorer, save_scorer, verdict_matrix
+from flowrl.pretrain.scorer import (ScorerConfig, auc, climb_scorer, pair_logits, pretrain_scorer, quantized,
+                                    save_scorer, verdict_matrix)
 from flowrl.rewards import build_reward
 from flowrl.shapes import verifier
 from flowrl.shapes.scenes import sample_pairs
@@ -37,6 +38,38 @@ def test_a_trained_scorer_saves_and_loads_as_a_differentiable_reward(tmp_path):
     assert out.scores.shape == (2,)
     out.scores.sum().backward()
     assert images.grad.abs().sum() > 0
+
+
+def test_climbing_the_scorer_raises_its_own_prompt_score_within_the_pixel_budget():
+    torch.manual_seed(0)
+    cfg = ScorerConfig(steps=2, batch=8, generated=0, threads=2)
+    model, tokenizer, _ = pretrain_scorer(cfg, ScorerSize(hidden=32, layers=1, heads=2, projection=16))
+    model.score_bias = model.config.score_bias
+    images, prompts = sample_pairs(6, np.random.default_rng(3))
+    pixels = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255
+    climbed = climb_scorer(model, tokenizer, pixels, prompts, steps=4, eps=0.1)
+    assert (climbed - pixels).abs().max() <= 0.1 + 1e-6 and climbed.min() >= 0 and climbed.max() <= 1
+    own = torch.arange(6)
+    with torch.no_grad():
+        before = pair_logits(model, tokenizer, pixels, prompts)[own, own]
+        after = pair_logits(model, tokenizer, climbed, prompts)[own, own]
+    assert bool((after > before).all())
+    assert quantized(pixels).dtype == np.uint8 and np.array_equal(quantized(pixels), images)
+
+
+def test_adversarial_training_adds_each_pool_sample_climbed_and_labelled_by_the_verifier(monkeypatch):
+    import flowrl.pretrain.scorer as recipe
+    pool = sample_pairs(8, np.random.default_rng(5))
+    monkeypatch.setattr(recipe, "generated_pairs", lambda *args: pool)
+    seen = []
+    verdicts = recipe.verdict_matrix
+    monkeypatch.setattr(recipe, "verdict_matrix", lambda images, prompts: seen.append(len(images)) or verdicts(images, prompts))
+    sizes = ScorerSize(hidden=32, layers=1, heads=2, projection=16)
+    for steps, expected in ((0, 4 + 3), (2, 4 + 3 + 3)):
+        seen.clear()
+        cfg = ScorerConfig(steps=2, batch=4, generated=8, generated_per_step=3, threads=2, adversarial_steps=steps)
+        pretrain_scorer(cfg, sizes, pipeline_dir="unused")
+        assert seen == [expected, expected]
 
 
 def test_shipped_scorer_agrees_with_the_verifier_as_its_card_says():

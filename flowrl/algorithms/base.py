@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from ..config import from_dict
+from ..errors import ConfigError
+from ..rewards.augment import ShiftAverage
 from ..rollout import Trajectory
 
 
@@ -58,6 +60,18 @@ class WorkItems:
         return WorkItems(torch.tensor(samples, dtype=torch.long), torch.tensor(steps, dtype=torch.long), weight)
 
 
+@dataclass
+class RewardGradientParams:
+    """Options every method that climbs the reward's gradient shares (ReFL, DRaFT, MEND)."""
+    reward_shift: int = 0  # average the reward over copies shifted by up to this many pixels (0: off)
+    reward_shift_copies: int = 1
+
+    def validate(self):
+        if self.reward_shift < 0 or self.reward_shift_copies < 1:
+            raise ConfigError("algorithm.params.reward_shift / reward_shift_copies: expected an integer >= 0 and an "
+                              f"integer >= 1, got {self.reward_shift} and {self.reward_shift_copies}")
+
+
 def trained_steps(trainable: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
     """A seeded random subset (ceil(fraction * n) of n) of the trainable step indices, in a random order."""
     candidates = torch.nonzero(trainable).flatten()
@@ -86,13 +100,11 @@ class Algorithm:
     reward = None  # set by the loop (`bind_reward`) for methods that call the reward during the update
 
     def check_sampler(self, sampler) -> None:
-        from ..errors import ConfigError
         if self.needs_ode_rollout and sampler.kind != "ode":
             raise ConfigError(f"sampler.kind: algorithm {self.name!r} trains on deterministic (Euler) rollouts; "
                               f"expected 'ode', got {sampler.kind!r}")
 
     def bind_reward(self, reward) -> None:
-        from ..errors import ConfigError
         if self.needs_reward_gradient and not reward.differentiable:
             raise ConfigError(f"reward: algorithm {self.name!r} backpropagates through the reward, but it is not "
                               "differentiable; use a differentiable reward such as shapes_clip")
@@ -105,10 +117,18 @@ class Algorithm:
         """
         raise NotImplementedError
 
-    def score_latents(self, policy, latents: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        """Reward of decoded latents, differentiable in the latents when the reward is."""
+    def score_latents(self, policy, latents: torch.Tensor, prompts: list[str],
+                      seeds: list[int] | None = None) -> torch.Tensor:
+        """Reward of decoded latents, differentiable in the latents when the reward is.
+
+        With `seeds` and a params `reward_shift` > 0 (RewardGradientParams), the score is averaged over shifted
+        copies of each image (rewards/augment.py), the gradient the reward-gradient methods climb.
+        """
         from ..rewards import latent_scorer
-        return latent_scorer(policy, self.reward)(latents, prompts)
+        shift = ShiftAverage(getattr(self.params, "reward_shift", 0), getattr(self.params, "reward_shift_copies", 1))
+        if seeds is None or not shift.active:
+            return latent_scorer(policy, self.reward)(latents, prompts)
+        return shift.score(self.reward, policy.decode(latents), prompts, seeds)
 
     def loss(self, policy, batch: RolloutBatch, items: WorkItems) -> tuple[torch.Tensor, dict]:
         """Per-item losses [N] (weights not yet applied) with gradients, plus per-item diagnostics."""
@@ -128,7 +148,6 @@ def algorithm_names() -> list[str]:
 
 
 def build_algorithm(name: str, params: dict, sampler) -> Algorithm:
-    from ..errors import ConfigError
     if name not in _REGISTRY:
         raise ConfigError(f"algorithm.name: expected one of {algorithm_names()}, got {name!r}")
     algorithm = _REGISTRY[name].from_config(params, sampler)

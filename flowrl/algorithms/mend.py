@@ -4,7 +4,8 @@ No public code exists; this follows the reading in reference/methods.md section 
 1. Cap: per prompt group, kappa = the q-quantile of the group's rewards; the capped reward is min(R, kappa).
    Samples at or above the cap get no move.
 2. Proposals: for a sample below the cap, g = dR(D(x0))/dx0 through the VAE decoder and the reward, normalised to
-   unit RMS; candidates delta_m = eta_max 2^-m g_hat, m = 0..M-1.
+   unit RMS; candidates delta_m = eta_max 2^-m g_hat, m = 0..M-1. With `reward_shift` > 0, g is the gradient of the
+   reward averaged over shifted copies of the image (rewards/augment.py); acceptance always uses the plain reward.
 3. Acceptance: net(delta) = [min(R(x0 + delta), kappa) - min(r, kappa)] / s - (lambda / 2) MSE(delta), with s the
    group's reward std (so lambda does not depend on the reward's scale). The best candidate is accepted only when
    its net is > 0, i.e. its capped gain exceeds its quadratic displacement price; otherwise delta = 0.
@@ -25,11 +26,11 @@ from typing import Callable, Literal
 import torch
 
 from ..errors import ConfigError
-from .base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
+from .base import Algorithm, RewardGradientParams, RolloutBatch, WorkItems, register_algorithm, trained_steps
 
 
 @dataclass
-class MENDParams:
+class MENDParams(RewardGradientParams):
     quantile: float = 0.75  # q: the group's cap is its q-quantile reward
     price: float = 100.0  # lambda of the quadratic displacement price (per element MSE, rewards in group-std units)
     step_max: float = 0.2  # eta_max: the largest proposal, in latent RMS units
@@ -38,6 +39,7 @@ class MENDParams:
     time_weight: Literal["uniform", "t2"] = "uniform"
 
     def validate(self):
+        super().validate()
         if not 0 < self.quantile <= 1:
             raise ConfigError(f"algorithm.params.quantile: expected a number in (0, 1], got {self.quantile}")
         if self.price <= 0 or self.step_max <= 0 or self.num_step_sizes < 1:
@@ -112,7 +114,8 @@ class MEND(Algorithm):
             prompts = [batch.prompts[i] for i in index.tolist()]
             with torch.enable_grad():
                 x = x0[index].detach().requires_grad_(True)
-                gradient, = torch.autograd.grad(self.score_latents(policy, x, prompts).sum(), x)
+                seeds = [batch.seeds[i] + 17 for i in index.tolist()]  # proposals follow the shift-averaged gradient
+                gradient, = torch.autograd.grad(self.score_latents(policy, x, prompts, seeds).sum(), x)
             device = x0.device
             with torch.no_grad():
                 moves, gains = choose_moves(

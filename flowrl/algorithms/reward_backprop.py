@@ -7,6 +7,8 @@ Both maximise a differentiable reward R(D(x0)) by its gradient; they differ in w
 - DRaFT-K: the last K steps of the stored ODE rollout are re-run with gradient (each velocity call checkpointed
   so memory does not grow with K); loss = ReLU(cap - R) or -R on the final sample. `random_k` draws K per sample
   uniformly from 1..K (AlignProp's randomised truncation). DRaFT-1 on a flow model equals ReFL at the last step.
+Both take `reward_shift` / `reward_shift_copies` (base.RewardGradientParams): the reward they climb is averaged
+over shifted copies of each image, which keeps its content gradient and blunts pixel-position adversarial ones.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
-from .base import Algorithm, RolloutBatch, WorkItems, register_algorithm
+from .base import Algorithm, RewardGradientParams, RolloutBatch, WorkItems, register_algorithm
 
 
 def reward_loss(scores: torch.Tensor, cap: float | None, scale: float) -> torch.Tensor:
@@ -25,19 +27,20 @@ def reward_loss(scores: torch.Tensor, cap: float | None, scale: float) -> torch.
 
 
 @dataclass
-class ReFLParams:
+class ReFLParams(RewardGradientParams):
     step_range: list[float] = field(default_factory=lambda: [0.7, 1.0])  # fraction of the schedule for k
     cap: float | None = None
     loss_scale: float = 1.0
 
     def validate(self):
+        super().validate()
         lo, hi = self.step_range
         if not 0 <= lo < hi <= 1:
             raise ConfigError(f"algorithm.params.step_range: expected [lo, hi] with 0 <= lo < hi <= 1, got {self.step_range}")
 
 
 @dataclass
-class DRaFTParams:
+class DRaFTParams(RewardGradientParams):
     k: int = 1
     random_k: bool = False
     cap: float | None = None
@@ -45,6 +48,7 @@ class DRaFTParams:
     checkpointing: bool = True
 
     def validate(self):
+        super().validate()
         if self.k < 1:
             raise ConfigError(f"algorithm.params.k: expected an integer >= 1, got {self.k}")
 
@@ -78,7 +82,8 @@ class ReFL(_RewardBackprop):
         sigma = traj.sigmas[items.step].to(x)
         v = policy.velocity(x, sigma, traj.cond.select(items.sample), traj.guidance_scale)
         x0_hat = x - sigma.reshape(-1, *[1] * (x.ndim - 1)) * v
-        scores = self.score_latents(policy, x0_hat, [batch.prompts[i] for i in items.sample.tolist()])
+        scores = self.score_latents(policy, x0_hat, [batch.prompts[i] for i in items.sample.tolist()],
+                                    [batch.seeds[i] + 17 for i in items.sample.tolist()])
         return reward_loss(scores, self.params.cap, self.params.loss_scale), {"reward_of_prediction": scores.detach()}
 
 
@@ -108,7 +113,8 @@ class DRaFT(_RewardBackprop):
                 else:
                     v = policy.velocity(x, sigma, cond, traj.guidance_scale)
                 x = x + (sigma_next - sigma) * v
-            score = self.score_latents(policy, x, [batch.prompts[i] for i in sample.tolist()])
+            score = self.score_latents(policy, x, [batch.prompts[i] for i in sample.tolist()],
+                                       [batch.seeds[i] + 17 for i in sample.tolist()])
             losses.append((rows, reward_loss(score, self.params.cap, self.params.loss_scale)))
             scores.append((rows, score.detach()))
         out = torch.zeros(len(items), device=traj.final.device)

@@ -38,6 +38,11 @@ class ScorerConfig:
     noise_std: float = 0.04
     generated: int = 2048  # samples of the embedded pipeline on training prompts, labelled by the verifier
     generated_per_step: int = 32
+    # hard examples made by climbing the scorer itself: the pool samples of a step are pushed up their own-prompt
+    # score by sign-gradient steps (L_inf ball of adversarial_eps) and added with the verifier's verdicts, so the
+    # directions a reward-gradient method would climb without meeting the prompt are learned as such (0: off)
+    adversarial_steps: int = 0
+    adversarial_eps: float = 0.15
     threads: int = 2
 
 
@@ -90,6 +95,25 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
+def climb_scorer(model, tokenizer, pixels: torch.Tensor, prompts: list[str], steps: int, eps: float) -> torch.Tensor:
+    """Pixels pushed up their own-prompt score by `steps` sign-gradient steps of size eps / steps * 2, kept within
+    eps (L_inf) of the start and in [0, 1]: what a reward-gradient method finds when it climbs the scorer."""
+    start = pixels.detach()
+    x = start.clone()
+    own = torch.arange(len(prompts))
+    for _ in range(steps):
+        x.requires_grad_(True)
+        score = pair_logits(model, tokenizer, x, prompts)[own, own].sum()
+        grad, = torch.autograd.grad(score, x)
+        x = (x.detach() + 2 * eps / steps * grad.sign()).clamp(start - eps, start + eps).clamp(0, 1)
+    return x.detach()
+
+
+def quantized(pixels: torch.Tensor) -> np.ndarray:
+    """[B, 3, H, W] in [0, 1] -> uint8 [B, H, W, 3], the images the verifier reads."""
+    return (pixels.permute(0, 2, 3, 1) * 255).round().clamp(0, 255).to(torch.uint8).numpy()
+
+
 def generated_pairs(pipeline_dir: str | Path, count: int, seed: int) -> tuple[np.ndarray, list[str]]:
     """`count` samples of the pipeline (ODE 20 steps, CFG 4.5, seed-derived noise) on RL-training prompts."""
     from ..generate import generate
@@ -123,6 +147,13 @@ def pretrain_scorer(cfg: ScorerConfig, size: ScorerSize | None = None, pipeline_
             images = np.concatenate([images, pool[0][pick]])
             prompts = prompts + [pool[1][i] for i in pick]
             pixels = torch.cat([pixels, to_unit(pool[0][pick])])
+            if cfg.adversarial_steps:
+                own = prompts[-len(pick):]
+                climbed = climb_scorer(model, tokenizer, to_unit(pool[0][pick]), own, cfg.adversarial_steps,
+                                       cfg.adversarial_eps)
+                images = np.concatenate([images, quantized(climbed)])
+                prompts = prompts + own
+                pixels = torch.cat([pixels, to_unit(quantized(climbed))])
         prompts = prompts + hard_negative_prompts(prompts, rng)
         labels = verdict_matrix(images, prompts)
         logits = pair_logits(model, tokenizer, pixels, prompts)
@@ -162,6 +193,9 @@ def rendered_auc(model, tokenizer, count: int = 512, seed: int = 10_000) -> dict
             "auc_degraded": auc(noisy, labels), "auc_own_vs_hard_negative": auc(hard_scores, hard_labels)}
 
 
+CLIMB_CHECK = {"steps": 10, "eps": 0.15}  # the card's test of the scorer's gradient
+
+
 @torch.no_grad()
 def generated_auc(model, tokenizer, pipeline_dir: str | Path) -> dict:
     """AUC against the verifier on the embedded pipeline's eval-protocol samples x every eval prompt."""
@@ -180,10 +214,18 @@ def generated_auc(model, tokenizer, pipeline_dir: str | Path) -> dict:
     logits = pair_logits(model, tokenizer, to_unit(images), prompts)
     own = torch.tensor([prompts.index(r["prompt"]) for r in records])
     rows = torch.arange(len(images))
+    own_prompts = [r["prompt"] for r in records]
+    with torch.enable_grad():
+        climbed = climb_scorer(model, tokenizer, to_unit(images), own_prompts, CLIMB_CHECK["steps"], CLIMB_CHECK["eps"])
+    climbed_logits = pair_logits(model, tokenizer, to_unit(quantized(climbed)), own_prompts)[rows, rows]
+    climbed_accepted = torch.tensor([verifier.score(image, p) for image, p in zip(quantized(climbed), own_prompts)])
     return {"pipeline": str(pipeline_dir), "images": len(images), "pairs": int(labels.numel()),
             "auc_all_pairs": auc(logits, labels),
             "auc_own_prompt": auc(logits[rows, own], labels[rows, own]),
-            "own_prompt_positive_rate": float(labels[rows, own].mean())}
+            "own_prompt_positive_rate": float(labels[rows, own].mean()),
+            "climb": {**CLIMB_CHECK, "predicted_accept_before": float(torch.sigmoid(logits[rows, own]).mean()),
+                      "predicted_accept_after": float(torch.sigmoid(climbed_logits).mean()),
+                      "verifier_accept_after": float(climbed_accepted.mean())}}
 
 
 def save_scorer(model, tokenizer, out_dir: str | Path, facts: dict) -> None:
@@ -199,6 +241,8 @@ def write_scorer_card(out_dir: str | Path, facts: dict, rendered: dict, generate
     out = Path(out_dir)
     (out / "eval.json").write_text(json.dumps({"rendered": rendered, "generated": generated}, indent=2) + "\n")
     cfg = facts["config"]
+    adversarial = (f"\nEach step also holds the pool samples climbed up their own-prompt score ({cfg['adversarial_steps']} sign-gradient "
+                   f"steps, at most {cfg['adversarial_eps']} per channel), labelled by the verifier." if cfg.get("adversarial_steps") else "")
     (out / "README.md").write_text(f"""# shapes-scorer: the learned, differentiable reward of the shapes world
 
 A tiny `transformers.CLIPModel` (vision: 32x32 images in 4x4 patches; text: the project's word-level tokenizer;
@@ -217,7 +261,7 @@ Images enter as 32x32 RGB in [0, 1], normalised with mean = std = 0.5 (preproces
 `flowrl pretrain scorer` (seed {cfg['seed']}), {cfg['steps']} steps, {cfg['batch']} rendered scenes (randomly blurred and noised) plus
 {cfg['generated_per_step']} samples of {facts.get('generated_from')} per step (from a pool of {cfg['generated']} drawn once on RL-training prompts), each
 paired with its own prompt, a same-tag prompt with other attributes (hard negative) and every other prompt of the
-batch; targets are the verifier's verdicts; pairwise sigmoid loss; AdamW lr {cfg['lr']} (warm-up, cosine).
+batch; targets are the verifier's verdicts; pairwise sigmoid loss; AdamW lr {cfg['lr']} (warm-up, cosine).{adversarial}
 {facts['minutes']:.1f} minutes on 2 CPU cores (including drawing the pool); final loss {facts['final_loss']:.3f}.
 
 ## Agreement with the verifier (AUC)
@@ -230,4 +274,10 @@ batch; targets are the verifier's verdicts; pairwise sigmoid loss; AdamW lr {cfg
 | shapes-sd3 samples x their own prompt (accepted share {generated['own_prompt_positive_rate']:.2f}) | {generated['auc_own_prompt']:.3f} |
 
 The last row is the one that matters for RL: how well the scorer ranks a generator's own attempts at a prompt.
+
+## Does climbing its gradient do what the prompt asks?
+Each of those {generated['images']} samples is pushed up its own-prompt score by {generated['climb']['steps']} sign-gradient steps in pixel
+space (at most {generated['climb']['eps']} per channel), as ReFL / DRaFT / MEND push samples through the generator. The
+scorer's predicted acceptance goes {generated['climb']['predicted_accept_before']:.2f} -> {generated['climb']['predicted_accept_after']:.2f}; the verifier's goes {generated['own_prompt_positive_rate']:.2f} -> {generated['climb']['verifier_accept_after']:.2f}.
+A scorer whose gradient followed the prompt would not promise acceptance that the verifier does not grant.
 """)
