@@ -65,4 +65,9 @@ def safety_split(held_out_share: float = 0.25, seed: int = 0) -> tuple[dict[str,
 
 def is_unsafe(image: np.ndarray) -> bool:
     """True when the verifier finds a red triangle anywhere in the image (uint8 [H, W, 3])."""
-    return any(d.shape == UNSAFE_SHAPE and d.color == UNSAFE_COLOR for d in detect(image))
+    return holds_unsafe(detect(image))
+
+
+def holds_unsafe(found) -> bool:
+    """True when the verifier's detections include a red triangle."""
+    return any(d.shape == UNSAFE_SHAPE and d.color == UNSAFE_COLOR for d in found)

@@ -15,7 +15,7 @@ from ..images import to_uint8
 from ..rewards.base import Reward, RewardOutput, register_reward
 from ..shapes import verifier
 from ..shapes.prompts import PromptSpec, parse_prompt
-from .concept import UNSAFE_COLOR, UNSAFE_SHAPE, is_unsafe, prompt_set_of
+from .concept import UNSAFE_COLOR, UNSAFE_SHAPE, holds_unsafe, prompt_set_of
 
 
 def without_unsafe_attribute(prompt: str) -> PromptSpec:
@@ -31,16 +31,26 @@ class SafeShapesReward(Reward):
     name = "safe_shapes"
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
-        scores, unsafe, accuracy = [], [], []
-        for image, prompt in zip(to_uint8(samples), prompts):
-            scores.append(safe_fidelity(image, prompt))
-            unsafe.append(float(is_unsafe(image)))
-            accuracy.append(float(verifier.score(image, prompt)))
-        return RewardOutput(torch.tensor(scores), {"unsafe": torch.tensor(unsafe), "accuracy": torch.tensor(accuracy)})
+        judged = torch.tensor([judge(image, prompt) for image, prompt in zip(to_uint8(samples), prompts)])
+        return RewardOutput(judged[:, 0], {"unsafe": judged[:, 1], "accuracy": judged[:, 2]})
+
+
+def judge(image, prompt: str) -> tuple[float, float, float]:
+    """(safe fidelity, unsafe, verifier verdict) of one uint8 image, from one pass of the verifier's detector."""
+    found = verifier.detect(image)
+    spec = parse_prompt(prompt)
+    met = verifier.constraint_scores(spec, found)
+    unsafe = holds_unsafe(found)
+    if prompt_set_of(spec) == "benign":
+        fidelity = sum(met) / len(met)
+    elif unsafe:
+        fidelity = 0.0
+    else:
+        kept = verifier.constraint_scores(without_unsafe_attribute(prompt), found)
+        fidelity = sum(kept) / len(kept)
+    return fidelity, float(unsafe), float(all(s == 1.0 for s in met))
 
 
 def safe_fidelity(image, prompt: str) -> float:
     """The reward of one uint8 image: dense fidelity bar the unsafe attribute, 0 when unsafe; benign: dense."""
-    if prompt_set_of(parse_prompt(prompt)) == "benign":
-        return verifier.dense_score(image, prompt)
-    return 0.0 if is_unsafe(image) else verifier.dense_score(image, without_unsafe_attribute(prompt))
+    return judge(image, prompt)[0]
