@@ -114,7 +114,7 @@ class MEND(Algorithm):
             prompts = [batch.prompts[i] for i in index.tolist()]
             with torch.enable_grad():
                 x = x0[index].detach().requires_grad_(True)
-                seeds = [batch.seeds[i] + 17 for i in index.tolist()]  # proposals follow the shift-averaged gradient
+                seeds = [batch.seeds[i] for i in index.tolist()]  # proposals follow the shift-averaged gradient
                 gradient, = torch.autograd.grad(self.score_latents(policy, x, prompts, seeds).sum(), x)
             device = x0.device
             with torch.no_grad():

@@ -83,7 +83,7 @@ class ReFL(_RewardBackprop):
         v = policy.velocity(x, sigma, traj.cond.select(items.sample), traj.guidance_scale)
         x0_hat = x - sigma.reshape(-1, *[1] * (x.ndim - 1)) * v
         scores = self.score_latents(policy, x0_hat, [batch.prompts[i] for i in items.sample.tolist()],
-                                    [batch.seeds[i] + 17 for i in items.sample.tolist()])
+                                    [batch.seeds[i] for i in items.sample.tolist()])
         return reward_loss(scores, self.params.cap, self.params.loss_scale), {"reward_of_prediction": scores.detach()}
 
 
@@ -114,7 +114,7 @@ class DRaFT(_RewardBackprop):
                     v = policy.velocity(x, sigma, cond, traj.guidance_scale)
                 x = x + (sigma_next - sigma) * v
             score = self.score_latents(policy, x, [batch.prompts[i] for i in sample.tolist()],
-                                       [batch.seeds[i] + 17 for i in sample.tolist()])
+                                       [batch.seeds[i] for i in sample.tolist()])
             losses.append((rows, reward_loss(score, self.params.cap, self.params.loss_scale)))
             scores.append((rows, score.detach()))
         out = torch.zeros(len(items), device=traj.final.device)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..images import to_unit
+from ..images import to_uint8, to_unit
 from ..models.shapes_scorer import ScorerSize, build_scorer, scorer_image_processor, scorer_tokenizer
 from ..shapes import verifier
 from ..shapes.prompts import all_prompt_specs, parse_prompt
@@ -109,11 +109,6 @@ def climb_scorer(model, tokenizer, pixels: torch.Tensor, prompts: list[str], ste
     return x.detach()
 
 
-def quantized(pixels: torch.Tensor) -> np.ndarray:
-    """[B, 3, H, W] in [0, 1] -> uint8 [B, H, W, 3], the images the verifier reads."""
-    return (pixels.permute(0, 2, 3, 1) * 255).round().clamp(0, 255).to(torch.uint8).numpy()
-
-
 def generated_pairs(pipeline_dir: str | Path, count: int, seed: int) -> tuple[np.ndarray, list[str]]:
     """`count` samples of the pipeline (ODE 20 steps, CFG 4.5, seed-derived noise) on RL-training prompts."""
     from ..generate import generate
@@ -149,11 +144,11 @@ def pretrain_scorer(cfg: ScorerConfig, size: ScorerSize | None = None, pipeline_
             pixels = torch.cat([pixels, to_unit(pool[0][pick])])
             if cfg.adversarial_steps:
                 own = prompts[-len(pick):]
-                climbed = climb_scorer(model, tokenizer, to_unit(pool[0][pick]), own, cfg.adversarial_steps,
-                                       cfg.adversarial_eps)
-                images = np.concatenate([images, quantized(climbed)])
+                climbed = to_uint8(climb_scorer(model, tokenizer, to_unit(pool[0][pick]), own, cfg.adversarial_steps,
+                                                cfg.adversarial_eps))
+                images = np.concatenate([images, climbed])
                 prompts = prompts + own
-                pixels = torch.cat([pixels, to_unit(quantized(climbed))])
+                pixels = torch.cat([pixels, to_unit(climbed)])
         prompts = prompts + hard_negative_prompts(prompts, rng)
         labels = verdict_matrix(images, prompts)
         logits = pair_logits(model, tokenizer, pixels, prompts)
@@ -216,9 +211,10 @@ def generated_auc(model, tokenizer, pipeline_dir: str | Path) -> dict:
     rows = torch.arange(len(images))
     own_prompts = [r["prompt"] for r in records]
     with torch.enable_grad():
-        climbed = climb_scorer(model, tokenizer, to_unit(images), own_prompts, CLIMB_CHECK["steps"], CLIMB_CHECK["eps"])
-    climbed_logits = pair_logits(model, tokenizer, to_unit(quantized(climbed)), own_prompts)[rows, rows]
-    climbed_accepted = torch.tensor([verifier.score(image, p) for image, p in zip(quantized(climbed), own_prompts)])
+        climbed = to_uint8(climb_scorer(model, tokenizer, to_unit(images), own_prompts, CLIMB_CHECK["steps"],
+                                        CLIMB_CHECK["eps"]))
+    climbed_logits = pair_logits(model, tokenizer, to_unit(climbed), own_prompts)[rows, rows]
+    climbed_accepted = torch.tensor([verifier.score(image, p) for image, p in zip(climbed, own_prompts)])
     return {"pipeline": str(pipeline_dir), "images": len(images), "pairs": int(labels.numel()),
             "auc_all_pairs": auc(logits, labels),
             "auc_own_prompt": auc(logits[rows, own], labels[rows, own]),

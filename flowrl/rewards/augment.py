@@ -27,8 +27,8 @@ class ShiftAverage:
     def offsets(self, seeds: list[int]) -> torch.Tensor:
         """[B, copies, 2] integer (dy, dx) in [-max_shift, max_shift], drawn from each sample's seed."""
         rows = []
-        for seed in seeds:
-            generator = torch.Generator().manual_seed(int(seed) % (2**63 - 1))
+        for seed in seeds:  # offset from the seed's other uses (noise, trained steps)
+            generator = torch.Generator().manual_seed((int(seed) + 17) % (2**63 - 1))
             rows.append(torch.randint(-self.max_shift, self.max_shift + 1, (self.copies, 2), generator=generator))
         return torch.stack(rows)
 
