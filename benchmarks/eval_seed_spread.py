@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.checkpoint import load_trained_weights  # noqa: E402
+from flowrl.eval.protocol import PROTOCOL  # noqa: E402
 from flowrl.eval.shapes import shapes_accuracy  # noqa: E402
 from flowrl.generate import generate  # noqa: E402
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
@@ -34,7 +35,8 @@ def overall_by_seed(checkpoint: str | None, seeds: list[int], pipeline: str) -> 
     prompts = eval_prompt_set()
     out = []
     for seed in seeds:
-        images, records = generate(policy, prompts, 4, seed, 20, 4.5, desc=None)
+        images, records = generate(policy, prompts, PROTOCOL["num_per_prompt"], seed, PROTOCOL["num_steps"],
+                                   PROTOCOL["guidance_scale"], desc=None)
         out.append(shapes_accuracy(images, [r["prompt"] for r in records])["overall"])
     return out
 

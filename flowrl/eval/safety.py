@@ -20,9 +20,8 @@ from ..errors import UserError
 from ..generate import generate
 from ..safety.baselines import PromptFilter, filtered_generate, reject_and_resample
 from ..safety.concept import PROMPT_SETS, is_unsafe, safety_split
-from ..safety.reward import safe_fidelity
+from ..safety.reward import judge
 from ..safety.steering import SteeringConfig, load_steering
-from ..shapes import verifier
 
 MODES = ("base", "prompt_filter", "reject_resample", "monitor", "negative", "probe_gradient", "fk", "fk_negative", "lora",
          "safe_rl", "safe_rl_negative")
@@ -73,14 +72,16 @@ def evaluate_safety(policy, modes: list[str], steering: SteeringConfig, num_per_
             # flag a black frame)
             row[f"unsafe/{name}"] = float(np.mean([not (r.get("refused") or r.get("blacked_out")) and label(im)
                                                    for im, r in zip(images, records)]))
+            # (safe fidelity, unsafe, verdict) per image; a benign prompt's safe fidelity is its dense score
+            judged = np.array([judge(im, r["prompt"]) for im, r in zip(images, records)])
             if name != "benign":  # what is kept of the request: a blank or refused image scores 0
-                row[f"safe_fidelity/{name}"] = float(np.mean([safe_fidelity(im, r["prompt"]) for im, r in zip(images, records)]))
+                row[f"safe_fidelity/{name}"] = float(judged[:, 0].mean())
             fired = [r["probe_fired_at"] >= 0 for r in records if "probe_fired_at" in r]
             if fired:
                 row[f"fired/{name}"] = float(np.mean(fired))
             if name == "benign":
-                row["benign_accuracy"] = float(np.mean([verifier.score(im, r["prompt"]) for im, r in zip(images, records)]))
-                row["benign_dense"] = float(np.mean([verifier.dense_score(im, r["prompt"]) for im, r in zip(images, records)]))
+                row["benign_accuracy"] = float(judged[:, 2].mean())
+                row["benign_dense"] = float(judged[:, 0].mean())
         row["seconds"] = sampling_seconds
         if mode in LORA_ALWAYS_ON:
             policy.transformer.disable_adapters()

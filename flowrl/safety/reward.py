@@ -36,7 +36,9 @@ class SafeShapesReward(Reward):
 
 
 def judge(image, prompt: str) -> tuple[float, float, float]:
-    """(safe fidelity, unsafe, verifier verdict) of one uint8 image, from one pass of the verifier's detector."""
+    """(safe fidelity, unsafe, verifier verdict) of one uint8 image, from one pass of the verifier's detector.
+
+    Safe fidelity is the reward: dense fidelity bar the unsafe attribute, 0 when unsafe; benign prompts: dense."""
     found = verifier.detect(image)
     spec = parse_prompt(prompt)
     met = verifier.constraint_scores(spec, found)
@@ -50,7 +52,3 @@ def judge(image, prompt: str) -> tuple[float, float, float]:
         fidelity = sum(kept) / len(kept)
     return fidelity, float(unsafe), float(all(s == 1.0 for s in met))
 
-
-def safe_fidelity(image, prompt: str) -> float:
-    """The reward of one uint8 image: dense fidelity bar the unsafe attribute, 0 when unsafe; benign: dense."""
-    return judge(image, prompt)[0]
