@@ -20,6 +20,17 @@ def test_shapes_reward_scores_renders_and_mismatches():
     assert not reward.differentiable
 
 
+def test_shapes_reward_exact_objects_lowers_only_cluttered_scores():
+    from flowrl.shapes.world import ShapeObject, render
+
+    clutter = render([ShapeObject("circle", "red", 2, 2, 9), ShapeObject("square", "blue", 18, 18, 9)])
+    single = render([ShapeObject("circle", "red", 2, 2, 9)])
+    samples, prompts = _as_tensor(np.stack([clutter, single])), ["a circle", "a circle"]
+    lenient, exact = build_reward("shapes")(samples, prompts), build_reward("shapes", exact_objects=True)(samples, prompts)
+    assert lenient.scores.tolist() == [1.0, 1.0] and exact.scores.tolist() == [0.5, 1.0]
+    assert exact.info["accuracy"].tolist() == [1.0, 1.0]  # the logged verdict is the eval's, unchanged
+
+
 def test_jpeg_rewards_prefer_flat_or_busy_images():
     flat = torch.zeros(2, 3, 32, 32)
     busy = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))

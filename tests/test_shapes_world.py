@@ -57,6 +57,18 @@ def test_counting_needs_the_exact_count():
     assert score(three, "four squares") == 0.0
 
 
+def test_exact_objects_charges_clutter_that_the_verdict_lets_pass():
+    circles = render([ShapeObject("circle", "red", 2, 2, 9), ShapeObject("circle", "blue", 18, 18, 9)])
+    assert score(circles, "a circle") == 1.0  # GenEval's reading: at least one circle
+    assert dense_score(circles, "a circle") == 1.0
+    assert dense_score(circles, "a circle", exact_objects=True) == 0.5  # one of two constraints: not exactly one object
+    assert dense_score(circles, "two circles", exact_objects=True) == 1.0
+    pair = render([ShapeObject("square", "green", 2, 10, 9), ShapeObject("triangle", "blue", 20, 10, 9)])
+    assert dense_score(pair, "a green square left of a blue triangle", exact_objects=True) == 1.0
+    images, prompts = sample_pairs(200, np.random.default_rng(3))  # every render holds exactly its named objects
+    assert all(dense_score(im, p, exact_objects=True) == 1.0 for im, p in zip(images, prompts))
+
+
 def test_prompts_parse_back_and_bad_prompts_are_named():
     for tag in TAGS:
         for spec in all_prompt_specs(tag):

@@ -1,5 +1,5 @@
-"""Rewards from the shapes verifier: dense (fraction of the prompt's constraints met) for training and the
-binary GenEval-style verdict for evaluation."""
+"""Rewards from the shapes verifier: dense (fraction of the prompt's constraints met, optionally with "no objects
+beyond the named ones" as one more constraint) for training and the binary GenEval-style verdict for evaluation."""
 from __future__ import annotations
 
 import torch
@@ -13,13 +13,14 @@ from .base import Reward, RewardOutput, register_reward
 class ShapesReward(Reward):
     name = "shapes"
 
-    def __init__(self, dense: bool = True):
+    def __init__(self, dense: bool = True, exact_objects: bool = False):
         self.dense = dense
+        self.exact_objects = exact_objects  # dense only: also pay for holding no objects beyond the named ones
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
         images = to_uint8(samples)
         binary = torch.tensor([verifier.score(im, p) for im, p in zip(images, prompts)])
         if not self.dense:
             return RewardOutput(binary, {"accuracy": binary})
-        dense = torch.tensor([verifier.dense_score(im, p) for im, p in zip(images, prompts)])
+        dense = torch.tensor([verifier.dense_score(im, p, self.exact_objects) for im, p in zip(images, prompts)])
         return RewardOutput(dense, {"accuracy": binary})

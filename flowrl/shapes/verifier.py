@@ -112,8 +112,21 @@ def score(image: np.ndarray, prompt: str | PromptSpec) -> float:
     return float(all(s == 1.0 for s in constraint_scores(spec, detect(image))))
 
 
-def dense_score(image: np.ndarray, prompt: str | PromptSpec) -> float:
-    """Fraction of the prompt's constraints met, in [0, 1]."""
+def named_object_count(spec: PromptSpec) -> int:
+    """How many objects the prompt names ("three circles": 3, "a circle and a square": 2), as the renderer draws."""
+    return spec.count if spec.tag == "counting" else len(spec.phrases)
+
+
+def dense_score(image: np.ndarray, prompt: str | PromptSpec, exact_objects: bool = False) -> float:
+    """Fraction of the prompt's constraints met, in [0, 1].
+
+    The verdict, like GenEval's, lets "a circle" pass with three circles. `exact_objects` adds one constraint, that
+    the image holds exactly the objects the prompt names (the renderer's reading of a prompt), so a training reward
+    does not pay for clutter that the counting prompts then punish.
+    """
     spec = parse_prompt(prompt) if isinstance(prompt, str) else prompt
-    scores = constraint_scores(spec, detect(image))
+    found = detect(image)
+    scores = constraint_scores(spec, found)
+    if exact_objects:
+        scores.append(float(len(found) == named_object_count(spec)))
     return float(sum(scores) / len(scores))
