@@ -109,6 +109,26 @@ def test_mend_moves_raise_the_reward_and_regress_onto_shifted_targets():
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.trainable_parameters())
 
 
+def test_mend_stored_state_targets_have_residual_exactly_delta():
+    policy = _policy()
+    batch = _ode_batch(policy)
+    algorithm = build_algorithm("mend", {"price": 1.0, "timestep_fraction": 1.0, "target_states": "stored"}, ODE)
+    algorithm.bind_reward(RedReward())
+    items, _ = algorithm.prepare(batch, policy)
+    with torch.no_grad():
+        losses, diagnostics = algorithm.loss(policy, batch, items)
+    expected = algorithm.delta[items.sample].pow(2).flatten(1).mean(1)  # v_theta_old(x_k) - (v_old - delta) = delta
+    assert diagnostics["moved_rows"].sum() > 0
+    torch.testing.assert_close(losses, expected, atol=1e-7, rtol=1e-4)
+    shifted = build_algorithm("mend", {"price": 1.0, "timestep_fraction": 1.0, "target_states": "shifted"}, ODE)
+    shifted.bind_reward(RedReward())
+    shifted.prepare(batch, policy)
+    with torch.no_grad():
+        at_shifted, _ = shifted.loss(policy, batch, items)
+    moved = diagnostics["moved_rows"] > 0
+    assert not torch.allclose(at_shifted[moved], expected[moved])  # there the model's response to the shift adds in
+
+
 # ---- DiffusionNFT ----------------------------------------------------------------------------------------------
 def test_nft_loss_matches_a_hand_computation():
     x0 = torch.tensor([[1.0, -1.0]])
