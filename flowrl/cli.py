@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--pipeline", default="pipelines/shapes-sd3", help="scorer / safety-probe: pipeline whose samples it trains on and is measured on")
     pre.add_argument("--adversarial-steps", type=int, default=0,
                      help="scorer: also train on pool samples climbed up the scorer by this many gradient steps (0: off)")
+    pre.add_argument("--pool-checkpoint", action="append", default=[], metavar="DIR",
+                     help="scorer: also train on samples of this tuned checkpoint of --pipeline, labelled by the "
+                          "verifier (repeatable)")
     pre.add_argument("--card-only", action="store_true", help="re-evaluate an existing folder and rewrite its card")
 
     train = sub.add_parser("train", help="run an experiment config")
@@ -149,7 +152,11 @@ def pretrain_scorer_command(args) -> None:
 
     if args.adversarial_steps < 0:
         raise UserError(f"--adversarial-steps: expected an integer >= 0, got {args.adversarial_steps}")
-    cfg = ScorerConfig(seed=args.seed, adversarial_steps=args.adversarial_steps)
+    for checkpoint in args.pool_checkpoint:
+        if not Path(checkpoint).is_dir():
+            raise UserError(f"--pool-checkpoint: {checkpoint} is not a folder; expected a checkpoint dir such as "
+                            "runs/shapes_refl/checkpoints/update_000100")
+    cfg = ScorerConfig(seed=args.seed, adversarial_steps=args.adversarial_steps, pool_checkpoints=list(args.pool_checkpoint))
     if args.steps is not None:
         cfg.steps = args.steps
     model, tokenizer, facts = pretrain_scorer(cfg, pipeline_dir=args.pipeline)

@@ -71,6 +71,31 @@ def test_adversarial_training_adds_each_pool_sample_climbed_and_labelled_by_the_
         assert seen == [expected, expected]
 
 
+def test_pool_checkpoints_add_their_own_seeded_samples_after_the_base_pool(monkeypatch):
+    import flowrl.pretrain.scorer as recipe
+    calls = []
+
+    def fake_pairs(pipeline_dir, count, seed, checkpoint=None):
+        calls.append((count, seed, checkpoint))
+        return sample_pairs(count, np.random.default_rng(seed))
+
+    monkeypatch.setattr(recipe, "generated_pairs", fake_pairs)
+    cfg = ScorerConfig(generated=6, pool_checkpoints=["ck_a", "ck_b"], pool_per_checkpoint=4)
+    images, prompts = recipe.generation_pool("unused", cfg)
+    assert calls == [(6, 0, None), (4, 1000, "ck_a"), (4, 2000, "ck_b")]
+    assert len(images) == len(prompts) == 14
+    assert prompts[6:10] == sample_pairs(4, np.random.default_rng(1000))[1]
+
+
+def test_pretrain_scorer_names_a_missing_pool_checkpoint(tmp_path):
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-m", "flowrl", "pretrain", "scorer", "--out", str(tmp_path / "s"),
+                             "--pool-checkpoint", str(tmp_path / "nope")], capture_output=True, text=True)
+    assert result.returncode == 2 and "--pool-checkpoint" in result.stderr and "nope" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_shipped_scorer_agrees_with_the_verifier_as_its_card_says():
     folder = REPO / "pipelines/shapes-scorer"
     measured = json.loads((folder / "eval.json").read_text())

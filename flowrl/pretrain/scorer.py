@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,10 @@ class ScorerConfig:
     # directions a reward-gradient method would climb without meeting the prompt are learned as such (0: off)
     adversarial_steps: int = 0
     adversarial_eps: float = 0.15
+    # tuned checkpoints (LoRA dirs of the pipeline) whose samples on training prompts join the pool, labelled by
+    # the verifier: the failures a reward-gradient run found become training data, as a reward model is refreshed
+    pool_checkpoints: list[str] = field(default_factory=list)
+    pool_per_checkpoint: int = 1024
     threads: int = 2
 
 
@@ -109,17 +113,30 @@ def climb_scorer(model, tokenizer, pixels: torch.Tensor, prompts: list[str], ste
     return x.detach()
 
 
-def generated_pairs(pipeline_dir: str | Path, count: int, seed: int) -> tuple[np.ndarray, list[str]]:
-    """`count` samples of the pipeline (ODE 20 steps, CFG 4.5, seed-derived noise) on RL-training prompts."""
+def generated_pairs(pipeline_dir: str | Path, count: int, seed: int,
+                    checkpoint: str | None = None) -> tuple[np.ndarray, list[str]]:
+    """`count` samples of the pipeline, or of a tuned checkpoint of it (ODE 20 steps, CFG 4.5, seed-derived
+    noise), on RL-training prompts."""
+    from ..checkpoint import load_trained_weights
     from ..generate import generate
     from ..policies import load_pipeline, policy_for
     from ..prompt_source import PromptSource
     from .shapes_sd3 import T5_SEQUENCE_LENGTH
 
     policy = policy_for(load_pipeline(pipeline_dir), max_sequence_length=T5_SEQUENCE_LENGTH)
+    if checkpoint is not None:
+        load_trained_weights(policy, checkpoint)
     prompts = PromptSource("shapes_train").draw(count, seed, 0)
-    images, _ = generate(policy, prompts, 1, seed + 1, 20, 4.5, desc="scorer training samples")
+    images, _ = generate(policy, prompts, 1, seed + 1, 20, 4.5, desc=f"scorer training samples ({checkpoint or 'base'})")
     return images, prompts
+
+
+def generation_pool(pipeline_dir: str | Path, cfg: ScorerConfig) -> tuple[np.ndarray, list[str]]:
+    """The base pipeline's samples, then `pool_per_checkpoint` of each pool checkpoint (own seeds each)."""
+    parts = [generated_pairs(pipeline_dir, cfg.generated, cfg.seed)]
+    for j, checkpoint in enumerate(cfg.pool_checkpoints, start=1):
+        parts.append(generated_pairs(pipeline_dir, cfg.pool_per_checkpoint, cfg.seed + 1000 * j, checkpoint))
+    return np.concatenate([images for images, _ in parts]), [p for _, prompts in parts for p in prompts]
 
 
 def pretrain_scorer(cfg: ScorerConfig, size: ScorerSize | None = None, pipeline_dir: str | Path | None = None):
@@ -127,7 +144,7 @@ def pretrain_scorer(cfg: ScorerConfig, size: ScorerSize | None = None, pipeline_
     rng = np.random.default_rng(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     start = time.time()
-    pool = generated_pairs(pipeline_dir, cfg.generated, cfg.seed) if pipeline_dir and cfg.generated else None
+    pool = generation_pool(pipeline_dir, cfg) if pipeline_dir and cfg.generated else None
     model = build_scorer(size, cfg.seed)
     model.score_bias = torch.nn.Parameter(torch.tensor(float(model.config.score_bias)))
     tokenizer = scorer_tokenizer()
@@ -237,6 +254,8 @@ def write_scorer_card(out_dir: str | Path, facts: dict, rendered: dict, generate
     out = Path(out_dir)
     (out / "eval.json").write_text(json.dumps({"rendered": rendered, "generated": generated}, indent=2) + "\n")
     cfg = facts["config"]
+    mined = (f"\nThe pool also holds {cfg['pool_per_checkpoint']} samples of each tuned checkpoint "
+             f"{', '.join(cfg['pool_checkpoints'])}." if cfg.get("pool_checkpoints") else "")
     adversarial = (f"\nEach step also holds the pool samples climbed up their own-prompt score ({cfg['adversarial_steps']} sign-gradient "
                    f"steps, at most {cfg['adversarial_eps']} per channel), labelled by the verifier." if cfg.get("adversarial_steps") else "")
     (out / "README.md").write_text(f"""# shapes-scorer: the learned, differentiable reward of the shapes world
@@ -257,7 +276,7 @@ Images enter as 32x32 RGB in [0, 1], normalised with mean = std = 0.5 (preproces
 `flowrl pretrain scorer` (seed {cfg['seed']}), {cfg['steps']} steps, {cfg['batch']} rendered scenes (randomly blurred and noised) plus
 {cfg['generated_per_step']} samples of {facts.get('generated_from')} per step (from a pool of {cfg['generated']} drawn once on RL-training prompts), each
 paired with its own prompt, a same-tag prompt with other attributes (hard negative) and every other prompt of the
-batch; targets are the verifier's verdicts; pairwise sigmoid loss; AdamW lr {cfg['lr']} (warm-up, cosine).{adversarial}
+batch; targets are the verifier's verdicts; pairwise sigmoid loss; AdamW lr {cfg['lr']} (warm-up, cosine).{mined}{adversarial}
 {facts['minutes']:.1f} minutes on 2 CPU cores (including drawing the pool); final loss {facts['final_loss']:.3f}.
 
 ## Agreement with the verifier (AUC)
