@@ -90,7 +90,7 @@ def test_mend_gives_exactly_zero_gradient_when_every_sample_is_at_the_cap():
     assert torch.all(algorithm.delta == 0)
 
 
-def test_mend_moves_raise_the_reward_and_regress_onto_shifted_targets():
+def test_mend_moves_raise_the_reward_and_regress_onto_their_targets():
     policy = _policy()
     batch = _ode_batch(policy)
     algorithm = build_algorithm("mend", {"price": 1.0, "timestep_fraction": 1.0}, ODE)
