@@ -41,11 +41,9 @@ def moved_rows(delta: torch.Tensor) -> list[int]:
 
 @torch.no_grad()
 def judge_latents(trainer: Trainer, latents: torch.Tensor, prompts: list[str]) -> dict[str, list[float]]:
-    images = to_uint8(trainer.policy.decode(latents))
+    judged = [verifier.verdict_and_dense(im, p) for im, p in zip(to_uint8(trainer.policy.decode(latents)), prompts)]
     learned = trainer.algorithm.score_latents(trainer.policy, latents, prompts).float()
-    return {"learned": learned.tolist(),
-            "verdict": [verifier.score(im, p) for im, p in zip(images, prompts)],
-            "dense": [verifier.dense_score(im, p) for im, p in zip(images, prompts)]}
+    return {"learned": learned.tolist(), "verdict": [v for v, _ in judged], "dense": [d for _, d in judged]}
 
 
 def fit_curve(trainer: Trainer, batch, items, delta: torch.Tensor, fit_steps: int) -> list[dict]:

@@ -18,9 +18,7 @@ class ShapesReward(Reward):
         self.exact_objects = exact_objects  # dense only: also pay for holding no objects beyond the named ones
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
-        images = to_uint8(samples)
-        binary = torch.tensor([verifier.score(im, p) for im, p in zip(images, prompts)])
-        if not self.dense:
-            return RewardOutput(binary, {"accuracy": binary})
-        dense = torch.tensor([verifier.dense_score(im, p, self.exact_objects) for im, p in zip(images, prompts)])
-        return RewardOutput(dense, {"accuracy": binary})
+        judged = [verifier.verdict_and_dense(im, p, self.exact_objects) for im, p in zip(to_uint8(samples), prompts)]
+        binary = torch.tensor([verdict for verdict, _ in judged])
+        dense = torch.tensor([value for _, value in judged])
+        return RewardOutput(dense if self.dense else binary, {"accuracy": binary})

@@ -117,6 +117,17 @@ def named_object_count(spec: PromptSpec) -> int:
     return spec.count if spec.tag == "counting" else len(spec.phrases)
 
 
+def verdict_and_dense(image: np.ndarray, prompt: str | PromptSpec, exact_objects: bool = False) -> tuple[float, float]:
+    """`score` and `dense_score` of one image from a single detection pass."""
+    spec = parse_prompt(prompt) if isinstance(prompt, str) else prompt
+    found = detect(image)
+    scores = constraint_scores(spec, found)
+    verdict = float(all(s == 1.0 for s in scores))
+    if exact_objects:
+        scores.append(float(len(found) == named_object_count(spec)))
+    return verdict, float(sum(scores) / len(scores))
+
+
 def dense_score(image: np.ndarray, prompt: str | PromptSpec, exact_objects: bool = False) -> float:
     """Fraction of the prompt's constraints met, in [0, 1].
 
@@ -124,9 +135,4 @@ def dense_score(image: np.ndarray, prompt: str | PromptSpec, exact_objects: bool
     the image holds exactly the objects the prompt names (the renderer's reading of a prompt), so a training reward
     does not pay for clutter that the counting prompts then punish.
     """
-    spec = parse_prompt(prompt) if isinstance(prompt, str) else prompt
-    found = detect(image)
-    scores = constraint_scores(spec, found)
-    if exact_objects:
-        scores.append(float(len(found) == named_object_count(spec)))
-    return float(sum(scores) / len(scores))
+    return verdict_and_dense(image, prompt, exact_objects)[1]
