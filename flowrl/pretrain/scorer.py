@@ -56,7 +56,7 @@ def verdict_matrix(images: np.ndarray, prompts: list[str]) -> torch.Tensor:
     rows = []
     for image in images:
         found = verifier.detect(image)
-        rows.append([float(all(s == 1.0 for s in verifier.constraint_scores(spec, found))) for spec in specs])
+        rows.append([verifier.judge_detections(spec, found)[0] for spec in specs])
     return torch.tensor(rows)
 
 

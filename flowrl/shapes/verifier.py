@@ -108,8 +108,7 @@ def constraint_scores(spec: PromptSpec, found: list[Detection]) -> list[float]:
 
 def score(image: np.ndarray, prompt: str | PromptSpec) -> float:
     """1.0 when the image meets every constraint of the prompt, else 0.0 (the GenEval-style verdict)."""
-    spec = parse_prompt(prompt) if isinstance(prompt, str) else prompt
-    return float(all(s == 1.0 for s in constraint_scores(spec, detect(image))))
+    return verdict_and_dense(image, prompt)[0]
 
 
 def named_object_count(spec: PromptSpec) -> int:
@@ -117,15 +116,19 @@ def named_object_count(spec: PromptSpec) -> int:
     return spec.count if spec.tag == "counting" else len(spec.phrases)
 
 
-def verdict_and_dense(image: np.ndarray, prompt: str | PromptSpec, exact_objects: bool = False) -> tuple[float, float]:
-    """`score` and `dense_score` of one image from a single detection pass."""
-    spec = parse_prompt(prompt) if isinstance(prompt, str) else prompt
-    found = detect(image)
+def judge_detections(spec: PromptSpec, found: list[Detection], exact_objects: bool = False) -> tuple[float, float]:
+    """(verdict, dense score) of detections against a prompt: every constraint met, and the fraction met."""
     scores = constraint_scores(spec, found)
     verdict = float(all(s == 1.0 for s in scores))
     if exact_objects:
         scores.append(float(len(found) == named_object_count(spec)))
     return verdict, float(sum(scores) / len(scores))
+
+
+def verdict_and_dense(image: np.ndarray, prompt: str | PromptSpec, exact_objects: bool = False) -> tuple[float, float]:
+    """`score` and `dense_score` of one image from a single detection pass."""
+    spec = parse_prompt(prompt) if isinstance(prompt, str) else prompt
+    return judge_detections(spec, detect(image), exact_objects)
 
 
 def dense_score(image: np.ndarray, prompt: str | PromptSpec, exact_objects: bool = False) -> float:
