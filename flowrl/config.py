@@ -91,6 +91,18 @@ class PromptsSection:
 
 
 @dataclass
+class DataLossSection:
+    """Pretraining-data regularization (flowrl/data_loss.py): weight x flow-matching loss on a data batch."""
+    weight: float = 1.0
+    batch: int = 32
+    source: Literal["shapes_renders"] = "shapes_renders"
+
+    def validate(self):
+        if self.weight < 0 or self.batch < 1:
+            raise ConfigError(f"train.data_loss: expected weight >= 0 and batch >= 1, got {self.weight} and {self.batch}")
+
+
+@dataclass
 class TrainSection:
     updates: int = 40
     groups_per_update: int = 8  # prompts per update (global, over all processes)
@@ -107,6 +119,7 @@ class TrainSection:
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     threads: int = 0  # torch CPU threads; 0 keeps torch's default
+    data_loss: DataLossSection | None = None  # regularize with the pretraining data's loss (ImageReward's ReFL)
 
     def validate(self):
         for name in ("updates", "groups_per_update", "optimizer_steps_per_update", "microbatch_size"):
@@ -118,6 +131,8 @@ class TrainSection:
             raise ConfigError(f"train.lr: expected a positive number, got {self.lr}")
         if not 0 <= self.ema_decay < 1:
             raise ConfigError(f"train.ema_decay: expected a number in [0, 1), got {self.ema_decay}")
+        if self.data_loss is not None:
+            self.data_loss.validate()
 
 
 @dataclass

@@ -95,6 +95,11 @@ class Trainer:
         self.reward = build_rewards(config)
         self.algorithm.bind_reward(self.reward)
         self.prompts = PromptSource(config.prompts.source)
+        self.data_loss = None
+        if config.train.data_loss is not None and config.train.data_loss.weight > 0:
+            from .data_loss import DataLoss
+
+            self.data_loss = DataLoss(config.train.data_loss, self.policy, config.run.seed)
         params = self.policy.trainable_parameters()
         if not params:
             raise ConfigError("nothing to train: the policy has no trainable parameters")
@@ -204,6 +209,10 @@ class Trainer:
                 with context, self.accelerator.autocast():
                     losses, diagnostics = self.algorithm.loss(self.policy, batch, part)
                     loss = (losses * part.weight.to(losses.device)).sum() * self.world / total
+                    if sync and self.data_loss is not None:  # one data batch per optimizer step and process
+                        data = self.data_loss(update, chunk_index, self.rank)
+                        loss = loss + c.data_loss.weight * data
+                        sums["data_loss"] = sums.get("data_loss", 0.0) + data.item()
                     self.accelerator.backward(loss)
                 real = part.weight > 0
                 for key, value in diagnostics.items():
@@ -216,7 +225,10 @@ class Trainer:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self._update_ema()
+        data_sum = sums.pop("data_loss", None)
         metrics = {k: v / max(counted, 1) for k, v in sums.items()}
+        if data_sum is not None:
+            metrics["data_loss"] = data_sum / c.optimizer_steps_per_update
         metrics["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         metrics["trained_items"] = self._global_sum(len(items))
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]

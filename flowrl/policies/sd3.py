@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..images import to_unit
 from .base import Conditioning, FlowPolicy
 
 SD3_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
@@ -39,6 +40,14 @@ class SD3Policy(FlowPolicy):
             patch = self.transformer.config.patch_size
             mu = calculate_shift(noise_shape[-1] * noise_shape[-2] // patch**2)
         scheduler.set_timesteps(num_steps, mu=mu)
+
+    @torch.no_grad()
+    def encode_images(self, images, generator: torch.Generator | None = None) -> torch.Tensor:
+        """uint8 [B, H, W, 3] images -> latents in the transformer's space (a draw from the VAE posterior)."""
+        vae = self.pipeline.vae
+        pixels = (to_unit(images) * 2 - 1).to(vae.device, vae.dtype)
+        z = vae.encode(pixels).latent_dist.sample(generator).float()
+        return (z - vae.config.shift_factor) * vae.config.scaling_factor
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         vae = self.pipeline.vae
