@@ -38,3 +38,18 @@ def test_data_loss_on_a_noise_prediction_pipeline_is_a_config_error():
 def test_bad_data_loss_fields_are_named():
     with pytest.raises(ConfigError, match="train.data_loss"):
         DataLossSection(weight=-1.0).validate()
+
+
+def test_a_run_with_the_data_loss_resumes_exactly(tiny_sd3_dir, tmp_path):
+    from run_helpers import tiny_run_config, train_and_collect
+
+    extra = ["train.data_loss={weight: 0.5, batch: 4}"]
+    straight = tiny_run_config(tmp_path / "a.yaml", tiny_sd3_dir, tmp_path / "runs", "straight", updates=2)
+    expected = train_and_collect(straight, extra)
+    without = train_and_collect(straight, ["run.name=plain"])
+    assert any(not torch.equal(expected[k], without[k]) for k in expected)  # the data loss took part
+    split = tiny_run_config(tmp_path / "b.yaml", tiny_sd3_dir, tmp_path / "runs", "split", updates=2)
+    train_and_collect(split, extra + ["train.updates=1"])
+    resumed = train_and_collect(split, extra)
+    for name in expected:
+        assert torch.equal(expected[name], resumed[name]), name
