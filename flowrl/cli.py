@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--pool-checkpoint", action="append", default=[], metavar="DIR",
                      help="scorer: also train on samples of this tuned checkpoint of --pipeline, labelled by the "
                           "verifier (repeatable)")
+    pre.add_argument("--mixed-color-per-step", type=int, default=None,
+                     help="scorer: renders painted with colour mixtures per step, labelled by the verifier "
+                          "(default: the recipe's)")
     pre.add_argument("--card-only", action="store_true", help="re-evaluate an existing folder and rewrite its card")
 
     train = sub.add_parser("train", help="run an experiment config")
@@ -159,8 +162,22 @@ def pretrain_scorer_command(args) -> None:
     cfg = ScorerConfig(seed=args.seed, adversarial_steps=args.adversarial_steps, pool_checkpoints=list(args.pool_checkpoint))
     if args.steps is not None:
         cfg.steps = args.steps
-    model, tokenizer, facts = pretrain_scorer(cfg, pipeline_dir=args.pipeline)
-    save_scorer(model, tokenizer, args.out, facts)
+    if args.mixed_color_per_step is not None:
+        if args.mixed_color_per_step < 0:
+            raise UserError(f"--mixed-color-per-step: expected an integer >= 0, got {args.mixed_color_per_step}")
+        cfg.mixed_color_per_step = args.mixed_color_per_step
+    if args.card_only:  # re-measure a trained scorer folder and rewrite its card
+        from transformers import CLIPModel
+
+        from .models.shapes_scorer import scorer_tokenizer
+        folder = Path(args.out)
+        if not (folder / "training_facts.json").is_file():
+            raise UserError(f"--card-only: {folder} holds no trained scorer (training_facts.json missing)")
+        model, tokenizer = CLIPModel.from_pretrained(folder).float().eval(), scorer_tokenizer()
+        facts = json.loads((folder / "training_facts.json").read_text())
+    else:
+        model, tokenizer, facts = pretrain_scorer(cfg, pipeline_dir=args.pipeline)
+        save_scorer(model, tokenizer, args.out, facts)
     rendered, generated = rendered_auc(model, tokenizer), generated_auc(model, tokenizer, args.pipeline)
     write_scorer_card(args.out, facts, rendered, generated)
     print(json.dumps({"rendered": rendered, "generated": generated}, indent=2))

@@ -71,6 +71,16 @@ def test_adversarial_training_adds_each_pool_sample_climbed_and_labelled_by_the_
         assert seen == [expected, expected]
 
 
+def test_mixed_colour_renders_join_every_step(monkeypatch):
+    import flowrl.pretrain.scorer as recipe
+    seen = []
+    verdicts = recipe.verdict_matrix
+    monkeypatch.setattr(recipe, "verdict_matrix", lambda images, prompts: seen.append(len(images)) or verdicts(images, prompts))
+    cfg = ScorerConfig(steps=2, batch=4, generated=0, threads=2, mixed_color_per_step=3)
+    pretrain_scorer(cfg, ScorerSize(hidden=32, layers=1, heads=2, projection=16))
+    assert seen == [4 + 3, 4 + 3]
+
+
 def test_pool_checkpoints_add_their_own_seeded_samples_after_the_base_pool(monkeypatch):
     import flowrl.pretrain.scorer as recipe
     calls = []

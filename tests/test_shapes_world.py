@@ -3,7 +3,7 @@ import pytest
 
 from flowrl.shapes import TAGS, dense_score, detect, eval_prompt_set, parse_prompt, score, train_prompt_set
 from flowrl.shapes.prompts import HELD_OUT_COMBOS, all_prompt_specs
-from flowrl.shapes.scenes import sample_pairs, scene_objects
+from flowrl.shapes.scenes import render_mixed_colors, sample_mixed_color_pairs, sample_pairs, scene_objects
 from flowrl.shapes.world import MAX_SIZE, MIN_GAP, MIN_SIZE, PALETTE, ShapeObject, boxes_clash, render
 
 
@@ -19,6 +19,19 @@ def test_renderer_obeys_the_world_rules():
                 assert not boxes_clash(a, b, MIN_GAP)
         colours = {tuple(c) for c in render(objects).reshape(-1, 3)}
         assert colours <= {(0, 0, 0), *PALETTE.values()}
+
+
+def test_mixed_colour_renders_keep_the_layout_and_the_verifier_rejects_most():
+    rng = np.random.default_rng(3)
+    spec = all_prompt_specs("color_attr")[7]
+    objects = scene_objects(spec, rng)
+    assert (render_mixed_colors(objects, rng, keep=1.0) == render(objects)).all()
+    mixed = render_mixed_colors(objects, rng, keep=0.0)
+    assert ((mixed.max(axis=-1) > 0) == (render(objects).max(axis=-1) > 0)).all()  # same silhouettes
+    images, prompts = sample_mixed_color_pairs(200, np.random.default_rng(4))
+    off_palette = [bool({tuple(c) for c in im.reshape(-1, 3)} - {(0, 0, 0), *PALETTE.values()}) for im in images]
+    assert np.mean(off_palette) > 0.5
+    assert 0.2 < np.mean([score(im, p) for im, p in zip(images, prompts)]) < 0.6
 
 
 def test_triangle_points_up_and_shapes_fill_as_expected():

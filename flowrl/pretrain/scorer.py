@@ -24,7 +24,7 @@ from ..images import to_uint8, to_unit
 from ..models.shapes_scorer import ScorerSize, build_scorer, scorer_image_processor, scorer_tokenizer
 from ..shapes import verifier
 from ..shapes.prompts import all_prompt_specs, parse_prompt
-from ..shapes.scenes import sample_pairs
+from ..shapes.scenes import sample_mixed_color_pairs, sample_pairs
 
 
 @dataclass
@@ -47,6 +47,10 @@ class ScorerConfig:
     # the verifier: the failures a reward-gradient run found become training data, as a reward model is refreshed
     pool_checkpoints: list[str] = field(default_factory=list)
     pool_per_checkpoint: int = 1024
+    # renders painted with colour mixtures (two-tone gradients, uniform blends) per step, labelled by the verifier:
+    # a scorer trained on clean renders alone scores such objects almost as high as clean ones, and ReFL / DRaFT /
+    # MEND climbed exactly there (0: off)
+    mixed_color_per_step: int = 0
     threads: int = 2
 
 
@@ -153,6 +157,9 @@ def pretrain_scorer(cfg: ScorerConfig, size: ScorerSize | None = None, pipeline_
     bar = tqdm(range(cfg.steps), desc="pretrain scorer", mininterval=5)
     for step in bar:
         images, prompts = sample_pairs(cfg.batch, rng)
+        if cfg.mixed_color_per_step:
+            mixed, mixed_prompts = sample_mixed_color_pairs(cfg.mixed_color_per_step, rng)
+            images, prompts = np.concatenate([images, mixed]), prompts + mixed_prompts
         pixels = degrade(to_unit(images), cfg, generator)
         if pool is not None:
             pick = rng.integers(len(pool[0]), size=cfg.generated_per_step)
@@ -201,8 +208,14 @@ def rendered_auc(model, tokenizer, count: int = 512, seed: int = 10_000) -> dict
     own = torch.arange(count)
     hard_scores = torch.cat([clean[own, own], clean[own, own + count]])
     hard_labels = torch.cat([labels[own, own], labels[own, own + count]])
+    # colour mixtures against their own prompts: the blind spot reward-gradient methods climbed
+    mixed, mixed_prompts = sample_mixed_color_pairs(count, rng)
+    mixed_labels = torch.tensor([verifier.score(image, p) for image, p in zip(mixed, mixed_prompts)])
+    mixed_scores = pair_logits(model, tokenizer, to_unit(mixed), mixed_prompts).diagonal()
     return {"pairs": int(labels.numel()), "positives": int(labels.sum()), "auc_clean": auc(clean, labels),
-            "auc_degraded": auc(noisy, labels), "auc_own_vs_hard_negative": auc(hard_scores, hard_labels)}
+            "auc_degraded": auc(noisy, labels), "auc_own_vs_hard_negative": auc(hard_scores, hard_labels),
+            "auc_mixed_colors_own_prompt": auc(mixed_scores, mixed_labels),
+            "mixed_colors_accepted": float(mixed_labels.mean())}
 
 
 CLIMB_CHECK = {"steps": 10, "eps": 0.15}  # the card's test of the scorer's gradient
@@ -256,6 +269,8 @@ def write_scorer_card(out_dir: str | Path, facts: dict, rendered: dict, generate
     cfg = facts["config"]
     mined = (f"\nThe pool also holds {cfg['pool_per_checkpoint']} samples of each tuned checkpoint "
              f"{', '.join(cfg['pool_checkpoints'])}." if cfg.get("pool_checkpoints") else "")
+    mixed = (f"\nEach step also holds {cfg['mixed_color_per_step']} renders painted with colour mixtures (two-tone gradients "
+             "or uniform blends of two palette colours), labelled by the verifier." if cfg.get("mixed_color_per_step") else "")
     adversarial = (f"\nEach step also holds the pool samples climbed up their own-prompt score ({cfg['adversarial_steps']} sign-gradient "
                    f"steps, at most {cfg['adversarial_eps']} per channel), labelled by the verifier." if cfg.get("adversarial_steps") else "")
     (out / "README.md").write_text(f"""# shapes-scorer: the learned, differentiable reward of the shapes world
@@ -276,7 +291,7 @@ Images enter as 32x32 RGB in [0, 1], normalised with mean = std = 0.5 (preproces
 `flowrl pretrain scorer` (seed {cfg['seed']}), {cfg['steps']} steps, {cfg['batch']} rendered scenes (randomly blurred and noised) plus
 {cfg['generated_per_step']} samples of {facts.get('generated_from')} per step (from a pool of {cfg['generated']} drawn once on RL-training prompts), each
 paired with its own prompt, a same-tag prompt with other attributes (hard negative) and every other prompt of the
-batch; targets are the verifier's verdicts; pairwise sigmoid loss; AdamW lr {cfg['lr']} (warm-up, cosine).{mined}{adversarial}
+batch; targets are the verifier's verdicts; pairwise sigmoid loss; AdamW lr {cfg['lr']} (warm-up, cosine).{mixed}{mined}{adversarial}
 {facts['minutes']:.1f} minutes on 2 CPU cores (including drawing the pool); final loss {facts['final_loss']:.3f}.
 
 ## Agreement with the verifier (AUC)
@@ -285,6 +300,7 @@ batch; targets are the verifier's verdicts; pairwise sigmoid loss; AdamW lr {cfg
 | held-out renders x (own + hard-negative prompts), clean ({rendered['pairs']} pairs, {rendered['positives']} accepted) | {rendered['auc_clean']:.3f} |
 | same, blurred / noised | {rendered['auc_degraded']:.3f} |
 | own prompt vs its hard negative only | {rendered['auc_own_vs_hard_negative']:.3f} |
+| renders painted with colour mixtures x their own prompt (accepted share {rendered['mixed_colors_accepted']:.2f}) | {rendered['auc_mixed_colors_own_prompt']:.3f} |
 | shapes-sd3 samples (eval protocol, {generated['images']} images) x all 36 eval prompts | {generated['auc_all_pairs']:.3f} |
 | shapes-sd3 samples x their own prompt (accepted share {generated['own_prompt_positive_rate']:.2f}) | {generated['auc_own_prompt']:.3f} |
 

@@ -5,7 +5,7 @@ import numpy as np
 
 from .prompts import TAGS, PromptSpec, all_prompt_specs
 from .verifier import POSITION_MARGIN
-from .world import COLORS, IMAGE_SIZE, ShapeObject, boxes_clash, random_box, render
+from .world import COLORS, IMAGE_SIZE, PALETTE, ShapeObject, boxes_clash, random_box, render
 
 _MAX_TRIES = 500
 
@@ -45,4 +45,37 @@ def sample_pairs(n: int, rng: np.random.Generator) -> tuple[np.ndarray, list[str
     """n rendered (image, prompt) pairs: uint8 [n, H, W, 3] and the prompts."""
     specs = [random_spec(rng) for _ in range(n)]
     images = np.stack([render(scene_objects(s, rng)) for s in specs])
+    return images, [s.text() for s in specs]
+
+
+def render_mixed_colors(objects: list[ShapeObject], rng: np.random.Generator, keep: float = 0.3) -> np.ndarray:
+    """Render objects painted with colour mixtures, the failure reward-gradient methods drive a generator to.
+
+    Each object keeps its colour with probability `keep`; otherwise it is filled with a mixture of its colour and
+    another palette colour: half the time a linear gradient across the object (two-tone), half the time one
+    uniform blend at a random weight. The verifier judges the result like any image (a gradient usually splits
+    into two wrongly shaped components; a blend takes the nearer palette colour).
+    """
+    image = np.zeros((IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.float32)
+    yy, xx = np.mgrid[0:IMAGE_SIZE, 0:IMAGE_SIZE]
+    for obj in objects:
+        own = np.array(PALETTE[obj.color], dtype=np.float32)
+        other = np.array(PALETTE[COLORS[rng.integers(len(COLORS))]], dtype=np.float32)
+        if rng.random() < keep:
+            weight = np.zeros((IMAGE_SIZE, IMAGE_SIZE))
+        elif rng.random() < 0.5:
+            along, start = (xx, obj.x0) if rng.random() < 0.5 else (yy, obj.y0)
+            weight = np.clip((along - start) / max(1, obj.size - 1), 0, 1)
+            weight = 1 - weight if rng.random() < 0.5 else weight
+        else:
+            weight = np.full((IMAGE_SIZE, IMAGE_SIZE), rng.random())
+        mask = obj.mask(IMAGE_SIZE)
+        image[mask] = ((1 - weight[..., None]) * own + weight[..., None] * other)[mask]
+    return image.round().astype(np.uint8)
+
+
+def sample_mixed_color_pairs(n: int, rng: np.random.Generator) -> tuple[np.ndarray, list[str]]:
+    """n (image, prompt) pairs whose scenes would satisfy the prompt but are painted with colour mixtures."""
+    specs = [random_spec(rng) for _ in range(n)]
+    images = np.stack([render_mixed_colors(scene_objects(s, rng), rng) for s in specs])
     return images, [s.text() for s in specs]
