@@ -1,6 +1,7 @@
 """Where MEND's signal goes: are its accepted moves good, and does the policy learn them?
 
-MEND (flowrl/algorithms/mend.py) moves each below-cap sample's final latent x0 by an accepted step delta along the
+MEND (flowrl/algorithms/mend.py) with final-sample moves (`move_space: final`, the shipped config before
+prediction moves) moves each below-cap sample's final latent x0 by an accepted step delta along the
 learned reward's gradient, then regresses the velocity onto the trajectory shifted to end at x0 + delta. Two
 questions, measured on the rollouts of configs/shapes_mend.yaml (its first `--batches` updates' prompts and seeds):
 
@@ -88,7 +89,9 @@ def main():
     config = load_config(ROOT / "configs" / "shapes_mend.yaml", [
         "run.out_dir=/tmp/flowrl_mend_moves", f"train.groups_per_update={args.groups}", "eval.enabled=false",
         "train.checkpoint_every=0", f"train.lr={args.lr}", "train.lr_schedule=constant",
-        f"algorithm.params.target_states={args.target_states}"])
+        f"algorithm.params.target_states={args.target_states}",
+        # the moves studied here are final-sample ones (the config before prediction moves), as measured then
+        "algorithm.params.move_space=final", "algorithm.params.normalize=sample", "algorithm.params.timestep_fraction=0.3"])
     trainer = Trainer(config, log=False)
     algorithm = trainer.algorithm
 

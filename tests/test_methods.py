@@ -80,6 +80,19 @@ def test_mend_never_accepts_a_move_whose_capped_gain_is_at_most_its_price():
     assert torch.all(none == 0)  # an infinite price accepts nothing
 
 
+def test_mend_batch_scaled_proposals_keep_the_gradients_relative_sizes():
+    x0 = torch.zeros(2, 4)
+    gradient = torch.tensor([[1.0, -1.0, 1.0, -1.0], [0.1, 0.1, -0.1, -0.1]])
+    reward_of = lambda z: (z * gradient).sum(1)  # noqa: E731  (linear: every proposal gains)
+    rewards, cap, scale = torch.zeros(2), torch.full((2,), 10.0), torch.ones(2)
+    per_sample, _ = choose_moves(reward_of, x0, gradient, rewards, cap, scale, 1e-3, 0.5, 1, normalize="sample")
+    per_batch, _ = choose_moves(reward_of, x0, gradient, rewards, cap, scale, 1e-3, 0.5, 1, normalize="batch")
+    rms = lambda d: d.pow(2).mean(1).sqrt()  # noqa: E731
+    torch.testing.assert_close(rms(per_sample), torch.tensor([0.5, 0.5]))
+    torch.testing.assert_close(rms(per_batch)[1] / rms(per_batch)[0], torch.tensor(0.1))
+    torch.testing.assert_close(per_batch.pow(2).mean().sqrt(), torch.tensor(0.5))  # one RMS over the batch
+
+
 def test_mend_gives_exactly_zero_gradient_when_every_sample_is_at_the_cap():
     policy = _policy()
     batch = _ode_batch(policy, rewards=torch.tensor([0.5] * 4 + [0.2] * 4))
@@ -127,6 +140,31 @@ def test_mend_stored_state_targets_have_residual_exactly_delta():
         at_shifted, _ = shifted.loss(policy, batch, items)
     moved = diagnostics["moved_rows"] > 0
     assert not torch.allclose(at_shifted[moved], expected[moved])  # there the model's response to the shift adds in
+
+
+def test_mend_prediction_moves_shift_the_one_step_prediction_by_delta():
+    policy = _policy()
+    batch = _ode_batch(policy)
+    algorithm = build_algorithm("mend", {"price": 1.0, "move_space": "prediction", "step_range": [0.0, 0.5]}, ODE)
+    algorithm.bind_reward(RedReward())
+    items, metrics = algorithm.prepare(batch, policy)
+    assert metrics["moved_share"] > 0 and len(items) == 8  # one item per sample: its own prediction step
+    assert set(items.step.tolist()) <= {0, 1} and torch.equal(items.step, algorithm.step[items.sample])
+    traj = batch.trajectory
+    before = algorithm.prediction(traj, items.sample, items.step)
+    moved = algorithm.delta[items.sample].flatten(1).abs().amax(1) > 0
+    with torch.no_grad():
+        reward = lambda z: RedReward()(policy.decode(z), batch.prompts).scores  # noqa: E731
+        assert torch.all(reward(before + algorithm.delta)[moved] > reward(before)[moved])
+        losses, _ = algorithm.loss(policy, batch, items)
+        # regressing v(x_k) onto u* = v_old - delta / t_k: at theta_old the residual is delta / t_k, and a model
+        # that met u* would predict x_k - t_k u* = x0_hat_k + delta
+        t = traj.sigmas[items.step].reshape(-1, 1, 1, 1)
+        expected = (algorithm.delta[items.sample] / t).pow(2).flatten(1).mean(1)
+        torch.testing.assert_close(losses, expected, atol=1e-7, rtol=1e-4)
+        _, targets = algorithm.regression_pairs(traj, items)
+        x = traj.latents[items.step, items.sample]
+        torch.testing.assert_close(x - t * targets, before + algorithm.delta[items.sample], atol=1e-5, rtol=1e-5)
 
 
 # ---- DiffusionNFT ----------------------------------------------------------------------------------------------

@@ -72,6 +72,19 @@ class RewardGradientParams:
                               f"integer >= 1, got {self.reward_shift} and {self.reward_shift_copies}")
 
 
+def step_in_range(step_range: list[float], num_steps: int, seed: int) -> int:
+    """A seeded step index k drawn uniformly from the fraction range [lo, hi) of an N-step schedule (at least one
+    step wide): where ReFL takes its one-step prediction and MEND its prediction-space move."""
+    lo, hi = step_range
+    first, last = int(lo * num_steps), max(int(lo * num_steps) + 1, int(round(hi * num_steps)))
+    return int(torch.randint(first, min(last, num_steps), (1,), generator=torch.Generator().manual_seed(seed + 11)))
+
+
+def validate_step_range(step_range: list[float]) -> None:
+    if len(step_range) != 2 or not 0 <= step_range[0] < step_range[1] <= 1:
+        raise ConfigError(f"algorithm.params.step_range: expected [lo, hi] with 0 <= lo < hi <= 1, got {step_range}")
+
+
 def trained_steps(trainable: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
     """A seeded random subset (ceil(fraction * n) of n) of the trainable step indices, in a random order."""
     candidates = torch.nonzero(trainable).flatten()

@@ -18,7 +18,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
-from .base import Algorithm, RewardGradientParams, RolloutBatch, WorkItems, register_algorithm
+from .base import (Algorithm, RewardGradientParams, RolloutBatch, WorkItems, register_algorithm, step_in_range,
+                   validate_step_range)
 
 
 def reward_loss(scores: torch.Tensor, cap: float | None, scale: float) -> torch.Tensor:
@@ -34,9 +35,7 @@ class ReFLParams(RewardGradientParams):
 
     def validate(self):
         super().validate()
-        lo, hi = self.step_range
-        if not 0 <= lo < hi <= 1:
-            raise ConfigError(f"algorithm.params.step_range: expected [lo, hi] with 0 <= lo < hi <= 1, got {self.step_range}")
+        validate_step_range(self.step_range)
 
 
 @dataclass
@@ -72,9 +71,7 @@ class ReFL(_RewardBackprop):
     Params = ReFLParams
 
     def first_step(self, num_steps, seed):
-        lo, hi = self.params.step_range
-        first, last = int(lo * num_steps), max(int(lo * num_steps) + 1, int(round(hi * num_steps)))
-        return int(torch.randint(first, min(last, num_steps), (1,), generator=torch.Generator().manual_seed(seed + 11)))
+        return step_in_range(self.params.step_range, num_steps, seed)
 
     def loss(self, policy, batch, items):
         traj = batch.trajectory
