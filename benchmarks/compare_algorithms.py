@@ -112,6 +112,8 @@ def plot(results: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), dpi=110)
     for name, r in results.items():
+        if name not in METHODS:  # side runs stay in results.json and table.md; the plot shows the shipped configs
+            continue
         c = r["curve"]
         for row, key in enumerate(["learned_reward", "accuracy"]):
             axes[row, 0].plot([p["update"] for p in c], [p[key] for p in c], marker="o", ms=3, label=name)
@@ -140,6 +142,7 @@ def main():
     parser.add_argument("--override", nargs="*", default=[], help="key=value applied to every selected method "
                         "(a side run; its results are stored under the method name plus --suffix)")
     parser.add_argument("--suffix", default="", help="label suffix for side runs, e.g. ' (lr 3e-4)'")
+    parser.add_argument("--replot", action="store_true", help="only rewrite table.md and curves.png from results.json")
     args = parser.parse_args()
     torch.set_num_threads(2)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -149,8 +152,8 @@ def main():
         parser.error(f"--algorithms: unknown {unknown}; known: {list(METHODS)}")
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    evaluator = Evaluator()
-    for name in names:
+    evaluator = Evaluator() if not args.replot else None
+    for name in names if not args.replot else []:
         print(f"{name}{args.suffix}: {args.updates} updates", flush=True)
         results[name + args.suffix] = run_method(name, args, evaluator)
         results_path.write_text(json.dumps(results, indent=2) + "\n")  # nothing lost if a later method fails
