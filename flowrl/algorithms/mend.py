@@ -153,7 +153,8 @@ class MEND(Algorithm):
                 rewards = batch.rewards[index].float().to(device)
                 caps = cap[index].to(device)
                 if p.move_space == "prediction":  # the prediction's reward, capped by the sample's own headroom
-                    rewards, caps = reward_of(x0[index]), reward_of(x0[index]) + (caps - rewards)
+                    predicted = reward_of(x0[index])
+                    rewards, caps = predicted, predicted + (caps - rewards)
                 moves, gains = choose_moves(reward_of, x0[index], gradient, rewards, caps, scale[index].to(device),
                                             p.price, p.step_max, p.num_step_sizes, p.normalize)
             delta[index], net[index] = moves, gains.cpu()
