@@ -24,12 +24,13 @@ from flowrl.checkpoint import load_trained_weights  # noqa: E402
 from flowrl.eval.protocol import PROTOCOL  # noqa: E402
 from flowrl.eval.shapes import shapes_accuracy  # noqa: E402
 from flowrl.generate import generate  # noqa: E402
+from flowrl.models.shapes_sd3 import T5_SEQUENCE_LENGTH  # noqa: E402
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
 from flowrl.shapes.prompts import eval_prompt_set  # noqa: E402
 
 
 def overall_by_seed(checkpoint: str | None, seeds: list[int], pipeline: str) -> list[float]:
-    policy = policy_for(load_pipeline(pipeline), max_sequence_length=16)
+    policy = policy_for(load_pipeline(pipeline), max_sequence_length=T5_SEQUENCE_LENGTH)
     if checkpoint is not None:
         load_trained_weights(policy, checkpoint)
     prompts = eval_prompt_set()

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from flowrl.models.shapes_sd3 import T5_SEQUENCE_LENGTH
 from flowrl.policies import load_pipeline, policy_for
 from flowrl.rollout import rollout, sample_generators
 
@@ -28,13 +29,13 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(2)
     pipe = load_pipeline(args.pipeline)
-    policy = policy_for(pipe, max_sequence_length=16)
+    policy = policy_for(pipe, max_sequence_length=T5_SEQUENCE_LENGTH)
     prompts = ["a red circle left of a blue square"] * args.batch
     shape = policy.noise_shape(32, 32)
 
     def plain():
         pipe(prompts, negative_prompt=[""] * len(prompts), num_inference_steps=args.steps,
-             guidance_scale=args.guidance, height=32, width=32, max_sequence_length=16, output_type="pt",
+             guidance_scale=args.guidance, height=32, width=32, max_sequence_length=T5_SEQUENCE_LENGTH, output_type="pt",
              generator=torch.Generator().manual_seed(0))
 
     def flowrl():

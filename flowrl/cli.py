@@ -184,13 +184,14 @@ def pretrain_scorer_command(args) -> None:
 
 
 def pretrain_safety_probe_command(args) -> None:
+    from .models.shapes_sd3 import T5_SEQUENCE_LENGTH
     from .policies import load_pipeline, policy_for
     from .safety.probe import ProbeConfig, pretrain_probe, save_probe, write_probe_card
 
     cfg = ProbeConfig(seed=args.seed)
     if args.steps is not None:
         cfg.steps = args.steps
-    policy = policy_for(load_pipeline(args.pipeline), max_sequence_length=16)
+    policy = policy_for(load_pipeline(args.pipeline), max_sequence_length=T5_SEQUENCE_LENGTH)
     probe, facts = pretrain_probe(policy, cfg)
     save_probe(probe, args.out, {"pipeline": args.pipeline, **facts})
     write_probe_card(args.out)
@@ -283,6 +284,7 @@ def steering_config(args, mode: str):
 
 def cmd_eval_safety(args) -> None:
     from .eval.safety import evaluate_safety, markdown_table, parse_modes, write_safety_eval
+    from .models.shapes_sd3 import T5_SEQUENCE_LENGTH
     from .policies import load_pipeline, policy_for
 
     modes = parse_modes(args.modes, args.steer_lora)
@@ -293,7 +295,7 @@ def cmd_eval_safety(args) -> None:
 
         checker = SafetyChecker(args.checker)
         label = lambda image: bool(checker.is_unsafe(to_unit(image[None]))[0])  # noqa: E731
-    policy = policy_for(load_pipeline(args.pipeline), max_sequence_length=16)
+    policy = policy_for(load_pipeline(args.pipeline), max_sequence_length=T5_SEQUENCE_LENGTH)
     steering = steering_config(args, "none")
     steering.validate("--steer")
     kwargs = {"label": label} if label else {}
