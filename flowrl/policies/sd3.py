@@ -10,6 +10,15 @@ SD3_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
                     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"]
 
 
+@torch.no_grad()
+def encode_images(vae, images, generator: torch.Generator | None = None) -> torch.Tensor:
+    """uint8 [B, H, W, 3] images -> latents in an SD3 transformer's space (a draw from the VAE posterior, shifted
+    and scaled as the pipeline does): what pretraining and the data loss regress on."""
+    pixels = (to_unit(images) * 2 - 1).to(vae.device, vae.dtype)
+    z = vae.encode(pixels).latent_dist.sample(generator).float()
+    return (z - vae.config.shift_factor) * vae.config.scaling_factor
+
+
 class SD3Policy(FlowPolicy):
     family = "sd3"
     lora_targets = SD3_LORA_TARGETS
@@ -41,13 +50,8 @@ class SD3Policy(FlowPolicy):
             mu = calculate_shift(noise_shape[-1] * noise_shape[-2] // patch**2)
         scheduler.set_timesteps(num_steps, mu=mu)
 
-    @torch.no_grad()
     def encode_images(self, images, generator: torch.Generator | None = None) -> torch.Tensor:
-        """uint8 [B, H, W, 3] images -> latents in the transformer's space (a draw from the VAE posterior)."""
-        vae = self.pipeline.vae
-        pixels = (to_unit(images) * 2 - 1).to(vae.device, vae.dtype)
-        z = vae.encode(pixels).latent_dist.sample(generator).float()
-        return (z - vae.config.shift_factor) * vae.config.scaling_factor
+        return encode_images(self.pipeline.vae, images, generator)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         vae = self.pipeline.vae

@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from ..models.shapes_sd3 import T5_SEQUENCE_LENGTH, ShapesSD3Size, build_pipeline
+from ..policies.sd3 import encode_images
 from ..shapes.scenes import sample_pairs
 
 
@@ -114,9 +115,7 @@ def train_flow(pipe, cfg: PretrainConfig, rng: np.random.Generator, generator: t
     vae = pipe.vae
 
     def batch_loss(images, prompts):
-        with torch.no_grad():
-            x0 = vae.encode(images_to_tensor(images)).latent_dist.sample(generator)
-            x0 = (x0 - vae.config.shift_factor) * vae.config.scaling_factor
+        x0 = encode_images(vae, images, generator)
         # logit-normal t (SD3): more weight on the middle of the path, where prompts matter most
         t = torch.sigmoid(torch.randn(cfg.flow_batch, generator=generator))
         noise = torch.randn(x0.shape, generator=generator)
