@@ -52,6 +52,10 @@ class PromptSpec:
             return f"{self.phrases[0].text()} {self.relation} {self.phrases[1].text()}"
         return " and ".join(p.text() for p in self.phrases)
 
+    def named_objects(self) -> list[Phrase]:
+        """One phrase per object the prompt names ("three circles": three), as the renderer draws them."""
+        return list(self.phrases) * (self.count if self.tag == "counting" else 1)
+
     def color_shape_pairs(self) -> set[tuple[str, str]]:
         return {(p.color, p.shape) for p in self.phrases if p.color}
 

@@ -21,12 +21,13 @@ def _relation_ok(a: ShapeObject, b: ShapeObject, relation: str) -> bool:
 
 def scene_objects(spec: PromptSpec, rng: np.random.Generator) -> list[ShapeObject]:
     """Objects that satisfy `spec`; free attributes (colours, positions, sizes) are drawn from `rng`."""
-    wanted = [(p.shape, p.color) for p in spec.phrases] * (spec.count if spec.tag == "counting" else 1)
+    wanted = spec.named_objects()
     for _ in range(_MAX_TRIES):
         objects: list[ShapeObject] = []
-        for shape, color in wanted:
+        for phrase in wanted:
             for _ in range(_MAX_TRIES):
-                obj = ShapeObject(shape, color or COLORS[rng.integers(len(COLORS))], *random_box(rng, IMAGE_SIZE))
+                color = phrase.color or COLORS[rng.integers(len(COLORS))]
+                obj = ShapeObject(phrase.shape, color, *random_box(rng, IMAGE_SIZE))
                 if not any(boxes_clash(obj, other) for other in objects):
                     objects.append(obj)
                     break

@@ -111,17 +111,12 @@ def score(image: np.ndarray, prompt: str | PromptSpec) -> float:
     return verdict_and_dense(image, prompt)[0]
 
 
-def named_object_count(spec: PromptSpec) -> int:
-    """How many objects the prompt names ("three circles": 3, "a circle and a square": 2), as the renderer draws."""
-    return spec.count if spec.tag == "counting" else len(spec.phrases)
-
-
 def judge_detections(spec: PromptSpec, found: list[Detection], exact_objects: bool = False) -> tuple[float, float]:
     """(verdict, dense score) of detections against a prompt: every constraint met, and the fraction met."""
     scores = constraint_scores(spec, found)
     verdict = float(all(s == 1.0 for s in scores))
     if exact_objects:
-        scores.append(float(len(found) == named_object_count(spec)))
+        scores.append(float(len(found) == len(spec.named_objects())))
     return verdict, float(sum(scores) / len(scores))
 
 
