@@ -97,6 +97,7 @@ def rollout(policy: FlowPolicy, cond: Conditioning, generators: list[torch.Gener
             if state.index is not None:  # particles were re-indexed: history and conditioning follow
                 latents = [z[state.index] for z in latents]
                 log_probs = [lp[state.index] for lp in log_probs]
+                log_prob = log_prob[state.index]  # this step's transition belongs to the particle it moved too
                 cond = cond.select(state.index)
                 if guide is not None and hasattr(guide, "select"):
                     guide.select(state.index)

@@ -124,3 +124,32 @@ def test_fk_rollouts_as_training_groups(tiny_sd3_dir, tmp_path):
     trainer.run(lambda update, metrics: rows.append(metrics))
     assert len(rows) == 2 and all(r["fk_resamplings"] >= 1 for r in rows)
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+
+
+def test_fk_resampled_rollouts_are_on_policy_for_grpo():
+    """After FK re-indexes particles, every stored log-prob belongs to its stored transition: with the rollout's own
+    parameters GRPO's ratio is exactly 1 and nothing is clipped (the current step's log-prob once stayed behind)."""
+    from flowrl.algorithms import RolloutBatch, build_algorithm
+    from flowrl.config import SamplerSection
+    from flowrl.policies import policy_for
+    from flowrl.rollout import rollout, sample_generators
+    from tiny_pipelines import tiny_shapes_sd3
+
+    policy = policy_for(tiny_shapes_sd3(), max_sequence_length=16)
+    policy.add_lora(4, 8, policy.lora_targets)
+    groups, k, steps = 2, 4, 4
+    cond = policy.encode(["a red circle"] * k + ["a square"] * k, 2.0)
+    fk = FKConfig(num_particles=k, lam=50.0, resample_every=1, ess_threshold=1.0)
+    steering = FKSteering(fk, lambda z, prompts: z.flatten(1).mean(1), steps, groups, torch.Generator().manual_seed(0))
+    traj = rollout(policy, cond, sample_generators(range(groups * k)), policy.noise_shape(32, 32), steps, "flow",
+                   0.7, 2.0, callbacks=[steering])
+    assert len(steering.resampled_at) >= 1
+    rewards = torch.arange(groups * k, dtype=torch.float32)
+    group_ids = torch.arange(groups).repeat_interleave(k)
+    batch = RolloutBatch(traj, rewards, group_ids, list(range(groups * k)), rewards, group_ids,
+                         torch.arange(groups * k), cond.prompts)
+    algorithm = build_algorithm("grpo", {}, SamplerSection(kind="flow"))
+    items, _ = algorithm.prepare(batch, policy)
+    _, diagnostics = algorithm.loss(policy, batch, items)
+    assert torch.equal(diagnostics["ratio"], torch.ones_like(diagnostics["ratio"]))
+    assert torch.all(diagnostics["clip_frac"] == 0)
