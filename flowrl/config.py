@@ -116,6 +116,7 @@ class TrainSection:
     microbatch_size: int = 16  # samples per forward/backward in the update phase
     ema_decay: float = 0.0  # 0 disables EMA of the trained weights
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
+    cfg_uncond_grad: bool = False  # gradient through CFG's unconditional branch (Flow-GRPO: none)
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     threads: int = 0  # torch CPU threads; 0 keeps torch's default

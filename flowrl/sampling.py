@@ -123,6 +123,18 @@ def ddim_step(epsilon: torch.Tensor, sample: torch.Tensor, alpha_prod, alpha_pro
     return _gaussian_transition(mean, std, noise, prev_sample, reduce, generator)
 
 
+def diffusion_time_scale(kind: str, sigma, sigma_next) -> torch.Tensor:
+    """|dt| for the Euler-Maruyama kinds (flow, dance, sage), whose step variance is std_t^2 |dt|; 1 otherwise.
+
+    Dividing a squared mean gap by the step variance and multiplying by this gives Flow-GRPO's coded KL,
+    mean((mu - mu_ref)^2) / (2 std_t^2): the per-unit-time form, whose published betas (0.004-0.04) assume it.
+    CPS (whose coded std_dev_t is the step std) and DDIM keep the exact Gaussian KL.
+    """
+    if kind in ("flow", "dance", "sage"):
+        return (torch.as_tensor(sigma, dtype=torch.float32) - torch.as_tensor(sigma_next, dtype=torch.float32)).abs()
+    return torch.ones_like(torch.as_tensor(sigma, dtype=torch.float32))
+
+
 def x0_prediction(velocity: torch.Tensor, sample: torch.Tensor, sigma) -> torch.Tensor:
     """One-step clean-sample estimate x0_hat = x - sigma v (fp32)."""
     return sample.float() - _batch_shaped(sigma, sample) * velocity.float()

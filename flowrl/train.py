@@ -84,6 +84,7 @@ class Trainer:
                               f"expected a multiple of {self.world} processes, got {config.train.groups_per_update}")
         torch.manual_seed(config.run.seed)  # LoRA initialisation draws from the global generator
         self.policy = build_policy(config)
+        self.policy.cfg_uncond_grad = config.train.cfg_uncond_grad
         self.policy.transformer.to(self.accelerator.device)
         if config.sampler.kind not in self.policy.kinds:
             raise ConfigError(f"sampler.kind: a {type(self.policy.pipeline).__name__} samples with "

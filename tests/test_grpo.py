@@ -89,3 +89,69 @@ def test_bad_algorithm_params_are_named():
         build_algorithm("grpo", {"clip_rnage": 0.1}, SamplerSection())
     with pytest.raises(ConfigError, match="algorithm.name"):
         build_algorithm("nope", {}, SamplerSection())
+
+
+@pytest.mark.parametrize("kind", ["flow", "cps"])
+def test_kl_forms_against_their_formulas(kind):
+    """flow_grpo: mean((mu - mu_ref)^2) / (2 std_t^2) with Flow-GRPO's std_t = a sqrt(s / (1 - s)) (CPS: the step
+    std); gaussian: the exact step-Gaussian KL, mean((mu - mu_ref)^2) / (2 std^2)."""
+    import math
+
+    from flowrl.sampling import sde_step
+
+    policy = policy_for(tiny_shapes_sd3(), max_sequence_length=16)
+    policy.add_lora(4, 8, policy.lora_targets)
+    batch = _batch(policy, kind)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(5)))
+    results = {}
+    for form in ("flow_grpo", "gaussian"):
+        algorithm = build_algorithm("grpo", {"kl_beta": 0.1, "kl_form": form}, SamplerSection(kind=kind))
+        items, _ = algorithm.prepare(batch, policy)
+        results[form] = algorithm.loss(policy, batch, items)[1]["kl"]
+    traj, a = batch.trajectory, 0.7
+    x = traj.latents[items.step, items.sample]
+    s, s_next = traj.sigmas[items.step], traj.sigmas[items.step + 1]
+    cond = traj.cond.select(items.sample)
+    with torch.no_grad():
+        mean = sde_step(kind, policy.velocity(x, s, cond, 2.0), x, s, s_next, a)[1]
+        with policy.reference():
+            mean_ref, step_std = sde_step(kind, policy.velocity(x, s, cond, 2.0), x, s, s_next, a)[1:3]
+    gap = (mean - mean_ref).pow(2).flatten(1).mean(1)
+    if kind == "flow":
+        std_t = torch.tensor([a * math.sqrt(si / (1 - (sn if si >= 1 else si))) for si, sn in zip(s.tolist(), s_next.tolist())])
+    else:
+        std_t = step_std.flatten()[: len(s)] if step_std.numel() == len(s) else step_std.reshape(len(s), -1)[:, 0]
+    torch.testing.assert_close(results["flow_grpo"], gap / (2 * std_t**2), rtol=1e-4, atol=1e-10)
+    gaussian = gap / (2 * step_std.reshape(len(s), -1)[:, 0] ** 2)
+    torch.testing.assert_close(results["gaussian"], gaussian, rtol=1e-4, atol=1e-10)
+    if kind == "flow":
+        assert torch.all(results["gaussian"] > results["flow_grpo"])  # the exact KL is 1/|dt| times larger
+
+
+def test_cfg_unconditional_branch_is_detached_by_default():
+    """Guided v = v_u + w (v_c - v_u): by default only w v_c carries gradient (Flow-GRPO); with cfg_uncond_grad the
+    full expression does. The values are identical."""
+    policy = policy_for(tiny_shapes_sd3(), max_sequence_length=16)
+    policy.add_lora(4, 8, policy.lora_targets)
+    with torch.no_grad():
+        for name, p in policy.transformer.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(0))
+    cond = policy.encode(["a red circle", "a square"], 4.5)
+    x = torch.randn(2, *policy.noise_shape(32, 32), generator=torch.Generator().manual_seed(1))
+    sigma, w = torch.tensor([0.6, 0.6]), 4.5
+    param = next(p for n, p in policy.transformer.named_parameters() if "lora_A" in n)
+
+    def grad_of(fn):
+        return torch.autograd.grad(fn().sum(), param)[0]
+
+    uncond_grad = grad_of(lambda: policy.branch_outputs(x, sigma, [cond.negative], w)[0])
+    text_grad = grad_of(lambda: policy.branch_outputs(x, sigma, [cond.tensors], w)[0])
+    detached = grad_of(lambda: policy.velocity(x, sigma, cond, w))
+    torch.testing.assert_close(detached, w * text_grad, rtol=1e-3, atol=1e-4)
+    policy.cfg_uncond_grad = True
+    full = grad_of(lambda: policy.velocity(x, sigma, cond, w))
+    torch.testing.assert_close(full, (1 - w) * uncond_grad + w * text_grad, rtol=1e-3, atol=1e-4)
+    assert (full - detached).norm() > 0.1 * full.norm()

@@ -197,13 +197,34 @@ def test_nft_gradient_at_the_old_policy_is_advantage_weighted_flow_matching():
 def test_nft_trains_on_re_noised_samples_of_signal_groups():
     policy = _policy()
     batch = _ode_batch(policy, rewards=torch.tensor([0.1, 0.4, 0.2, 0.9, 0.5, 0.5, 0.5, 0.5]))
-    algorithm = build_algorithm("nft", {"timestep_fraction": 0.5}, ODE)
+    algorithm = build_algorithm("nft", {"timestep_fraction": 0.5, "drop_zero_advantage": True}, ODE)
     items, _ = algorithm.prepare(batch, policy)
     assert set(items.sample.tolist()) == {0, 1, 2, 3}  # the second group has no signal
     losses, diagnostics = algorithm.loss(policy, batch, items)
     assert torch.all(diagnostics["velocity_change"] < 1e-10)  # v_old is the rollout policy's velocity
     losses.sum().backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.trainable_parameters())
+
+
+def test_nft_defaults_follow_the_reference_scale_and_keep_zero_advantage_items():
+    policy = _policy()
+    batch = _ode_batch(policy, rewards=torch.tensor([0.1, 0.4, 0.2, 0.9, 0.5, 0.5, 0.5, 0.5]))
+    algorithm = build_algorithm("nft", {"timestep_fraction": 0.5, "beta": 0.5}, ODE)
+    items, _ = algorithm.prepare(batch, policy)
+    assert set(items.sample.tolist()) == set(range(8))  # A = 0 items trained, as the reference does
+    unscaled = build_algorithm("nft", {"timestep_fraction": 0.5, "beta": 0.5, "scale_by_adv_clip": False}, ODE)
+    unscaled.prepare(batch, policy)
+    with torch.no_grad():  # move the policy off v_old so the loss is not trivially symmetric
+        for p in policy.trainable_parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    losses, _ = algorithm.loss(policy, batch, items)
+    traj = batch.trajectory
+    with torch.no_grad():
+        v = policy.velocity(algorithm.x_t, algorithm.t, traj.cond.select(items.sample), 2.0)
+    expected = 5.0 * nft_loss(v, algorithm.v_old, algorithm.x_t, traj.final[items.sample], algorithm.t,
+                              algorithm.weights[items.sample], 0.5)  # C = adv_clip_max = 5
+    torch.testing.assert_close(losses.detach(), expected)
+    torch.testing.assert_close(unscaled.loss(policy, batch, items)[0].detach(), expected / 5.0)
 
 
 # ---- ReFL / DRaFT ---------------------------------------------------------------------------------------------
@@ -235,6 +256,7 @@ def test_refl_loss_is_the_reward_of_the_one_step_prediction():
 
 def test_draft_gradient_matches_finite_differences():
     policy = _policy()
+    policy.cfg_uncond_grad = True  # finite differences move both CFG branches; so must the analytic gradient
     with torch.no_grad():  # a LoRA with weight, so the derivative is far above fp32 rounding
         for name, p in policy.transformer.named_parameters():
             if "lora_B" in name:

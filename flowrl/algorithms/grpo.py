@@ -3,8 +3,12 @@
 Per prompt group, A_i = (r_i - mean_group r) / (std + 1e-4), clipped to +-adv_clip_max. At each trained step j
 of sample i, the current policy's log-density of the stored transition x_j -> x_{j+1} gives
 rho = exp(log pi_theta - log pi_old) and the clipped surrogate max(-A rho, -A clip(rho, 1 - eps, 1 + eps)),
-plus beta * KL(pi_theta || pi_ref) of the two step Gaussians, ||mu_theta - mu_ref||^2 / (2 std^2) per element,
-where the reference is the LoRA-disabled base. Groups whose rewards are all equal carry no signal and are dropped.
+plus beta * KL(pi_theta || pi_ref) between the two step Gaussians, where the reference is the LoRA-disabled base.
+Two forms of that KL (`kl_form`), both means over elements:
+    gaussian   mean((mu_theta - mu_ref)^2) / (2 std^2)          the exact KL of the step Gaussians (std^2 = std_t^2 |dt|)
+    flow_grpo  mean((mu_theta - mu_ref)^2) / (2 std_t^2)        Flow-GRPO's code: the gaussian form times |dt|
+The default is flow_grpo, so betas copied from Flow-GRPO's configs (0.004-0.04) mean what they meant there; the
+gaussian form is up to ~1/|dt| (~100x at low-noise steps) stronger for the same beta. For CPS and DDIM the two agree. Groups whose rewards are all equal carry no signal and are dropped.
 Each sample trains a `timestep_fraction` of its stochastic steps, chosen by its own seed.
 Options for incremental Feynman-Kac training (credit.py): `credit: incremental` replaces the terminal advantage
 of step j by the group-normalised change of the intermediate reward across that step; `window_schedule` limits the
@@ -18,6 +22,7 @@ from typing import Literal
 import torch
 
 from ..errors import ConfigError
+from ..sampling import diffusion_time_scale
 from .advantages import group_advantages, zero_std_groups
 from .base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
 from .credit import fold_deterministic_tail, incremental_credits, step_advantages, window_mask
@@ -29,6 +34,7 @@ class GRPOParams:
     adv_clip_max: float = 5.0
     std: Literal["global", "group"] = "global"
     kl_beta: float = 0.0
+    kl_form: Literal["flow_grpo", "gaussian"] = "flow_grpo"
     timestep_fraction: float = 1.0
     shared_initial_noise: bool = False  # DanceGRPO: one initial noise per prompt group
     drop_zero_std: bool = True
@@ -108,6 +114,8 @@ class GRPO(Algorithm):
                 _, mean_ref, _, _, _ = policy.step(traj.kind, x, sigma, sigma_next, cond, traj.guidance_scale,
                                                    traj.noise_level, prev_sample=x)
             kl = ((mean - mean_ref) ** 2 / (2 * std**2)).mean(dim=tuple(range(1, mean.ndim)))
+            if p.kl_form == "flow_grpo":
+                kl = kl * diffusion_time_scale(traj.kind, sigma, sigma_next).to(kl.device)
             losses = losses + p.kl_beta * kl
             diagnostics["kl"] = kl.detach()
         return losses, diagnostics

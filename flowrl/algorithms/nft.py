@@ -7,8 +7,11 @@ velocity v and the rollout policy's v_old:
     v+ = beta v + (1 - beta) v_old          (positive: should reconstruct good samples)
     v- = (1 + beta) v_old - beta v          (negative: should reconstruct bad ones)
 with x0-space losses normalised by their own (stop-gradient) mean absolute error,
-    L = [r L(v+) + (1 - r) L(v-)] / beta,   L(u) = mean((x_t - t u - x0)^2) / sg(mean|x_t - t u - x0|).
-At v = v_old the gradient is (2r - 1) grad L(v+): advantage-weighted flow matching on the policy's own samples.
+    L = C [r L(v+) + (1 - r) L(v-)] / beta,   L(u) = mean((x_t - t u - x0)^2) / sg(mean|x_t - t u - x0|),
+with C = adv_clip_max as in the reference code (`scale_by_adv_clip: false` drops it, so kl_beta and grad_clip
+act C times more strongly relative to the loss). At v = v_old the gradient is C (2r - 1) grad L(v+):
+advantage-weighted flow matching on the policy's own samples. Like the reference, items with A = 0 (r = 1/2) are
+trained too (their gradient vanishes only at v = v_old); `drop_zero_advantage: true` skips them.
 The old policy is the one that made the rollout (the paper's EMA old policy with decay 0); an optional KL term
 pulls v towards the LoRA-disabled reference. The velocity trained is the guided one at `guidance_scale` (None: the
 sampler's; 1.0: the paper's CFG-free setting).
@@ -34,6 +37,8 @@ class NFTParams:
     timestep_fraction: float = 0.5
     kl_beta: float = 0.0
     guidance_scale: float | None = None
+    scale_by_adv_clip: bool = True  # the reference's C x loss
+    drop_zero_advantage: bool = False  # the reference keeps A = 0 items
 
     def validate(self):
         if self.beta <= 0:
@@ -76,7 +81,8 @@ class DiffusionNFT(Algorithm):
         advantages = group_advantages(batch.global_rewards, batch.global_group_ids, p.std, clip=p.adv_clip_max)
         self.weights = optimality_weight(advantages[batch.local_index], p.adv_clip_max)
         samples, steps = [], []
-        for i in torch.nonzero(advantages[batch.local_index] != 0).flatten().tolist():  # r = 0.5: no signal
+        local = advantages[batch.local_index]
+        for i in torch.nonzero(local != 0 if p.drop_zero_advantage else torch.ones_like(local, dtype=torch.bool)).flatten().tolist():
             chosen = trained_steps(torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction, batch.seeds[i])
             samples += [i] * len(chosen)
             steps += chosen.tolist()
@@ -107,6 +113,8 @@ class DiffusionNFT(Algorithm):
         v = policy.velocity(x_t, t, cond, self.guidance(traj))
         losses = nft_loss(v, self.v_old[items.key], x_t, traj.final[items.sample], t,
                           self.weights[items.sample].to(v.device), p.beta)
+        if p.scale_by_adv_clip:
+            losses = p.adv_clip_max * losses
         diagnostics = {"velocity_change": (v - self.v_old[items.key]).detach().pow(2).flatten(1).mean(1)}
         if p.kl_beta > 0:
             with torch.no_grad(), policy.reference():

@@ -38,6 +38,9 @@ class FlowPolicy:
 
     family = "flow"
     kinds = ("ode", "flow", "dance", "cps", "sage")  # sampler kinds this family's `step` understands
+    # Flow-GRPO trains the guided output with the unconditional branch detached; True keeps its gradient too
+    # (at w = 4.5 the two gradients differ by ~70% relative). Set from train.cfg_uncond_grad by the loop.
+    cfg_uncond_grad = False
 
     def __init__(self, pipeline, max_sequence_length: int | None = None):
         self.pipeline = pipeline
@@ -84,10 +87,13 @@ class FlowPolicy:
         return guidance_scale > 1.0
 
     def velocity(self, latents: torch.Tensor, sigma, cond: Conditioning, guidance_scale: float) -> torch.Tensor:
-        """Velocity (eps - x0 convention) in fp32, guided as v_u + w (v_c - v_u) when CFG is on."""
+        """Velocity (eps - x0 convention) in fp32, guided as v_u + w (v_c - v_u) when CFG is on; the unconditional
+        branch carries no gradient unless `cfg_uncond_grad` (values are the same either way)."""
         if not self.uses_cfg(guidance_scale):
             return self.branch_outputs(latents, sigma, [cond.tensors], guidance_scale)[0]
         uncond, text = self.branch_outputs(latents, sigma, [cond.negative, cond.tensors], guidance_scale)
+        if not self.cfg_uncond_grad:
+            uncond = uncond.detach()
         return uncond + guidance_scale * (text - uncond)
 
     def branch_outputs(self, latents: torch.Tensor, sigma, branches: list[dict], guidance_scale: float) -> list[torch.Tensor]:
