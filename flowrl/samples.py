@@ -1,0 +1,259 @@
+"""Typed sample batches that know how to write and preview themselves.
+
+A policy's decoder returns a float tensor in [0, 1]; `as_samples` wraps it in
+the right type (`ImageSamples` or `VideoSamples`), so the code that saves or
+shows samples doesn't need to branch on the modality:
+
+- `write(folder, stem, index)` saves one sample (images: PNG; video: an
+  H.264 MP4 plus a looping GIF) and returns the names of the files it wrote.
+- `preview()` gives one uint8 still per sample for grids (video: a strip of
+  up to 5 evenly spaced frames, side by side).
+- `write_samples` / `read_samples` save a whole batch with a `samples.jsonl`
+  index, and read it back.
+
+Small videos in MP4: H.264 with yuv420p needs even frame sizes, and players
+show tiny clips badly or not at all, so frames whose short side is under 16 px
+or whose height or width is odd are upscaled by nearest neighbour with the
+smallest integer factor k that makes the short side at least 64 px, raised
+to the next even k when an odd k would leave a side odd (e.g. 8x8 -> x8 =
+64x64, 15x20 -> x6 = 90x120). `read_samples` scales them back to the size
+recorded in the jsonl ("height"/"width"). The GIF keeps the original size.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from flowrl.errors import UserError
+from flowrl.images import to_uint8, to_unit
+
+MIN_NATIVE_SIDE = 16  # MP4 frames with a shorter short side get upscaled...
+MIN_VIDEO_SIDE = 64  # ...to at least this many pixels
+PREVIEW_FRAMES = 5  # frames in a video preview strip
+INDEX_FILE = "samples.jsonl"
+
+
+class Samples:
+    """A batch of samples as a float tensor in [0, 1], batch first."""
+
+    modality: str = ""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __len__(self) -> int:
+        return self.tensor.shape[0]
+
+    def select(self, index) -> "Samples":
+        index = torch.as_tensor(index, dtype=torch.long, device=self.tensor.device)
+        return self._like(self.tensor[index])
+
+    def _like(self, tensor: torch.Tensor) -> "Samples":
+        # Subclasses carrying extra fields (fps) override this to keep them.
+        return type(self)(tensor)
+
+    def to_uint8(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def preview(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def write(self, folder: Path, stem: str, index: int) -> list[str]:
+        raise NotImplementedError
+
+    def size(self) -> tuple[int, int]:
+        """(height, width) of one sample; stored so `read_samples` can undo MP4 upscaling."""
+        return int(self.tensor.shape[-2]), int(self.tensor.shape[-1])
+
+
+class ImageSamples(Samples):
+    """Images, tensor [B, 3, H, W]."""
+
+    modality = "image"
+
+    def to_uint8(self) -> np.ndarray:
+        return to_uint8(self.tensor)  # [N, H, W, 3]
+
+    def preview(self) -> np.ndarray:
+        return self.to_uint8()
+
+    def write(self, folder: Path, stem: str, index: int) -> list[str]:
+        name = f"{stem}.png"
+        Image.fromarray(self.select([index]).to_uint8()[0]).save(Path(folder) / name)
+        return [name]
+
+
+class VideoSamples(Samples):
+    """Videos, tensor [B, F, 3, H, W], played at `fps` frames per second."""
+
+    modality = "video"
+
+    def __init__(self, tensor: torch.Tensor, fps: int = 8) -> None:
+        super().__init__(tensor)
+        self.fps = fps
+
+    def _like(self, tensor: torch.Tensor) -> "VideoSamples":
+        return VideoSamples(tensor, fps=self.fps)
+
+    def to_uint8(self) -> np.ndarray:
+        # images.to_uint8 takes videos channels-first ([B,3,F,H,W]) and moves channels last.
+        return to_uint8(self.tensor.movedim(2, 1))  # [N, F, H, W, 3]
+
+    def preview(self) -> np.ndarray:
+        video = self.to_uint8()
+        n_frames = video.shape[1]
+        picks = np.linspace(0, n_frames - 1, min(PREVIEW_FRAMES, n_frames)).round().astype(int)
+        return np.concatenate([video[:, i] for i in picks], axis=2)  # strip along width
+
+    def write(self, folder: Path, stem: str, index: int) -> list[str]:
+        frames = self.select([index]).to_uint8()[0]  # [F, H, W, 3]
+        mp4, gif = f"{stem}.mp4", f"{stem}.gif"
+        _write_mp4(Path(folder) / mp4, frames, self.fps)
+        _write_gif(Path(folder) / gif, frames, self.fps)
+        return [mp4, gif]
+
+
+def _mp4_scale(height: int, width: int) -> int:
+    """Integer upscale factor giving an even frame size with short side >= MIN_VIDEO_SIDE."""
+    odd = height % 2 or width % 2
+    if min(height, width) >= MIN_NATIVE_SIDE and not odd:
+        return 1
+    k = -(-MIN_VIDEO_SIDE // min(height, width))  # ceil division
+    if odd and k % 2:
+        k += 1  # an even factor makes every side even
+    return k
+
+
+def _write_mp4(path: Path, frames: np.ndarray, fps: int) -> None:
+    import av  # imported here so image-only use doesn't need PyAV loaded
+
+    k = _mp4_scale(*frames.shape[1:3])
+    if k > 1:
+        frames = frames.repeat(k, axis=1).repeat(k, axis=2)  # nearest neighbour
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("libx264", rate=Fraction(fps))
+        stream.height, stream.width = frames.shape[1:3]
+        stream.pix_fmt = "yuv420p"
+        # crf 10 is near-lossless: samples read back for scoring shouldn't carry
+        # codec artefacts, and files stay small at sample sizes.
+        stream.options = {"crf": "10"}
+        for frame in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())  # flush delayed frames
+
+
+def _write_gif(path: Path, frames: np.ndarray, fps: int) -> None:
+    # Pillow merges identical consecutive frames into one longer frame, so a
+    # still video gives fewer GIF frames; playback time is unchanged.
+    images = [Image.fromarray(f) for f in frames]
+    images[0].save(
+        path, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0
+    )
+
+
+def _read_mp4(path: Path, height: int, width: int) -> np.ndarray:
+    import av
+
+    with av.open(str(path)) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    video = np.stack(frames)  # [F, h, w, 3]
+    h, w = video.shape[1:3]
+    if (h, w) == (height, width):
+        return video
+    if h % height == 0 and w % width == 0 and h // height == w // width:
+        # Undo _write_mp4's integer nearest-neighbour upscale by averaging each
+        # k x k block, which also smooths away a little codec noise.
+        k = h // height
+        blocks = video.reshape(len(video), height, k, width, k, 3)
+        return blocks.mean(axis=(2, 4)).round().astype(np.uint8)
+    # Not our upscale (a file made elsewhere): resize each frame.
+    size = (width, height)
+    return np.stack([np.asarray(Image.fromarray(f).resize(size, Image.BILINEAR)) for f in video])
+
+
+def as_samples(decoded: torch.Tensor, fps: int = 8) -> Samples:
+    """Wrap what a policy's decoder returns: [B,3,H,W] images or [B,3,F,H,W] videos."""
+    if decoded.ndim == 4 and decoded.shape[1] == 3:
+        return ImageSamples(decoded)
+    if decoded.ndim == 5 and decoded.shape[1] == 3:
+        # diffusers' video VAEs put channels before frames; we keep frames first.
+        return VideoSamples(decoded.permute(0, 2, 1, 3, 4), fps=fps)
+    raise ValueError(
+        f"decoded samples have shape {tuple(decoded.shape)}; expected [B,3,H,W] images "
+        "or [B,3,F,H,W] videos"
+    )
+
+
+def write_samples(folder, samples: Samples, records: list[dict]) -> Path:
+    """Write every sample plus `samples.jsonl` (one line each); returns the jsonl path."""
+    if len(records) != len(samples):
+        raise ValueError(f"{len(records)} records for {len(samples)} samples")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    height, width = samples.size()
+    lines = []
+    for i, record in enumerate(records):
+        files = samples.write(folder, f"{i:05d}", i)
+        line = {**record, "file": files[0], "modality": samples.modality, "extra_files": files[1:],
+                "height": height, "width": width}
+        if isinstance(samples, VideoSamples):
+            line["fps"] = samples.fps
+        lines.append(json.dumps(line))
+    path = folder / INDEX_FILE
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def read_samples(folder) -> tuple[Samples, list[dict]]:
+    """Read back what `write_samples` wrote: the samples and their jsonl records."""
+    folder = Path(folder)
+    index = folder / INDEX_FILE
+    if not index.is_file():
+        raise UserError(f"no {INDEX_FILE} in {folder}: expected a folder written by write_samples")
+    try:
+        records = [json.loads(line) for line in index.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as e:
+        raise UserError(f"{index} is not readable as JSON lines: {e}") from e
+    if not records:
+        raise UserError(f"{index} lists no samples")
+
+    arrays = []
+    for n, record in enumerate(records):
+        missing = {"file", "modality", "height", "width"} - record.keys()
+        if missing:
+            raise UserError(
+                f"{index} line {n + 1} lacks {sorted(missing)}: "
+                "expected the fields write_samples writes"
+            )
+        video = record["modality"] == "video"
+        path = folder / record["file"]
+        try:
+            if video:
+                arrays.append(_read_mp4(path, record["height"], record["width"]))
+            else:
+                with Image.open(path) as image:
+                    arrays.append(np.asarray(image.convert("RGB")))
+        except Exception as e:  # missing, truncated or not decodable: all the user's to fix
+            raise UserError(
+                f"cannot read sample file {path} listed in {index}: expected "
+                f"{'an MP4 video' if video else 'a PNG image'} ({type(e).__name__}: {e})"
+            ) from e
+    try:
+        pixels = np.stack(arrays)
+    except ValueError as e:
+        raise UserError(f"samples in {folder} differ in size or frame count: {e}") from e
+
+    if records[0]["modality"] == "video":
+        b, f = pixels.shape[:2]
+        frames = to_unit(pixels.reshape(b * f, *pixels.shape[2:]))  # [B*F, 3, H, W]
+        fps = records[0].get("fps", 8)
+        samples = VideoSamples(frames.reshape(b, f, *frames.shape[1:]), fps=fps)
+    else:
+        samples = ImageSamples(to_unit(pixels))
+    return samples, records
