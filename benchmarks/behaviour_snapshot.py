@@ -29,14 +29,22 @@ def run_config(config: Path, out_dir: Path, updates: int, extra: list[str]) -> l
         return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(f)]
 
 
-def snapshot(updates: int, with_eval: bool, only: list[str]) -> dict:
+# The defaults issue 14 changed on purpose, set back to their old values (for comparing with older code)
+OLD_DEFAULTS = ["train.cfg_uncond_grad=true"]
+OLD_NFT_DEFAULTS = ["algorithm.params.scale_by_adv_clip=false", "algorithm.params.drop_zero_advantage=true"]
+
+
+def snapshot(updates: int, with_eval: bool, only: list[str], old_defaults: bool) -> dict:
     result = {}
     with tempfile.TemporaryDirectory() as tmp:
         for config in sorted(Path("configs").glob("*.yaml")):
             if only and config.stem not in only:
                 continue
             print(f"{config.stem} ...", flush=True)
-            result[config.stem] = run_config(config, Path(tmp), updates, ["eval.enabled=false"])
+            extra = ["eval.enabled=false"]
+            if old_defaults:
+                extra += OLD_DEFAULTS + (OLD_NFT_DEFAULTS if "nft" in config.stem else [])
+            result[config.stem] = run_config(config, Path(tmp), updates, extra)
         if with_eval:
             out = Path(tmp) / "eval"
             run_config(Path("configs/shapes_grpo.yaml"), out, 1, ["eval.enabled=true", "eval.every=0"])
@@ -63,11 +71,13 @@ def main() -> None:
     parser.add_argument("--eval", action="store_true")
     parser.add_argument("--only", default="", help="comma-separated config names")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"))
+    parser.add_argument("--old-defaults", action="store_true", help="train with the defaults issue 14 changed set "
+                        "to their old values (CFG's unconditional gradient kept; NFT's unscaled loss, A = 0 dropped)")
     args = parser.parse_args()
     if args.compare:
         a, b = (json.loads(Path(p).read_text()) for p in args.compare)
         sys.exit(1 if compare(a, b) else 0)
-    result = snapshot(args.updates, args.eval, [n for n in args.only.split(",") if n])
+    result = snapshot(args.updates, args.eval, [n for n in args.only.split(",") if n], args.old_defaults)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"written to {args.out}")
 

@@ -16,6 +16,7 @@ import torch
 from flowrl.models.shapes_sd3 import T5_SEQUENCE_LENGTH
 from flowrl.policies import load_pipeline, policy_for
 from flowrl.rollout import rollout, sample_generators
+from flowrl.policies.base import SampleSpec
 
 
 def main():
@@ -31,7 +32,7 @@ def main():
     pipe = load_pipeline(args.pipeline)
     policy = policy_for(pipe, max_sequence_length=T5_SEQUENCE_LENGTH)
     prompts = ["a red circle left of a blue square"] * args.batch
-    shape = policy.noise_shape(32, 32)
+    shape = policy.noise_shape(SampleSpec(32, 32))
 
     def plain():
         pipe(prompts, negative_prompt=[""] * len(prompts), num_inference_steps=args.steps,

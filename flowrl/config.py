@@ -17,7 +17,6 @@ import yaml
 
 from .errors import ConfigError
 from .fk import FKConfig
-from .safety.steering import SteeringConfig
 from .sampling import SAMPLER_KINDS
 
 
@@ -30,12 +29,27 @@ class RunSection:
 
 
 @dataclass
+class TaskSection:
+    """The world the run trains and evaluates in: its sets, evaluation, data and config defaults (flowrl/tasks)."""
+    name: str = "prompt_file"  # a registered task (shapes, safety, prompt_file) or package.module:Class
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class PipelineSection:
-    path: str = "pipelines/shapes-sd3"
-    height: int = 32
-    width: int = 32
-    max_sequence_length: int | None = 16
-    num_frames: int = 9  # video families only
+    path: str = ""  # a local diffusers pipeline folder
+    height: int | None = None
+    width: int | None = None
+    num_frames: int | None = None  # video families only
+    max_sequence_length: int | None = None  # text tokens (None: the pipeline's own default)
+    policy: str | None = None  # adapter override: a pipeline class name or package.module:Class
+
+    def validate(self):
+        if not self.path:
+            raise ConfigError("pipeline.path: expected a local diffusers pipeline folder")
+        for name in ("height", "width", "num_frames"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"pipeline.{name}: expected a positive integer, got {getattr(self, name)}")
 
 
 @dataclass
@@ -80,22 +94,22 @@ class AlgorithmSection:
 
 @dataclass
 class RewardTerm:
-    name: str = "shapes"
+    name: str = ""  # a registered reward or package.module:Name
     weight: float = 1.0
     params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class PromptsSection:
-    source: str = "shapes_train"  # shapes_train | shapes_eval | safety_train | a text file with one prompt per line
+    source: str = "train"  # a condition set of the task, or a prompt file (.txt, or .jsonl with a 'prompt' field)
 
 
 @dataclass
 class DataLossSection:
-    """Pretraining-data regularization (flowrl/data_loss.py): weight x flow-matching loss on a data batch."""
+    """Pretraining-data regularization (flowrl/data_loss.py): weight x flow-matching loss on a batch of the task's
+    pretraining data."""
     weight: float = 1.0
     batch: int = 32
-    source: Literal["shapes_renders"] = "shapes_renders"
 
     def validate(self):
         if self.weight < 0 or self.batch < 1:
@@ -117,6 +131,7 @@ class TrainSection:
     ema_decay: float = 0.0  # 0 disables EMA of the trained weights
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     cfg_uncond_grad: bool = False  # gradient through CFG's unconditional branch (Flow-GRPO: none)
+    normalize_rewards: bool = False  # standardize each reward term over the batch before weighting
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     threads: int = 0  # torch CPU threads; 0 keeps torch's default
@@ -139,45 +154,44 @@ class TrainSection:
 @dataclass
 class EvalSection:
     every: int = 0  # evaluate every N updates (0: only before and after training)
-    prompts: str = "shapes_eval"
+    prompts: str = "eval"  # a condition set of the task, or a prompt file
     num_per_prompt: int = 4
     num_steps: int = 20
     guidance_scale: float = 4.5
     seed: int = 2024
     enabled: bool = True
-    steering: SteeringConfig | None = None  # in-generation safety steering of the eval images (flowrl.safety)
-
-    def validate(self):
-        if self.steering is not None:
-            self.steering.validate("eval.steering")
-            if self.steering.mode == "lora":
-                raise ConfigError("eval.steering.mode: lora swaps in another adapter, which a training run's own "
-                                  "LoRA occupies; use `flowrl eval safety --modes lora` on a checkpoint instead")
 
 
 @dataclass
 class RunConfig:
     run: RunSection = field(default_factory=RunSection)
+    task: TaskSection = field(default_factory=TaskSection)
     pipeline: PipelineSection = field(default_factory=PipelineSection)
     lora: LoraSection | None = field(default_factory=LoraSection)
     sampler: SamplerSection = field(default_factory=SamplerSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
-    reward: list[RewardTerm] = field(default_factory=lambda: [RewardTerm()])
+    reward: list[RewardTerm] = field(default_factory=list)
     prompts: PromptsSection = field(default_factory=PromptsSection)
     train: TrainSection = field(default_factory=TrainSection)
     eval: EvalSection = field(default_factory=EvalSection)
 
     def validate(self):
+        self.pipeline.validate()
         self.sampler.validate()
         self.train.validate()
-        self.eval.validate()
+        from .tasks.base import build_task
+
+        build_task(self.task.name, self.task.params)  # the task checks its own params
         if self.sampler.fk is not None:
             self.sampler.fk.validate("sampler.fk")
             if self.sampler.fk.num_particles != self.train.group_size:
                 raise ConfigError(f"sampler.fk.num_particles: the FK particles of a prompt are its training group; "
                                   f"expected train.group_size = {self.train.group_size}, got {self.sampler.fk.num_particles}")
         if not self.reward:
-            raise ConfigError("reward: expected at least one reward term")
+            raise ConfigError("reward: expected at least one reward term (a list of {name, weight, params})")
+        for i, term in enumerate(self.reward):
+            if not term.name:
+                raise ConfigError(f"reward[{i}].name: expected a registered reward or package.module:Name")
 
 
 def _type_name(tp) -> str:
@@ -286,9 +300,31 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
         raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of sections at the top level")
-    config = from_dict(RunConfig, apply_overrides(data, list(overrides)))
+    data = apply_overrides(data, list(overrides))
+    config = from_dict(RunConfig, with_task_defaults(data))
     config.validate()
     return config
+
+
+def with_task_defaults(data: dict) -> dict:
+    """The config with the named task's defaults under it: mappings merge key by key, the config's values win,
+    lists (such as `reward`) are replaced whole."""
+    task = data.get("task")
+    name = task.get("name") if isinstance(task, dict) else task
+    if isinstance(task, str):  # `task: shapes` is short for `task: {name: shapes}`
+        data = {**data, "task": {"name": task}}
+    if not name:
+        return data
+    from .tasks.base import TASKS
+
+    return _merge(TASKS.get(name, "task.name").defaults, data)
+
+
+def _merge(base: dict, top: dict) -> dict:
+    merged = dict(base)
+    for key, value in top.items():
+        merged[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
 
 
 def config_to_dict(config) -> dict:

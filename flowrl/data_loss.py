@@ -3,9 +3,9 @@ pretrained on, added to an algorithm's loss at every optimizer step.
 
 ImageReward's ReFL (Xu et al. 2023) alternates its reward loss with the pretraining loss for this reason: a
 reward-gradient method climbs whatever its learned reward likes, and the data loss keeps the generator on the
-distribution the reward was fitted to. In the shapes world the pretraining data is the renderer itself
-(`source: shapes_renders`). Batches are drawn from (run seed, update, optimizer step, process), so a resumed run
-sees the same ones.
+distribution the reward was fitted to. The data comes from the task (`Task.data_batch`; in the shapes world the
+renderer itself); the policy encodes it into its latent space (`encode_images`). Batches are drawn from
+(run seed, update, optimizer step, process), so a resumed run sees the same ones.
 """
 from __future__ import annotations
 
@@ -17,16 +17,15 @@ from .prompt_source import derived_seed
 
 
 class DataLoss:
-    def __init__(self, section, policy, seed: int):
-        if policy.family != "sd3":
-            raise ConfigError(f"train.data_loss: implemented for SD3 pipelines (latents encoded by the pipeline's "
-                              f"VAE, flow-matching target); got a {type(policy.pipeline).__name__}")
-        self.section, self.policy, self.seed = section, policy, seed
+    def __init__(self, section, policy, task, seed: int):
+        if not hasattr(policy, "encode_images") or policy.prediction != "flow":
+            raise ConfigError(f"train.data_loss: needs a flow-matching policy that encodes images into its latents "
+                              f"(encode_images); got a {type(policy.pipeline).__name__}")
+        self.section, self.policy, self.task, self.seed = section, policy, task, seed
 
     def batch(self, update: int, step: int, rank: int) -> tuple[np.ndarray, list[str]]:
-        from .shapes.scenes import sample_pairs
-
-        return sample_pairs(self.section.batch, np.random.default_rng(derived_seed(self.seed, update, step, rank, 41)))
+        rng = np.random.default_rng(derived_seed(self.seed, update, step, rank, 41))
+        return self.task.data_batch(self.section.batch, rng)
 
     def __call__(self, update: int, step: int, rank: int) -> torch.Tensor:
         """Mean squared velocity error on one data batch, at logit-normal t as in SD3 pretraining."""

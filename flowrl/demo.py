@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from .errors import UserError
-from .images import to_unit
 
 DISPLAY_SIZE = 192  # the shapes pipelines make 32x32 images; show them large, with crisp pixels
 
@@ -89,19 +88,16 @@ def upscale(image: np.ndarray, size: int = DISPLAY_SIZE) -> np.ndarray:
 
 
 def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str = "shapes_clip", steps: int = 20,
-               guidance_scale: float = 4.5, height: int = 32, width: int = 32, max_sequence_length: int = 16):
+               guidance_scale: float = 4.5, max_sequence_length: int = 16):
     import gradio as gr
 
-    from .generate import generate
+    from .generate import generate_samples
     from .policies import load_pipeline, policy_for
     from .rewards import build_reward
 
     policy = policy_for(load_pipeline(pipeline_dir), max_sequence_length=max_sequence_length)
     models = CheckpointSet(policy, checkpoints)
-    try:
-        scorer = build_reward(reward)
-    except ValueError as error:
-        raise UserError(f"--reward: {error}") from None
+    scorer = build_reward(reward, where="--reward")
 
     def run(prompt: str, seed: float, progress=gr.Progress()):
         prompt = (prompt or "").strip()
@@ -111,10 +107,11 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str = "shapes_
         for number, label in enumerate(models.labels):
             progress(number / len(models.labels), desc=f"generating with {label}")
             models.activate(label)
-            images, _ = generate(policy, [prompt], 1, int(seed), steps, guidance_scale, height, width, desc=None)
-            with torch.no_grad():
-                score = float(scorer(to_unit(images), [prompt]).scores[0])
-            gallery.append((upscale(images[0]), f"{label} | {reward} {score:.3f}"))
+            samples, _ = generate_samples(policy, [prompt], 1, int(seed), steps, guidance_scale, desc=None)
+            with torch.no_grad():  # the reward sees what the file would hold (uint8), the page a still preview
+                quantized = torch.round(samples.tensor * 255) / 255
+                score = float(scorer(quantized, [prompt]).scores[0])
+            gallery.append((upscale(samples.preview()[0]), f"{label} | {reward} {score:.3f}"))
         models.activate("base")
         table = "| model | " + reward + " |\n|---|---|\n" + "\n".join(
             f"| {caption.split(' | ')[0]} | {caption.split(' ')[-1]} |" for _, caption in gallery)

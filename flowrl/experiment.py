@@ -4,50 +4,75 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
+import torch
 import yaml
 
 from .config import RunConfig, config_to_dict
-from .eval.shapes import format_accuracy, shapes_accuracy
-from .generate import generate
+from .errors import ConfigError
+from .generate import generate_samples
 from .prompt_source import PromptSource
 from .report import MetricsLog, image_grid, plot_rewards, save_json, write_report
+from .tasks.base import format_metrics, tag_metrics
 from .train import Trainer, write_config
 
 GRID_PROMPTS = 12
 
 
-def evaluate(trainer: Trainer, desc: str) -> tuple[dict, np.ndarray, list[str]]:
-    c = trainer.config.eval
-    prompts = PromptSource(c.prompts).all()
-    probe = None
-    if c.steering is not None:
-        from .safety.steering import load_steering
+def evaluate(trainer: Trainer, desc: str):
+    """Sample the task's eval set with fixed seeds and measure it: (metrics, samples, condition per sample).
 
-        probe = load_steering(trainer.policy, c.steering)
-    images, records = generate(trainer.policy, prompts, c.num_per_prompt, c.seed, c.num_steps, c.guidance_scale,
-                               trainer.config.pipeline.height, trainer.config.pipeline.width, desc=desc,
-                               steering=c.steering, probe=probe)
-    expanded = [r["prompt"] for r in records]
-    return shapes_accuracy(images, expanded), images, expanded
+    The task's own evaluation when it has one (e.g. the shapes verifier), else the run's reward per tag."""
+    c = trainer.config.eval
+    conditions = eval_conditions(trainer)
+    samples, _ = generate_samples(trainer.policy, conditions, c.num_per_prompt, c.seed, c.num_steps,
+                                  c.guidance_scale, trainer.spec, desc=desc, steer=trainer.task.eval_steer(trainer.policy))
+    items = [item for item in conditions for _ in range(c.num_per_prompt)]
+    result = trainer.task.evaluate(samples, items)
+    if result is None:
+        result = reward_metrics(trainer.reward, samples, items)
+    return result, samples, items
+
+
+def eval_conditions(trainer: Trainer) -> list:
+    """The eval set's conditions, each checked by the task (one clear error for an item it cannot judge)."""
+    conditions = PromptSource(trainer.task, trainer.config.eval.prompts).all()
+    for item in conditions:
+        try:
+            trainer.task.check(item)
+        except ValueError as error:
+            raise ConfigError(f"eval.prompts: {error}") from None
+    return conditions
+
+
+@torch.no_grad()
+def reward_metrics(reward, samples, items, batch_size: int = 64) -> dict:
+    """The mean reward per tag (an item's meta 'tag', else 'all') and over tags."""
+    scores = []
+    for start in range(0, len(items), batch_size):
+        part = samples.select(list(range(start, min(start + batch_size, len(items)))))
+        chunk = items[start:start + batch_size]
+        scores += reward(part.tensor, [i.prompt for i in chunk], {"conditions": chunk}).scores.tolist()
+    return tag_metrics(scores, [str(i.meta.get("tag", "all")) for i in items])
 
 
 def run_experiment(config: RunConfig) -> Path:
     trainer = Trainer(config)
+    if config.eval.enabled:
+        eval_conditions(trainer)  # fail before training, not after it
     run_dir = trainer.run_dir
     evals_path = run_dir / "eval.json"
     if trainer.is_main:
         write_config(config, run_dir)
     evals = json.loads(evals_path.read_text()) if evals_path.is_file() else {}
     log = MetricsLog(run_dir) if trainer.is_main else None
-    base_images = None
+    base_samples = None
     do_eval = config.eval.enabled and trainer.is_main
 
     if do_eval and "0" not in evals and not trainer.resume_path():
-        result, base_images, prompts = evaluate(trainer, "eval base")
+        result, base_samples, items = evaluate(trainer, "eval base")
         evals["0"] = result
         save_json(evals_path, evals)
-        print("base model, eval split:\n" + format_accuracy(result))
+        print(f"base model, eval set ({trainer.task.metric_name}):\n" + format_metrics(result))
 
     def on_update(update: int, metrics: dict) -> None:
         log.append(update, metrics)
@@ -61,28 +86,30 @@ def run_experiment(config: RunConfig) -> Path:
         return run_dir
     if do_eval:
         with trainer.swap_in_ema():
-            result, tuned_images, prompts = evaluate(trainer, "eval tuned")
+            result, tuned_samples, items = evaluate(trainer, "eval tuned")
         evals[str(config.train.updates)] = result
         save_json(evals_path, evals)
-        print("tuned model, eval split:\n" + format_accuracy(result))
-        if base_images is None:  # resumed: regenerate the base samples for the grid with the adapter off
-            base_images = _base_images(trainer)
-        step = max(1, len(prompts) // (GRID_PROMPTS * config.eval.num_per_prompt)) * config.eval.num_per_prompt
-        rows = list(range(0, len(prompts), step))[:GRID_PROMPTS]
-        image_grid([base_images[rows], tuned_images[rows]], ["base", "tuned"], [prompts[i] for i in rows],
-                   run_dir / "before_after.png")
+        print(f"tuned model, eval set ({trainer.task.metric_name}):\n" + format_metrics(result))
+        if base_samples is None:  # resumed: regenerate the base samples for the grid with the adapter off
+            base_samples = _base_samples(trainer)
+        step = max(1, len(items) // (GRID_PROMPTS * config.eval.num_per_prompt)) * config.eval.num_per_prompt
+        rows = list(range(0, len(items), step))[:GRID_PROMPTS]
+        image_grid([base_samples.select(rows).preview(), tuned_samples.select(rows).preview()], ["base", "tuned"],
+                   [items[i].prompt for i in rows], run_dir / "before_after.png")
     log.close()
-    plot_rewards(log.rows, run_dir / "reward_curve.png", evals or None, title=config.run.name)
+    plot_rewards(log.rows, run_dir / "reward_curve.png", evals or None, title=config.run.name,
+                 eval_label=f"eval: {trainer.task.metric_name}")
     before, after = evals.get("0"), evals.get(str(config.train.updates))
     notes = []
     if before and after:
-        notes.append(f"Overall eval accuracy {before['overall']:.3f} -> {after['overall']:.3f} "
+        notes.append(f"Overall eval {trainer.task.metric_name} {before['overall']:.3f} -> {after['overall']:.3f} "
                      f"({100 * (after['overall'] - before['overall']):+.1f} points).")
-    write_report(run_dir, yaml.safe_dump(config_to_dict(config), sort_keys=False), before, after, log.rows, notes)
+    write_report(run_dir, yaml.safe_dump(config_to_dict(config), sort_keys=False), before, after, log.rows, notes,
+                 metric_name=trainer.task.metric_name)
     return run_dir
 
 
-def _base_images(trainer: Trainer):
+def _base_samples(trainer: Trainer):
     if trainer.policy.has_lora:
         with trainer.policy.reference():
             return evaluate(trainer, "eval base (for the grid)")[1]

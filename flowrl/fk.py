@@ -131,3 +131,20 @@ class FKSteering:
             if self.final_rewards is not None:
                 self.final_rewards = self.final_rewards[index]
             self.resampled_at.append(state.step)
+
+
+class FKSteer:
+    """FK steering of generation (generate.Steer): each output is the first particle of its own resampled set of
+    `num_particles`, and its record carries that particle's final reward."""
+
+    def __init__(self, config: FKConfig, reward):
+        self.config, self.reward, self.particles = config, reward, config.num_particles
+
+    def start(self, policy, cond, num_outputs: int, num_steps: int, generator: torch.Generator):
+        from .rewards import latent_scorer
+
+        self.resampler = FKSteering(self.config, latent_scorer(policy, self.reward), num_steps, num_outputs, generator)
+        return [self.resampler], None
+
+    def record(self, n: int) -> dict:
+        return {"fk_reward": float(self.resampler.final_rewards[n * self.particles])}

@@ -1,24 +1,10 @@
-"""Where training and eval prompts come from: the shapes splits or a text file, drawn reproducibly per update."""
+"""Where training and eval conditions come from (a task's named set or a prompt file), drawn reproducibly per
+update from (seed, update) alone, so a resumed run needs no state to draw the same ones."""
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError
-from .shapes.prompts import eval_prompt_set, train_prompt_set
-
-
-def read_prompt_file(path: str | Path) -> list[str]:
-    """Prompts from a text file, one per line (blank lines and lines starting with # skipped)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"prompt file {path} does not exist; expected a text file with one prompt per line")
-    prompts = [line.strip() for line in path.read_text().splitlines()]
-    prompts = [p for p in prompts if p and not p.startswith("#")]
-    if not prompts:
-        raise UserError(f"prompt file {path} has no prompts; expected one prompt per line")
-    return prompts
+from .tasks.base import Condition, Task, condition_set
 
 
 def derived_seed(*parts: int) -> int:
@@ -27,36 +13,25 @@ def derived_seed(*parts: int) -> int:
 
 
 class PromptSource:
-    """Draws the prompts of update u from (seed, u) alone, so it needs no state to resume exactly.
+    """The conditions of `source` (a set of `task`, or a .txt / .jsonl prompt file).
 
-    The shapes training split is drawn tag first, then prompt within the tag, so every GenEval tag gets the same
-    share however many prompts it has.
+    Sets with tags are drawn tag first, then an item within the tag, so every tag gets the same share however
+    many items it has.
     """
 
-    def __init__(self, source: str):
+    def __init__(self, task: Task, source: str):
         self.source = source
-        if source == "shapes_train":
-            self.by_tag = train_prompt_set()
-        elif source == "safety_train":  # the train side of the safety sets, one set drawn first like a tag
-            from .safety.concept import safety_split
+        self.set = condition_set(task, source)
 
-            self.by_tag = safety_split()[0]
-        elif source == "shapes_eval":
-            self.by_tag = None
-            self.prompts = eval_prompt_set()
-        else:
-            self.by_tag = None
-            self.prompts = read_prompt_file(source)
-
-    def draw(self, count: int, seed: int, update: int) -> list[str]:
+    def draw(self, count: int, seed: int, update: int) -> list[Condition]:
         rng = np.random.default_rng(derived_seed(seed, update, 17))
-        if self.by_tag is not None:
-            names = list(self.by_tag)
+        by_tag = self.set.by_tag
+        if by_tag is not None:
+            names = list(by_tag)
             tags = [names[i] for i in rng.integers(len(names), size=count)]
-            return [self.by_tag[t][rng.integers(len(self.by_tag[t]))] for t in tags]
-        return [self.prompts[i] for i in rng.integers(len(self.prompts), size=count)]
+            return [by_tag[t][rng.integers(len(by_tag[t]))] for t in tags]
+        items = self.set.items
+        return [items[i] for i in rng.integers(len(items), size=count)]
 
-    def all(self) -> list[str]:
-        if self.by_tag is not None:
-            return [p for prompts in self.by_tag.values() for p in prompts]
-        return list(self.prompts)
+    def all(self) -> list[Condition]:
+        return list(self.set.items)

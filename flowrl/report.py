@@ -49,7 +49,8 @@ class MetricsLog:
             self.writer.close()
 
 
-def plot_rewards(rows: list[dict], path: Path, evals: dict | None = None, title: str = "reward") -> None:
+def plot_rewards(rows: list[dict], path: Path, evals: dict | None = None, title: str = "reward",
+                 eval_label: str = "eval (overall)") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -63,7 +64,7 @@ def plot_rewards(rows: list[dict], path: Path, evals: dict | None = None, title:
         ax.plot(updates[k - 1:], smooth, color="#1f77b4", lw=2, label=f"train reward ({k}-update mean)")
     if evals:
         xs, ys = zip(*sorted((int(u), e["overall"]) for u, e in evals.items()))
-        ax.plot(xs, ys, "o-", color="#d62728", label="eval-split accuracy")
+        ax.plot(xs, ys, "o-", color="#d62728", label=eval_label)
     ax.set_xlabel("update")
     ax.set_ylabel("score")
     ax.set_title(title)
@@ -92,7 +93,7 @@ def image_grid(columns: list[np.ndarray], labels: list[str], row_titles: list[st
 
 
 def write_report(run_dir: Path, config_text: str, before: dict | None, after: dict | None, rows: list[dict],
-                 notes: list[str] = ()) -> Path:
+                 notes: list[str] = (), metric_name: str = "eval metric") -> Path:
     """report.html: the before/after table, the plots and the config, self-contained beside the PNGs."""
     def table() -> str:
         if not before or not after:
@@ -111,7 +112,7 @@ def write_report(run_dir: Path, config_text: str, before: dict | None, after: di
 pre{{background:#f4f4f4;padding:1em;overflow:auto}}</style></head><body>
 <h1>flowrl run: {html.escape(run_dir.name)}</h1>
 <p>{len(rows)} updates, {minutes:.1f} minutes of training (rollout + update).</p>
-<h2>Eval-split accuracy (shapes verifier, same seeds before and after)</h2>{table()}
+<h2>Eval set: {html.escape(metric_name)} (same seeds before and after)</h2>{table()}
 {''.join(f'<p>{html.escape(n)}</p>' for n in notes)}
 <h2>Reward</h2><img src="reward_curve.png">
 <h2>Base vs tuned (same prompt, same seed)</h2><img src="before_after.png">

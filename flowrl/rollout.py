@@ -8,7 +8,7 @@ in-generation steering); the conditioning follows the same index.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -26,7 +26,6 @@ class Trajectory:
     noise_level: float
     guidance_scale: float
     cond: Conditioning
-    extras: dict = field(default_factory=dict)
 
     @property
     def final(self) -> torch.Tensor:

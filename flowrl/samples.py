@@ -157,14 +157,14 @@ def _write_gif(path: Path, frames: np.ndarray, fps: int) -> None:
     )
 
 
-def _read_mp4(path: Path, height: int, width: int) -> np.ndarray:
+def _read_mp4(path: Path, height: int | None, width: int | None) -> np.ndarray:
     import av
 
     with av.open(str(path)) as container:
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     video = np.stack(frames)  # [F, h, w, 3]
     h, w = video.shape[1:3]
-    if (h, w) == (height, width):
+    if height is None or width is None or (h, w) == (height, width):  # no recorded size: as stored
         return video
     if h % height == 0 and w % width == 0 and h // height == w // width:
         # Undo _write_mp4's integer nearest-neighbour upscale by averaging each
@@ -215,7 +215,8 @@ def read_samples(folder) -> tuple[Samples, list[dict]]:
     folder = Path(folder)
     index = folder / INDEX_FILE
     if not index.is_file():
-        raise UserError(f"no {INDEX_FILE} in {folder}: expected a folder written by write_samples")
+        raise UserError(f"{index} does not exist; expected a folder written by `flowrl sample` (sample files plus "
+                        f"{INDEX_FILE} with prompt, seed, file per line)")
     try:
         records = [json.loads(line) for line in index.read_text().splitlines() if line.strip()]
     except (OSError, ValueError) as e:
@@ -225,17 +226,15 @@ def read_samples(folder) -> tuple[Samples, list[dict]]:
 
     arrays = []
     for n, record in enumerate(records):
-        missing = {"file", "modality", "height", "width"} - record.keys()
-        if missing:
-            raise UserError(
-                f"{index} line {n + 1} lacks {sorted(missing)}: "
-                "expected the fields write_samples writes"
-            )
-        video = record["modality"] == "video"
+        if not isinstance(record, dict) or "file" not in record:
+            raise UserError(f"{index} line {n + 1}: expected a JSON object with a 'file' field (and 'prompt')")
+        # folders written by hand may leave out modality and size: the file's type says which it is
+        video = record.get("modality", "video" if str(record["file"]).endswith(".mp4") else "image") == "video"
+        record["modality"] = "video" if video else "image"
         path = folder / record["file"]
         try:
             if video:
-                arrays.append(_read_mp4(path, record["height"], record["width"]))
+                arrays.append(_read_mp4(path, record.get("height"), record.get("width")))
             else:
                 with Image.open(path) as image:
                     arrays.append(np.asarray(image.convert("RGB")))

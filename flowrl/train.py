@@ -21,9 +21,12 @@ from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from .config import RunConfig, config_to_dict
 from .errors import ConfigError
 from .policies import load_pipeline, policy_for
+from .policies.base import SampleSpec
 from .prompt_source import PromptSource, derived_seed
 from .rewards import WeightedSum, build_reward, latent_scorer
 from .rollout import per_sample_noise, rollout, sample_generators
+from .schedules import cosine_decay
+from .tasks.base import build_task
 
 
 @dataclass
@@ -33,11 +36,8 @@ class RunState:
 
 
 def build_policy(config: RunConfig):
-    kwargs = {"max_sequence_length": config.pipeline.max_sequence_length}
-    pipeline = load_pipeline(config.pipeline.path)
-    if type(pipeline).__name__ == "WanPipeline":
-        kwargs["num_frames"] = config.pipeline.num_frames
-    policy = policy_for(pipeline, **kwargs)
+    policy = policy_for(load_pipeline(config.pipeline.path), config.pipeline.policy,
+                        max_sequence_length=config.pipeline.max_sequence_length)
     if config.lora is not None:
         targets = config.lora.target_modules or policy.lora_targets
         policy.add_lora(config.lora.rank, config.lora.alpha, targets)
@@ -47,11 +47,14 @@ def build_policy(config: RunConfig):
 
 
 def build_rewards(config: RunConfig):
-    try:
-        terms = [build_reward(t.name, **t.params) for t in config.reward]
-    except (ValueError, TypeError) as error:
-        raise ConfigError(f"reward: {error}") from None
-    return WeightedSum(terms, [t.weight for t in config.reward])
+    terms = [build_reward(t.name, where=f"reward[{i}]", **t.params) for i, t in enumerate(config.reward)]
+    return WeightedSum(terms, [t.weight for t in config.reward], normalize=config.train.normalize_rewards)
+
+
+def sample_spec(config: RunConfig, policy) -> SampleSpec:
+    """The configured sample size and frames, the pipeline's own defaults where the config leaves them out."""
+    default, c = policy.default_spec(), config.pipeline
+    return SampleSpec(c.height or default.height, c.width or default.width, c.num_frames or default.num_frames)
 
 
 def adapter_description(config: RunConfig, policy) -> dict | None:
@@ -90,17 +93,19 @@ class Trainer:
             raise ConfigError(f"sampler.kind: a {type(self.policy.pipeline).__name__} samples with "
                               f"{list(self.policy.kinds)}, got {config.sampler.kind!r}")
         self.algorithm = build_algorithm(config.algorithm.name, config.algorithm.params, config.sampler)
-        if self.algorithm.needs_ode_rollout and self.policy.family == "epsilon":
+        if self.algorithm.needs_ode_rollout and self.policy.prediction == "epsilon":
             raise ConfigError(f"algorithm.name: {config.algorithm.name!r} is implemented for flow-matching pipelines; "
                               f"{type(self.policy.pipeline).__name__} predicts noise")
         self.reward = build_rewards(config)
         self.algorithm.bind_reward(self.reward)
-        self.prompts = PromptSource(config.prompts.source)
+        self.task = build_task(config.task.name, config.task.params)
+        self.spec = sample_spec(config, self.policy)
+        self.prompts = PromptSource(self.task, config.prompts.source)
         self.data_loss = None
         if config.train.data_loss is not None and config.train.data_loss.weight > 0:
             from .data_loss import DataLoss
 
-            self.data_loss = DataLoss(config.train.data_loss, self.policy, config.run.seed)
+            self.data_loss = DataLoss(config.train.data_loss, self.policy, self.task, config.run.seed)
         params = self.policy.trainable_parameters()
         if not params:
             raise ConfigError("nothing to train: the policy has no trainable parameters")
@@ -122,13 +127,14 @@ class Trainer:
     def collect(self, update: int, progress=None) -> tuple[RolloutBatch, dict]:
         c = self.config
         seed, size = c.run.seed, c.train.group_size
-        prompts = self.prompts.draw(c.train.groups_per_update, seed, update)
-        every_prompt = [p for p in prompts for _ in range(size)]
-        every_group = torch.arange(len(prompts)).repeat_interleave(size)
-        every_seed = [derived_seed(seed, update, i) for i in range(len(every_prompt))]
+        conditions = self.prompts.draw(c.train.groups_per_update, seed, update)
+        every_item = [item for item in conditions for _ in range(size)]
+        every_group = torch.arange(len(conditions)).repeat_interleave(size)
+        every_seed = [derived_seed(seed, update, i) for i in range(len(every_item))]
         mine = self.local_slice()
-        local_prompts, local_groups, local_seeds = every_prompt[mine], every_group[mine], every_seed[mine]
-        shape = self.policy.noise_shape(c.pipeline.height, c.pipeline.width)
+        local_items, local_groups, local_seeds = every_item[mine], every_group[mine], every_seed[mine]
+        local_prompts = [item.prompt for item in local_items]
+        shape = self.policy.noise_shape(self.spec)
         generators = sample_generators(local_seeds)
         initial = None
         if self.algorithm.shared_initial_noise:  # DanceGRPO: the group's first sample seeds everyone's x_T
@@ -138,7 +144,7 @@ class Trainer:
             lo, hi = c.sampler.sde_window_range
             start = int(torch.randint(lo, hi, (1,), generator=torch.Generator().manual_seed(derived_seed(seed, update, 29))))
             window = (start, start + c.sampler.sde_window_size)
-        cond = self.policy.encode(local_prompts, c.sampler.guidance_scale)
+        cond = self.policy.encode(local_items, c.sampler.guidance_scale)
         callbacks, steering = [], None
         if c.sampler.fk is not None:
             from .fk import FKSteering
@@ -158,7 +164,7 @@ class Trainer:
                            callbacks=callbacks, progress=progress)
             with torch.no_grad():
                 samples = self.policy.decode(traj.final)
-        scored = self.reward(samples, local_prompts, {"seeds": local_seeds})
+        scored = self.reward(samples, local_prompts, {"seeds": local_seeds, "conditions": local_items})
         rewards = scored.scores.float().to(self.accelerator.device)
         global_rewards = self.accelerator.gather(rewards).cpu()
         global_groups = self.accelerator.gather(local_groups.to(self.accelerator.device)).cpu()
@@ -237,7 +243,7 @@ class Trainer:
 
     def _set_learning_rate(self, update: int) -> None:
         c = self.config.train
-        scale = 1.0 if c.lr_schedule == "constant" else 0.5 * (1 + math.cos(math.pi * update / c.updates))
+        scale = 1.0 if c.lr_schedule == "constant" else cosine_decay(update, c.updates)
         for group in self.optimizer.param_groups:
             group["lr"] = c.lr * scale
 

@@ -12,12 +12,13 @@ from flowrl.config import load_config
 def tiny_run_config(path: Path, pipeline_dir: Path, out_dir: Path, name: str, **train) -> Path:
     data = {
         "run": {"name": name, "out_dir": str(out_dir), "seed": 0},
+        "task": {"name": "shapes"},
         "pipeline": {"path": str(pipeline_dir), "height": 32, "width": 32, "max_sequence_length": 16},
         "lora": {"rank": 4, "alpha": 8},
         "sampler": {"kind": "flow", "noise_level": 0.7, "num_steps": 4, "guidance_scale": 2.0},
         "algorithm": {"name": "grpo", "params": {"clip_range": 1e-3, "timestep_fraction": 0.5}},
         "reward": [{"name": "jpeg_compressibility"}],
-        "prompts": {"source": "shapes_train"},
+        "prompts": {"source": "train"},
         "train": {"updates": 3, "groups_per_update": 2, "group_size": 4, "lr": 1e-3, "microbatch_size": 4,
                   "optimizer_steps_per_update": 2, "ema_decay": 0.5, "checkpoint_every": 1, "threads": 1, **train},
         "eval": {"enabled": False},

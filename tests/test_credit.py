@@ -10,6 +10,7 @@ from flowrl.policies import policy_for
 from flowrl.rewards import build_reward
 from flowrl.rollout import rollout, sample_generators
 from tiny_pipelines import tiny_shapes_sd3
+from flowrl.policies.base import SampleSpec
 
 
 def test_per_step_credits_telescope_to_the_final_reward_gain():
@@ -48,7 +49,7 @@ def test_intermediate_rewards_and_incremental_grpo_on_a_tiny_rollout():
     reward = build_reward("jpeg_compressibility")
     prompts = ["a red circle"] * 3 + ["a square"] * 3
     recorder = IntermediateRewards(lambda z, texts: reward(policy.decode(z), texts).scores, 4)
-    traj = rollout(policy, policy.encode(prompts, 2.0), sample_generators(range(6)), policy.noise_shape(32, 32), 4,
+    traj = rollout(policy, policy.encode(prompts, 2.0), sample_generators(range(6)), policy.noise_shape(SampleSpec(32, 32)), 4,
                    "flow", 0.7, 2.0, callbacks=[recorder])
     step_rewards = recorder.rewards
     assert step_rewards.shape == (6, 5)

@@ -6,6 +6,7 @@ from flowrl.config import DataLossSection
 from flowrl.data_loss import DataLoss
 from flowrl.errors import ConfigError
 from flowrl.policies import load_pipeline, policy_for
+from flowrl.tasks import build_task
 from tiny_pipelines import tiny_shapes_sd
 
 
@@ -13,7 +14,7 @@ def test_data_loss_batches_are_seeded_and_descending_it_fits_them(tiny_sd3_dir):
     torch.manual_seed(0)
     policy = policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)
     policy.add_lora(4, 8, policy.lora_targets)
-    data = DataLoss(DataLossSection(weight=1.0, batch=4), policy, seed=3)
+    data = DataLoss(DataLossSection(weight=1.0, batch=4), policy, build_task("shapes"), seed=3)
     first, again, other = data.batch(5, 0, 0), data.batch(5, 0, 0), data.batch(6, 0, 0)
     assert first[1] == again[1] and (first[0] == again[0]).all()
     assert first[1] != other[1]
@@ -32,7 +33,7 @@ def test_data_loss_batches_are_seeded_and_descending_it_fits_them(tiny_sd3_dir):
 
 def test_data_loss_on_a_noise_prediction_pipeline_is_a_config_error():
     with pytest.raises(ConfigError, match="train.data_loss"):
-        DataLoss(DataLossSection(), policy_for(tiny_shapes_sd()), seed=0)
+        DataLoss(DataLossSection(), policy_for(tiny_shapes_sd()), build_task("shapes"), seed=0)
 
 
 def test_bad_data_loss_fields_are_named():

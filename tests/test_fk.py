@@ -7,6 +7,7 @@ import torch
 from flowrl.fk import FKConfig, FKSteering, effective_sample_size, log_potential, resample_indices
 from flowrl.policies.base import Conditioning, FlowPolicy
 from flowrl.rollout import rollout, sample_generators
+from flowrl.policies.base import SampleSpec
 
 MEANS = torch.tensor([[-1.0, 0.0], [1.0, 0.0]], dtype=torch.float64)
 SCALE = 0.3  # every component is N(mean, SCALE^2 I)
@@ -141,7 +142,7 @@ def test_fk_resampled_rollouts_are_on_policy_for_grpo():
     cond = policy.encode(["a red circle"] * k + ["a square"] * k, 2.0)
     fk = FKConfig(num_particles=k, lam=50.0, resample_every=1, ess_threshold=1.0)
     steering = FKSteering(fk, lambda z, prompts: z.flatten(1).mean(1), steps, groups, torch.Generator().manual_seed(0))
-    traj = rollout(policy, cond, sample_generators(range(groups * k)), policy.noise_shape(32, 32), steps, "flow",
+    traj = rollout(policy, cond, sample_generators(range(groups * k)), policy.noise_shape(SampleSpec(32, 32)), steps, "flow",
                    0.7, 2.0, callbacks=[steering])
     assert len(steering.resampled_at) >= 1
     rewards = torch.arange(groups * k, dtype=torch.float32)

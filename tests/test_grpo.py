@@ -9,6 +9,7 @@ from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
 from flowrl.rollout import rollout, sample_generators
 from tiny_pipelines import tiny_shapes_sd3
+from flowrl.policies.base import SampleSpec
 
 
 def test_group_advantages_by_hand():
@@ -33,7 +34,7 @@ def test_trained_steps_are_a_seeded_subset():
 def _batch(policy, kind="flow"):
     prompts = ["a red circle"] * 3 + ["a square"] * 3
     cond = policy.encode(prompts, 2.0)
-    traj = rollout(policy, cond, sample_generators(range(6)), policy.noise_shape(32, 32), 4, kind, 0.7, 2.0)
+    traj = rollout(policy, cond, sample_generators(range(6)), policy.noise_shape(SampleSpec(32, 32)), 4, kind, 0.7, 2.0)
     rewards = torch.tensor([0.0, 1.0, 0.5, 0.2, 0.9, 0.4])
     groups = torch.tensor([0, 0, 0, 1, 1, 1])
     return RolloutBatch(traj, rewards, groups, list(range(6)), rewards, groups, torch.arange(6), ["a circle"] * 6)
@@ -140,7 +141,7 @@ def test_cfg_unconditional_branch_is_detached_by_default():
             if "lora_B" in name:
                 p.normal_(0, 0.3, generator=torch.Generator().manual_seed(0))
     cond = policy.encode(["a red circle", "a square"], 4.5)
-    x = torch.randn(2, *policy.noise_shape(32, 32), generator=torch.Generator().manual_seed(1))
+    x = torch.randn(2, *policy.noise_shape(SampleSpec(32, 32)), generator=torch.Generator().manual_seed(1))
     sigma, w = torch.tensor([0.6, 0.6]), 4.5
     param = next(p for n, p in policy.transformer.named_parameters() if "lora_A" in n)
 

@@ -12,6 +12,7 @@ from flowrl.policies import policy_for
 from flowrl.rewards.base import Reward, RewardOutput
 from flowrl.rollout import rollout, sample_generators
 from tiny_pipelines import tiny_shapes_sd3
+from flowrl.policies.base import SampleSpec
 
 ODE = SamplerSection(kind="ode", guidance_scale=2.0)
 
@@ -34,7 +35,7 @@ def _policy():
 def _ode_batch(policy, rewards=None, steps=4):
     prompts = ["a red circle"] * 4 + ["a square"] * 4
     cond = policy.encode(prompts, 2.0)
-    traj = rollout(policy, cond, sample_generators(range(8)), policy.noise_shape(32, 32), steps, "ode", 0.7, 2.0)
+    traj = rollout(policy, cond, sample_generators(range(8)), policy.noise_shape(SampleSpec(32, 32)), steps, "ode", 0.7, 2.0)
     if rewards is None:
         with torch.no_grad():
             rewards = RedReward()(policy.decode(traj.final), prompts).scores

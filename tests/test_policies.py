@@ -2,50 +2,57 @@
 import pytest
 import torch
 
+from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
 from flowrl.rollout import rollout, sample_generators
 from tiny_pipelines import tiny_flux, tiny_shapes_sd3, tiny_wan
+from flowrl.policies.base import SampleSpec
 
 CASES = {
-    "sd3": (tiny_shapes_sd3, {}, (32, 32), 4.0),
-    "flux": (tiny_flux, {}, (8, 8), 3.5),
-    "wan": (tiny_wan, {"num_frames": 9}, (16, 16), 5.0),
+    "sd3": (tiny_shapes_sd3, SampleSpec(32, 32), 4.0),
+    "flux": (tiny_flux, SampleSpec(8, 8), 3.5),
+    "wan": (tiny_wan, SampleSpec(16, 16, num_frames=9), 5.0),
 }
 PROMPTS = ["a red circle", "two squares"]
 
 
-def _pipeline_latents(name, pipe, noise, steps, guidance, hw):
-    kwargs = dict(prompt=PROMPTS, num_inference_steps=steps, guidance_scale=guidance, latents=noise,
-                  output_type="latent", height=hw[0], width=hw[1], max_sequence_length=16)
+def _pipeline_latents(name, pipe, noise, steps, guidance, spec):
+    """The pipeline's own latents from the same initial noise (FLUX's packed into its 2x2 tokens and back)."""
+    packed = pipe._pack_latents(noise, *noise.shape) if name == "flux" else noise
+    kwargs = dict(prompt=PROMPTS, num_inference_steps=steps, guidance_scale=guidance, latents=packed,
+                  output_type="latent", height=spec.height, width=spec.width, max_sequence_length=16)
     if name in ("sd3", "wan"):
         kwargs["negative_prompt"] = [""] * len(PROMPTS)
     if name == "wan":
-        kwargs["num_frames"] = 9
+        kwargs["num_frames"] = spec.num_frames
     out = pipe(**kwargs)
-    return out.images if hasattr(out, "images") else out.frames
+    latents = out.images if hasattr(out, "images") else out.frames
+    if name == "flux":
+        return pipe._unpack_latents(latents, spec.height, spec.width, pipe.vae_scale_factor)
+    return latents
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_ode_rollout_reproduces_the_pipeline(name):
-    make, kwargs, hw, guidance = CASES[name]
+    make, spec, guidance = CASES[name]
     pipe = make()
-    policy = policy_for(pipe, max_sequence_length=16, **kwargs)
-    shape = policy.noise_shape(*hw)
+    policy = policy_for(pipe, max_sequence_length=16)
+    shape = policy.noise_shape(spec)
     noise = torch.randn(len(PROMPTS), *shape, generator=torch.Generator().manual_seed(0))
     cond = policy.encode(PROMPTS, guidance)
     traj = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, guidance, initial_noise=noise)
-    torch.testing.assert_close(traj.final, _pipeline_latents(name, pipe, noise, 3, guidance, hw).float(),
+    torch.testing.assert_close(traj.final, _pipeline_latents(name, pipe, noise, 3, guidance, spec).float(),
                                atol=1e-4, rtol=1e-4)
     decoded = policy.decode(traj.final)
-    assert decoded.shape[:2] == (2, 3) and decoded.shape[-2:] == hw
+    assert decoded.shape[:2] == (2, 3) and decoded.shape[-2:] == (spec.height, spec.width)
     assert 0 <= decoded.min() and decoded.max() <= 1
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_sde_rollout_stores_trajectory_and_log_probs(name):
-    make, kwargs, hw, guidance = CASES[name]
-    policy = policy_for(make(), max_sequence_length=16, **kwargs)
-    shape = policy.noise_shape(*hw)
+    make, spec, guidance = CASES[name]
+    policy = policy_for(make(), max_sequence_length=16)
+    shape = policy.noise_shape(spec)
     cond = policy.encode(PROMPTS, guidance)
     traj = rollout(policy, cond, sample_generators([5, 6]), shape, 4, "flow", 0.7, guidance)
     assert traj.latents.shape == (5, 2, *shape)
@@ -58,9 +65,9 @@ def test_sde_rollout_stores_trajectory_and_log_probs(name):
 
 @pytest.mark.parametrize("name", CASES)
 def test_lora_trains_only_the_adapter_and_reference_is_the_base(name):
-    make, kwargs, hw, guidance = CASES[name]
-    policy = policy_for(make(), max_sequence_length=16, **kwargs)
-    shape = policy.noise_shape(*hw)
+    make, spec, guidance = CASES[name]
+    policy = policy_for(make(), max_sequence_length=16)
+    shape = policy.noise_shape(spec)
     x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     cond = policy.encode(PROMPTS, guidance)
     base = policy.velocity(x, 0.6, cond, guidance)
@@ -81,7 +88,7 @@ def test_lora_trains_only_the_adapter_and_reference_is_the_base(name):
 
 def test_cfg_combines_conditional_and_unconditional_velocity():
     policy = policy_for(tiny_shapes_sd3(), max_sequence_length=16)
-    x = torch.randn(2, *policy.noise_shape(32, 32))
+    x = torch.randn(2, *policy.noise_shape(SampleSpec(32, 32)))
     cond = policy.encode(PROMPTS, 3.0)
     text = policy.velocity(x, 0.5, policy.encode(PROMPTS, 1.0), 1.0)
     uncond = policy.velocity(x, 0.5, policy.encode(["", ""], 1.0), 1.0)
@@ -89,5 +96,5 @@ def test_cfg_combines_conditional_and_unconditional_velocity():
 
 
 def test_unknown_pipeline_class_is_named():
-    with pytest.raises(ValueError, match="no policy adapter for object"):
+    with pytest.raises(ConfigError, match="unknown policy 'object'"):
         policy_for(object())

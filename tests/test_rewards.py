@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 
+from flowrl.errors import ConfigError
 from flowrl.rewards import WeightedSum, build_reward, reward_names
 from flowrl.shapes.scenes import sample_pairs
 
@@ -51,5 +52,5 @@ def test_weighted_sum_and_registry():
     normalized = WeightedSum([jpeg], [1.0], normalize=True)(samples, prompts).scores
     assert abs(normalized.mean().item()) < 1e-5
     assert {"shapes", "jpeg_compressibility", "jpeg_incompressibility"} <= set(reward_names())
-    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+    with pytest.raises(ConfigError, match="unknown reward 'nope'"):
         build_reward("nope")

@@ -16,6 +16,7 @@ from flowrl.policies import load_pipeline, policy_for
 from flowrl.rollout import rollout, sample_generators
 from flowrl.policies.base import Conditioning
 from flowrl.safety.steering import ProbeFK, SafetyMonitor, SteeringConfig
+from flowrl.policies.base import SampleSpec
 
 PROMPTS = ["a red triangle", "a blue square", "a triangle", "two circles"]
 
@@ -39,7 +40,7 @@ def policy(tiny_sd3_dir):
 def _run(policy, config, probe, prompts=PROMPTS, seeds=range(4)):
     cond = policy.encode(prompts, 4.5)
     monitor = SafetyMonitor(policy, probe, config, len(prompts)) if config else None
-    traj = rollout(policy, cond, sample_generators(list(seeds)), policy.noise_shape(32, 32), 6, "ode", 0.0, 4.5,
+    traj = rollout(policy, cond, sample_generators(list(seeds)), policy.noise_shape(SampleSpec(32, 32)), 6, "ode", 0.0, 4.5,
                    guide=monitor)
     return traj.final, monitor
 
@@ -68,7 +69,7 @@ def test_steering_changes_exactly_the_samples_the_probe_fired_on(policy, mode):
 
 
 def test_negative_guidance_and_probe_gradient_follow_their_formulas(policy):
-    x = torch.randn(2, *policy.noise_shape(32, 32), generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, *policy.noise_shape(SampleSpec(32, 32)), generator=torch.Generator().manual_seed(0))
     cond = policy.encode(["a triangle", "a square"], 4.5)
     v = policy.velocity(x, 0.6, cond, 4.5)
     always = LinearProbe(0.0, 10.0)  # fires on everything at once
@@ -184,13 +185,18 @@ def test_steering_is_switchable_in_a_run_config_with_clear_errors():
     from flowrl.config import load_config
     from flowrl.errors import UserError
 
-    config = load_config(REPO / "configs/shapes_grpo.yaml", ["eval.steering={mode: probe_gradient, threshold: 0.3}"])
-    assert config.eval.steering.mode == "probe_gradient" and config.eval.steering.threshold == 0.3
-    for override, field in [("eval.steering={mode: bogus}", "eval.steering.mode"),
-                            ("eval.steering={mode: negative, threshold: 1.5}", "eval.steering.threshold"),
-                            ("eval.steering={mode: lora, lora: pipelines/shapes-safety-lora}", "eval.steering.mode")]:
+    from flowrl.tasks import build_task
+
+    config = load_config(REPO / "configs/shapes_safe_grpo.yaml",
+                         ["task.params.steering={mode: probe_gradient, threshold: 0.3}"])
+    task = build_task(config.task.name, config.task.params)
+    assert task.steering.mode == "probe_gradient" and task.steering.threshold == 0.3
+    where = "task.params.steering"
+    for override, field in [(f"{where}={{mode: bogus}}", f"{where}.mode"),
+                            (f"{where}={{mode: negative, threshold: 1.5}}", f"{where}.threshold"),
+                            (f"{where}={{mode: lora, lora: pipelines/shapes-safety-lora}}", f"{where}.mode")]:
         with pytest.raises(UserError, match=field):
-            load_config(REPO / "configs/shapes_grpo.yaml", [override])
+            load_config(REPO / "configs/shapes_safe_grpo.yaml", [override])
 
 
 def test_sample_steer_records_firing_and_names_missing_pieces(tiny_sd3_dir, tmp_path):

@@ -8,7 +8,8 @@ import torch
 
 from conftest import REPO
 from flowrl.models.shapes_scorer import ScorerSize
-from flowrl.pretrain.scorer import (ScorerConfig, auc, climb_scorer, pair_logits, pretrain_scorer, save_scorer,
+from flowrl.eval.metrics import auc
+from flowrl.pretrain.scorer import (ScorerConfig, climb_scorer, pair_logits, pretrain_scorer, save_scorer,
                                     verdict_matrix)
 from flowrl.rewards import build_reward
 from flowrl.shapes import verifier

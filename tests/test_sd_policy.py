@@ -8,6 +8,7 @@ from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
 from flowrl.rollout import rollout, sample_generators
 from tiny_pipelines import tiny_shapes_sd
+from flowrl.policies.base import SampleSpec
 
 PROMPTS = ["a red circle", "two squares"]
 
@@ -15,7 +16,7 @@ PROMPTS = ["a red circle", "two squares"]
 def test_deterministic_ddim_rollout_reproduces_the_pipeline():
     pipe = tiny_shapes_sd()
     policy = policy_for(pipe)
-    shape = policy.noise_shape(32, 32)
+    shape = policy.noise_shape(SampleSpec(32, 32))
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     traj = rollout(policy, policy.encode(PROMPTS, 3.0), sample_generators([1, 2]), shape, 4, "ode", 0.0, 3.0,
                    initial_noise=noise)
@@ -27,7 +28,7 @@ def test_deterministic_ddim_rollout_reproduces_the_pipeline():
 def test_stochastic_ddim_step_is_the_schedulers_step_with_its_log_density():
     pipe = tiny_shapes_sd()
     policy = policy_for(pipe)
-    shape = policy.noise_shape(32, 32)
+    shape = policy.noise_shape(SampleSpec(32, 32))
     cond = policy.encode(PROMPTS, 1.0)
     x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(3))
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(4))
@@ -47,7 +48,7 @@ def test_ddpo_ratio_is_one_on_policy_and_it_needs_ddim():
     policy = policy_for(tiny_shapes_sd())
     policy.add_lora(4, 8, policy.lora_targets)
     prompts = ["a red circle"] * 3 + ["a square"] * 3
-    traj = rollout(policy, policy.encode(prompts, 2.0), sample_generators(range(6)), policy.noise_shape(32, 32), 4,
+    traj = rollout(policy, policy.encode(prompts, 2.0), sample_generators(range(6)), policy.noise_shape(SampleSpec(32, 32)), 4,
                    "ddim", 1.0, 2.0)
     assert traj.stochastic.all() and torch.isfinite(traj.log_probs).all()
     rewards = torch.tensor([0.0, 1.0, 0.5, 0.2, 0.9, 0.4])

@@ -13,6 +13,7 @@ import torch
 
 from ..config import from_dict
 from ..errors import ConfigError
+from ..registry import Registry
 from ..rewards.augment import ShiftAverage
 from ..rollout import Trajectory
 
@@ -148,22 +149,24 @@ class Algorithm:
         raise NotImplementedError
 
 
-_REGISTRY: dict[str, type[Algorithm]] = {}
+ALGORITHMS = Registry("algorithm", {
+    "grpo": "flowrl.algorithms.grpo", "ddpo": "flowrl.algorithms.ddpo", "nft": "flowrl.algorithms.nft",
+    "refl": "flowrl.algorithms.reward_backprop", "draft": "flowrl.algorithms.reward_backprop",
+    "mend": "flowrl.algorithms.mend",
+})
 
 
 def register_algorithm(cls):
-    _REGISTRY[cls.name] = cls
-    return cls
+    return ALGORITHMS.register()(cls)
 
 
 def algorithm_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return ALGORITHMS.names()
 
 
 def build_algorithm(name: str, params: dict, sampler) -> Algorithm:
-    if name not in _REGISTRY:
-        raise ConfigError(f"algorithm.name: expected one of {algorithm_names()}, got {name!r}")
-    algorithm = _REGISTRY[name].from_config(params, sampler)
+    """An algorithm by registered name or dotted path `package.module:Class`, its params validated."""
+    algorithm = ALGORITHMS.get(name, "algorithm.name").from_config(params, sampler)
     if hasattr(algorithm.params, "validate"):
         algorithm.params.validate()
     algorithm.check_sampler(sampler)

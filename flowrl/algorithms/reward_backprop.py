@@ -18,6 +18,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
+from ..sampling import x0_prediction
 from .base import (Algorithm, RewardGradientParams, RolloutBatch, WorkItems, register_algorithm, step_in_range,
                    validate_step_range)
 
@@ -78,7 +79,7 @@ class ReFL(_RewardBackprop):
         x = traj.latents[items.step, items.sample]
         sigma = traj.sigmas[items.step].to(x)
         v = policy.velocity(x, sigma, traj.cond.select(items.sample), traj.guidance_scale)
-        x0_hat = x - sigma.reshape(-1, *[1] * (x.ndim - 1)) * v
+        x0_hat = x0_prediction(v, x, sigma)
         scores = self.score_latents(policy, x0_hat, [batch.prompts[i] for i in items.sample.tolist()],
                                     [batch.seeds[i] for i in items.sample.tolist()])
         return reward_loss(scores, self.params.cap, self.params.loss_scale), {"reward_of_prediction": scores.detach()}

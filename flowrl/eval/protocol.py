@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..config import EvalSection
 from ..generate import generate
 from ..images import to_unit
 from ..shapes.prompts import eval_prompt_set
@@ -14,7 +15,8 @@ from .diversity import (feature_distance, free_attribute_spread, mean_vendi, pai
                         within_prompt_pixel_distance)
 from .shapes import shapes_accuracy
 
-PROTOCOL = {"num_per_prompt": 4, "seed": 2024, "num_steps": 20, "guidance_scale": 4.5}
+# the same protocol as a run's eval section by default (config.EvalSection), stated once there
+PROTOCOL = {key: getattr(EvalSection(), key) for key in ("num_per_prompt", "seed", "num_steps", "guidance_scale")}
 
 
 @torch.no_grad()

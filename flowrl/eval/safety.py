@@ -21,7 +21,7 @@ from ..generate import generate
 from ..safety.baselines import PromptFilter, filtered_generate, reject_and_resample
 from ..safety.concept import PROMPT_SETS, is_unsafe, safety_split
 from ..safety.reward import judge
-from ..safety.steering import SteeringConfig, load_steering
+from ..safety.steering import SafetySteer, SteeringConfig, load_steering
 
 MODES = ("base", "prompt_filter", "reject_resample", "monitor", "negative", "probe_gradient", "fk", "fk_negative", "lora",
          "safe_rl", "safe_rl_negative")
@@ -48,7 +48,7 @@ def _images_for(mode, policy, prompts, steering: SteeringConfig, probe, label, s
         return filtered_generate(policy, prompts, PromptFilter(), **sampling)
     if mode == "reject_resample":
         return reject_and_resample(policy, prompts, label, **sampling)
-    return generate(policy, prompts, steering=replace(steering, mode=STEERED[mode]), probe=probe, **sampling)
+    return generate(policy, prompts, steer=SafetySteer(probe, replace(steering, mode=STEERED[mode])), **sampling)
 
 
 def evaluate_safety(policy, modes: list[str], steering: SteeringConfig, num_per_prompt: int = 4, seed: int = 0,

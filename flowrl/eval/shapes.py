@@ -9,24 +9,13 @@ from PIL import Image
 
 from ..errors import UserError
 from ..shapes import TAGS, parse_prompt, score
+from ..tasks.base import tag_metrics
 
 
 def shapes_accuracy(images: np.ndarray, prompts: list[str]) -> dict:
     """{'overall': mean over tags, 'tags': {tag: accuracy}, 'counts': {tag: n}} for uint8 images and prompts."""
-    by_tag: dict[str, list[float]] = {}
-    for image, prompt in zip(images, prompts):
-        by_tag.setdefault(parse_prompt(prompt).tag, []).append(score(image, prompt))
-    tags = {t: float(np.mean(by_tag[t])) for t in TAGS if t in by_tag}
-    return {"overall": float(np.mean(list(tags.values()))) if tags else 0.0, "tags": tags,
-            "counts": {t: len(by_tag[t]) for t in tags}}
-
-
-def format_accuracy(result: dict) -> str:
-    lines = [f"{'tag':<14} {'accuracy':>8} {'n':>5}"]
-    for tag, acc in result["tags"].items():
-        lines.append(f"{tag:<14} {acc:>8.3f} {result['counts'][tag]:>5}")
-    lines.append(f"{'overall':<14} {result['overall']:>8.3f}")
-    return "\n".join(lines)
+    return tag_metrics([score(image, prompt) for image, prompt in zip(images, prompts)],
+                       [parse_prompt(prompt).tag for prompt in prompts], TAGS)
 
 
 def read_samples_dir(folder: str | Path) -> tuple[np.ndarray, list[str]]:

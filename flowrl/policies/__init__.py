@@ -1,21 +1,25 @@
-"""Policy adapters: one per diffusers pipeline family, chosen from the pipeline's class."""
+"""Policy adapters: one per diffusers pipeline family, chosen from the pipeline's class (or named in the config)."""
 from __future__ import annotations
 
+from ..registry import Registry
 from .base import Conditioning, FlowPolicy
-from .flux import FluxPolicy
-from .sd import SDPolicy
-from .sd3 import SD3Policy
-from .wan import WanPolicy
 
-_FAMILIES = {"StableDiffusionPipeline": SDPolicy, "StableDiffusion3Pipeline": SD3Policy, "FluxPipeline": FluxPolicy, "WanPipeline": WanPolicy}
+# pipeline class name -> adapter module; a config's `pipeline.policy: package.module:Class` overrides the choice
+POLICIES = Registry("policy", {
+    "StableDiffusionPipeline": "flowrl.policies.sd", "StableDiffusion3Pipeline": "flowrl.policies.sd3",
+    "FluxPipeline": "flowrl.policies.flux", "WanPipeline": "flowrl.policies.wan",
+})
 
 
-def policy_for(pipeline, **kwargs) -> FlowPolicy:
-    """The adapter for a pipeline instance (ValueError naming the class when none fits)."""
-    name = type(pipeline).__name__
-    if name not in _FAMILIES:
-        raise ValueError(f"no policy adapter for {name}; supported: {sorted(_FAMILIES)}")
-    return _FAMILIES[name](pipeline, **kwargs)
+def register_policy(pipeline_class: str):
+    return POLICIES.register(pipeline_class)
+
+
+def policy_for(pipeline, policy: str | None = None, **kwargs) -> FlowPolicy:
+    """The adapter for a pipeline instance: `policy` (a registered pipeline class name or a dotted path) or the one
+    registered for the pipeline's class (ConfigError naming the class when none fits)."""
+    adapter = POLICIES.get(policy or type(pipeline).__name__, "pipeline.policy")
+    return adapter(pipeline, **kwargs)
 
 
 def load_pipeline(path, dtype=None):
@@ -30,10 +34,10 @@ def load_pipeline(path, dtype=None):
     folder = Path(path)
     if not (folder / "model_index.json").is_file():
         raise UserError(f"pipeline folder {folder} has no model_index.json; expected a diffusers-format "
-                                "pipeline saved with save_pretrained (the embedded default is pipelines/shapes-sd3)")
+                        "pipeline saved with save_pretrained")
     pipe = DiffusionPipeline.from_pretrained(folder, dtype=dtype or torch.float32, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
-__all__ = ["Conditioning", "FlowPolicy", "FluxPolicy", "SDPolicy", "SD3Policy", "WanPolicy", "load_pipeline", "policy_for"]
+__all__ = ["Conditioning", "FlowPolicy", "POLICIES", "load_pipeline", "policy_for", "register_policy"]

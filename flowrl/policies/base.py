@@ -12,22 +12,40 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..sampling import SDE_KINDS
+
 
 @dataclass
 class Conditioning:
-    """Prompt conditioning, batch-first so it can be indexed like the samples it conditions."""
+    """Encoded conditions, batch-first so they can be indexed like the samples they condition.
+
+    `tensors` / `negative` hold the model inputs of the conditional / unconditional (CFG) branch, including encoded
+    per-sample inputs such as a source image's latents; `items` are the condition items themselves (prompt, inputs,
+    metadata), which rewards receive as metadata.
+    """
     tensors: dict[str, torch.Tensor]
     negative: dict[str, torch.Tensor] = field(default_factory=dict)  # unconditional branch for CFG
     prompts: list[str] = field(default_factory=list)
+    items: list = field(default_factory=list)
 
     def select(self, index) -> "Conditioning":
         index = torch.as_tensor(index, dtype=torch.long)
+        rows = index.tolist()
         pick = {k: v[index] for k, v in self.tensors.items()}
         neg = {k: v[index] for k, v in self.negative.items()}
-        return Conditioning(pick, neg, [self.prompts[i] for i in index.tolist()] if self.prompts else [])
+        return Conditioning(pick, neg, [self.prompts[i] for i in rows] if self.prompts else [],
+                            [self.items[i] for i in rows] if self.items else [])
 
     def __len__(self) -> int:
         return next(iter(self.tensors.values())).shape[0]
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    """What one sample is: its size, and its frame count for video families (None elsewhere)."""
+    height: int
+    width: int
+    num_frames: int | None = None
 
 
 class FlowPolicy:
@@ -36,8 +54,9 @@ class FlowPolicy:
     `transformer` is the denoising network being trained (the UNet for epsilon-prediction pipelines).
     """
 
-    family = "flow"
-    kinds = ("ode", "flow", "dance", "cps", "sage")  # sampler kinds this family's `step` understands
+    family = "flow"  # the model family (sd3, flux, wan, sd); `prediction` is what the network predicts
+    prediction = "flow"  # "flow": velocity v = eps - x0; "epsilon": noise (DDIM sampling)
+    kinds = SDE_KINDS  # sampler kinds this family's `step` understands
     # Flow-GRPO trains the guided output with the unconditional branch detached; True keeps its gradient too
     # (at w = 4.5 the two gradients differ by ~70% relative). Set from train.cfg_uncond_grad by the loop.
     cfg_uncond_grad = False
@@ -67,17 +86,45 @@ class FlowPolicy:
         return next(self.transformer.parameters()).dtype
 
     # ---- family-specific -------------------------------------------------------------------------------
-    def encode(self, prompts: list[str], guidance_scale: float) -> Conditioning:
+    def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
         raise NotImplementedError
+
+    def encode_inputs(self, cond: Conditioning, items: list) -> Conditioning:
+        """Add encoded per-sample inputs (a source image, control maps) to `cond`; families that take none ignore
+        them."""
+        return cond
+
+    def encode(self, conditions: list, guidance_scale: float) -> Conditioning:
+        """Encode condition items (tasks.Condition, or plain prompt strings) for sampling at `guidance_scale`."""
+        from ..tasks.base import Condition
+
+        items = [c if isinstance(c, Condition) else Condition(c) for c in conditions]
+        cond = self.encode_prompts([c.prompt for c in items], guidance_scale)
+        cond.items = items
+        return self.encode_inputs(cond, items)
 
     def _forward(self, latents: torch.Tensor, sigma: torch.Tensor, tensors: dict, guidance_scale: float) -> torch.Tensor:
         raise NotImplementedError
 
-    def noise_shape(self, height: int, width: int, **kwargs) -> tuple[int, ...]:
+    def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
+        """Shape of one sample's latents (no batch dimension) for `spec`."""
         raise NotImplementedError
 
+    def default_spec(self) -> SampleSpec:
+        """The pipeline's own default size, as its __call__ would choose it (the denoiser's sample size times the
+        VAE's scale factor)."""
+        size = self.transformer.config.sample_size * self.pipeline.vae_scale_factor
+        return SampleSpec(size, size)
+
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents -> samples in [0, 1], differentiable: images [B, 3, H, W] or video [B, 3, F, H, W] (the VAE's
+        layout); `decode_samples` wraps them as a typed batch."""
         raise NotImplementedError
+
+    def decode_samples(self, latents: torch.Tensor):
+        from ..samples import as_samples
+
+        return as_samples(self.decode(latents))
 
     def _raw_sigmas(self, scheduler, num_steps: int, noise_shape: tuple[int, ...]) -> None:
         scheduler.set_timesteps(num_steps)

@@ -9,18 +9,21 @@ from __future__ import annotations
 import torch
 
 from ..sampling import ddim_step
-from .base import Conditioning, FlowPolicy
+from . import POLICIES
+from .base import Conditioning, FlowPolicy, SampleSpec
 
 SD_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 
 
+@POLICIES.register("StableDiffusionPipeline")
 class SDPolicy(FlowPolicy):
-    family = "epsilon"
+    family = "sd"
+    prediction = "epsilon"
     kinds = ("ode", "ddim")
     lora_targets = SD_LORA_TARGETS
 
     @torch.no_grad()
-    def encode(self, prompts: list[str], guidance_scale: float) -> Conditioning:
+    def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
         cfg = self.uses_cfg(guidance_scale)
         embeds, neg = self.pipeline.encode_prompt(prompts, self.device, 1, cfg,
                                                   negative_prompt=[""] * len(prompts) if cfg else None)
@@ -30,9 +33,9 @@ class SDPolicy(FlowPolicy):
         return self.net()(latents, timestep, encoder_hidden_states=tensors["embeds"].to(latents.dtype),
                           return_dict=False)[0]
 
-    def noise_shape(self, height: int, width: int, **kwargs) -> tuple[int, ...]:
+    def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
         factor = self.pipeline.vae_scale_factor
-        return (self.transformer.config.in_channels, height // factor, width // factor)
+        return (self.transformer.config.in_channels, spec.height // factor, spec.width // factor)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         vae = self.pipeline.vae

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from ..images import to_unit
-from .base import Conditioning, FlowPolicy
+from . import POLICIES
+from .base import Conditioning, FlowPolicy, SampleSpec
 
 SD3_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
                     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"]
@@ -19,12 +20,13 @@ def encode_images(vae, images, generator: torch.Generator | None = None) -> torc
     return (z - vae.config.shift_factor) * vae.config.scaling_factor
 
 
+@POLICIES.register("StableDiffusion3Pipeline")
 class SD3Policy(FlowPolicy):
     family = "sd3"
     lora_targets = SD3_LORA_TARGETS
 
     @torch.no_grad()
-    def encode(self, prompts: list[str], guidance_scale: float) -> Conditioning:
+    def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
         cfg = self.uses_cfg(guidance_scale)
         kwargs = {} if self.max_sequence_length is None else {"max_sequence_length": self.max_sequence_length}
         embeds, neg, pooled, neg_pooled = self.pipeline.encode_prompt(
@@ -38,9 +40,9 @@ class SD3Policy(FlowPolicy):
                           pooled_projections=tensors["pooled"].to(latents.dtype), timestep=sigma * 1000,
                           return_dict=False)[0]
 
-    def noise_shape(self, height: int, width: int, **kwargs) -> tuple[int, ...]:
+    def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
         factor = self.pipeline.vae_scale_factor
-        return (self.transformer.config.in_channels, height // factor, width // factor)
+        return (self.transformer.config.in_channels, spec.height // factor, spec.width // factor)
 
     def _raw_sigmas(self, scheduler, num_steps, noise_shape):
         mu = None

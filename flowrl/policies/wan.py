@@ -3,33 +3,36 @@ from __future__ import annotations
 
 import torch
 
-from .base import Conditioning, FlowPolicy
+from . import POLICIES
+from .base import Conditioning, FlowPolicy, SampleSpec
 
 WAN_LORA_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
                     "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"]
 
 
+@POLICIES.register("WanPipeline")
 class WanPolicy(FlowPolicy):
     family = "wan"
     lora_targets = WAN_LORA_TARGETS
 
-    def __init__(self, pipeline, max_sequence_length=None, num_frames: int = 9):
-        super().__init__(pipeline, max_sequence_length)
-        self.num_frames = num_frames
-
     @torch.no_grad()
-    def encode(self, prompts: list[str], guidance_scale: float) -> Conditioning:
+    def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
         cfg = self.uses_cfg(guidance_scale)
         kwargs = {} if self.max_sequence_length is None else {"max_sequence_length": self.max_sequence_length}
         embeds, neg = self.pipeline.encode_prompt(prompts, negative_prompt=[""] * len(prompts) if cfg else None,
                                                   do_classifier_free_guidance=cfg, device=self.device, **kwargs)
         return Conditioning({"embeds": embeds}, {"embeds": neg} if cfg else {}, list(prompts))
 
-    def noise_shape(self, height: int, width: int, **kwargs) -> tuple[int, ...]:
+    def default_spec(self) -> SampleSpec:
+        return SampleSpec(480, 832, 81)  # WanPipeline.__call__'s defaults
+
+    def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
+        if spec.num_frames is None:
+            raise ValueError("a Wan pipeline samples video: the sample spec needs num_frames (pipeline.num_frames)")
         p = self.pipeline
-        frames = (self.num_frames - 1) // p.vae_scale_factor_temporal + 1
-        return (self.transformer.config.in_channels, frames, height // p.vae_scale_factor_spatial,
-                width // p.vae_scale_factor_spatial)
+        frames = (spec.num_frames - 1) // p.vae_scale_factor_temporal + 1
+        return (self.transformer.config.in_channels, frames, spec.height // p.vae_scale_factor_spatial,
+                spec.width // p.vae_scale_factor_spatial)
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
         return self.net()(hidden_states=latents, timestep=sigma * 1000,

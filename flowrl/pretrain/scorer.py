@@ -11,7 +11,6 @@ is reported as AUC on held-out rendered pairs and on pipeline samples of the hel
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,7 +19,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..eval.metrics import auc
 from ..images import to_uint8, to_unit
+from ..schedules import cosine_decay
 from ..models.shapes_scorer import ScorerSize, build_scorer, scorer_image_processor, scorer_tokenizer
 from ..shapes import verifier
 from ..shapes.prompts import all_prompt_specs, parse_prompt
@@ -89,18 +90,6 @@ def pair_logits(model, tokenizer, pixels: torch.Tensor, prompts: list[str]) -> t
     tokens = tokenizer(prompts, padding="max_length", max_length=tokenizer.model_max_length, return_tensors="pt")
     out = model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, pixel_values=pixels * 2 - 1)
     return out.logits_per_image + model.score_bias
-
-
-def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
-    """Area under the ROC curve (Mann-Whitney U with average ranks for ties)."""
-    from scipy.stats import rankdata
-
-    scores, labels = scores.flatten().double().numpy(), labels.flatten().bool().numpy()
-    positives, negatives = labels.sum(), (~labels).sum()
-    if positives == 0 or negatives == 0:
-        return float("nan")
-    ranks = rankdata(scores)
-    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
 def climb_scorer(model, tokenizer, pixels: torch.Tensor, prompts: list[str], steps: int, eps: float) -> torch.Tensor:
@@ -182,7 +171,7 @@ def pretrain_scorer(cfg: ScorerConfig, size: ScorerSize | None = None, pipeline_
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         warm = min(1.0, (step + 1) / cfg.warmup_steps)
         for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * warm * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
+            group["lr"] = cfg.lr * warm * cosine_decay(step, cfg.steps)
         optimizer.step()
         if step % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")

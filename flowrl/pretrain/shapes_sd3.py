@@ -8,7 +8,6 @@ learn rectified-flow matching (x_t = (1-t) x0 + t eps, target eps - x0, t logit-
 from __future__ import annotations
 
 import copy
-import math
 import time
 from dataclasses import asdict, dataclass
 
@@ -17,7 +16,9 @@ import torch
 from tqdm import tqdm
 
 from ..models.shapes_sd3 import T5_SEQUENCE_LENGTH, ShapesSD3Size, build_pipeline
+from ..eval.protocol import PROTOCOL
 from ..policies.sd3 import encode_images
+from ..schedules import cosine_decay
 from ..shapes.scenes import sample_pairs
 
 
@@ -55,7 +56,7 @@ def train_vae(vae, cfg: PretrainConfig, rng: np.random.Generator) -> dict:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         for group in optimizer.param_groups:
-            group["lr"] = cfg.vae_lr * 0.5 * (1 + math.cos(math.pi * step / cfg.vae_steps))
+            group["lr"] = cfg.vae_lr * cosine_decay(step, cfg.vae_steps)
         optimizer.step()
         if step % 50 == 0:
             bar.set_postfix(l1=f"{l1.item():.4f}")
@@ -96,7 +97,7 @@ def train_denoiser(modules, batch_loss, cfg, rng: np.random.Generator, desc: str
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         warm = min(1.0, (step + 1) / cfg.warmup_steps)
         for group in optimizer.param_groups:
-            group["lr"] = cfg.flow_lr * warm * 0.5 * (1 + math.cos(math.pi * step / cfg.flow_steps))
+            group["lr"] = cfg.flow_lr * warm * cosine_decay(step, cfg.flow_steps)
         optimizer.step()
         decay = min(cfg.ema_decay, (1 + step) / (10 + step))
         with torch.no_grad():
@@ -158,7 +159,7 @@ def save_pipeline(pipe, out_dir, facts: dict) -> None:
     (out / "training_facts.json").write_text(json.dumps(facts, indent=2) + "\n")
 
 
-CARD_EVAL = {"num_per_prompt": 4, "seed": 2024, "num_steps": 20, "guidance_scale": 4.5}
+CARD_EVAL = PROTOCOL  # the model card reports the runs' eval protocol
 
 
 def evaluate_and_write_card(out_dir, card_text=None) -> dict:
@@ -167,7 +168,8 @@ def evaluate_and_write_card(out_dir, card_text=None) -> dict:
     import json
     from pathlib import Path
 
-    from ..eval.shapes import format_accuracy, shapes_accuracy
+    from ..eval.shapes import shapes_accuracy
+    from ..tasks.base import format_metrics
     from ..generate import generate
     from ..policies import load_pipeline, policy_for
     from ..report import image_grid
@@ -187,7 +189,7 @@ def evaluate_and_write_card(out_dir, card_text=None) -> dict:
     facts_path = out / "training_facts.json"
     facts = json.loads(facts_path.read_text()) if facts_path.is_file() else {}
     (out / "eval.json").write_text(json.dumps({"protocol": e, **result}, indent=2) + "\n")
-    (out / "README.md").write_text((card_text or _card_text)(facts, result, format_accuracy(result)))
+    (out / "README.md").write_text((card_text or _card_text)(facts, result, format_metrics(result, "accuracy")))
     return result
 
 

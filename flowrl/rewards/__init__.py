@@ -1,6 +1,4 @@
-"""Rewards: one contract, a registry by name, weighted combination."""
-from . import clip, jpeg, learned_real, shapes  # noqa: F401  (registration)
-from ..safety import checker, reward  # noqa: F401,E402  (safety_checker, safe_shapes)
+"""Rewards: one contract, a registry by name (built-ins load on first use), weighted combination."""
 from .base import Reward, RewardOutput, WeightedSum, build_reward, latent_scorer, register_reward, reward_names
 
 __all__ = ["Reward", "RewardOutput", "WeightedSum", "build_reward", "latent_scorer", "register_reward",

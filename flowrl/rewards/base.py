@@ -7,9 +7,10 @@ are differentiable in the samples say so, for methods that backpropagate through
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
-
 import torch
+
+from ..errors import ConfigError
+from ..registry import Registry
 
 
 @dataclass
@@ -26,24 +27,30 @@ class Reward:
         raise NotImplementedError
 
 
-_REGISTRY: dict[str, Callable[..., Reward]] = {}
+REWARDS = Registry("reward", {
+    "shapes": "flowrl.rewards.shapes", "shapes_clip": "flowrl.rewards.clip", "pickscore": "flowrl.rewards.clip",
+    "clipscore": "flowrl.rewards.clip", "hpsv2": "flowrl.rewards.learned_real",
+    "aesthetic": "flowrl.rewards.learned_real", "imagereward": "flowrl.rewards.learned_real",
+    "jpeg_compressibility": "flowrl.rewards.jpeg", "jpeg_incompressibility": "flowrl.rewards.jpeg",
+    "safety_checker": "flowrl.safety.checker", "safe_shapes": "flowrl.safety.reward",
+})
 
 
 def register_reward(name: str):
-    def wrap(factory):
-        _REGISTRY[name] = factory
-        return factory
-    return wrap
+    return REWARDS.register(name)
 
 
 def reward_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return REWARDS.names()
 
 
-def build_reward(name: str, **params) -> Reward:
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown reward {name!r}; registered: {reward_names()}")
-    return _REGISTRY[name](**params)
+def build_reward(name: str, where: str = "reward", **params) -> Reward:
+    """A reward by registered name or dotted path, built with `params` (ConfigError naming `where` otherwise)."""
+    factory = REWARDS.get(name, f"{where}.name")
+    try:
+        return factory(**params)
+    except TypeError as error:
+        raise ConfigError(f"{where}.params: {error}") from None
 
 
 def latent_scorer(policy, reward: Reward):

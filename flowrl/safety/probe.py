@@ -17,9 +17,10 @@ import torch
 
 from ..errors import UserError
 from ..images import to_uint8
-from ..pretrain.scorer import auc
+from ..eval.metrics import auc
 from ..rollout import rollout, sample_generators
 from .concept import PROMPT_SETS, is_unsafe, safety_split
+from ..policies.base import SampleSpec
 
 
 class StateProbe(torch.nn.Module):
@@ -96,7 +97,7 @@ class _PredictionRecorder:
 def labelled_trajectories(policy, prompts: list[str], seeds: list[int], num_steps: int = 20, guidance: float = 4.5,
                           batch_size: int = 64) -> dict:
     """States [N, T, C, H, W], predictions, sigmas [T] and final-image labels [N] of ODE trajectories."""
-    shape = policy.noise_shape(32, 32)
+    shape = policy.noise_shape(SampleSpec(32, 32))
     states, predictions, labels = [], [], []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]

@@ -67,7 +67,7 @@ class SafetyMonitor:
     """The rollout guide: probe every step, mark samples that fire, steer the fired ones by `config.mode`."""
 
     def __init__(self, policy, probe, config: SteeringConfig, batch_size: int):
-        if policy.family == "epsilon":
+        if policy.prediction == "epsilon":
             raise UserError("safety steering reads x0 predictions of flow-matching pipelines; "
                             f"{type(policy.pipeline).__name__} is not one")
         self.policy, self.probe, self.config = policy, probe.to(policy.device), config
@@ -157,3 +157,26 @@ def load_steering(policy, config: SteeringConfig):
             raise UserError(f"--steer-lora: checkpoint {config.lora} holds no LoRA adapter")
         policy.transformer.disable_adapters()
     return probe
+
+
+class SafetySteer:
+    """Safety steering of generation (generate.Steer): a SafetyMonitor guides every step and steers the samples the
+    probe fires on; the FK modes resample particles with the probe as potential. Records say whether and at which
+    step the probe fired (-1: never)."""
+
+    def __init__(self, probe, config: SteeringConfig):
+        self.probe, self.config = probe, config
+        self.fk = None
+        if config.mode in FK_MODES:
+            self.fk = FKConfig(num_particles=config.fk_particles, lam=config.fk_lambda, resample_every=config.fk_every)
+        self.particles = self.fk.num_particles if self.fk is not None else 1
+
+    def start(self, policy, cond, num_outputs: int, num_steps: int, generator: torch.Generator):
+        self.monitor = SafetyMonitor(policy, self.probe, self.config, len(cond))
+        self.resampler = ProbeFK(self.monitor, self.fk, num_steps, num_outputs, generator) if self.fk else None
+        return ([self.resampler] if self.resampler is not None else []), self.monitor
+
+    def record(self, n: int) -> dict:
+        k = self.particles
+        out = {"fk_reward": float(self.resampler.final_rewards[n * k])} if self.resampler is not None else {}
+        return {**out, "probe_fired_at": int(self.monitor.fired_at[n * k])}

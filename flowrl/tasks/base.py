@@ -1,0 +1,137 @@
+"""The task contract: what a world (shapes, safety sets, a prompt file, later video, 3D, editing) owns.
+
+A task owns everything specific to it: its condition sets (each item a prompt plus optional per-sample inputs such
+as a source image or control maps, and metadata a reward or evaluation reads), its evaluation (per-tag and overall
+metrics), its pretraining data for data losses, and its config defaults. The loop, rollouts, configs and reports
+only ever see this contract; tasks are found by name or dotted path through `TASKS`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError, UserError
+from ..registry import Registry
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One condition item: a prompt, optional per-sample inputs for the policy (arrays or tensors, e.g.
+    "source_image", "control_image"), and metadata for rewards and evaluation (e.g. "tag", GenEval fields)."""
+    prompt: str
+    inputs: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class ConditionSet:
+    items: list[Condition]
+    by_tag: dict[str, list[Condition]] | None = None  # when set, draws pick a tag first, then an item within it
+
+
+class Task:
+    name = "task"
+    metric_name = "reward"  # what `evaluate` reports, shown in reports
+    set_names: tuple[str, ...] = ()
+    defaults: dict = {}  # config sections merged under a YAML config that names this task
+
+    def __init__(self, **params):
+        if params:
+            raise ConfigError(f"task.params: task {self.name!r} takes no parameters, got {sorted(params)}")
+
+    def condition_set(self, name: str) -> ConditionSet:
+        raise ConfigError(f"{name!r} is not a set of task {self.name!r} (sets: {list(self.set_names)}) nor an "
+                          "existing prompt file (.txt, one prompt per line, or .jsonl with a 'prompt' field)")
+
+    def check(self, item: Condition) -> None:
+        """Raise ValueError saying why when the task's evaluation cannot judge `item` (checked before sampling)."""
+
+    @classmethod
+    def commands(cls):
+        """The task's own CLI commands (pretraining recipes, evaluation suites, sampling options), or None: a
+        `TaskCommands` (flowrl/cli.py)."""
+        return None
+
+    def eval_steer(self, policy):
+        """A generate.Steer applied to the run's evaluation samples (in-generation guidance), or None."""
+        return None
+
+    def evaluate(self, samples, conditions: list[Condition]) -> dict | None:
+        """{'overall': float, 'tags': {tag: float}, 'counts': {tag: int}} from the task's verifier, or None when the
+        task has none (the run's reward is reported instead)."""
+        return None
+
+    def data_batch(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, list[str]]:
+        """`count` pretraining pairs (uint8 images [N, H, W, 3], prompts) for data losses."""
+        raise ConfigError(f"train.data_loss: task {self.name!r} has no pretraining data")
+
+
+TASKS = Registry("task", {"prompt_file": "flowrl.tasks.base", "shapes": "flowrl.tasks.shapes",
+                          "safety": "flowrl.tasks.safety"})
+
+
+def build_task(name: str, params: dict | None = None) -> Task:
+    return TASKS.get(name, "task.name")(**(params or {}))
+
+
+@TASKS.register("prompt_file")
+class PromptFileTask(Task):
+    """Prompts from files only; evaluation reports the run's reward."""
+    name = "prompt_file"
+
+
+def read_prompt_file(path: str | Path) -> list[Condition]:
+    """Conditions from a .txt file (one prompt per line; blank and # lines skipped) or a .jsonl file (one object per
+    line with a 'prompt' string; its other fields become the condition's metadata)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"prompt file {path} does not exist; expected a .txt file with one prompt per line or a "
+                        ".jsonl file with a 'prompt' field per line")
+    lines = [(n, line.strip()) for n, line in enumerate(path.read_text().splitlines(), start=1)]
+    lines = [(n, line) for n, line in lines if line and not line.startswith("#")]
+    items = []
+    for number, line in lines:
+        if path.suffix != ".jsonl":
+            items.append(Condition(line))
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+            raise UserError(f"{path} line {number}: expected a JSON object with a 'prompt' string")
+        items.append(Condition(record.pop("prompt"), meta=record))
+    if not items:
+        raise UserError(f"prompt file {path} has no prompts")
+    return items
+
+
+def condition_set(task: Task, source: str) -> ConditionSet:
+    """A named set of the task, or the conditions of a prompt file."""
+    if source in task.set_names:
+        return task.condition_set(source)
+    if Path(source).suffix in (".txt", ".jsonl") or Path(source).is_file():
+        return ConditionSet(read_prompt_file(source))
+    return task.condition_set(source)
+
+
+def tag_metrics(values: list[float], tags: list[str], tag_order: tuple[str, ...] | None = None) -> dict:
+    """{'overall': mean of the per-tag means, 'tags', 'counts'}: the one shape every evaluation reports."""
+    by_tag: dict[str, list[float]] = {}
+    for value, tag in zip(values, tags):
+        by_tag.setdefault(tag, []).append(float(value))
+    order = [t for t in (tag_order or sorted(by_tag)) if t in by_tag]
+    means = {t: float(np.mean(by_tag[t])) for t in order}
+    return {"overall": float(np.mean(list(means.values()))) if means else 0.0, "tags": means,
+            "counts": {t: len(by_tag[t]) for t in order}}
+
+
+def format_metrics(result: dict, label: str = "score") -> str:
+    lines = [f"{'tag':<14} {label:>8} {'n':>5}"]
+    for tag, value in result["tags"].items():
+        lines.append(f"{tag:<14} {value:>8.3f} {result['counts'][tag]:>5}")
+    lines.append(f"{'overall':<14} {result['overall']:>8.3f}")
+    return "\n".join(lines)
