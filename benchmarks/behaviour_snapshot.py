@@ -47,7 +47,8 @@ def snapshot(updates: int, with_eval: bool, only: list[str], old_defaults: bool)
             result[config.stem] = run_config(config, Path(tmp), updates, extra)
         if with_eval:
             out = Path(tmp) / "eval"
-            run_config(Path("configs/shapes_grpo.yaml"), out, 1, ["eval.enabled=true", "eval.every=0"])
+            run_config(Path("configs/shapes_grpo.yaml"), out, 1, ["eval.enabled=true", "eval.every=0"]
+                       + (OLD_DEFAULTS if old_defaults else []))
             result["shapes_grpo_eval"] = json.loads((out / "shapes_grpo" / "eval.json").read_text())
     return result
 

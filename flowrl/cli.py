@@ -91,9 +91,8 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     suites = sorted(s for e in extensions for s in e.eval_suites)
     ev = sub.add_parser("eval", help="score a samples folder with a task's evaluation or a reward, or run a task's "
                         "own suite")
-    ev.add_argument("suite", choices=sorted(set(TASKS.names() + ["rewards"] + suites)),
-                    help=f"a task ({', '.join(TASKS.names())}): its evaluation of --samples; rewards: the mean of "
-                    f"--reward per tag; or a task's suite ({', '.join(suites)})")
+    ev.add_argument("suite", help=f"a task ({', '.join(TASKS.names())}, or package.module:Class): its evaluation "
+                    f"of --samples; rewards: the mean of --reward per tag; or a task's suite ({', '.join(suites)})")
     ev.add_argument("--samples", default=None, help="a folder written by `flowrl sample`")
     ev.add_argument("--reward", default=None, help="rewards: a registered reward or package.module:Name")
     ev.add_argument("--reward-params", default="{}", help="rewards: the reward's parameters as JSON")
@@ -203,7 +202,7 @@ def cmd_eval_task(args) -> None:
     if result is None:
         raise UserError(f"eval {args.suite}: the task has no evaluation of its own; use "
                         "`flowrl eval rewards --samples DIR --reward NAME`")
-    out = Path(args.samples) / f"{args.suite}_eval.json"
+    out = Path(args.samples) / f"{task.name}_eval.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(format_metrics(result))
     print(f"written to {out}")
@@ -237,6 +236,11 @@ def cmd_eval(args, extensions: list[TaskCommands]) -> None:
     for extension in extensions:
         if args.suite in extension.eval_suites:
             return extension.eval_suites[args.suite](args)
+    from .tasks.base import TASKS
+
+    known = sorted(set(TASKS.names() + ["rewards"] + [s for e in extensions for s in e.eval_suites]))
+    if args.suite not in known and ":" not in args.suite:
+        raise UserError(f"eval: unknown suite {args.suite!r}; expected one of {known} or a task's dotted path")
     if args.samples is None:
         raise UserError(f"eval {args.suite}: expected --samples DIR (a folder written by `flowrl sample`)")
     if args.suite == "rewards":

@@ -18,3 +18,13 @@ def tiny_sd3_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny_sd3")
     tiny_shapes_sd3().save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_wan_dir(tmp_path_factory):
+    """A tiny random Wan text-to-video pipeline saved in diffusers format."""
+    from tiny_pipelines import tiny_wan
+
+    folder = tmp_path_factory.mktemp("tiny_wan")
+    tiny_wan().save_pretrained(folder)
+    return folder

@@ -98,3 +98,23 @@ def test_cfg_combines_conditional_and_unconditional_velocity():
 def test_unknown_pipeline_class_is_named():
     with pytest.raises(ConfigError, match="unknown policy 'object'"):
         policy_for(object())
+
+
+def test_condition_inputs_travel_through_encode_and_follow_selection():
+    """Per-sample inputs (here a stand-in source image) enter the conditioning through `encode_inputs` and stay
+    aligned with their items under selection (what FK re-indexing and microbatching do)."""
+    from flowrl.policies.sd3 import SD3Policy
+    from flowrl.tasks import Condition
+
+    class SourcePolicy(SD3Policy):
+        def encode_inputs(self, cond, items):
+            cond.tensors["source"] = torch.stack([torch.as_tensor(item.inputs["source"]) for item in items])
+            return cond
+
+    policy = SourcePolicy(tiny_shapes_sd3(), max_sequence_length=16)
+    items = [Condition("a red circle", inputs={"source": torch.full((2,), float(i))}, meta={"id": i}) for i in range(3)]
+    cond = policy.encode(items, 1.0)
+    assert cond.prompts == ["a red circle"] * 3 and cond.items == items
+    picked = cond.select([2, 0])
+    assert picked.tensors["source"][:, 0].tolist() == [2.0, 0.0]
+    assert [item.meta["id"] for item in picked.items] == [2, 0]

@@ -83,3 +83,24 @@ def test_eval_diversity_of_a_samples_folder(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "flowrl", "eval", "diversity", "--samples", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "samples per prompt" in bad.stderr
+
+
+def test_sample_writes_video_batches_from_a_wan_pipeline(tiny_wan_dir, tmp_path):
+    """`flowrl sample` on a text-to-video pipeline: one MP4 (plus a GIF) per sample and samples.jsonl, readable
+    back as a video batch with the requested frames."""
+    from flowrl.samples import VideoSamples, read_samples
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a red circle moving left", "tag": "motion"}\n{"prompt": "a still square"}\n')
+    out = tmp_path / "video"
+    result = subprocess.run([sys.executable, "-m", "flowrl", "sample", "--pipeline", str(tiny_wan_dir), "--prompts",
+                             str(prompts), "--out", str(out), "--steps", "2", "--guidance", "5", "--height", "16",
+                             "--width", "16", "--num-frames", "5"], cwd=REPO, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [r["file"] for r in records] == ["00000.mp4", "00001.mp4"]
+    assert all(r["modality"] == "video" and (out / r["extra_files"][0]).is_file() for r in records)
+    assert records[0]["tag"] == "motion"  # a .jsonl prompt's fields are kept with its samples
+    samples, _ = read_samples(out)
+    assert isinstance(samples, VideoSamples) and tuple(samples.tensor.shape) == (2, 5, 3, 16, 16)

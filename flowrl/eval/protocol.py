@@ -38,8 +38,10 @@ def measure(images: np.ndarray, prompts: list[str], scorer, base_images: np.ndar
 def evaluate_policy(policy, scorer, base_images: np.ndarray | None = None, kind: str = "ode", noise_level: float = 0.0,
                     fk=None, fk_reward=None) -> tuple[dict, np.ndarray]:
     """Sample the eval split with `policy` and measure it; returns (metrics, images)."""
+    from ..fk import FKSteer
+
     p = PROTOCOL
     images, records = generate(policy, eval_prompt_set(), p["num_per_prompt"], p["seed"], p["num_steps"],
-                               p["guidance_scale"], kind=kind, noise_level=noise_level, fk=fk, fk_reward=fk_reward,
-                               desc=None)
+                               p["guidance_scale"], kind=kind, noise_level=noise_level, desc=None,
+                               steer=FKSteer(fk, fk_reward) if fk is not None else None)
     return measure(images, [r["prompt"] for r in records], scorer, base_images), images

@@ -114,12 +114,13 @@ def generated_pairs(pipeline_dir: str | Path, count: int, seed: int,
     from ..generate import generate
     from ..policies import load_pipeline, policy_for
     from ..prompt_source import PromptSource
+    from ..tasks.shapes import ShapesTask
     from .shapes_sd3 import T5_SEQUENCE_LENGTH
 
     policy = policy_for(load_pipeline(pipeline_dir), max_sequence_length=T5_SEQUENCE_LENGTH)
     if checkpoint is not None:
         load_trained_weights(policy, checkpoint)
-    prompts = PromptSource("shapes_train").draw(count, seed, 0)
+    prompts = [c.prompt for c in PromptSource(ShapesTask(), "train").draw(count, seed, 0)]
     images, _ = generate(policy, prompts, 1, seed + 1, 20, 4.5, desc=f"scorer training samples ({checkpoint or 'base'})")
     return images, prompts
 
