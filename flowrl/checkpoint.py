@@ -1,6 +1,7 @@
 """Checkpoints that resume a run exactly: trained weights (or LoRA), optimizer, EMA, RNG states and the update.
 
-Layout: <run>/checkpoints/update_000010/{trainable,ema}.safetensors, optimizer.pt, state.json, adapter.json.
+Layout: <run>/checkpoints/update_000010/{trainable,ema}.safetensors, optimizer.pt, state.json, adapter.json, and
+for LoRA runs the adapter as diffusers and peft load it (flowrl/export.py).
 A checkpoint is written to a temporary folder and renamed, so an interruption never leaves a half-written one.
 optimizer.pt holds only tensors and plain values and loads with weights_only=True.
 """
@@ -20,7 +21,8 @@ from .errors import UserError
 
 
 def save_checkpoint(folder: Path, update: int, trainable: dict, optimizer_state: dict, ema: dict | None,
-                    adapter: dict | None = None, keep: int = 2) -> Path:
+                    adapter: dict | None = None, keep: int = 2, write_extra=None) -> Path:
+    """Write a checkpoint atomically; `write_extra(tmp_folder)` adds files (e.g. exports) before the rename."""
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"update_{update:06d}"
     tmp = folder / f".tmp_update_{update:06d}"
@@ -35,6 +37,8 @@ def save_checkpoint(folder: Path, update: int, trainable: dict, optimizer_state:
     state = {"update": update, "python_rng": repr(random.getstate()),
              "numpy_rng": np.random.get_state()[1].tolist(), "torch_rng": torch.get_rng_state().tolist()}
     (tmp / "state.json").write_text(json.dumps(state))
+    if write_extra is not None:
+        write_extra(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in list_checkpoints(folder)[:-keep] if keep > 0 else []:

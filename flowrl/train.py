@@ -20,6 +20,7 @@ from .algorithms import RolloutBatch, WorkItems, build_algorithm
 from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from .config import RunConfig, config_to_dict
 from .errors import ConfigError
+from .export import write_lora_files
 from .policies import load_pipeline, policy_for
 from .policies.base import SampleSpec
 from .prompt_source import PromptSource, derived_seed
@@ -264,9 +265,12 @@ class Trainer:
             return None
         trainable = self.policy.trainable_state_dict()
         ema = dict(zip(trainable, [e.detach().cpu() for e in self.state.ema])) if self.state.ema is not None else None
+        export = None
+        if self.policy.has_lora:  # the weights flowrl samples with, loadable by diffusers and peft
+            export = lambda folder: write_lora_files(self.policy, ema or trainable, folder)  # noqa: E731
         return save_checkpoint(self.checkpoint_dir, self.state.update, trainable,
                                self.optimizer.state_dict(), ema, adapter_description(self.config, self.policy),
-                               keep=self.config.train.keep_checkpoints)
+                               keep=self.config.train.keep_checkpoints, write_extra=export)
 
     def resume_path(self) -> Path | None:
         requested = self.config.run.resume

@@ -1,0 +1,36 @@
+"""Checkpoints in the formats people load without flowrl.
+
+A LoRA checkpoint also holds its adapter as diffusers writes it (`pytorch_lora_weights.safetensors`, with the
+LoRA config in the file's metadata so alpha / rank is restored: `pipe.load_lora_weights(checkpoint_dir)` gives
+flowrl's model exactly) and as peft writes it (`adapter_config.json` + `adapter_model.safetensors`:
+`PeftModel.from_pretrained(pipe.transformer, checkpoint_dir)`). The weights exported are the ones flowrl samples
+with: the EMA when the run keeps one.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"
+PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+def denoiser_name(pipeline) -> str:
+    """The pipeline component that is trained: 'transformer', or 'unet' for UNet pipelines."""
+    return "transformer" if getattr(pipeline, "transformer", None) is not None else "unet"
+
+
+def write_lora_files(policy, weights: dict, folder: Path) -> None:
+    """Write `weights` (the policy's trainable LoRA tensors by parameter name) in diffusers' and peft's layouts."""
+    from peft.utils import get_peft_model_state_dict
+
+    state = {k: v.contiguous() for k, v in get_peft_model_state_dict(policy.transformer, state_dict=weights).items()}
+    config = policy.transformer.peft_config["default"]
+    metadata = json.loads(json.dumps(config.to_dict(), default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
+    name = denoiser_name(policy.pipeline)
+    type(policy.pipeline).save_lora_weights(folder, **{f"{name}_lora_layers": state,
+                                                      f"{name}_lora_adapter_metadata": metadata})
+    config.save_pretrained(folder)
+    save_file({f"base_model.model.{k}": v for k, v in state.items()}, Path(folder) / PEFT_WEIGHTS_FILE)
