@@ -179,9 +179,12 @@ class RunConfig:
         self.pipeline.validate()
         self.sampler.validate()
         self.train.validate()
-        from .tasks.base import build_task
+        from .tasks.base import build_task, check_source
 
-        build_task(self.task.name, self.task.params)  # the task checks its own params
+        task = build_task(self.task.name, self.task.params)  # the task checks its own params
+        check_source(task, self.prompts.source, "prompts.source")
+        if self.eval.enabled:
+            check_source(task, self.eval.prompts, "eval.prompts")
         if self.sampler.fk is not None:
             self.sampler.fk.validate("sampler.fk")
             if self.sampler.fk.num_particles != self.train.group_size:
@@ -215,6 +218,8 @@ def _convert(value, tp, where: str):
                 errors.append(str(error))
         raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
+        if value is False and "no" in args:  # YAML 1.1 reads a bare `no` as false (mixed_precision: no)
+            value = "no"
         if value not in args:
             raise ConfigError(f"{where}: expected one of {list(args)}, got {value!r}")
         return value

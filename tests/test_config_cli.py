@@ -27,6 +27,8 @@ def test_overrides_are_typed(tmp_path):
                                                                "algorithm.params.kl_beta=0.04"])
     assert config.train.lr == 1e-3 and config.sampler.kind == "dance" and config.lora is None
     assert config.algorithm.params["kl_beta"] == 0.04
+    # YAML 1.1 reads a bare `no` as false: `mixed_precision: no` still means "no"
+    assert load_config(REPO / "configs/shapes_grpo.yaml", ["train.mixed_precision=no"]).train.mixed_precision == "no"
 
 
 @pytest.mark.parametrize("override,message", [
@@ -38,6 +40,10 @@ def test_overrides_are_typed(tmp_path):
     ("train.mixed_precision=fp8", "train.mixed_precision: expected one of ['no', 'fp16', 'bf16']"),
     ("lora.rank=[1]", "lora.rank: expected an integer"),
     ("sampler.sde_window_size=9", "sampler.sde_window_size"),
+    ("task.name=worlds", "task.name: unknown task 'worlds'"),
+    ("reward=[]", "reward: expected at least one reward term"),
+    ("pipeline.height=0", "pipeline.height: expected a positive integer"),
+    ("prompts.source=nowhere", "nowhere"),
 ])
 def test_bad_fields_are_named(override, message):
     with pytest.raises(ConfigError) as error:

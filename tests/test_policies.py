@@ -118,3 +118,35 @@ def test_condition_inputs_travel_through_encode_and_follow_selection():
     picked = cond.select([2, 0])
     assert picked.tensors["source"][:, 0].tolist() == [2.0, 0.0]
     assert [item.meta["id"] for item in picked.items] == [2, 0]
+
+
+def test_shipped_schedulers_are_switched_to_the_sampler_flowrl_steps_with_a_note(caplog):
+    """SD 1.5 ships PNDM, whose 4-step schedule repeats t = 501; flowrl samples DDIM on the same config (no repeat).
+    Wan2.1 ships UniPC with flow sigmas; flowrl steps flow-match Euler with the same shift. Both say so."""
+    import logging
+
+    from diffusers import FlowMatchEulerDiscreteScheduler, PNDMScheduler, UniPCMultistepScheduler
+
+    from tiny_pipelines import tiny_shapes_sd
+
+    sd15 = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", num_train_timesteps=1000,
+                set_alpha_to_one=False, skip_prk_steps=True, steps_offset=1)
+    pndm = PNDMScheduler(**sd15)
+    pndm.set_timesteps(4)
+    assert pndm.timesteps.tolist() == [751, 501, 501, 251, 1]  # what sampling with the shipped scheduler would do
+    pipe = tiny_shapes_sd()
+    pipe.scheduler = PNDMScheduler(**sd15)
+    with caplog.at_level(logging.WARNING, logger="flowrl"):
+        policy = policy_for(pipe)
+    assert policy.sigmas(4).tolist() == [751.0, 501.0, 251.0, 1.0, -1.0]
+    assert "PNDMScheduler" in caplog.text and "DDIMScheduler" in caplog.text
+
+    wan = tiny_wan()
+    wan.scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flowrl"):
+        policy = policy_for(wan, max_sequence_length=16)
+    assert "UniPCMultistepScheduler" in caplog.text
+    euler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    euler.set_timesteps(6)
+    torch.testing.assert_close(policy.sigmas(6), euler.sigmas.float())

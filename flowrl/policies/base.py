@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +67,7 @@ class FlowPolicy:
         self.transformer = getattr(pipeline, "transformer", None) or pipeline.unet
         self.model = self.transformer  # what is called: the transformer, or its distributed wrapper
         self.max_sequence_length = max_sequence_length
+        self.scheduler = self.sampling_scheduler(pipeline.scheduler)
         self._sigma_cache: dict[int, torch.Tensor] = {}
         for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
             module = getattr(pipeline, name, None)
@@ -129,6 +131,30 @@ class FlowPolicy:
     def _raw_sigmas(self, scheduler, num_steps: int, noise_shape: tuple[int, ...]) -> None:
         scheduler.set_timesteps(num_steps)
 
+    sampler_scheduler = "FlowMatchEulerDiscreteScheduler"  # the scheduler whose steps `step` takes
+
+    def sampling_scheduler(self, shipped):
+        """The scheduler flowrl's steps follow. A pipeline shipped with another one (UniPC, DPM-Solver, ...) is
+        switched to the family's own, on the shipped config, with a logged note: never silently."""
+        import diffusers
+
+        if type(shipped).__name__ == self.sampler_scheduler:
+            return copy.deepcopy(shipped)
+        cls = getattr(diffusers, self.sampler_scheduler)
+        switched = cls.from_config(self.scheduler_config(shipped.config))
+        logging.getLogger("flowrl").warning(
+            "%s ships %s; flowrl samples and trains with %s steps on its config (outputs differ from the "
+            "pipeline's own sampler by the solver's order)", type(self.pipeline).__name__, type(shipped).__name__,
+            self.sampler_scheduler)
+        return switched
+
+    def scheduler_config(self, config) -> dict:
+        """The shipped scheduler's config as the sampling scheduler reads it (UniPC's flow_shift is Euler's shift)."""
+        config = dict(config)
+        if "flow_shift" in config and config.get("use_flow_sigmas", True):
+            config["shift"] = config["flow_shift"]
+        return config
+
     # ---- shared ------------------------------------------------------------------------------------------
     def uses_cfg(self, guidance_scale: float) -> bool:
         return guidance_scale > 1.0
@@ -173,7 +199,7 @@ class FlowPolicy:
         """The pipeline's own sigma schedule for `num_steps` (N + 1 values ending at 0), fp32."""
         key = (num_steps, tuple(noise_shape))
         if key not in self._sigma_cache:
-            scheduler = copy.deepcopy(self.pipeline.scheduler)  # set_timesteps mutates scheduler state
+            scheduler = copy.deepcopy(self.scheduler)  # set_timesteps mutates scheduler state
             self._raw_sigmas(scheduler, num_steps, noise_shape)
             self._sigma_cache[key] = scheduler.sigmas.float().cpu()
         return self._sigma_cache[key]

@@ -21,6 +21,7 @@ class SDPolicy(FlowPolicy):
     prediction = "epsilon"
     kinds = ("ode", "ddim")
     lora_targets = SD_LORA_TARGETS
+    sampler_scheduler = "DDIMScheduler"  # PNDM (SD 1.5's default) repeats a timestep; DDIM on its config does not
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
@@ -44,14 +45,14 @@ class SDPolicy(FlowPolicy):
     def sigmas(self, num_steps: int, noise_shape: tuple[int, ...] = ()) -> torch.Tensor:
         key = (num_steps, "ddim")
         if key not in self._sigma_cache:
-            scheduler = self.pipeline.scheduler.__class__.from_config(self.pipeline.scheduler.config)
+            scheduler = self.scheduler.__class__.from_config(self.scheduler.config)
             scheduler.set_timesteps(num_steps)
             self._sigma_cache[key] = torch.cat([scheduler.timesteps.float(), torch.tensor([-1.0])])
         return self._sigma_cache[key]
 
     def alpha_prod(self, timestep) -> torch.Tensor:
         """Cumulative alpha at DDIM timesteps (final_alpha_cumprod at -1), fp32."""
-        scheduler = self.pipeline.scheduler
+        scheduler = self.scheduler
         t = torch.as_tensor(timestep, dtype=torch.float32)
         table = scheduler.alphas_cumprod.float()
         final = torch.as_tensor(scheduler.final_alpha_cumprod, dtype=torch.float32)

@@ -109,6 +109,13 @@ def read_prompt_file(path: str | Path) -> list[Condition]:
     return items
 
 
+def check_source(task: Task, source: str, where: str) -> None:
+    """ConfigError naming `where` unless `source` is a set of the task or an existing prompt file."""
+    if source not in task.set_names and not Path(source).is_file():
+        raise ConfigError(f"{where}: {source!r} is not a set of task {task.name!r} (sets: {list(task.set_names)}) "
+                          "nor an existing prompt file (.txt, one prompt per line, or .jsonl with a 'prompt' field)")
+
+
 def condition_set(task: Task, source: str) -> ConditionSet:
     """A named set of the task, or the conditions of a prompt file."""
     if source in task.set_names:
