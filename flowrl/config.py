@@ -43,6 +43,8 @@ class PipelineSection:
     num_frames: int | None = None  # video families only
     max_sequence_length: int | None = None  # text tokens (None: the pipeline's own default)
     policy: str | None = None  # adapter override: a pipeline class name or package.module:Class
+    vae_slicing: bool = False  # decode one sample at a time inside the VAE
+    vae_tiling: bool = False  # decode in overlapping tiles (large images / videos)
 
     def validate(self):
         if not self.path:
@@ -128,8 +130,16 @@ class TrainSection:
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     grad_clip: float = 1.0
     microbatch_size: int = 16  # samples per forward/backward in the update phase
+    rollout_microbatch: int = 0  # samples per rollout call (0: all of a process's samples at once)
+    decode_microbatch: int = 0  # samples per VAE decode (0: all at once)
+    reward_microbatch: int = 0  # samples per reward call (0: all at once)
+    gradient_checkpointing: bool = False  # recompute the denoiser's activations in backward (memory for time)
+    offload_text_encoders: bool = False  # keep text encoders on the CPU, on the device only while encoding
+    embedding_cache: bool = False  # encode each distinct prompt once per run (repeated prompts skip the encoders)
+    optimizer: Literal["adamw", "adamw_8bit", "sgd"] = "adamw"  # adamw_8bit: bitsandbytes (CUDA)
     ema_decay: float = 0.0  # 0 disables EMA of the trained weights
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
+    weight_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"  # frozen weights (base model, VAE, text encoders)
     cfg_uncond_grad: bool = False  # gradient through CFG's unconditional branch (Flow-GRPO: none)
     normalize_rewards: bool = False  # standardize each reward term over the batch before weighting
     checkpoint_every: int = 10
@@ -141,6 +151,9 @@ class TrainSection:
         for name in ("updates", "groups_per_update", "optimizer_steps_per_update", "microbatch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}: expected an integer >= 1, got {getattr(self, name)}")
+        for name in ("rollout_microbatch", "decode_microbatch", "reward_microbatch"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}: expected an integer >= 0 (0: all at once), got {getattr(self, name)}")
         if self.group_size < 2:
             raise ConfigError(f"train.group_size: expected an integer >= 2 (group advantages need it), got {self.group_size}")
         if self.lr <= 0:
@@ -149,6 +162,9 @@ class TrainSection:
             raise ConfigError(f"train.ema_decay: expected a number in [0, 1), got {self.ema_decay}")
         if self.data_loss is not None:
             self.data_loss.validate()
+        if self.weight_dtype != "fp32" and self.mixed_precision != self.weight_dtype:
+            raise ConfigError(f"train.weight_dtype: {self.weight_dtype} weights run under autocast; expected "
+                              f"train.mixed_precision: {self.weight_dtype}, got {self.mixed_precision!r}")
 
 
 @dataclass

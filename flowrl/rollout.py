@@ -107,3 +107,24 @@ def rollout(policy: FlowPolicy, cond: Conditioning, generators: list[torch.Gener
             progress.update(1)
     return Trajectory(torch.stack(latents), torch.stack(log_probs), sigmas, stochastic, kind, noise_level,
                       guidance_scale, cond)
+
+
+def rollout_in_chunks(chunk: int, policy: FlowPolicy, cond: Conditioning, generators: list[torch.Generator],
+                      noise_shape: tuple[int, ...], num_steps: int, kind: str = "flow", noise_level: float = 0.7,
+                      guidance_scale: float = 1.0, sde_window: tuple[int, int] | None = None,
+                      initial_noise: torch.Tensor | None = None, progress=None) -> Trajectory:
+    """`rollout` over `chunk` samples at a time (memory), joined into one trajectory. Each sample's noise comes
+    from its own generator, so the samples are those of one whole-batch rollout up to the model's batch-size
+    numerics. Rollouts with callbacks (FK resampling, intermediate rewards) see whole groups and are not chunked."""
+    if chunk <= 0 or chunk >= len(cond):
+        return rollout(policy, cond, generators, noise_shape, num_steps, kind, noise_level, guidance_scale,
+                       sde_window, initial_noise, progress=progress)
+    parts = []
+    for start in range(0, len(cond), chunk):
+        rows = list(range(start, min(start + chunk, len(cond))))
+        parts.append(rollout(policy, cond.select(rows), [generators[i] for i in rows], noise_shape, num_steps, kind,
+                             noise_level, guidance_scale, sde_window,
+                             initial_noise[rows] if initial_noise is not None else None, progress=progress))
+    stochastic = torch.stack([p.stochastic for p in parts]).all(0)
+    return Trajectory(torch.cat([p.latents for p in parts], 1), torch.cat([p.log_probs for p in parts], 1),
+                      parts[0].sigmas, stochastic, kind, noise_level, guidance_scale, cond)

@@ -25,9 +25,13 @@ from .policies import load_pipeline, policy_for
 from .policies.base import SampleSpec
 from .prompt_source import PromptSource, derived_seed
 from .rewards import WeightedSum, build_reward, latent_scorer
-from .rollout import per_sample_noise, rollout, sample_generators
+from .rewards.base import score_in_chunks
+from .rollout import per_sample_noise, rollout, rollout_in_chunks, sample_generators
 from .schedules import cosine_decay
 from .tasks.base import build_task
+
+
+WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -50,6 +54,20 @@ def build_policy(config: RunConfig):
 def build_rewards(config: RunConfig):
     terms = [build_reward(t.name, where=f"reward[{i}]", **t.params) for i, t in enumerate(config.reward)]
     return WeightedSum(terms, [t.weight for t in config.reward], normalize=config.train.normalize_rewards)
+
+
+def build_optimizer(train, params):
+    """The optimizer named by train.optimizer over `params`."""
+    if train.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=train.lr, momentum=train.adam_betas[0], weight_decay=train.weight_decay)
+    if train.optimizer == "adamw_8bit":
+        try:
+            import bitsandbytes
+        except ImportError:
+            raise ConfigError("train.optimizer: adamw_8bit needs bitsandbytes (pip install bitsandbytes; CUDA)") from None
+        return bitsandbytes.optim.AdamW8bit(params, lr=train.lr, betas=tuple(train.adam_betas),
+                                            weight_decay=train.weight_decay)
+    return torch.optim.AdamW(params, lr=train.lr, betas=tuple(train.adam_betas), weight_decay=train.weight_decay)
 
 
 def sample_spec(config: RunConfig, policy) -> SampleSpec:
@@ -89,15 +107,23 @@ class Trainer:
         torch.manual_seed(config.run.seed)  # LoRA initialisation draws from the global generator
         self.policy = build_policy(config)
         self.policy.cfg_uncond_grad = config.train.cfg_uncond_grad
-        self.policy.transformer.to(self.accelerator.device)
+        self.policy.place(self.accelerator.device, WEIGHT_DTYPES[config.train.weight_dtype])
+        t = config.train
+        self.policy.set_memory_options(t.gradient_checkpointing, config.pipeline.vae_slicing, config.pipeline.vae_tiling,
+                                       t.offload_text_encoders, t.embedding_cache, t.decode_microbatch)
         if config.sampler.kind not in self.policy.kinds:
             raise ConfigError(f"sampler.kind: a {type(self.policy.pipeline).__name__} samples with "
                               f"{list(self.policy.kinds)}, got {config.sampler.kind!r}")
         self.algorithm = build_algorithm(config.algorithm.name, config.algorithm.params, config.sampler)
+        if config.train.rollout_microbatch and (config.sampler.fk is not None or self.algorithm.needs_step_rewards):
+            raise ConfigError("train.rollout_microbatch: FK-resampled and intermediate-reward rollouts see whole "
+                              "groups at once; set it to 0")
+        local = global_batch // self.world
+        self.rollout_chunks = math.ceil(local / config.train.rollout_microbatch) if config.train.rollout_microbatch else 1
         if self.algorithm.needs_ode_rollout and self.policy.prediction == "epsilon":
             raise ConfigError(f"algorithm.name: {config.algorithm.name!r} is implemented for flow-matching pipelines; "
                               f"{type(self.policy.pipeline).__name__} predicts noise")
-        self.reward = build_rewards(config)
+        self.reward = build_rewards(config).to(self.accelerator.device)
         self.algorithm.bind_reward(self.reward)
         self.task = build_task(config.task.name, config.task.params)
         self.spec = sample_spec(config, self.policy)
@@ -110,8 +136,7 @@ class Trainer:
         params = self.policy.trainable_parameters()
         if not params:
             raise ConfigError("nothing to train: the policy has no trainable parameters")
-        optimizer = torch.optim.AdamW(params, lr=config.train.lr, betas=tuple(config.train.adam_betas),
-                                      weight_decay=config.train.weight_decay)
+        optimizer = build_optimizer(config.train, params)
         if self.world > 1:
             self.policy.model = self.accelerator.prepare_model(self.policy.transformer)
         self.optimizer = self.accelerator.prepare_optimizer(optimizer)
@@ -160,12 +185,18 @@ class Trainer:
             recorder = IntermediateRewards(latent_scorer(self.policy, self.reward), c.sampler.num_steps)
             callbacks.append(recorder)  # after FK, so it follows FK's re-indexing
         with self.accelerator.autocast():
-            traj = rollout(self.policy, cond, generators, shape, c.sampler.num_steps, c.sampler.kind,
-                           c.sampler.noise_level, c.sampler.guidance_scale, window, initial_noise=initial,
-                           callbacks=callbacks, progress=progress)
+            if callbacks:
+                traj = rollout(self.policy, cond, generators, shape, c.sampler.num_steps, c.sampler.kind,
+                               c.sampler.noise_level, c.sampler.guidance_scale, window, initial_noise=initial,
+                               callbacks=callbacks, progress=progress)
+            else:
+                traj = rollout_in_chunks(c.train.rollout_microbatch, self.policy, cond, generators, shape,
+                                         c.sampler.num_steps, c.sampler.kind, c.sampler.noise_level,
+                                         c.sampler.guidance_scale, window, initial_noise=initial, progress=progress)
             with torch.no_grad():
-                samples = self.policy.decode(traj.final)
-        scored = self.reward(samples, local_prompts, {"seeds": local_seeds, "conditions": local_items})
+                samples = self.policy.decode_in_chunks(traj.final)
+        scored = score_in_chunks(self.reward, samples, local_prompts, {"seeds": local_seeds, "conditions": local_items},
+                                 c.train.reward_microbatch)
         rewards = scored.scores.float().to(self.accelerator.device)
         global_rewards = self.accelerator.gather(rewards).cpu()
         global_groups = self.accelerator.gather(local_groups.to(self.accelerator.device)).cpu()
@@ -303,7 +334,8 @@ class Trainer:
             while self.state.update < c.train.updates:
                 update = self.state.update
                 started = time.time()
-                inner = tqdm(total=steps, desc=f"rollout {update}", leave=False, disable=not self.log)
+                inner = tqdm(total=steps * self.rollout_chunks, desc=f"rollout {update}", leave=False,
+                             disable=not self.log)
                 batch, metrics = self.collect(update, inner)
                 inner.close()
                 items, prep = self.algorithm.prepare(batch, self.policy)

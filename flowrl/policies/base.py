@@ -74,6 +74,43 @@ class FlowPolicy:
             if module is not None:
                 module.requires_grad_(False)
 
+    def components(self) -> dict[str, torch.nn.Module]:
+        """The pipeline's modules (denoiser, VAE, text encoders, ...) by name."""
+        return {name: module for name, module in self.pipeline.components.items() if isinstance(module, torch.nn.Module)}
+
+    def place(self, device, frozen_dtype: torch.dtype = torch.float32) -> None:
+        """Every component on `device`; frozen weights in `frozen_dtype` (bf16 / fp16 halve their memory), trainable
+        ones (LoRA, or the whole denoiser) kept fp32 as the optimizer and the log-prob maths need."""
+        for module in self.components().values():
+            module.to(device=device, dtype=frozen_dtype)
+        for param in self.trainable_parameters():
+            param.data = param.data.float()
+
+    def text_encoders(self) -> list[torch.nn.Module]:
+        return [m for name, m in self.components().items() if name.startswith("text_encoder")]
+
+    def set_memory_options(self, gradient_checkpointing=False, vae_slicing=False, vae_tiling=False,
+                           offload_text_encoders=False, embedding_cache=False, decode_microbatch=0) -> None:
+        """Trade time for memory (see docs/configuration.md, train and pipeline sections)."""
+        from ..errors import ConfigError
+
+        if gradient_checkpointing:
+            if not getattr(self.transformer, "_supports_gradient_checkpointing", False):
+                raise ConfigError(f"train.gradient_checkpointing: {type(self.transformer).__name__} does not support it")
+            self.transformer.enable_gradient_checkpointing()
+        vae = self.pipeline.vae
+        for flag, method in ((vae_slicing, "enable_slicing"), (vae_tiling, "enable_tiling")):
+            if flag:
+                if not hasattr(vae, method):
+                    raise ConfigError(f"pipeline.vae_{method[7:]}: {type(vae).__name__} has no {method}()")
+                getattr(vae, method)()
+        self.offload_text_encoders = offload_text_encoders
+        self.embedding_cache = {} if embedding_cache else None
+        self.decode_microbatch = decode_microbatch
+        if offload_text_encoders:
+            for module in self.text_encoders():
+                module.to("cpu")
+
     def net(self):
         """The network to call: the distributed wrapper when gradients flow, the bare module otherwise (rollouts
         and evaluation need no gradient synchronisation, and may run on one process alone)."""
@@ -101,9 +138,42 @@ class FlowPolicy:
         from ..tasks.base import Condition
 
         items = [c if isinstance(c, Condition) else Condition(c) for c in conditions]
-        cond = self.encode_prompts([c.prompt for c in items], guidance_scale)
+        cond = self._encode_prompts_cached([c.prompt for c in items], guidance_scale)
         cond.items = items
         return self.encode_inputs(cond, items)
+
+    def _encode_prompts_cached(self, prompts: list[str], guidance_scale: float) -> Conditioning:
+        """encode_prompts, with the text encoders on the device only while they run (offload) and each distinct
+        prompt encoded once per (prompt, CFG) (embedding cache)."""
+        cache = getattr(self, "embedding_cache", None)
+        key = self.uses_cfg(guidance_scale)
+        missing = list(dict.fromkeys(p for p in prompts if cache is None or (p, key) not in cache))
+        fresh = None
+        if missing:
+            offload = getattr(self, "offload_text_encoders", False)
+            if offload:
+                for module in self.text_encoders():
+                    module.to(self.device)
+            try:
+                fresh = self.encode_prompts(missing if cache is not None else prompts, guidance_scale)
+            finally:
+                if offload:
+                    for module in self.text_encoders():
+                        module.to("cpu")
+        if cache is None:
+            return fresh
+        for row, prompt in enumerate(missing):
+            cache[(prompt, key)] = fresh.select([row])
+        rows = [cache[(p, key)] for p in prompts]
+        return Conditioning({k: torch.cat([r.tensors[k] for r in rows]) for k in rows[0].tensors},
+                            {k: torch.cat([r.negative[k] for r in rows]) for k in rows[0].negative}, list(prompts))
+
+    def decode_in_chunks(self, latents: torch.Tensor) -> torch.Tensor:
+        """`decode` over `decode_microbatch` samples at a time (0: all at once)."""
+        chunk = getattr(self, "decode_microbatch", 0)
+        if chunk <= 0 or chunk >= len(latents):
+            return self.decode(latents)
+        return torch.cat([self.decode(part) for part in latents.split(chunk)])
 
     def _forward(self, latents: torch.Tensor, sigma: torch.Tensor, tensors: dict, guidance_scale: float) -> torch.Tensor:
         raise NotImplementedError

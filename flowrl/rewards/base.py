@@ -26,6 +26,13 @@ class Reward:
     def __call__(self, samples: torch.Tensor, prompts: list[str], meta: dict | None = None) -> RewardOutput:
         raise NotImplementedError
 
+    def to(self, device) -> "Reward":
+        """Move the reward's models (its torch modules) to `device`; rewards without models ignore it."""
+        for value in vars(self).values():
+            if isinstance(value, (torch.nn.Module, Reward)):
+                value.to(device)
+        return self
+
 
 REWARDS = Registry("reward", {
     "shapes": "flowrl.rewards.shapes", "shapes_clip": "flowrl.rewards.clip", "pickscore": "flowrl.rewards.clip",
@@ -53,6 +60,18 @@ def build_reward(name: str, where: str = "reward", **params) -> Reward:
         raise ConfigError(f"{where}.params: {error}") from None
 
 
+def score_in_chunks(reward: Reward, samples: torch.Tensor, prompts: list[str], meta: dict, chunk: int) -> RewardOutput:
+    """`reward` over `chunk` samples at a time (0: all at once); per-sample lists in `meta` are split alike."""
+    if chunk <= 0 or chunk >= len(prompts):
+        return reward(samples, prompts, meta)
+    parts = []
+    for start in range(0, len(prompts), chunk):
+        part = slice(start, start + chunk)
+        parts.append(reward(samples[part], prompts[part], {k: v[part] for k, v in meta.items()}))
+    return RewardOutput(torch.cat([p.scores for p in parts]),
+                        {k: torch.cat([p.info[k] for p in parts]) for k in parts[0].info})
+
+
 def latent_scorer(policy, reward: Reward):
     """`(latents, prompts) -> scores` through the policy's decoder: what FK potentials, intermediate rewards and
     reward-gradient methods call on latents (differentiable when the reward is)."""
@@ -71,6 +90,11 @@ class WeightedSum(Reward):
             raise ValueError("one weight per reward")
         self.rewards, self.weights, self.normalize = rewards, weights, normalize
         self.differentiable = all(r.differentiable for r in rewards)
+
+    def to(self, device) -> "WeightedSum":
+        for reward in self.rewards:
+            reward.to(device)
+        return self
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
         total, info = 0.0, {}

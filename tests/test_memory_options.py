@@ -1,0 +1,50 @@
+"""Memory controls change how work is split, not what is computed: micro-batched rollouts, decodes and rewards,
+gradient checkpointing, VAE slicing, text encoders offloaded with an embedding cache; optimizers by name."""
+import pytest
+import torch
+
+from flowrl.config import load_config
+from flowrl.errors import ConfigError
+from flowrl.train import Trainer
+from run_helpers import tiny_run_config
+
+
+def _one_update(path, overrides=()):
+    trainer = Trainer(load_config(path, list(overrides)), log=False)
+    batch, metrics = trainer.collect(0)
+    items, _ = trainer.algorithm.prepare(batch, trainer.policy)
+    losses, _ = trainer.algorithm.loss(trainer.policy, batch, items)
+    losses.sum().backward()
+    metrics["grads"] = torch.cat([p.grad.flatten() for p in trainer.policy.trainable_parameters()])
+    return trainer, batch, metrics
+
+
+def test_split_work_gives_the_same_rollout_rewards_and_gradients(tiny_sd3_dir, tmp_path):
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "mem", updates=1)
+    _, whole, whole_metrics = _one_update(path)
+    options = ["train.rollout_microbatch=3", "train.decode_microbatch=2", "train.reward_microbatch=3",
+               "train.gradient_checkpointing=true", "pipeline.vae_slicing=true", "train.offload_text_encoders=true",
+               "train.embedding_cache=true"]
+    trainer, split, split_metrics = _one_update(path, options)
+    torch.testing.assert_close(split.trajectory.latents, whole.trajectory.latents, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(split.trajectory.log_probs, whole.trajectory.log_probs, atol=1e-5, rtol=1e-5)
+    assert split.trajectory.cond.prompts == whole.trajectory.cond.prompts
+    assert split_metrics["reward_mean"] == pytest.approx(whole_metrics["reward_mean"], abs=1e-6)
+    assert whole_metrics["grads"].abs().sum() > 0
+    torch.testing.assert_close(split_metrics["grads"], whole_metrics["grads"], atol=1e-5, rtol=1e-4)
+    assert all(p.device.type == "cpu" for m in trainer.policy.text_encoders() for p in m.parameters())
+    assert len(trainer.policy.embedding_cache) == len(set(split.prompts))  # one entry per distinct prompt
+    assert trainer.policy.transformer.is_gradient_checkpointing
+
+
+def test_optimizers_by_name(tiny_sd3_dir, tmp_path):
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "opt", updates=1)
+    trainer = Trainer(load_config(path, ["train.optimizer=sgd"]), log=False)
+    assert isinstance(trainer.optimizer.optimizer, torch.optim.SGD)
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match="train.optimizer: adamw_8bit needs bitsandbytes"):
+            Trainer(load_config(path, ["train.optimizer=adamw_8bit"]), log=False)
+    with pytest.raises(ConfigError, match="train.rollout_microbatch: FK"):
+        Trainer(load_config(path, ["train.rollout_microbatch=2", "sampler.fk={num_particles: 4}"]), log=False)

@@ -1,0 +1,53 @@
+"""Placement and precision: after set-up every pipeline component and reward model is on the accelerator's device,
+frozen weights are in `train.weight_dtype`, trainable ones (LoRA) stay fp32, and training runs."""
+import math
+
+import pytest
+import torch
+
+from flowrl.config import load_config
+from flowrl.errors import ConfigError
+from flowrl.train import Trainer
+from run_helpers import tiny_run_config
+
+
+@pytest.fixture
+def fresh_accelerator_state():
+    """accelerate keeps one process-wide state; a test with another mixed precision needs it reset (and reset back)."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.usefixtures("fresh_accelerator_state")
+@pytest.mark.parametrize("weight_dtype", ["fp32", "bf16"])
+def test_every_weight_is_placed_with_its_dtype(tiny_sd3_dir, tmp_path, weight_dtype):
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "placed", updates=1,
+                           weight_dtype=weight_dtype, mixed_precision="no" if weight_dtype == "fp32" else weight_dtype)
+    config = load_config(path, ["reward=[{name: shapes_clip}]"])  # a reward with a model of its own
+    trainer = Trainer(config, log=False)
+    frozen = torch.float32 if weight_dtype == "fp32" else torch.bfloat16
+    device = trainer.accelerator.device
+    trainable = {id(p) for p in trainer.policy.trainable_parameters()}
+    assert trainable
+    seen = 0
+    for name, module in trainer.policy.components().items():
+        for param_name, param in module.named_parameters():
+            assert param.device.type == device.type, (name, param_name)
+            expected = torch.float32 if id(param) in trainable else frozen
+            assert param.dtype == expected, (name, param_name, param.dtype)
+            seen += 1
+    assert seen > 100 and set(trainer.policy.components()) >= {"transformer", "vae", "text_encoder", "text_encoder_3"}
+    scorer = trainer.reward.rewards[0].model
+    assert all(p.device.type == device.type for p in scorer.parameters())
+    rows = []
+    trainer.run(lambda update, metrics: rows.append(metrics))
+    assert len(rows) == 1 and math.isfinite(rows[0]["loss"]) and math.isfinite(rows[0]["grad_norm"])
+
+
+def test_reduced_precision_weights_need_autocast(tiny_sd3_dir, tmp_path):
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "x", weight_dtype="bf16")
+    with pytest.raises(ConfigError, match="train.weight_dtype: bf16 weights run under autocast"):
+        load_config(path)
