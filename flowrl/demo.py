@@ -109,7 +109,7 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str = "shapes_
             models.activate(label)
             samples, _ = generate_samples(policy, [prompt], 1, int(seed), steps, guidance_scale, desc=None)
             with torch.no_grad():  # the reward sees what the file would hold (uint8), the page a still preview
-                quantized = torch.round(samples.tensor * 255) / 255
+                quantized = torch.round(samples.decoded() * 255) / 255
                 score = float(scorer(quantized, [prompt]).scores[0])
             gallery.append((upscale(samples.preview()[0]), f"{label} | {reward} {score:.3f}"))
         models.activate("base")

@@ -51,7 +51,7 @@ def reward_metrics(reward, samples, items, batch_size: int = 64) -> dict:
     for start in range(0, len(items), batch_size):
         part = samples.select(list(range(start, min(start + batch_size, len(items)))))
         chunk = items[start:start + batch_size]
-        scores += reward(part.tensor, [i.prompt for i in chunk], {"conditions": chunk}).scores.tolist()
+        scores += reward(part.decoded(), [i.prompt for i in chunk], {"conditions": chunk}).scores.tolist()
     return tag_metrics(scores, [str(i.meta.get("tag", "all")) for i in items])
 
 

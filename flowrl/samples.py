@@ -61,6 +61,10 @@ class Samples:
     def to_uint8(self) -> np.ndarray:
         raise NotImplementedError
 
+    def decoded(self) -> torch.Tensor:
+        """The tensor in the layout policies decode to and rewards take (images [B,3,H,W]; video [B,3,F,H,W])."""
+        return self.tensor
+
     def preview(self) -> np.ndarray:
         raise NotImplementedError
 
@@ -101,9 +105,12 @@ class VideoSamples(Samples):
     def _like(self, tensor: torch.Tensor) -> "VideoSamples":
         return VideoSamples(tensor, fps=self.fps)
 
+    def decoded(self) -> torch.Tensor:
+        return self.tensor.movedim(2, 1)  # [B, 3, F, H, W]
+
     def to_uint8(self) -> np.ndarray:
         # images.to_uint8 takes videos channels-first ([B,3,F,H,W]) and moves channels last.
-        return to_uint8(self.tensor.movedim(2, 1))  # [N, F, H, W, 3]
+        return to_uint8(self.decoded())  # [N, F, H, W, 3]
 
     def preview(self) -> np.ndarray:
         video = self.to_uint8()

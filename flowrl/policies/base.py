@@ -82,7 +82,9 @@ class FlowPolicy:
         """Every component on `device`; frozen weights in `frozen_dtype` (bf16 / fp16 halve their memory), trainable
         ones (LoRA, or the whole denoiser) kept fp32 as the optimizer and the log-prob maths need."""
         for module in self.components().values():
-            module.to(device=device, dtype=frozen_dtype)
+            module.to(device)
+            if frozen_dtype != torch.float32:  # loaded in fp32; casting it again only makes diffusers warn
+                module.to(dtype=frozen_dtype)
         for param in self.trainable_parameters():
             param.data = param.data.float()
 
@@ -210,8 +212,11 @@ class FlowPolicy:
 
         if type(shipped).__name__ == self.sampler_scheduler:
             return copy.deepcopy(shipped)
+        import inspect
+
         cls = getattr(diffusers, self.sampler_scheduler)
-        switched = cls.from_config(self.scheduler_config(shipped.config))
+        accepted = inspect.signature(cls.__init__).parameters
+        switched = cls.from_config({k: v for k, v in self.scheduler_config(shipped.config).items() if k in accepted})
         logging.getLogger("flowrl").warning(
             "%s ships %s; flowrl samples and trains with %s steps on its config (outputs differ from the "
             "pipeline's own sampler by the solver's order)", type(self.pipeline).__name__, type(shipped).__name__,
