@@ -79,6 +79,11 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     sample.add_argument("--fk-every", type=int, default=2, help="steps between scheduled resamplings")
     sample.add_argument("--fk-reward", default="shapes_clip", help="reward the particles are steered towards")
 
+    export = sub.add_parser("export", help="write a checkpoint's model as a plain diffusers pipeline folder")
+    export.add_argument("--pipeline", required=True, help="the pipeline folder the run trained")
+    export.add_argument("--checkpoint", required=True, help="a run's checkpoint folder (LoRA or full weights)")
+    export.add_argument("--out", required=True, help="the new pipeline folder (save_pretrained layout)")
+
     demo = sub.add_parser("demo", help="Gradio page: the base model and checkpoints side by side")
     demo.add_argument("--pipeline", required=True)
     demo.add_argument("--checkpoint", action="append", default=[], help="a checkpoint folder; repeat for several")
@@ -160,6 +165,13 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     metas = [item.meta for item in conditions for _ in range(args.num_per_prompt)]
     index = write_samples(args.out, samples, [{**meta, **record} for meta, record in zip(metas, records)])
     print(f"wrote {len(records)} {samples.modality} samples and {index.name} to {args.out}")
+
+
+def cmd_export(args) -> None:
+    from .export import export_pipeline
+
+    out = export_pipeline(args.pipeline, args.checkpoint, args.out)
+    print(f"wrote the tuned pipeline to {out} (load it with DiffusionPipeline.from_pretrained)")
 
 
 def cmd_demo(args) -> None:
@@ -257,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser(extensions).parse_args(argv)
     commands = {"pretrain": lambda a: cmd_pretrain(a, extensions), "train": cmd_train,
                 "sample": lambda a: cmd_sample(a, extensions), "eval": lambda a: cmd_eval(a, extensions),
-                "demo": cmd_demo}
+                "demo": cmd_demo, "export": cmd_export}
     try:
         commands[args.command](args)
     except UserError as error:

@@ -34,3 +34,19 @@ def write_lora_files(policy, weights: dict, folder: Path) -> None:
                                                       f"{name}_lora_adapter_metadata": metadata})
     config.save_pretrained(folder)
     save_file({f"base_model.model.{k}": v for k, v in state.items()}, Path(folder) / PEFT_WEIGHTS_FILE)
+
+
+def export_pipeline(pipeline_dir, checkpoint, out) -> Path:
+    """The pipeline with a checkpoint's weights (EMA when present; a LoRA fused into the base weights), saved with
+    `save_pretrained` so `DiffusionPipeline.from_pretrained(out)` loads the tuned model without flowrl."""
+    from .checkpoint import load_trained_weights
+    from .policies import load_pipeline, policy_for
+
+    pipeline = load_pipeline(pipeline_dir)
+    policy = policy_for(pipeline)
+    load_trained_weights(policy, checkpoint)
+    if policy.has_lora:
+        policy.transformer.fuse_lora(lora_scale=1.0)
+        policy.transformer.unload_lora()
+    pipeline.save_pretrained(out)
+    return Path(out)

@@ -137,9 +137,10 @@ class Trainer:
         if not params:
             raise ConfigError("nothing to train: the policy has no trainable parameters")
         optimizer = build_optimizer(config.train, params)
-        if self.world > 1:
-            self.policy.model = self.accelerator.prepare_model(self.policy.transformer)
-        self.optimizer = self.accelerator.prepare_optimizer(optimizer)
+        if self.world > 1:  # one prepare() call: what DDP, DeepSpeed and FSDP2 each need to wrap model and optimizer
+            self.policy.model, self.optimizer = self.accelerator.prepare(self.policy.transformer, optimizer)
+        else:  # one process: the bare module (no wrapper, no output casting), as before
+            self.optimizer = self.accelerator.prepare_optimizer(optimizer)
         self.params = params
         self.state = RunState()
         if config.train.ema_decay > 0:

@@ -1,5 +1,6 @@
 """Checkpoints people load without flowrl: a LoRA run's checkpoint loads with diffusers' `load_lora_weights` and
 peft's `PeftModel.from_pretrained` and gives flowrl's model exactly (scale included)."""
+import pytest
 import torch
 
 from flowrl.checkpoint import load_trained_weights
@@ -34,3 +35,51 @@ def test_lora_checkpoint_loads_with_diffusers_and_peft(tiny_sd3_dir, tmp_path):
     pipe = load_pipeline(tiny_sd3_dir)
     pipe.transformer = PeftModel.from_pretrained(pipe.transformer, checkpoint).base_model.model
     torch.testing.assert_close(_velocity(policy_for(pipe, max_sequence_length=16)), expected, rtol=0, atol=0)
+
+
+def test_gpu_check_script_runs_its_code_path_on_a_toy_model(tmp_path):
+    """benchmarks/gpu_check.py is meant for a GPU machine; its --tiny mode runs the same rollout, update and
+    accounting anywhere, so the script cannot rot between GPU sessions."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "gpu_check.json"
+    done = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--tiny", "--batch", "4", "--steps", "3",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["items"] == 4 * 3 and result["rollout_samples_per_s"] > 0 and result["update_mfu"] > 0
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_flowrl_export_writes_a_plain_pipeline_folder(tiny_sd3_dir, tmp_path, lora):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    overrides = {} if lora else {"lr": 1e-3}
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "full", updates=1, **overrides)
+    if not lora:
+        import yaml
+
+        data = yaml.safe_load(path.read_text())
+        data["lora"] = None
+        path.write_text(yaml.safe_dump(data))
+    train_and_collect(path)
+    checkpoint = tmp_path / "runs" / "full" / "checkpoints" / "update_000001"
+    ours = policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)
+    base = _velocity(ours)
+    load_trained_weights(ours, checkpoint)
+    expected = _velocity(ours)
+    assert (expected - base).abs().max() > 1e-5  # the checkpoint moved the model
+    done = subprocess.run([sys.executable, "-m", "flowrl", "export", "--pipeline", str(tiny_sd3_dir), "--checkpoint",
+                           str(checkpoint), "--out", str(tmp_path / "tuned")], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    exported = policy_for(load_pipeline(tmp_path / "tuned"), max_sequence_length=16)
+    assert not exported.has_lora
+    torch.testing.assert_close(_velocity(exported), expected, atol=1e-5, rtol=1e-4)
