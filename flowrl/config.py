@@ -43,6 +43,7 @@ class PipelineSection:
     num_frames: int | None = None  # video families only
     max_sequence_length: int | None = None  # text tokens (None: the pipeline's own default)
     policy: str | None = None  # adapter override: a pipeline class name or package.module:Class
+    attention: Literal["sdpa", "xformers"] = "sdpa"  # xformers: pip install -e ".[gpu]", CUDA only
     vae_slicing: bool = False  # decode one sample at a time inside the VAE
     vae_tiling: bool = False  # decode in overlapping tiles (large images / videos)
 

@@ -110,7 +110,8 @@ class Trainer:
         self.policy.place(self.accelerator.device, WEIGHT_DTYPES[config.train.weight_dtype])
         t = config.train
         self.policy.set_memory_options(t.gradient_checkpointing, config.pipeline.vae_slicing, config.pipeline.vae_tiling,
-                                       t.offload_text_encoders, t.embedding_cache, t.decode_microbatch)
+                                       t.offload_text_encoders, t.embedding_cache, t.decode_microbatch,
+                                       config.pipeline.attention)
         if config.sampler.kind not in self.policy.kinds:
             raise ConfigError(f"sampler.kind: a {type(self.policy.pipeline).__name__} samples with "
                               f"{list(self.policy.kinds)}, got {config.sampler.kind!r}")

@@ -64,3 +64,27 @@ def test_the_walk_sees_relative_and_nested_imports(tmp_path):
     finally:
         module.unlink()
     assert "flowrl.shapes.verifier" in names and "flowrl.tasks.base" in names
+
+
+def test_no_unsafe_loading_anywhere_in_flowrl():
+    """No pickle: every torch.load passes weights_only=True, nothing imports pickle, trust_remote_code is never
+    switched on, and servers bind 127.0.0.1 unless told otherwise."""
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "load" and \
+                    getattr(node.func.value, "id", None) == "torch":
+                if not any(k.arg == "weights_only" and getattr(k.value, "value", None) is True for k in node.keywords):
+                    problems.append(f"{where}: torch.load without weights_only=True")
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                if any(n.split(".")[0] in ("pickle", "dill", "cloudpickle") for n in names):
+                    problems.append(f"{where}: imports pickle")
+            if isinstance(node, ast.keyword) and node.arg == "trust_remote_code" and \
+                    getattr(node.value, "value", None) is True:
+                problems.append(f"{where}: trust_remote_code=True")
+    assert not problems, problems
+    from flowrl.cli import _parser, task_commands
+
+    assert _parser(task_commands()).parse_args(["demo", "--pipeline", "p"]).host == "127.0.0.1"

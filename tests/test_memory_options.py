@@ -48,3 +48,11 @@ def test_optimizers_by_name(tiny_sd3_dir, tmp_path):
             Trainer(load_config(path, ["train.optimizer=adamw_8bit"]), log=False)
     with pytest.raises(ConfigError, match="train.rollout_microbatch: FK"):
         Trainer(load_config(path, ["train.rollout_microbatch=2", "sampler.fk={num_particles: 4}"]), log=False)
+
+
+def test_xformers_is_refused_off_cuda(tiny_sd3_dir, tmp_path):
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "x", updates=1)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA; the refusal is for other devices")
+    with pytest.raises(ConfigError, match="pipeline.attention: xformers runs on CUDA only"):
+        Trainer(load_config(path, ["pipeline.attention=xformers"]), log=False)

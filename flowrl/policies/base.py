@@ -92,10 +92,18 @@ class FlowPolicy:
         return [m for name, m in self.components().items() if name.startswith("text_encoder")]
 
     def set_memory_options(self, gradient_checkpointing=False, vae_slicing=False, vae_tiling=False,
-                           offload_text_encoders=False, embedding_cache=False, decode_microbatch=0) -> None:
+                           offload_text_encoders=False, embedding_cache=False, decode_microbatch=0,
+                           attention: str = "sdpa") -> None:
         """Trade time for memory (see docs/configuration.md, train and pipeline sections)."""
         from ..errors import ConfigError
 
+        if attention == "xformers":  # torch SDPA (diffusers' default) otherwise
+            if self.device.type != "cuda":
+                raise ConfigError("pipeline.attention: xformers runs on CUDA only; use sdpa on this device")
+            try:
+                self.pipeline.enable_xformers_memory_efficient_attention()
+            except (ImportError, ModuleNotFoundError, ValueError) as error:
+                raise ConfigError(f"pipeline.attention: xformers is not usable here ({error}); pip install -e \".[gpu]\"") from None
         if gradient_checkpointing:
             if not getattr(self.transformer, "_supports_gradient_checkpointing", False):
                 raise ConfigError(f"train.gradient_checkpointing: {type(self.transformer).__name__} does not support it")
