@@ -26,6 +26,8 @@ class RunSection:
     out_dir: str = "runs"
     seed: int = 0
     resume: str | None = None  # a checkpoint dir, or "auto" (the newest in the run dir), or None (also auto)
+    wandb: bool = False  # also log to Weights & Biases (offline unless WANDB_MODE is set; needs `pip install wandb`)
+    wandb_project: str = "flowrl"
 
 
 @dataclass

@@ -11,7 +11,7 @@ from .config import RunConfig, config_to_dict
 from .errors import ConfigError
 from .generate import generate_samples
 from .prompt_source import PromptSource
-from .report import MetricsLog, image_grid, plot_rewards, save_json, write_report
+from .report import MetricsLog, image_grid, plot_rewards, save_json, tile, write_report
 from .tasks.base import format_metrics, tag_metrics
 from .train import Trainer, write_config
 
@@ -55,6 +55,12 @@ def reward_metrics(reward, samples, items, batch_size: int = 64) -> dict:
     return tag_metrics(scores, [str(i.meta.get("tag", "all")) for i in items])
 
 
+def log_samples(log: MetricsLog, samples, update: int, per_prompt: int, prompts: int = 16) -> None:
+    """The first sample of up to `prompts` eval prompts as one grid (video: frame strips), to TensorBoard / wandb."""
+    rows = list(range(0, len(samples), per_prompt))[:prompts]
+    log.add_image("eval/samples", tile(samples.select(rows).preview()), update)
+
+
 def run_experiment(config: RunConfig) -> Path:
     trainer = Trainer(config)
     if config.eval.enabled:
@@ -64,7 +70,8 @@ def run_experiment(config: RunConfig) -> Path:
     if trainer.is_main:
         write_config(config, run_dir)
     evals = json.loads(evals_path.read_text()) if evals_path.is_file() else {}
-    log = MetricsLog(run_dir) if trainer.is_main else None
+    wandb = {"project": config.run.wandb_project, "name": config.run.name, "config": config_to_dict(config)}
+    log = MetricsLog(run_dir, wandb=wandb if config.run.wandb else None) if trainer.is_main else None
     base_samples = None
     do_eval = config.eval.enabled and trainer.is_main
 
@@ -72,14 +79,16 @@ def run_experiment(config: RunConfig) -> Path:
         result, base_samples, items = evaluate(trainer, "eval base")
         evals["0"] = result
         save_json(evals_path, evals)
+        log_samples(log, base_samples, 0, config.eval.num_per_prompt)
         print(f"base model, eval set ({trainer.task.metric_name}):\n" + format_metrics(result))
 
     def on_update(update: int, metrics: dict) -> None:
         log.append(update, metrics)
         if do_eval and config.eval.every and update % config.eval.every == 0 and update < config.train.updates:
             with trainer.swap_in_ema():
-                evals[str(update)] = evaluate(trainer, f"eval {update}")[0]
+                evals[str(update)], samples, _ = evaluate(trainer, f"eval {update}")
             save_json(evals_path, evals)
+            log_samples(log, samples, update, config.eval.num_per_prompt)
 
     trainer.run(on_update)
     if not trainer.is_main:
@@ -89,6 +98,7 @@ def run_experiment(config: RunConfig) -> Path:
             result, tuned_samples, items = evaluate(trainer, "eval tuned")
         evals[str(config.train.updates)] = result
         save_json(evals_path, evals)
+        log_samples(log, tuned_samples, config.train.updates, config.eval.num_per_prompt)
         print(f"tuned model, eval set ({trainer.task.metric_name}):\n" + format_metrics(result))
         if base_samples is None:  # resumed: regenerate the base samples for the grid with the adapter off
             base_samples = _base_samples(trainer)

@@ -12,9 +12,10 @@ from PIL import Image, ImageDraw
 
 
 class MetricsLog:
-    """Appends one row per update to metrics.csv (columns grow as new metrics appear) and to TensorBoard."""
+    """Appends one row per update to metrics.csv (columns grow as new metrics appear), to TensorBoard, and to
+    Weights & Biases when `wandb` is given (its init arguments; offline unless WANDB_MODE says otherwise)."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True):
+    def __init__(self, run_dir: Path, tensorboard: bool = True, wandb: dict | None = None):
         self.path = run_dir / "metrics.csv"
         self.rows = self._read()
         self.writer = None
@@ -24,6 +25,17 @@ class MetricsLog:
                 self.writer = SummaryWriter(str(run_dir / "tensorboard"))
             except ImportError:  # tensorboard is a core dependency; keep training if a user removed it
                 self.writer = None
+        self.wandb = None
+        if wandb is not None:
+            import os
+
+            try:
+                import wandb as wandb_module
+            except ImportError:
+                from .errors import ConfigError
+
+                raise ConfigError("run.wandb: the wandb package is not installed (pip install wandb)") from None
+            self.wandb = wandb_module.init(dir=str(run_dir), mode=os.environ.get("WANDB_MODE", "offline"), **wandb)
 
     def _read(self) -> list[dict]:
         if not self.path.is_file():
@@ -43,10 +55,24 @@ class MetricsLog:
             for key, value in metrics.items():
                 self.writer.add_scalar(key, float(value), update)
             self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.log({k: float(v) for k, v in metrics.items()}, step=update)
+
+    def add_image(self, tag: str, image: np.ndarray, update: int) -> None:
+        """A uint8 [H, W, 3] image (e.g. a grid of eval samples) at `update`."""
+        if self.writer is not None:
+            self.writer.add_image(tag, image, update, dataformats="HWC")
+            self.writer.flush()
+        if self.wandb is not None:
+            import wandb
+
+            self.wandb.log({tag: wandb.Image(image)}, step=update)
 
     def close(self):
         if self.writer is not None:
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def plot_rewards(rows: list[dict], path: Path, evals: dict | None = None, title: str = "reward",
@@ -73,6 +99,17 @@ def plot_rewards(rows: list[dict], path: Path, evals: dict | None = None, title:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def tile(images: np.ndarray, columns: int = 4, gap: int = 2) -> np.ndarray:
+    """uint8 [N, h, w, 3] stills (e.g. `Samples.preview()`) laid out `columns` per row on white."""
+    n, h, w = images.shape[:3]
+    rows = -(-n // columns)
+    canvas = np.full((rows * (h + gap) - gap, min(n, columns) * (w + gap) - gap, 3), 255, dtype=np.uint8)
+    for i, image in enumerate(images):
+        r, c = divmod(i, columns)
+        canvas[r * (h + gap):r * (h + gap) + h, c * (w + gap):c * (w + gap) + w] = image
+    return canvas
 
 
 def image_grid(columns: list[np.ndarray], labels: list[str], row_titles: list[str], path: Path, scale: int = 4) -> None:

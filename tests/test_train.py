@@ -41,6 +41,10 @@ def test_run_dir_holds_config_metrics_and_checkpoints(tiny_sd3_dir, tmp_path):
     for name in ["config.yaml", "metrics.csv", "eval.json", "reward_curve.png", "before_after.png", "report.html"]:
         assert (run / name).is_file(), name
     assert list((run / "tensorboard").glob("events.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0}).Reload()
+    assert [e.step for e in events.Images("eval/samples")] == [0, 2]  # the eval grids, base and tuned
     rows = (run / "metrics.csv").read_text().splitlines()
     assert len(rows) == 3 and "reward_mean" in rows[0] and "clip_frac" in rows[0]
     assert "overall" in (run / "report.html").read_text()
@@ -62,3 +66,15 @@ def test_two_processes_match_one(tiny_sd3_dir, tmp_path):
     moved = max((single[k] - double[k]).abs().max().item() for k in single)
     scale = max(single[k].abs().max().item() for k in single)
     assert moved <= 1e-4 * scale, (moved, scale)
+
+
+def test_wandb_logs_offline_beside_csv_and_tensorboard(tiny_sd3_dir, tmp_path):
+    pytest.importorskip("wandb")  # the test extra installs it; a plain install runs without it
+    config = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "wb", updates=1)
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    result = subprocess.run([sys.executable, "-m", "flowrl", "train", str(config), "run.wandb=true",
+                             "eval.enabled=true", "eval.num_per_prompt=1", "eval.num_steps=2"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    runs = list((tmp_path / "runs" / "wb" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))  # the offline run file, syncable with `wandb sync`
