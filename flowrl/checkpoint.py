@@ -23,9 +23,23 @@ from .errors import UserError
 def save_checkpoint(folder: Path, update: int, trainable: dict, optimizer_state: dict, ema: dict | None,
                     adapter: dict | None = None, keep: int = 2, write_extra=None) -> Path:
     """Write a checkpoint atomically; `write_extra(tmp_folder)` adds files (e.g. exports) before the rename."""
-    folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"update_{update:06d}"
     tmp = folder / f".tmp_update_{update:06d}"
+    try:
+        _write(tmp, update, trainable, optimizer_state, ema, adapter, write_extra)
+    except OSError as error:  # a full disk, a vanished mount: keep what was there, name the problem
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"could not write checkpoint {final} ({error}); the previous checkpoints are intact") from None
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in list_checkpoints(folder)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write(tmp: Path, update: int, trainable: dict, optimizer_state: dict, ema: dict | None, adapter: dict | None,
+           write_extra) -> None:
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_file({k: v.contiguous() for k, v in trainable.items()}, tmp / "trainable.safetensors")
@@ -36,14 +50,9 @@ def save_checkpoint(folder: Path, update: int, trainable: dict, optimizer_state:
         (tmp / "adapter.json").write_text(json.dumps(adapter))
     state = {"update": update, "python_rng": repr(random.getstate()),
              "numpy_rng": np.random.get_state()[1].tolist(), "torch_rng": torch.get_rng_state().tolist()}
-    (tmp / "state.json").write_text(json.dumps(state))
     if write_extra is not None:
         write_extra(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    for old in list_checkpoints(folder)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+    (tmp / "state.json").write_text(json.dumps(state))  # last: a folder without it is never taken for a checkpoint
 
 
 def list_checkpoints(folder: Path) -> list[Path]:
@@ -52,20 +61,31 @@ def list_checkpoints(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("update_*") if (p / "state.json").is_file())
 
 
+class CorruptCheckpoint(UserError):
+    """A checkpoint folder whose files cannot be read back."""
+
+
 def load_checkpoint(path: Path) -> dict:
+    """Read every file of a checkpoint, then restore the RNG states (so a corrupt one changes nothing)."""
     path = Path(path)
     if not (path / "state.json").is_file() or not (path / "trainable.safetensors").is_file():
         raise UserError(f"checkpoint {path} is incomplete or missing; expected a folder with state.json and "
                         "trainable.safetensors (runs/<name>/checkpoints/update_N)")
-    state = json.loads((path / "state.json").read_text())
-    torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+    try:
+        state = json.loads((path / "state.json").read_text())
+        saved = {"update": state["update"],
+                 "trainable": load_file(path / "trainable.safetensors"),
+                 "ema": load_file(path / "ema.safetensors") if (path / "ema.safetensors").is_file() else None,
+                 "optimizer": torch.load(path / "optimizer.pt", weights_only=True)}
+        rng = (torch.tensor(state["torch_rng"], dtype=torch.uint8), np.array(state["numpy_rng"], dtype=np.uint32),
+               ast.literal_eval(state["python_rng"]))
+    except Exception as error:  # truncated or garbled files: whatever the reader raised
+        raise CorruptCheckpoint(f"checkpoint {path} is corrupt ({type(error).__name__}: {error})") from None
+    torch.set_rng_state(rng[0])
     np_state = np.random.get_state()
-    np.random.set_state((np_state[0], np.array(state["numpy_rng"], dtype=np.uint32), *np_state[2:]))
-    random.setstate(ast.literal_eval(state["python_rng"]))
-    return {"update": state["update"],
-            "trainable": load_file(path / "trainable.safetensors"),
-            "ema": load_file(path / "ema.safetensors") if (path / "ema.safetensors").is_file() else None,
-            "optimizer": torch.load(path / "optimizer.pt", weights_only=True)}
+    np.random.set_state((np_state[0], rng[1], *np_state[2:]))
+    random.setstate(rng[2])
+    return saved
 
 
 def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True) -> None:

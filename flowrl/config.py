@@ -140,6 +140,7 @@ class TrainSection:
     offload_text_encoders: bool = False  # keep text encoders on the CPU, on the device only while encoding
     embedding_cache: bool = False  # encode each distinct prompt once per run (repeated prompts skip the encoders)
     optimizer: Literal["adamw", "adamw_8bit", "sgd"] = "adamw"  # adamw_8bit: bitsandbytes (CUDA)
+    max_failed_reward_share: float = 0.25  # samples without a finite reward (NaN, inf, raised) beyond this: stop
     ema_decay: float = 0.0  # 0 disables EMA of the trained weights
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     weight_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"  # frozen weights (base model, VAE, text encoders)

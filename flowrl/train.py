@@ -17,18 +17,23 @@ import yaml
 from tqdm import tqdm
 
 from .algorithms import RolloutBatch, WorkItems, build_algorithm
-from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from .algorithms.base import drop_groups
+from .checkpoint import CorruptCheckpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from .config import RunConfig, config_to_dict
-from .errors import ConfigError
+from .errors import ConfigError, UserError
 from .export import write_lora_files
 from .policies import load_pipeline, policy_for
 from .policies.base import SampleSpec
 from .prompt_source import PromptSource, derived_seed
 from .rewards import WeightedSum, build_reward, latent_scorer
-from .rewards.base import score_in_chunks
+from .rewards.base import score_robustly
 from .rollout import per_sample_noise, rollout, rollout_in_chunks, sample_generators
 from .schedules import cosine_decay
 from .tasks.base import build_task
+
+
+class RewardFailure(Exception):
+    """Too many samples of an update got no finite reward (train.max_failed_reward_share)."""
 
 
 WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -197,8 +202,8 @@ class Trainer:
                                          c.sampler.guidance_scale, window, initial_noise=initial, progress=progress)
             with torch.no_grad():
                 samples = self.policy.decode_in_chunks(traj.final)
-        scored = score_in_chunks(self.reward, samples, local_prompts, {"seeds": local_seeds, "conditions": local_items},
-                                 c.train.reward_microbatch)
+        scored, error = score_robustly(self.reward, samples, local_prompts,
+                                       {"seeds": local_seeds, "conditions": local_items}, c.train.reward_microbatch)
         rewards = scored.scores.float().to(self.accelerator.device)
         global_rewards = self.accelerator.gather(rewards).cpu()
         global_groups = self.accelerator.gather(local_groups.to(self.accelerator.device)).cpu()
@@ -207,12 +212,32 @@ class Trainer:
         if recorder is not None:
             batch.step_rewards = recorder.rewards
             batch.global_step_rewards = self.accelerator.gather(batch.step_rewards.to(self.accelerator.device)).cpu()
-        metrics = {"reward_mean": global_rewards.mean().item(), "reward_std": global_rewards.std().item()}
+        failed = ~torch.isfinite(global_rewards)
+        metrics = {}
+        if failed.any():  # NaN / inf / raising rewards: their groups carry no usable signal and are skipped
+            share = failed.float().mean().item()
+            metrics = {"reward_failed_samples": float(failed.sum()),
+                       "reward_failed_groups": float(len(torch.unique(global_groups[failed])))}
+            if share > c.train.max_failed_reward_share:
+                raise RewardFailure(
+                    f"reward {self.reward_names()}: {100 * share:.0f}% of update {update}'s samples got no finite "
+                    f"reward (train.max_failed_reward_share = {c.train.max_failed_reward_share})"
+                    + (f"; first error: {error}" if error else "; it returned NaN or inf"))
+            if self.log:
+                tqdm.write(f"update {update}: {int(failed.sum())} samples without a finite reward"
+                           + (f" ({error})" if error else "") + "; their groups are skipped")
+            batch = drop_groups(batch, torch.unique(global_groups[failed]))
+            global_rewards = batch.global_rewards
+        metrics.update({"reward_mean": global_rewards.mean().item(), "reward_std": global_rewards.std().item()})
         if steering is not None:  # FK-resampled groups are biased towards the reward: say so in every row
             metrics["fk_resamplings"] = float(len(steering.resampled_at))
         for key, value in scored.info.items():
-            metrics[f"reward/{key}"] = self.accelerator.gather(value.float().to(self.accelerator.device)).mean().item()
+            gathered = self.accelerator.gather(value.float().to(self.accelerator.device))
+            metrics[f"reward/{key}"] = gathered[torch.isfinite(gathered)].mean().item()
         return batch, metrics
+
+    def reward_names(self) -> str:
+        return " + ".join(term.name for term in self.config.reward)
 
     # ---- update -------------------------------------------------------------------------------------------
     def _global_max(self, value: int) -> int:
@@ -312,6 +337,21 @@ class Trainer:
         found = list_checkpoints(self.checkpoint_dir)
         return found[-1] if found else None
 
+    def resume(self) -> Path | None:
+        """Restore the checkpoint to resume from: the one named in run.resume, or the newest readable one of the run
+        dir (a corrupt newest one is reported and the one before it used)."""
+        requested = self.config.run.resume
+        if requested and requested != "auto":
+            self.restore(Path(requested))
+            return Path(requested)
+        for path in reversed(list_checkpoints(self.checkpoint_dir)):
+            try:
+                self.restore(path)
+                return path
+            except CorruptCheckpoint as error:
+                tqdm.write(f"{error}; trying the checkpoint before it")
+        return None
+
     def restore(self, path: Path) -> None:
         saved = load_checkpoint(path)
         self.policy.load_trainable_state_dict(saved["trainable"])
@@ -325,11 +365,9 @@ class Trainer:
     def run(self, on_update=None) -> RunState:
         """Train until config.train.updates; `on_update(update, metrics)` runs on the main process after each."""
         c = self.config
-        path = self.resume_path()
-        if path is not None:
-            self.restore(path)
-            if self.log:
-                tqdm.write(f"resumed from {path} at update {self.state.update}")
+        self.resumed_from = self.resume()
+        if self.resumed_from is not None and self.log:
+            tqdm.write(f"resumed from {self.resumed_from} at update {self.state.update}")
         steps = c.sampler.num_steps
         bar = tqdm(total=c.train.updates, initial=self.state.update, desc="updates", disable=not self.log)
         try:
@@ -358,6 +396,10 @@ class Trainer:
                 tqdm.write(f"interrupted: saving a checkpoint at update {self.state.update}")
             self.save()
             raise
+        except RewardFailure as failure:  # stop cleanly: everything trained so far is kept
+            path = self.save()
+            raise UserError(f"{failure}; stopped with a checkpoint at update {self.state.update}"
+                            + (f" ({path})" if path else "")) from None
         finally:
             bar.close()
         if list_checkpoints(self.checkpoint_dir)[-1:] != [self.checkpoint_dir / f"update_{self.state.update:06d}"]:

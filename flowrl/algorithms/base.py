@@ -33,6 +33,26 @@ class RolloutBatch:
     global_step_rewards: torch.Tensor | None = None  # [B_global, T + 1]
 
 
+def drop_groups(batch: RolloutBatch, dropped: torch.Tensor) -> RolloutBatch:
+    """The batch without the samples of the `dropped` group ids (e.g. groups whose reward failed), on every process
+    alike: global arrays lose the same entries everywhere and local indices follow."""
+    from dataclasses import replace
+
+    keep_global = ~torch.isin(batch.global_group_ids, dropped)
+    position = torch.cumsum(keep_global.long(), 0) - 1
+    rows = torch.nonzero(keep_global[batch.local_index]).flatten()
+    traj = batch.trajectory
+    traj = replace(traj, latents=traj.latents[:, rows.to(traj.latents.device)],
+                   log_probs=traj.log_probs[:, rows.to(traj.log_probs.device)], cond=traj.cond.select(rows))
+    picked = rows.tolist()
+    return RolloutBatch(
+        traj, batch.rewards[rows], batch.group_ids[rows], [batch.seeds[i] for i in picked],
+        batch.global_rewards[keep_global], batch.global_group_ids[keep_global], position[batch.local_index[rows]],
+        [batch.prompts[i] for i in picked], batch.progress,
+        batch.step_rewards[rows] if batch.step_rewards is not None else None,
+        batch.global_step_rewards[keep_global] if batch.global_step_rewards is not None else None)
+
+
 @dataclass
 class WorkItems:
     """The (sample, step) pairs one update trains on this process, each with its own loss weight.

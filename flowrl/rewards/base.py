@@ -73,6 +73,29 @@ def score_in_chunks(reward: Reward, samples: torch.Tensor, prompts: list[str], m
                         {k: torch.cat([p.info[k] for p in parts]) for k in parts[0].info})
 
 
+def score_robustly(reward: Reward, samples: torch.Tensor, prompts: list[str], meta: dict,
+                   chunk: int = 0) -> tuple[RewardOutput, str | None]:
+    """`score_in_chunks`, except that a reward raising is not fatal: the samples are then scored one by one and
+    those whose call raises get NaN. Returns the output and the first error's message (None when none raised)."""
+    try:
+        return score_in_chunks(reward, samples, prompts, meta, chunk), None
+    except Exception as error:  # a reward's own failure; the loop decides whether the run can go on
+        first = f"{type(error).__name__}: {error}"
+    scores, infos = [], []
+    for i in range(len(prompts)):
+        try:
+            out = reward(samples[i:i + 1], prompts[i:i + 1], {k: v[i:i + 1] for k, v in meta.items()})
+            scores.append(out.scores.float().reshape(1))
+            infos.append(out.info)
+        except Exception:
+            scores.append(torch.full((1,), float("nan")))
+            infos.append(None)
+    keys = set.intersection(*[set(i) for i in infos if i is not None]) if any(i is not None for i in infos) else set()
+    info = {k: torch.cat([i[k].float().reshape(1) if i is not None else torch.full((1,), float("nan")) for i in infos])
+            for k in keys}
+    return RewardOutput(torch.cat(scores), info), first
+
+
 def latent_scorer(policy, reward: Reward):
     """`(latents, prompts) -> scores` through the policy's decoder: what FK potentials, intermediate rewards and
     reward-gradient methods call on latents (differentiable when the reward is)."""

@@ -1,0 +1,110 @@
+"""Faults with nothing lost: rewards that return NaN or raise for some samples, too many failures, corrupt and
+torn checkpoints, a full disk while saving."""
+import math
+
+import pytest
+import torch
+
+from flowrl.config import load_config
+from flowrl.errors import UserError
+from flowrl.rewards import Reward, RewardOutput
+from flowrl.train import Trainer
+from run_helpers import tiny_run_config
+
+
+class NaNForSomeSeeds(Reward):
+    """Brightness, but NaN for every sample whose seed is divisible by 5."""
+    name = "nan_for_some"
+
+    def __call__(self, samples, prompts, meta=None):
+        scores = samples.flatten(1).mean(1)
+        bad = torch.tensor([s % 5 == 0 for s in meta["seeds"]])
+        return RewardOutput(torch.where(bad, torch.full_like(scores, float("nan")), scores))
+
+
+class RaisesOnSomeSeeds(Reward):
+    """Brightness, but a call that includes a sample whose seed is divisible by 7 raises."""
+    name = "raises_on_some"
+
+    def __call__(self, samples, prompts, meta=None):
+        if any(s % 7 == 0 for s in meta["seeds"]):
+            raise RuntimeError("cannot score this one")
+        return RewardOutput(samples.flatten(1).mean(1))
+
+
+def _trainer(tiny_sd3_dir, tmp_path, reward, *overrides, updates=2):
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "faults", updates=updates)
+    return Trainer(load_config(path, [f"reward=[{{name: test_faults:{reward}}}]", *overrides]), log=False)
+
+
+def test_failed_samples_skip_their_groups_and_the_run_goes_on(tiny_sd3_dir, tmp_path):
+    trainer = _trainer(tiny_sd3_dir, tmp_path, "NaNForSomeSeeds", "train.max_failed_reward_share=0.9",
+                       "train.groups_per_update=4")
+    batch, metrics = trainer.collect(0)
+    assert all(s % 5 for s in batch.seeds)  # every kept sample has a finite reward...
+    kept_groups = set(batch.group_ids.tolist())
+    assert 0 < len(kept_groups) < 4  # ...and whole groups went: those holding a failed sample
+    assert metrics["reward_failed_groups"] == 4 - len(kept_groups) and metrics["reward_failed_samples"] >= 1
+    assert torch.isfinite(batch.global_rewards).all() and math.isfinite(metrics["reward_mean"])
+    rows = []
+    trainer.run(lambda update, m: rows.append(m))
+    assert len(rows) == 2 and any("loss" in r for r in rows)
+    assert all(math.isfinite(r["loss"]) for r in rows if "loss" in r)  # an update with no group left trains nothing
+
+
+def test_a_raising_reward_is_scored_sample_by_sample_and_too_many_failures_stop_cleanly(tiny_sd3_dir, tmp_path):
+    from flowrl.prompt_source import derived_seed
+
+    trainer = _trainer(tiny_sd3_dir, tmp_path, "RaisesOnSomeSeeds", "train.max_failed_reward_share=0.9",
+                       "train.groups_per_update=4")
+    batch, metrics = trainer.collect(0)
+    raising = sum(derived_seed(0, 0, i) % 7 == 0 for i in range(16))
+    assert raising >= 1 and metrics["reward_failed_samples"] == raising  # only those failed, one by one
+    assert all(s % 7 for s in batch.seeds) and len(batch.seeds) >= 4  # and the other groups were kept
+    (tmp_path / "strict").mkdir()
+    strict = _trainer(tiny_sd3_dir, tmp_path / "strict", "NaNForSomeSeeds", "train.max_failed_reward_share=0.0")
+    with pytest.raises(UserError, match="reward test_faults:NaNForSomeSeeds: .* no finite reward.*stopped with a "
+                                        "checkpoint at update 0"):
+        strict.run()
+    assert (strict.checkpoint_dir / "update_000000" / "state.json").is_file()
+
+
+def test_a_corrupt_newest_checkpoint_is_reported_and_the_one_before_it_resumes_exactly(tiny_sd3_dir, tmp_path):
+    from run_helpers import train_and_collect
+
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "corrupt", updates=3,
+                           keep_checkpoints=3)
+    expected = train_and_collect(path, ["run.name=whole"])
+    train_and_collect(path, ["train.updates=2"])  # checkpoints at updates 1 and 2
+    newest = tmp_path / "runs" / "corrupt" / "checkpoints" / "update_000002" / "trainable.safetensors"
+    newest.write_bytes(newest.read_bytes()[:100])  # a torn write
+    trainer = Trainer(load_config(path), log=False)
+    trainer.run()
+    assert trainer.resumed_from.name == "update_000001"
+    resumed = {k: v.cpu() for k, v in trainer.policy.trainable_state_dict().items()}
+    assert all(torch.equal(expected[k], resumed[k]) for k in expected)
+
+
+def test_a_full_disk_while_saving_is_one_clear_error_and_the_previous_checkpoint_survives(tiny_sd3_dir, tmp_path,
+                                                                                         monkeypatch):
+    import flowrl.checkpoint as checkpoint
+
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "full", updates=2)
+    trainer = Trainer(load_config(path), log=False)
+    real_save = checkpoint.save_file
+    calls = []
+
+    def save_until_full(tensors, file, *args, **kwargs):
+        calls.append(file)
+        if "update_000002" in str(file):
+            raise OSError(28, "No space left on device")
+        return real_save(tensors, file, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save_file", save_until_full)
+    with pytest.raises(UserError, match=r"could not write checkpoint .*update_000002 .*No space left on device.*"
+                                        "previous checkpoints are intact"):
+        trainer.run()
+    folder = trainer.checkpoint_dir
+    assert [p.name for p in checkpoint.list_checkpoints(folder)] == ["update_000001"]
+    assert not list(folder.glob(".tmp_*"))  # the half-written one is gone
+    checkpoint.load_checkpoint(folder / "update_000001")  # and the previous one reads back whole
