@@ -7,6 +7,8 @@ checkpoint of the run dir or from `run.resume=PATH`.
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -30,6 +32,13 @@ from .rewards.base import score_robustly
 from .rollout import per_sample_noise, rollout, rollout_in_chunks, sample_generators
 from .schedules import cosine_decay
 from .tasks.base import build_task
+
+
+def fault_point(phase: str, update: int) -> None:
+    """Fault injection for the kill tests: FLOWRL_KILL_AT=phase@update (rollout, update, checkpoint) kills this
+    process with SIGKILL there, as a crash or an OOM killer would."""
+    if os.environ.get("FLOWRL_KILL_AT") == f"{phase}@{update}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class RewardFailure(Exception):
@@ -202,6 +211,7 @@ class Trainer:
                                          c.sampler.guidance_scale, window, initial_noise=initial, progress=progress)
             with torch.no_grad():
                 samples = self.policy.decode_in_chunks(traj.final)
+        fault_point("rollout", update)
         scored, error = score_robustly(self.reward, samples, local_prompts,
                                        {"seeds": local_seeds, "conditions": local_items}, c.train.reward_microbatch)
         rewards = scored.scores.float().to(self.accelerator.device)
@@ -287,6 +297,7 @@ class Trainer:
                 counted += int(real.sum())
                 if progress is not None:
                     progress.update(1)
+            fault_point("update", update)
             grad_norms.append(float(self.accelerator.clip_grad_norm_(self.params, c.grad_clip)))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -323,10 +334,14 @@ class Trainer:
             return None
         trainable = self.policy.trainable_state_dict()
         ema = dict(zip(trainable, [e.detach().cpu() for e in self.state.ema])) if self.state.ema is not None else None
-        export = None
-        if self.policy.has_lora:  # the weights flowrl samples with, loadable by diffusers and peft
-            export = lambda folder: write_lora_files(self.policy, ema or trainable, folder)  # noqa: E731
-        return save_checkpoint(self.checkpoint_dir, self.state.update, trainable,
+        update = self.state.update
+
+        def export(folder):
+            if self.policy.has_lora:  # the weights flowrl samples with, loadable by diffusers and peft
+                write_lora_files(self.policy, ema or trainable, folder)
+            fault_point("checkpoint", update)  # files written, state.json not yet
+
+        return save_checkpoint(self.checkpoint_dir, update, trainable,
                                self.optimizer.state_dict(), ema, adapter_description(self.config, self.policy),
                                keep=self.config.train.keep_checkpoints, write_extra=export)
 
