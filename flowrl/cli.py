@@ -84,6 +84,13 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     export.add_argument("--checkpoint", required=True, help="a run's checkpoint folder (LoRA or full weights)")
     export.add_argument("--out", required=True, help="the new pipeline folder (save_pretrained layout)")
 
+    serve = sub.add_parser("serve-reward", help="serve a registered reward over HTTP (for the `remote` reward)")
+    serve.add_argument("name", help="a registered reward or package.module:Name")
+    serve.add_argument("--params", default="{}", help="the reward's parameters as JSON")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--token", default=None, help="require `Authorization: Bearer TOKEN` on every request")
+
     demo = sub.add_parser("demo", help="Gradio page: the base model and checkpoints side by side")
     demo.add_argument("--pipeline", required=True)
     demo.add_argument("--checkpoint", action="append", default=[], help="a checkpoint folder; repeat for several")
@@ -174,6 +181,28 @@ def cmd_export(args) -> None:
     print(f"wrote the tuned pipeline to {out} (load it with DiffusionPipeline.from_pretrained)")
 
 
+def json_object(text: str, flag: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise UserError(f"{flag}: expected a JSON object, got {text!r}")
+    return value
+
+
+def cmd_serve_reward(args) -> None:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise UserError("serve-reward needs fastapi and uvicorn: pip install -e \".[serve]\"") from None
+    from .rewards.remote import serve_reward
+
+    print(f"serving reward {args.name} at http://{args.host}:{args.port} (POST /score, GET /health)", flush=True)
+    serve_reward(args.name, json_object(args.params, "--params"), args.host, args.port, args.token)
+
+
 def cmd_demo(args) -> None:
     try:
         import gradio  # noqa: F401
@@ -229,13 +258,7 @@ def cmd_eval_rewards(args) -> None:
 
     if args.reward is None:
         raise UserError("eval rewards: expected --reward NAME (a registered reward or package.module:Name)")
-    try:
-        params = json.loads(args.reward_params)
-    except json.JSONDecodeError:
-        params = None
-    if not isinstance(params, dict):
-        raise UserError(f"--reward-params: expected a JSON object, got {args.reward_params!r}")
-    reward = build_reward(args.reward, where="--reward", **params)
+    reward = build_reward(args.reward, where="--reward", **json_object(args.reward_params, "--reward-params"))
     samples, records = read_samples(args.samples)
     result = {"reward": args.reward, **reward_metrics(reward, samples, read_conditions(args.samples, records))}
     out = Path(args.samples) / "rewards_eval.json"
@@ -269,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser(extensions).parse_args(argv)
     commands = {"pretrain": lambda a: cmd_pretrain(a, extensions), "train": cmd_train,
                 "sample": lambda a: cmd_sample(a, extensions), "eval": lambda a: cmd_eval(a, extensions),
-                "demo": cmd_demo, "export": cmd_export}
+                "demo": cmd_demo, "export": cmd_export, "serve-reward": cmd_serve_reward}
     try:
         commands[args.command](args)
     except UserError as error:

@@ -19,6 +19,10 @@ class RewardOutput:
     info: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+class RewardUnavailable(Exception):
+    """A reward that cannot score at all right now (e.g. its server is down): retrying sample by sample won't help."""
+
+
 class Reward:
     name = "reward"
     differentiable = False
@@ -40,7 +44,7 @@ REWARDS = Registry("reward", {
     "aesthetic": "flowrl.rewards.learned_real", "imagereward": "flowrl.rewards.learned_real",
     "jpeg_compressibility": "flowrl.rewards.jpeg", "jpeg_incompressibility": "flowrl.rewards.jpeg",
     "safety_checker": "flowrl.safety.checker", "safe_shapes": "flowrl.safety.reward",
-    "per_frame": "flowrl.rewards.video",
+    "per_frame": "flowrl.rewards.video", "remote": "flowrl.rewards.remote",
 })
 
 
@@ -79,6 +83,8 @@ def score_robustly(reward: Reward, samples: torch.Tensor, prompts: list[str], me
     those whose call raises get NaN. Returns the output and the first error's message (None when none raised)."""
     try:
         return score_in_chunks(reward, samples, prompts, meta, chunk), None
+    except RewardUnavailable as error:  # nothing to gain from asking again per sample
+        return RewardOutput(torch.full((len(prompts),), float("nan"))), str(error)
     except Exception as error:  # a reward's own failure; the loop decides whether the run can go on
         first = f"{type(error).__name__}: {error}"
     scores, infos = [], []

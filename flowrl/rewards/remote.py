@@ -1,0 +1,114 @@
+"""Rewards served over HTTP: `flowrl serve-reward NAME` serves any registered reward (FastAPI + uvicorn), and the
+`remote` reward scores through such a server, so a reward with its own dependencies (a detector, OCR, a VLM judge)
+runs in its own environment, as the anchors run theirs.
+
+The wire format is safetensors, never pickle: a request holds the samples (float32 in [0, 1], so a served reward sees what a local one sees) and, in the file's
+metadata, the prompts and the JSON-able per-sample metadata; a response holds `scores` and the info tensors.
+An optional shared token travels as `Authorization: Bearer TOKEN`. The server binds 127.0.0.1 unless told
+otherwise. The client retries with exponential back-off and then raises `RewardUnavailable` naming the URL; the
+loop turns that into a clean stop with a checkpoint (train.max_failed_reward_share), and resuming once the server
+is back continues exactly.
+"""
+# no `from __future__ import annotations`: FastAPI must see the real Request class in the handlers below
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import torch
+from safetensors.torch import load, save
+
+from .base import Reward, RewardOutput, RewardUnavailable, build_reward, register_reward
+
+
+def encode_request(samples: torch.Tensor, prompts: list[str], meta: dict | None) -> bytes:
+    shareable = {k: v for k, v in (meta or {}).items() if k != "conditions"}  # conditions hold arrays: sent apart
+    if meta and "conditions" in meta:
+        shareable["condition_meta"] = [c.meta for c in meta["conditions"]]
+    header = {"prompts": json.dumps(prompts), "meta": json.dumps(shareable, default=str)}
+    return save({"samples": samples.detach().float().cpu().contiguous()}, metadata=header)
+
+
+def decode_request(body: bytes) -> tuple[torch.Tensor, list[str], dict]:
+    tensors = load(body)
+    header = json.loads(_metadata(body))
+    return tensors["samples"].float(), json.loads(header["prompts"]), json.loads(header["meta"])
+
+
+def _metadata(body: bytes) -> str:
+    """The safetensors header's __metadata__ as JSON text."""
+    size = int.from_bytes(body[:8], "little")
+    return json.dumps(json.loads(body[8:8 + size]).get("__metadata__", {}))
+
+
+def serve_reward(name: str, params: dict, host: str = "127.0.0.1", port: int = 8765, token: str | None = None):
+    """Serve reward `name` (built with `params`) until interrupted."""
+    import uvicorn
+    from fastapi import FastAPI, HTTPException, Request, Response
+
+    reward = build_reward(name, where="serve-reward", **params)
+    app = FastAPI(title=f"flowrl reward {name}")
+
+    def check(request: Request) -> None:
+        if token is not None and request.headers.get("authorization") != f"Bearer {token}":
+            raise HTTPException(status_code=401, detail="missing or wrong token")
+
+    @app.get("/health")
+    def health(request: Request) -> dict:
+        check(request)
+        return {"reward": name, "differentiable": reward.differentiable}
+
+    @app.post("/score")
+    async def score(request: Request) -> Response:
+        check(request)
+        samples, prompts, meta = decode_request(await request.body())
+        with torch.no_grad():
+            out = reward(samples, prompts, meta)
+        tensors = {"scores": out.scores.float().cpu().contiguous(),
+                   **{f"info/{k}": v.float().cpu().contiguous() for k, v in out.info.items()}}
+        return Response(content=save(tensors), media_type="application/octet-stream")
+
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+@register_reward("remote")
+class RemoteReward(Reward):
+    """A reward computed by `flowrl serve-reward` at `url` (e.g. http://127.0.0.1:8765)."""
+
+    def __init__(self, url: str, name: str = "remote", timeout: float = 60.0, retries: int = 3, backoff: float = 1.0,
+                 token: str | None = None, batch_size: int = 0):
+        self.url, self.name, self.timeout, self.retries, self.backoff = url.rstrip("/"), name, timeout, retries, backoff
+        self.token, self.batch_size = token, batch_size
+
+    def _post(self, body: bytes) -> bytes:
+        request = urllib.request.Request(f"{self.url}/score", data=body, method="POST",
+                                         headers={"Content-Type": "application/octet-stream",
+                                                  **({"Authorization": f"Bearer {self.token}"} if self.token else {})})
+        last = None
+        for attempt in range(self.retries + 1):
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    return response.read()
+            except urllib.error.HTTPError as error:
+                if error.code < 500:  # a client error (bad token, bad request) will not heal by retrying
+                    raise RewardUnavailable(f"reward server {self.url} refused the request: HTTP {error.code} "
+                                            f"{error.read()[:200].decode(errors='replace')}") from None
+                last = f"HTTP {error.code}"
+            except (urllib.error.URLError, OSError) as error:
+                last = str(getattr(error, "reason", error))
+            if attempt < self.retries:
+                time.sleep(self.backoff * 2**attempt)
+        raise RewardUnavailable(f"reward server {self.url} did not answer after {self.retries + 1} tries ({last})")
+
+    def __call__(self, samples, prompts, meta=None) -> RewardOutput:
+        size = self.batch_size or len(prompts)
+        scores, info = [], {}
+        for start in range(0, len(prompts), size):
+            part = slice(start, start + size)
+            part_meta = {k: v[part] for k, v in (meta or {}).items()}
+            tensors = load(self._post(encode_request(samples[part], prompts[part], part_meta)))
+            scores.append(tensors.pop("scores"))
+            for key, value in tensors.items():
+                info.setdefault(key.removeprefix("info/"), []).append(value)
+        return RewardOutput(torch.cat(scores).to(samples.device), {k: torch.cat(v) for k, v in info.items()})

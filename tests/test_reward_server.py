@@ -1,0 +1,85 @@
+"""`flowrl serve-reward` in a real server process on loopback and the `remote` reward: the same scores as the reward
+in-process, training through it, a token, and a server that dies mid-run stopping the run cleanly."""
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+
+from conftest import REPO
+from flowrl.config import load_config
+from flowrl.errors import UserError
+from flowrl.rewards import build_reward
+from flowrl.train import Trainer
+from run_helpers import tiny_run_config
+
+pytest.importorskip("fastapi")  # the test extra installs fastapi and uvicorn
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server():
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-m", "flowrl", "serve-reward", "jpeg_compressibility", "--port",
+                                str(port), "--token", "secret"], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    request = urllib.request.Request(f"{url}/health", headers={"Authorization": "Bearer secret"})
+    for _ in range(120):  # bounded: at most ~60 s for the server to come up
+        try:
+            with urllib.request.urlopen(request, timeout=1) as response:
+                assert b"jpeg_compressibility" in response.read()
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        process.kill()
+        pytest.fail(f"the reward server did not start: {process.stderr.read()[-2000:]}")
+    yield url, process
+    process.kill()
+    process.wait(timeout=30)
+
+
+def test_remote_scores_equal_local_scores_and_training_goes_through_it(server, tiny_sd3_dir, tmp_path):
+    url, _ = server
+    images = torch.rand(5, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    remote = build_reward("remote", url=url, token="secret")
+    assert torch.equal(remote(images, ["a"] * 5).scores, build_reward("jpeg_compressibility")(images, ["a"] * 5).scores)
+    with pytest.raises(Exception, match="HTTP 401"):
+        build_reward("remote", url=url, token="wrong")(images, ["a"] * 5)
+
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "remote", updates=2)
+    rows = {}
+    for name, reward in [("local", "{name: jpeg_compressibility}"),
+                         ("served", f"{{name: remote, params: {{url: '{url}', token: secret}}}}")]:
+        trainer = Trainer(load_config(path, [f"run.name={name}", f"reward=[{reward}]"]), log=False)
+        rows[name] = []
+        trainer.run(lambda update, metrics: rows[name].append(metrics["reward_mean"]))
+    assert rows["served"] == rows["local"]  # two updates, the same rewards, so the same training
+
+
+def test_a_dying_reward_server_stops_the_run_cleanly(server, tiny_sd3_dir, tmp_path):
+    url, process = server
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "dies", updates=3)
+    reward = f"{{name: remote, params: {{url: '{url}', token: secret, retries: 1, backoff: 0.1, timeout: 5}}}}"
+    trainer = Trainer(load_config(path, [f"reward=[{reward}]"]), log=False)
+    state = {"killed": False}
+
+    def kill_after_first(update, metrics):
+        if not state["killed"]:
+            process.kill()
+            process.wait(timeout=30)
+            state["killed"] = True
+
+    with pytest.raises(UserError, match=f"reward server {url} did not answer after 2 tries.*stopped with a checkpoint "
+                                        "at update 1"):
+        trainer.run(kill_after_first)
+    assert (trainer.checkpoint_dir / "update_000001" / "state.json").is_file()
