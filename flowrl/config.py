@@ -136,6 +136,7 @@ class TrainSection:
     rollout_microbatch: int = 0  # samples per rollout call (0: all of a process's samples at once)
     decode_microbatch: int = 0  # samples per VAE decode (0: all at once)
     reward_microbatch: int = 0  # samples per reward call (0: all at once)
+    async_rewards: bool = False  # score each rollout chunk in a worker thread while the next chunk samples
     gradient_checkpointing: bool = False  # recompute the denoiser's activations in backward (memory for time)
     offload_text_encoders: bool = False  # keep text encoders on the CPU, on the device only while encoding
     embedding_cache: bool = False  # encode each distinct prompt once per run (repeated prompts skip the encoders)

@@ -120,11 +120,24 @@ def rollout_in_chunks(chunk: int, policy: FlowPolicy, cond: Conditioning, genera
         return rollout(policy, cond, generators, noise_shape, num_steps, kind, noise_level, guidance_scale,
                        sde_window, initial_noise, progress=progress)
     parts = []
-    for start in range(0, len(cond), chunk):
-        rows = list(range(start, min(start + chunk, len(cond))))
+    for rows in chunk_rows(len(cond), chunk):
         parts.append(rollout(policy, cond.select(rows), [generators[i] for i in rows], noise_shape, num_steps, kind,
                              noise_level, guidance_scale, sde_window,
                              initial_noise[rows] if initial_noise is not None else None, progress=progress))
+    return join_trajectories(parts, cond)
+
+
+def chunk_rows(count: int, chunk: int) -> list[list[int]]:
+    """Consecutive row lists of at most `chunk` (all rows at once when chunk <= 0)."""
+    chunk = chunk if chunk > 0 else count
+    return [list(range(start, min(start + chunk, count))) for start in range(0, count, chunk)]
+
+
+def join_trajectories(parts: list[Trajectory], cond: Conditioning) -> Trajectory:
+    """Trajectories of consecutive sample chunks as one, conditioned on the chunks' joint `cond`."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
     stochastic = torch.stack([p.stochastic for p in parts]).all(0)
     return Trajectory(torch.cat([p.latents for p in parts], 1), torch.cat([p.log_probs for p in parts], 1),
-                      parts[0].sigmas, stochastic, kind, noise_level, guidance_scale, cond)
+                      first.sigmas, stochastic, first.kind, first.noise_level, first.guidance_scale, cond)

@@ -28,8 +28,8 @@ from .policies import load_pipeline, policy_for
 from .policies.base import SampleSpec
 from .prompt_source import PromptSource, derived_seed
 from .rewards import WeightedSum, build_reward, latent_scorer
-from .rewards.base import score_robustly
-from .rollout import per_sample_noise, rollout, rollout_in_chunks, sample_generators
+from .rewards.base import RewardOutput, score_robustly
+from .rollout import chunk_rows, join_trajectories, per_sample_noise, rollout, rollout_in_chunks, sample_generators
 from .schedules import cosine_decay
 from .tasks.base import build_task
 
@@ -130,6 +130,9 @@ class Trainer:
             raise ConfigError(f"sampler.kind: a {type(self.policy.pipeline).__name__} samples with "
                               f"{list(self.policy.kinds)}, got {config.sampler.kind!r}")
         self.algorithm = build_algorithm(config.algorithm.name, config.algorithm.params, config.sampler)
+        if config.train.async_rewards and not config.train.rollout_microbatch:
+            raise ConfigError("train.async_rewards: overlaps a chunk's reward with the next chunk's rollout; set "
+                              "train.rollout_microbatch to a part of each process's samples")
         if config.train.rollout_microbatch and (config.sampler.fk is not None or self.algorithm.needs_step_rewards):
             raise ConfigError("train.rollout_microbatch: FK-resampled and intermediate-reward rollouts see whole "
                               "groups at once; set it to 0")
@@ -200,20 +203,25 @@ class Trainer:
 
             recorder = IntermediateRewards(latent_scorer(self.policy, self.reward), c.sampler.num_steps)
             callbacks.append(recorder)  # after FK, so it follows FK's re-indexing
-        with self.accelerator.autocast():
-            if callbacks:
-                traj = rollout(self.policy, cond, generators, shape, c.sampler.num_steps, c.sampler.kind,
-                               c.sampler.noise_level, c.sampler.guidance_scale, window, initial_noise=initial,
-                               callbacks=callbacks, progress=progress)
-            else:
-                traj = rollout_in_chunks(c.train.rollout_microbatch, self.policy, cond, generators, shape,
-                                         c.sampler.num_steps, c.sampler.kind, c.sampler.noise_level,
-                                         c.sampler.guidance_scale, window, initial_noise=initial, progress=progress)
-            with torch.no_grad():
-                samples = self.policy.decode_in_chunks(traj.final)
+        meta = {"seeds": local_seeds, "conditions": local_items}
+        if c.train.async_rewards:
+            traj, scored, error = self.rollout_scoring_behind(cond, generators, shape, window, initial, progress,
+                                                              local_prompts, meta)
+        else:
+            with self.accelerator.autocast():
+                if callbacks:
+                    traj = rollout(self.policy, cond, generators, shape, c.sampler.num_steps, c.sampler.kind,
+                                   c.sampler.noise_level, c.sampler.guidance_scale, window, initial_noise=initial,
+                                   callbacks=callbacks, progress=progress)
+                else:
+                    traj = rollout_in_chunks(c.train.rollout_microbatch, self.policy, cond, generators, shape,
+                                             c.sampler.num_steps, c.sampler.kind, c.sampler.noise_level,
+                                             c.sampler.guidance_scale, window, initial_noise=initial,
+                                             progress=progress)
+                with torch.no_grad():
+                    samples = self.policy.decode_in_chunks(traj.final)
+            scored, error = score_robustly(self.reward, samples, local_prompts, meta, c.train.reward_microbatch)
         fault_point("rollout", update)
-        scored, error = score_robustly(self.reward, samples, local_prompts,
-                                       {"seeds": local_seeds, "conditions": local_items}, c.train.reward_microbatch)
         rewards = scored.scores.float().to(self.accelerator.device)
         global_rewards = self.accelerator.gather(rewards).cpu()
         global_groups = self.accelerator.gather(local_groups.to(self.accelerator.device)).cpu()
@@ -245,6 +253,32 @@ class Trainer:
             gathered = self.accelerator.gather(value.float().to(self.accelerator.device))
             metrics[f"reward/{key}"] = gathered[torch.isfinite(gathered)].mean().item()
         return batch, metrics
+
+    def rollout_scoring_behind(self, cond, generators, shape, window, initial, progress, prompts, meta):
+        """The rollout chunk by chunk (train.rollout_microbatch), each chunk's reward computed in a worker thread
+        while the next chunk samples (train.async_rewards): the same samples and scores as scoring each chunk right
+        after it, with the reward's time hidden behind sampling."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        c = self.config
+        parts, futures = [], []
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            for rows in chunk_rows(len(cond), c.train.rollout_microbatch):
+                with self.accelerator.autocast():
+                    part = rollout(self.policy, cond.select(rows), [generators[i] for i in rows], shape,
+                                   c.sampler.num_steps, c.sampler.kind, c.sampler.noise_level,
+                                   c.sampler.guidance_scale, window,
+                                   initial[rows] if initial is not None else None, progress=progress)
+                    with torch.no_grad():
+                        samples = self.policy.decode_in_chunks(part.final)
+                parts.append(part)
+                futures.append(pool.submit(score_robustly, self.reward, samples, [prompts[i] for i in rows],
+                                           {k: [v[i] for i in rows] for k, v in meta.items()},
+                                           c.train.reward_microbatch))
+            results = [future.result() for future in futures]
+        scored = RewardOutput(torch.cat([r.scores for r, _ in results]),
+                              {k: torch.cat([r.info[k] for r, _ in results]) for k in results[0][0].info})
+        return join_trajectories(parts, cond), scored, next((e for _, e in results if e), None)
 
     def reward_names(self) -> str:
         return " + ".join(term.name for term in self.config.reward)

@@ -56,3 +56,17 @@ def test_xformers_is_refused_off_cuda(tiny_sd3_dir, tmp_path):
         pytest.skip("this machine has CUDA; the refusal is for other devices")
     with pytest.raises(ConfigError, match="pipeline.attention: xformers runs on CUDA only"):
         Trainer(load_config(path, ["pipeline.attention=xformers"]), log=False)
+
+
+def test_async_scoring_equals_scoring_each_chunk_in_turn(tiny_sd3_dir, tmp_path):
+    """train.async_rewards scores chunk k in a worker thread while chunk k+1 samples: the same trajectories, rewards
+    and reward info as synchronous scoring of the same chunks, exactly."""
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "async", updates=1)
+    chunked = ["train.rollout_microbatch=3", "reward=[{name: shapes, params: {dense: true}}]"]
+    sync = Trainer(load_config(path, chunked), log=False).collect(0)
+    overlapped = Trainer(load_config(path, chunked + ["train.async_rewards=true"]), log=False).collect(0)
+    assert torch.equal(sync[0].trajectory.latents, overlapped[0].trajectory.latents)
+    assert torch.equal(sync[0].global_rewards, overlapped[0].global_rewards)
+    assert sync[1] == overlapped[1]  # every reward metric, including the verifier's accuracy
+    with pytest.raises(ConfigError, match="train.async_rewards: overlaps"):
+        Trainer(load_config(path, ["train.async_rewards=true"]), log=False)
