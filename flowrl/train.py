@@ -65,8 +65,14 @@ def build_policy(config: RunConfig):
     return policy
 
 
-def build_rewards(config: RunConfig):
+def build_rewards(config: RunConfig, modality: str | None = None):
+    """The weighted sum of the config's rewards; each must accept `modality` (the pipeline's) when given."""
     terms = [build_reward(t.name, where=f"reward[{i}]", **t.params) for i, t in enumerate(config.reward)]
+    for i, (term, reward) in enumerate(zip(config.reward, terms)):
+        if modality is not None and modality not in reward.modalities:
+            raise ConfigError(f"reward[{i}].name: {term.name} scores {' and '.join(reward.modalities)}, but the "
+                              f"pipeline samples {modality}; score frames with {{name: per_frame, params: "
+                              f"{{reward: {term.name}}}}}")
     return WeightedSum(terms, [t.weight for t in config.reward], normalize=config.train.normalize_rewards)
 
 
@@ -141,7 +147,7 @@ class Trainer:
         if self.algorithm.needs_ode_rollout and self.policy.prediction == "epsilon":
             raise ConfigError(f"algorithm.name: {config.algorithm.name!r} is implemented for flow-matching pipelines; "
                               f"{type(self.policy.pipeline).__name__} predicts noise")
-        self.reward = build_rewards(config).to(self.accelerator.device)
+        self.reward = build_rewards(config, self.policy.modality).to(self.accelerator.device)
         self.algorithm.bind_reward(self.reward)
         self.task = build_task(config.task.name, config.task.params)
         self.spec = sample_spec(config, self.policy)

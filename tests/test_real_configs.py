@@ -72,3 +72,32 @@ def test_real_config_trains_evaluates_and_exports(name, clip_folder, tmp_path):
     pipe = load_pipeline(pipeline_dir)
     pipe.load_lora_weights(checkpoint)
     torch.testing.assert_close(velocity(policy_for(pipe, max_sequence_length=16)), expected, rtol=0, atol=0)
+
+
+def test_an_image_reward_on_a_video_pipeline_is_named_at_start_up(tmp_path):
+    from flowrl.errors import ConfigError
+    from flowrl.train import Trainer
+    from tiny_pipelines import tiny_wan
+
+    tiny_wan().save_pretrained(tmp_path / "wan")
+    config = load_config(REPO / "configs" / "real" / "wan21_1.3b_grpo.yaml",
+                         [f"pipeline.path={tmp_path / 'wan'}", "reward=[{name: jpeg_compressibility}]",
+                          f"prompts.source={REPO / 'assets' / 'prompts' / 'video_prompts.txt'}",
+                          "train.weight_dtype=fp32", "train.mixed_precision=no", "pipeline.max_sequence_length=16"])
+    with pytest.raises(ConfigError, match=r"reward\[0\].name: jpeg_compressibility scores image, but the pipeline "
+                                          "samples video; score frames with {name: per_frame"):
+        Trainer(config, log=False)
+
+
+def test_per_frame_reward_scores_sampled_frames_and_aggregates():
+    from flowrl.rewards import build_reward
+
+    video = torch.zeros(2, 3, 5, 8, 8)
+    video[0, :, 1] = 1.0  # one bright frame in the first video
+    mean = build_reward("per_frame", reward="jpeg_incompressibility", frames=0)
+    single = build_reward("jpeg_incompressibility")
+    frames = video.permute(0, 2, 1, 3, 4).reshape(10, 3, 8, 8)
+    per_frame = single(frames, ["p"] * 10).scores.view(2, 5)
+    torch.testing.assert_close(mean(video, ["p", "q"]).scores, per_frame.mean(1))
+    lowest = build_reward("per_frame", reward="jpeg_incompressibility", aggregate="min", frames=3)
+    torch.testing.assert_close(lowest(video, ["p", "q"]).scores, per_frame[:, [0, 2, 4]].min(1).values)

@@ -13,6 +13,7 @@ WAN_LORA_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
 @POLICIES.register("WanPipeline")
 class WanPolicy(FlowPolicy):
     family = "wan"
+    modality = "video"
     lora_targets = WAN_LORA_TARGETS
 
     @torch.no_grad()

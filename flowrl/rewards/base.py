@@ -26,6 +26,7 @@ class RewardUnavailable(Exception):
 class Reward:
     name = "reward"
     differentiable = False
+    modalities = ("image",)  # what it can score; the loop checks the pipeline's at start-up
 
     def __call__(self, samples: torch.Tensor, prompts: list[str], meta: dict | None = None) -> RewardOutput:
         raise NotImplementedError
@@ -120,6 +121,7 @@ class WeightedSum(Reward):
             raise ValueError("one weight per reward")
         self.rewards, self.weights, self.normalize = rewards, weights, normalize
         self.differentiable = all(r.differentiable for r in rewards)
+        self.modalities = tuple(m for m in ("image", "video") if all(m in r.modalities for r in rewards))
 
     def to(self, device) -> "WeightedSum":
         for reward in self.rewards:

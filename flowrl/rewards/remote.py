@@ -75,6 +75,7 @@ def serve_reward(name: str, params: dict, host: str = "127.0.0.1", port: int = 8
 @register_reward("remote")
 class RemoteReward(Reward):
     """A reward computed by `flowrl serve-reward` at `url` (e.g. http://127.0.0.1:8765)."""
+    modalities = ("image", "video")  # whatever the served reward takes; the server answers for it
 
     def __init__(self, url: str, name: str = "remote", timeout: float = 60.0, retries: int = 3, backoff: float = 1.0,
                  token: str | None = None, batch_size: int = 0):

@@ -11,6 +11,7 @@ from .base import Reward, RewardOutput, build_reward, register_reward
 class PerFrameReward(Reward):
     """`reward` (an image reward, with `params`) on `frames` evenly spaced frames of each video [B, 3, F, H, W]
     (0: every frame), aggregated over frames by `aggregate` (mean or min). Images pass through unchanged."""
+    modalities = ("image", "video")
 
     def __init__(self, reward: str, params: dict | None = None, aggregate: str = "mean", frames: int = 0):
         if aggregate not in ("mean", "min"):
