@@ -146,7 +146,7 @@ class TrainSection:
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     weight_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"  # frozen weights (base model, VAE, text encoders)
     cfg_uncond_grad: bool = False  # gradient through CFG's unconditional branch (Flow-GRPO: none)
-    normalize_rewards: bool = False  # standardize each reward term over the batch before weighting
+    normalize_rewards: Literal["none", "batch", "group"] = "none"  # standardize each reward term before weighting
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     threads: int = 0  # torch CPU threads; 0 keeps torch's default

@@ -28,7 +28,7 @@ from .policies import load_pipeline, policy_for
 from .policies.base import SampleSpec
 from .prompt_source import PromptSource, derived_seed
 from .rewards import WeightedSum, build_reward, latent_scorer
-from .rewards.base import RewardOutput, score_robustly
+from .rewards.base import RewardOutput, score_robustly, standardized_sum
 from .rollout import chunk_rows, join_trajectories, per_sample_noise, rollout, rollout_in_chunks, sample_generators
 from .schedules import cosine_decay
 from .tasks.base import build_task
@@ -73,7 +73,7 @@ def build_rewards(config: RunConfig, modality: str | None = None):
             raise ConfigError(f"reward[{i}].name: {term.name} scores {' and '.join(reward.modalities)}, but the "
                               f"pipeline samples {modality}; score frames with {{name: per_frame, params: "
                               f"{{reward: {term.name}}}}}")
-    return WeightedSum(terms, [t.weight for t in config.reward], normalize=config.train.normalize_rewards)
+    return WeightedSum(terms, [t.weight for t in config.reward])
 
 
 def build_optimizer(train, params):
@@ -231,6 +231,13 @@ class Trainer:
         rewards = scored.scores.float().to(self.accelerator.device)
         global_rewards = self.accelerator.gather(rewards).cpu()
         global_groups = self.accelerator.gather(local_groups.to(self.accelerator.device)).cpu()
+        if c.train.normalize_rewards != "none":  # over the gathered batch, so groups split over processes count whole
+            components = [self.accelerator.gather(scored.info[r.name].float().to(self.accelerator.device)).cpu()
+                          for r in self.reward.rewards]
+            groups = global_groups if c.train.normalize_rewards == "group" else None
+            global_rewards = torch.where(torch.isfinite(global_rewards),
+                                         standardized_sum(components, self.reward.weights, groups), global_rewards)
+            rewards = global_rewards[mine.start:mine.stop].to(self.accelerator.device)
         batch = RolloutBatch(traj, rewards.cpu(), local_groups, local_seeds, global_rewards, global_groups,
                              torch.arange(mine.start, mine.stop), local_prompts, progress=update / c.train.updates)
         if recorder is not None:

@@ -49,8 +49,34 @@ def test_weighted_sum_and_registry():
     expected = 2.0 * shapes(samples, prompts).scores + 0.5 * jpeg(samples, prompts).scores
     torch.testing.assert_close(combined.scores, expected)
     assert set(combined.info) >= {"shapes", "jpeg_compressibility"}
-    normalized = WeightedSum([jpeg], [1.0], normalize=True)(samples, prompts).scores
-    assert abs(normalized.mean().item()) < 1e-5
+    from flowrl.rewards.base import standardized_sum
+
+    a, b = torch.tensor([1.0, 3.0, 10.0, 30.0]), torch.tensor([0.0, 2.0, 0.0, 4.0])
+    batch = standardized_sum([a, b], [1.0, 0.5])
+    torch.testing.assert_close(batch, (a - a.mean()) / (a.std() + 1e-6) + 0.5 * (b - b.mean()) / (b.std() + 1e-6))
+    groups = torch.tensor([0, 0, 1, 1])
+    within = standardized_sum([a, b], [1.0, 0.5], groups)
+    # each group of two standardizes to -1/sqrt(2), +1/sqrt(2): scale-free, unlike the batch form
+    expected = torch.tensor([-1.0, 1.0, -1.0, 1.0]) / 2**0.5 * 1.5
+    torch.testing.assert_close(within, expected, atol=1e-5, rtol=1e-5)
     assert {"shapes", "jpeg_compressibility", "jpeg_incompressibility"} <= set(reward_names())
     with pytest.raises(ConfigError, match="unknown reward 'nope'"):
         build_reward("nope")
+
+
+def test_the_loop_combines_standardized_reward_terms_within_groups(tiny_sd3_dir, tmp_path):
+    from flowrl.config import load_config
+    from flowrl.rewards.base import standardized_sum
+    from flowrl.train import Trainer
+    from run_helpers import tiny_run_config
+
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "norm", updates=1)
+    terms = "reward=[{name: jpeg_compressibility, weight: 1.0}, {name: shapes, weight: 2.0}]"
+    raw_trainer = Trainer(load_config(path, [terms]), log=False)
+    batch, metrics = Trainer(load_config(path, [terms, "train.normalize_rewards=group"]), log=False).collect(0)
+    raw, raw_metrics = raw_trainer.collect(0)
+    images = raw_trainer.policy.decode(raw.trajectory.final)
+    components = [raw_trainer.reward.rewards[0](images, raw.prompts).scores,
+                  raw_trainer.reward.rewards[1](images, raw.prompts).scores]
+    torch.testing.assert_close(raw.global_rewards, components[0] + 2.0 * components[1])
+    torch.testing.assert_close(batch.global_rewards, standardized_sum(components, [1.0, 2.0], raw.global_group_ids))

@@ -109,17 +109,34 @@ def latent_scorer(policy, reward: Reward):
     return lambda latents, prompts: reward(policy.decode(latents), prompts).scores
 
 
-class WeightedSum(Reward):
-    """sum_k w_k r_k, optionally with each r_k standardized over the batch first (so scales don't dominate).
+def standardized_sum(components: list[torch.Tensor], weights: list[float], groups: torch.Tensor | None = None,
+                     eps: float = 1e-6) -> torch.Tensor:
+    """sum_k w_k z_k with each component standardized first, over the whole batch (groups None) or within each
+    prompt group (multi-reward GRPO variants), so one reward's scale does not drown the others."""
+    total = torch.zeros_like(components[0], dtype=torch.float32)
+    for scores, weight in zip(components, weights):
+        scores = scores.float()
+        if groups is None:
+            z = (scores - scores.mean()) / (scores.std() + eps) if scores.numel() > 1 else scores * 0
+        else:
+            z = torch.zeros_like(scores)
+            for g in torch.unique(groups):
+                members = groups == g
+                part = scores[members]
+                z[members] = (part - part.mean()) / (part.std() + eps) if part.numel() > 1 else part * 0
+        total = total + weight * z
+    return total
 
-    Each component's raw scores are kept in info as '<name>' for logging.
-    """
+
+class WeightedSum(Reward):
+    """sum_k w_k r_k. Each component's raw scores are kept in info as '<name>' (for logging, and for the loop's
+    standardized combination, `train.normalize_rewards`)."""
     name = "weighted_sum"
 
-    def __init__(self, rewards: list[Reward], weights: list[float], normalize: bool = False):
+    def __init__(self, rewards: list[Reward], weights: list[float]):
         if len(rewards) != len(weights):
             raise ValueError("one weight per reward")
-        self.rewards, self.weights, self.normalize = rewards, weights, normalize
+        self.rewards, self.weights = rewards, weights
         self.differentiable = all(r.differentiable for r in rewards)
         self.modalities = tuple(m for m in ("image", "video") if all(m in r.modalities for r in rewards))
 
@@ -134,8 +151,5 @@ class WeightedSum(Reward):
             out = reward(samples, prompts, meta)
             info[reward.name] = out.scores.detach()
             info.update({f"{reward.name}/{k}": v for k, v in out.info.items()})
-            scores = out.scores
-            if self.normalize and scores.numel() > 1:
-                scores = (scores - scores.mean()) / (scores.std() + 1e-6)
-            total = total + weight * scores
+            total = total + weight * out.scores
         return RewardOutput(total, info)
