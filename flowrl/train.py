@@ -264,7 +264,8 @@ class Trainer:
             metrics["fk_resamplings"] = float(len(steering.resampled_at))
         for key, value in scored.info.items():
             gathered = self.accelerator.gather(value.float().to(self.accelerator.device))
-            metrics[f"reward/{key}"] = gathered[torch.isfinite(gathered)].mean().item()
+            finite = torch.isfinite(gathered)
+            metrics[f"reward/{key}"] = (gathered if finite.all() else gathered[finite]).mean().item()
         return batch, metrics
 
     def rollout_scoring_behind(self, cond, generators, shape, window, initial, progress, prompts, meta):
