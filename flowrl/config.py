@@ -102,6 +102,7 @@ class RewardTerm:
     name: str = ""  # a registered reward or package.module:Name
     weight: float = 1.0
     params: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 0  # samples per call of this reward (0: as many as it is given)
 
 
 @dataclass

@@ -73,7 +73,7 @@ def build_rewards(config: RunConfig, modality: str | None = None):
             raise ConfigError(f"reward[{i}].name: {term.name} scores {' and '.join(reward.modalities)}, but the "
                               f"pipeline samples {modality}; score frames with {{name: per_frame, params: "
                               f"{{reward: {term.name}}}}}")
-    return WeightedSum(terms, [t.weight for t in config.reward])
+    return WeightedSum(terms, [t.weight for t in config.reward], [t.batch_size for t in config.reward])
 
 
 def build_optimizer(train, params):

@@ -80,3 +80,23 @@ def test_the_loop_combines_standardized_reward_terms_within_groups(tiny_sd3_dir,
                   raw_trainer.reward.rewards[1](images, raw.prompts).scores]
     torch.testing.assert_close(raw.global_rewards, components[0] + 2.0 * components[1])
     torch.testing.assert_close(batch.global_rewards, standardized_sum(components, [1.0, 2.0], raw.global_group_ids))
+
+
+def test_each_reward_term_scores_in_its_own_batch_size():
+    from flowrl.rewards.base import Reward, RewardOutput, WeightedSum
+
+    class Sizes(Reward):
+        name = "sizes"
+
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, samples, prompts, meta=None):
+            self.calls.append(len(prompts))
+            return RewardOutput(samples.flatten(1).mean(1))
+
+    small, whole = Sizes(), Sizes()
+    samples = torch.rand(8, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    out = WeightedSum([small, whole], [1.0, 2.0], [3, 0])(samples, ["p"] * 8, {"seeds": list(range(8))})
+    assert small.calls == [3, 3, 2] and whole.calls == [8]
+    torch.testing.assert_close(out.scores, 3.0 * samples.flatten(1).mean(1))

@@ -73,7 +73,7 @@ def score_in_chunks(reward: Reward, samples: torch.Tensor, prompts: list[str], m
     parts = []
     for start in range(0, len(prompts), chunk):
         part = slice(start, start + chunk)
-        parts.append(reward(samples[part], prompts[part], {k: v[part] for k, v in meta.items()}))
+        parts.append(reward(samples[part], prompts[part], {k: v[part] for k, v in (meta or {}).items()}))
     return RewardOutput(torch.cat([p.scores for p in parts]),
                         {k: torch.cat([p.info[k] for p in parts]) for k in parts[0].info})
 
@@ -133,10 +133,11 @@ class WeightedSum(Reward):
     standardized combination, `train.normalize_rewards`)."""
     name = "weighted_sum"
 
-    def __init__(self, rewards: list[Reward], weights: list[float]):
+    def __init__(self, rewards: list[Reward], weights: list[float], batch_sizes: list[int] | None = None):
         if len(rewards) != len(weights):
             raise ValueError("one weight per reward")
         self.rewards, self.weights = rewards, weights
+        self.batch_sizes = batch_sizes or [0] * len(rewards)  # per reward: samples per call (0: all it is given)
         self.differentiable = all(r.differentiable for r in rewards)
         self.modalities = tuple(m for m in ("image", "video") if all(m in r.modalities for r in rewards))
 
@@ -147,8 +148,8 @@ class WeightedSum(Reward):
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
         total, info = 0.0, {}
-        for reward, weight in zip(self.rewards, self.weights):
-            out = reward(samples, prompts, meta)
+        for reward, weight, batch_size in zip(self.rewards, self.weights, self.batch_sizes):
+            out = score_in_chunks(reward, samples, prompts, meta, batch_size)
             info[reward.name] = out.scores.detach()
             info.update({f"{reward.name}/{k}": v for k, v in out.info.items()})
             total = total + weight * out.scores
