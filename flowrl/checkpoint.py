@@ -32,7 +32,8 @@ def save_checkpoint(folder: Path, update: int, trainable: dict, optimizer_state:
         raise UserError(f"could not write checkpoint {final} ({error}); the previous checkpoints are intact") from None
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    for old in list_checkpoints(folder)[:-keep] if keep > 0 else []:
+    older = [p for p in list_checkpoints(folder) if p.name < final.name]  # never the one just written
+    for old in older[:max(0, len(older) - (keep - 1))] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -68,9 +69,11 @@ class CorruptCheckpoint(UserError):
 def load_checkpoint(path: Path) -> dict:
     """Read every file of a checkpoint, then restore the RNG states (so a corrupt one changes nothing)."""
     path = Path(path)
-    if not (path / "state.json").is_file() or not (path / "trainable.safetensors").is_file():
+    if not (path / "state.json").is_file():
         raise UserError(f"checkpoint {path} is incomplete or missing; expected a folder with state.json and "
                         "trainable.safetensors (runs/<name>/checkpoints/update_N)")
+    if not (path / "trainable.safetensors").is_file():
+        raise CorruptCheckpoint(f"checkpoint {path} is corrupt (trainable.safetensors is missing)")
     try:
         state = json.loads((path / "state.json").read_text())
         saved = {"update": state["update"],

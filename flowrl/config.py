@@ -327,6 +327,8 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
         raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of sections at the top level")
+    if isinstance(data.get("task"), str):  # `task: shapes` is short for `task: {name: shapes}`; overrides may add params
+        data["task"] = {"name": data["task"]}
     data = apply_overrides(data, list(overrides))
     config = from_dict(RunConfig, with_task_defaults(data))
     config.validate()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import time
 from contextlib import contextmanager, nullcontext
@@ -232,7 +233,8 @@ class Trainer:
         global_rewards = self.accelerator.gather(rewards).cpu()
         global_groups = self.accelerator.gather(local_groups.to(self.accelerator.device)).cpu()
         if c.train.normalize_rewards != "none":  # over the gathered batch, so groups split over processes count whole
-            components = [self.accelerator.gather(scored.info[r.name].float().to(self.accelerator.device)).cpu()
+            components = [self.accelerator.gather(scored.info.get(r.name, torch.full_like(rewards, float("nan")))
+                                                  .float().to(self.accelerator.device)).cpu()
                           for r in self.reward.rewards]
             groups = global_groups if c.train.normalize_rewards == "group" else None
             global_rewards = torch.where(torch.isfinite(global_rewards),
@@ -262,7 +264,7 @@ class Trainer:
         metrics.update({"reward_mean": global_rewards.mean().item(), "reward_std": global_rewards.std().item()})
         if steering is not None:  # FK-resampled groups are biased towards the reward: say so in every row
             metrics["fk_resamplings"] = float(len(steering.resampled_at))
-        for key, value in scored.info.items():
+        for key, value in sorted(scored.info.items()):  # the same order on every process
             gathered = self.accelerator.gather(value.float().to(self.accelerator.device))
             finite = torch.isfinite(gathered)
             metrics[f"reward/{key}"] = (gathered if finite.all() else gathered[finite]).mean().item()
@@ -290,8 +292,10 @@ class Trainer:
                                            {k: [v[i] for i in rows] for k, v in meta.items()},
                                            c.train.reward_microbatch))
             results = [future.result() for future in futures]
+        keys = sorted(set().union(*[r.info for r, _ in results]))
         scored = RewardOutput(torch.cat([r.scores for r, _ in results]),
-                              {k: torch.cat([r.info[k] for r, _ in results]) for k in results[0][0].info})
+                              {k: torch.cat([r.info.get(k, torch.full_like(r.scores, float("nan"))) for r, _ in results])
+                               for k in keys})
         return join_trajectories(parts, cond), scored, next((e for _, e in results if e), None)
 
     def reward_names(self) -> str:
@@ -411,8 +415,11 @@ class Trainer:
             try:
                 self.restore(path)
                 return path
-            except CorruptCheckpoint as error:
-                tqdm.write(f"{error}; trying the checkpoint before it")
+            except CorruptCheckpoint as error:  # set aside (kept for inspection) so pruning and resumes skip it
+                aside = path.with_name(f"corrupt_{path.name}")
+                shutil.rmtree(aside, ignore_errors=True)
+                path.rename(aside)
+                tqdm.write(f"{error}; moved to {aside.name}, trying the checkpoint before it")
         return None
 
     def restore(self, path: Path) -> None:

@@ -83,3 +83,10 @@ def test_cli_bad_yaml_is_named(tmp_path):
     bad.write_text("train: [unclosed\n")
     result = _flowrl("train", str(bad))
     assert result.returncode == 2 and "is not valid YAML" in result.stderr
+
+
+def test_task_shorthand_takes_param_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text((REPO / "configs" / "shapes_safe_grpo.yaml").read_text().replace("task: {name: safety}", "task: safety"))
+    config = load_config(path, ["task.params.steering={mode: negative}"])
+    assert config.task.name == "safety" and config.task.params == {"steering": {"mode": "negative"}}

@@ -70,6 +70,7 @@ def test_a_raising_reward_is_scored_sample_by_sample_and_too_many_failures_stop_
 
 
 def test_a_corrupt_newest_checkpoint_is_reported_and_the_one_before_it_resumes_exactly(tiny_sd3_dir, tmp_path):
+    from flowrl.checkpoint import list_checkpoints
     from run_helpers import train_and_collect
 
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "corrupt", updates=3,
@@ -81,6 +82,9 @@ def test_a_corrupt_newest_checkpoint_is_reported_and_the_one_before_it_resumes_e
     trainer = Trainer(load_config(path), log=False)
     trainer.run()
     assert trainer.resumed_from.name == "update_000001"
+    folder = trainer.checkpoint_dir  # the corrupt one is set aside, so pruning and later resumes never pick it
+    assert (folder / "corrupt_update_000002").is_dir()
+    assert [p.name for p in list_checkpoints(folder)] == ["update_000001", "update_000002", "update_000003"]
     resumed = {k: v.cpu() for k, v in trainer.policy.trainable_state_dict().items()}
     assert all(torch.equal(expected[k], resumed[k]) for k in expected)
 

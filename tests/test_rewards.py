@@ -100,3 +100,13 @@ def test_each_reward_term_scores_in_its_own_batch_size():
     out = WeightedSum([small, whole], [1.0, 2.0], [3, 0])(samples, ["p"] * 8, {"seeds": list(range(8))})
     assert small.calls == [3, 3, 2] and whole.calls == [8]
     torch.testing.assert_close(out.scores, 3.0 * samples.flatten(1).mean(1))
+
+
+def test_standardizing_ignores_failed_entries():
+    from flowrl.rewards.base import standardized_sum
+
+    scores = torch.tensor([1.0, float("nan"), 3.0, 5.0])
+    z = standardized_sum([scores], [1.0])
+    finite = torch.tensor([1.0, 3.0, 5.0])
+    torch.testing.assert_close(z[[0, 2, 3]], (finite - finite.mean()) / (finite.std() + 1e-6))
+    assert torch.isnan(z[1])  # one failed sample fails only itself, not the whole batch

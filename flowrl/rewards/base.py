@@ -81,26 +81,36 @@ def score_in_chunks(reward: Reward, samples: torch.Tensor, prompts: list[str], m
 def score_robustly(reward: Reward, samples: torch.Tensor, prompts: list[str], meta: dict,
                    chunk: int = 0) -> tuple[RewardOutput, str | None]:
     """`score_in_chunks`, except that a reward raising is not fatal: the samples are then scored one by one and
-    those whose call raises get NaN. Returns the output and the first error's message (None when none raised)."""
+    those whose call raises get NaN (scores and every info key). Returns the output on the CPU and the first
+    error's message (None when none raised)."""
     try:
-        return score_in_chunks(reward, samples, prompts, meta, chunk), None
+        out = score_in_chunks(reward, samples, prompts, meta, chunk)
+        return RewardOutput(out.scores.cpu(), {k: v.cpu() for k, v in out.info.items()}), None
     except RewardUnavailable as error:  # nothing to gain from asking again per sample
-        return RewardOutput(torch.full((len(prompts),), float("nan"))), str(error)
+        return failed_output(reward, len(prompts)), str(error)
     except Exception as error:  # a reward's own failure; the loop decides whether the run can go on
         first = f"{type(error).__name__}: {error}"
-    scores, infos = [], []
+    outputs = []
     for i in range(len(prompts)):
         try:
-            out = reward(samples[i:i + 1], prompts[i:i + 1], {k: v[i:i + 1] for k, v in meta.items()})
-            scores.append(out.scores.float().reshape(1))
-            infos.append(out.info)
+            out = reward(samples[i:i + 1], prompts[i:i + 1], {k: v[i:i + 1] for k, v in (meta or {}).items()})
+            outputs.append(RewardOutput(out.scores.float().reshape(1).cpu(),
+                                        {k: v.float().reshape(1).cpu() for k, v in out.info.items()}))
         except Exception:
-            scores.append(torch.full((1,), float("nan")))
-            infos.append(None)
-    keys = set.intersection(*[set(i) for i in infos if i is not None]) if any(i is not None for i in infos) else set()
-    info = {k: torch.cat([i[k].float().reshape(1) if i is not None else torch.full((1,), float("nan")) for i in infos])
-            for k in keys}
-    return RewardOutput(torch.cat(scores), info), first
+            outputs.append(None)
+    keys = sorted(set(failed_output(reward, 1).info).union(*[o.info for o in outputs if o is not None]))
+    nan = torch.full((1,), float("nan"))
+    return RewardOutput(torch.cat([o.scores if o is not None else nan for o in outputs]),
+                        {k: torch.cat([o.info.get(k, nan) if o is not None else nan for o in outputs])
+                         for k in keys}), first
+
+
+def failed_output(reward: Reward, count: int) -> RewardOutput:
+    """NaN scores for `count` samples, with NaN for each term's raw score when the reward is a weighted sum (so every
+    process logs the same keys)."""
+    nan = torch.full((count,), float("nan"))
+    terms = getattr(reward, "rewards", [])
+    return RewardOutput(nan, {term.name: nan.clone() for term in terms})
 
 
 def latent_scorer(policy, reward: Reward):
@@ -113,17 +123,23 @@ def standardized_sum(components: list[torch.Tensor], weights: list[float], group
                      eps: float = 1e-6) -> torch.Tensor:
     """sum_k w_k z_k with each component standardized first, over the whole batch (groups None) or within each
     prompt group (multi-reward GRPO variants), so one reward's scale does not drown the others."""
+    def standardize(part: torch.Tensor) -> torch.Tensor:  # over the finite entries; non-finite ones stay NaN
+        finite = torch.isfinite(part)
+        if finite.sum() < 2:
+            return torch.where(finite, torch.zeros_like(part), torch.full_like(part, float("nan")))
+        values = part[finite]
+        return torch.where(finite, (part - values.mean()) / (values.std() + eps), torch.full_like(part, float("nan")))
+
     total = torch.zeros_like(components[0], dtype=torch.float32)
     for scores, weight in zip(components, weights):
         scores = scores.float()
         if groups is None:
-            z = (scores - scores.mean()) / (scores.std() + eps) if scores.numel() > 1 else scores * 0
+            z = standardize(scores)
         else:
             z = torch.zeros_like(scores)
             for g in torch.unique(groups):
                 members = groups == g
-                part = scores[members]
-                z[members] = (part - part.mean()) / (part.std() + eps) if part.numel() > 1 else part * 0
+                z[members] = standardize(scores[members])
         total = total + weight * z
     return total
 
