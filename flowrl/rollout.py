@@ -119,12 +119,19 @@ def rollout_in_chunks(chunk: int, policy: FlowPolicy, cond: Conditioning, genera
     if chunk <= 0 or chunk >= len(cond):
         return rollout(policy, cond, generators, noise_shape, num_steps, kind, noise_level, guidance_scale,
                        sde_window, initial_noise, progress=progress)
-    parts = []
-    for rows in chunk_rows(len(cond), chunk):
-        parts.append(rollout(policy, cond.select(rows), [generators[i] for i in rows], noise_shape, num_steps, kind,
-                             noise_level, guidance_scale, sde_window,
-                             initial_noise[rows] if initial_noise is not None else None, progress=progress))
+    parts = [part for _, part in rollout_chunks(chunk, policy, cond, generators, noise_shape, num_steps, kind,
+                                                 noise_level, guidance_scale, sde_window, initial_noise, progress)]
     return join_trajectories(parts, cond)
+
+
+def rollout_chunks(chunk: int, policy: FlowPolicy, cond: Conditioning, generators: list[torch.Generator],
+                   noise_shape: tuple[int, ...], num_steps: int, kind: str, noise_level: float, guidance_scale: float,
+                   sde_window: tuple[int, int] | None, initial_noise: torch.Tensor | None, progress=None):
+    """Yield (rows, trajectory of those rows) for consecutive chunks of `chunk` samples, one rollout each."""
+    for rows in chunk_rows(len(cond), chunk):
+        yield rows, rollout(policy, cond.select(rows), [generators[i] for i in rows], noise_shape, num_steps, kind,
+                            noise_level, guidance_scale, sde_window,
+                            initial_noise[rows] if initial_noise is not None else None, progress=progress)
 
 
 def chunk_rows(count: int, chunk: int) -> list[list[int]]:

@@ -30,7 +30,7 @@ from .policies.base import SampleSpec
 from .prompt_source import PromptSource, derived_seed
 from .rewards import WeightedSum, build_reward, latent_scorer
 from .rewards.base import RewardOutput, score_robustly, standardized_sum
-from .rollout import chunk_rows, join_trajectories, per_sample_noise, rollout, rollout_in_chunks, sample_generators
+from .rollout import join_trajectories, per_sample_noise, rollout, rollout_chunks, rollout_in_chunks, sample_generators
 from .schedules import cosine_decay
 from .tasks.base import build_task
 
@@ -278,15 +278,12 @@ class Trainer:
 
         c = self.config
         parts, futures = [], []
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            for rows in chunk_rows(len(cond), c.train.rollout_microbatch):
-                with self.accelerator.autocast():
-                    part = rollout(self.policy, cond.select(rows), [generators[i] for i in rows], shape,
-                                   c.sampler.num_steps, c.sampler.kind, c.sampler.noise_level,
-                                   c.sampler.guidance_scale, window,
-                                   initial[rows] if initial is not None else None, progress=progress)
-                    with torch.no_grad():
-                        samples = self.policy.decode_in_chunks(part.final)
+        with ThreadPoolExecutor(max_workers=1) as pool, self.accelerator.autocast():  # autocast: this thread only
+            for rows, part in rollout_chunks(c.train.rollout_microbatch, self.policy, cond, generators, shape,
+                                             c.sampler.num_steps, c.sampler.kind, c.sampler.noise_level,
+                                             c.sampler.guidance_scale, window, initial, progress):
+                with torch.no_grad():
+                    samples = self.policy.decode_in_chunks(part.final)
                 parts.append(part)
                 futures.append(pool.submit(score_robustly, self.reward, samples, [prompts[i] for i in rows],
                                            {k: [v[i] for i in rows] for k, v in meta.items()},
