@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,7 +90,9 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     serve.add_argument("--params", default="{}", help="the reward's parameters as JSON")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8765)
-    serve.add_argument("--token", default=None, help="require `Authorization: Bearer TOKEN` on every request")
+    serve.add_argument("--token", default=os.environ.get("FLOWRL_REWARD_TOKEN"),
+                       help="require `Authorization: Bearer TOKEN` on every request (default: $FLOWRL_REWARD_TOKEN, "
+                            "which keeps it out of the process list)")
 
     demo = sub.add_parser("demo", help="Gradio page: the base model and checkpoints side by side")
     demo.add_argument("--pipeline", required=True)

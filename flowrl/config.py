@@ -103,6 +103,7 @@ class RewardTerm:
     weight: float = 1.0
     params: dict[str, Any] = field(default_factory=dict)
     batch_size: int = 0  # samples per call of this reward (0: as many as it is given)
+    process: bool = False  # score in a child process of its own (no GIL shared with the rollout; own memory)
 
 
 @dataclass

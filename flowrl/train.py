@@ -29,6 +29,7 @@ from .policies import load_pipeline, policy_for
 from .policies.base import SampleSpec
 from .prompt_source import PromptSource, derived_seed
 from .rewards import WeightedSum, build_reward, latent_scorer
+from .rewards.base import REWARDS
 from .rewards.base import RewardOutput, score_robustly, standardized_sum
 from .rollout import join_trajectories, per_sample_noise, rollout, rollout_chunks, rollout_in_chunks, sample_generators
 from .schedules import cosine_decay
@@ -66,9 +67,19 @@ def build_policy(config: RunConfig):
     return policy
 
 
+def build_term(term, where: str):
+    """One configured reward: built here, or served by a child process of its own (`process: true`)."""
+    if not term.process:
+        return build_reward(term.name, where=where, **term.params)
+    from .rewards.remote import ProcessReward
+
+    REWARDS.get(term.name, f"{where}.name")  # a bad name fails here; bad params fail in the child, quoted
+    return ProcessReward(term.name, term.params)
+
+
 def build_rewards(config: RunConfig, modality: str | None = None):
     """The weighted sum of the config's rewards; each must accept `modality` (the pipeline's) when given."""
-    terms = [build_reward(t.name, where=f"reward[{i}]", **t.params) for i, t in enumerate(config.reward)]
+    terms = [build_term(t, f"reward[{i}]") for i, t in enumerate(config.reward)]
     for i, (term, reward) in enumerate(zip(config.reward, terms)):
         if modality is not None and modality not in reward.modalities:
             raise ConfigError(f"reward[{i}].name: {term.name} scores {' and '.join(reward.modalities)}, but the "

@@ -101,3 +101,24 @@ def test_per_frame_reward_scores_sampled_frames_and_aggregates():
     torch.testing.assert_close(mean(video, ["p", "q"]).scores, per_frame.mean(1))
     lowest = build_reward("per_frame", reward="jpeg_incompressibility", aggregate="min", frames=3)
     torch.testing.assert_close(lowest(video, ["p", "q"]).scores, per_frame[:, [0, 2, 4]].min(1).values)
+
+
+def test_frame_consistency_is_one_for_a_still_video_and_falls_with_flicker_and_motion():
+    from flowrl.rewards import build_reward
+
+    reward = build_reward("frame_consistency", size=8)
+    torch.manual_seed(0)
+    yy, xx = torch.meshgrid(torch.arange(16.0), torch.arange(16.0), indexing="ij")
+    frame = torch.exp(-((yy - 8) ** 2 + (xx - 6) ** 2) / 18).expand(3, 16, 16)  # a smooth blob
+    still = frame[:, None].expand(3, 5, 16, 16)
+    moving = torch.stack([torch.roll(frame, t, dims=-1) for t in range(5)], 1)  # the blob slides one pixel a frame
+    flicker = torch.stack([frame if t % 2 == 0 else torch.rand(3, 16, 16) for t in range(5)], 1)
+    scores = reward(torch.stack([still, moving, flicker]), ["p"] * 3).scores
+    torch.testing.assert_close(scores[0], torch.tensor(1.0))
+    assert scores[0] > scores[1] > scores[2], scores
+    # hand formula for the flicker video: frames 0, 2, 4 equal; mean over t of (cos(t, 0) + cos(t, t-1)) / 2
+    f = reward.features(flicker.permute(1, 0, 2, 3))
+    expected = sum((f[t] @ f[0] + f[t] @ f[t - 1]) / 2 for t in range(1, 5)) / 4
+    torch.testing.assert_close(scores[2], expected)
+    with pytest.raises(Exception, match="expected videos"):
+        reward(torch.rand(2, 3, 8, 8), ["p", "q"])

@@ -1,48 +1,23 @@
 """`flowrl serve-reward` in a real server process on loopback and the `remote` reward: the same scores as the reward
 in-process, training through it, a token, and a server that dies mid-run stopping the run cleanly."""
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 import torch
 
-from conftest import REPO
 from flowrl.config import load_config
 from flowrl.errors import UserError
 from flowrl.rewards import build_reward
+from flowrl.rewards.remote import start_reward_server
 from flowrl.train import Trainer
 from run_helpers import tiny_run_config
 
 pytest.importorskip("fastapi")  # the test extra installs fastapi and uvicorn
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server():
-    port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "flowrl", "serve-reward", "jpeg_compressibility", "--port",
-                                str(port), "--token", "secret"], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    request = urllib.request.Request(f"{url}/health", headers={"Authorization": "Bearer secret"})
-    for _ in range(120):  # bounded: at most ~60 s for the server to come up
-        try:
-            with urllib.request.urlopen(request, timeout=1) as response:
-                assert b"jpeg_compressibility" in response.read()
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        process.kill()
-        pytest.fail(f"the reward server did not start: {process.stderr.read()[-2000:]}")
+    process, url, health = start_reward_server("jpeg_compressibility", {}, token="secret")
+    assert health["reward"] == "jpeg_compressibility" and health["modalities"] == ["image"]
     yield url, process
     process.kill()
     process.wait(timeout=30)
@@ -64,6 +39,28 @@ def test_remote_scores_equal_local_scores_and_training_goes_through_it(server, t
         rows[name] = []
         trainer.run(lambda update, metrics: rows[name].append(metrics["reward_mean"]))
     assert rows["served"] == rows["local"]  # two updates, the same rewards, so the same training
+
+
+def test_a_reward_in_its_own_process_scores_and_trains_exactly_as_in_process(tiny_sd3_dir, tmp_path):
+    from flowrl.rewards.remote import ProcessReward
+
+    images = torch.rand(5, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    served = ProcessReward("jpeg_compressibility")
+    assert served.process.poll() is None and served.modalities == ("image",)
+    assert torch.equal(served(images, ["a"] * 5).scores, build_reward("jpeg_compressibility")(images, ["a"] * 5).scores)
+    child = served.process
+    del served
+    assert child.wait(timeout=30) is not None  # collected: the child is stopped
+
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "process", updates=2,
+                           rollout_microbatch=4)
+    rows = {}
+    for name, extra in [("inline", []), ("process_async", ["reward=[{name: jpeg_compressibility, process: true}]",
+                                                            "train.async_rewards=true"])]:
+        trainer = Trainer(load_config(path, [f"run.name={name}", *extra]), log=False)
+        rows[name] = []
+        trainer.run(lambda update, metrics: rows[name].append(metrics["reward_mean"]))
+    assert rows["process_async"] == rows["inline"]
 
 
 def test_a_dying_reward_server_stops_the_run_cleanly(server, tiny_sd3_dir, tmp_path):

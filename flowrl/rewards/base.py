@@ -45,7 +45,7 @@ REWARDS = Registry("reward", {
     "aesthetic": "flowrl.rewards.learned_real", "imagereward": "flowrl.rewards.learned_real",
     "jpeg_compressibility": "flowrl.rewards.jpeg", "jpeg_incompressibility": "flowrl.rewards.jpeg",
     "safety_checker": "flowrl.safety.checker", "safe_shapes": "flowrl.safety.reward",
-    "per_frame": "flowrl.rewards.video", "remote": "flowrl.rewards.remote", "ocr": "flowrl.rewards.ocr",
+    "per_frame": "flowrl.rewards.video", "frame_consistency": "flowrl.rewards.video", "remote": "flowrl.rewards.remote", "ocr": "flowrl.rewards.ocr",
 })
 
 

@@ -12,13 +12,21 @@ is back continues exactly.
 # no `from __future__ import annotations`: FastAPI must see the real Request class in the handlers below
 
 import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
+import weakref
 
 import torch
 from safetensors.torch import load, save
 
+from ..errors import UserError
 from .base import Reward, RewardOutput, RewardUnavailable, build_reward, register_reward
 
 
@@ -57,7 +65,7 @@ def serve_reward(name: str, params: dict, host: str = "127.0.0.1", port: int = 8
     @app.get("/health")
     def health(request: Request) -> dict:
         check(request)
-        return {"reward": name, "differentiable": reward.differentiable}
+        return {"reward": name, "differentiable": reward.differentiable, "modalities": list(reward.modalities)}
 
     @app.post("/score")
     async def score(request: Request) -> Response:
@@ -113,3 +121,58 @@ class RemoteReward(Reward):
             for key, value in tensors.items():
                 info.setdefault(key.removeprefix("info/"), []).append(value)
         return RewardOutput(torch.cat(scores).to(samples.device), {k: torch.cat(v) for k, v in info.items()})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_reward_server(name: str, params: dict, token: str | None = None, port: int | None = None,
+                        startup_timeout: float = 120.0) -> tuple[subprocess.Popen, str, dict]:
+    """`flowrl serve-reward NAME` in a child process on loopback; returns it, its URL and its /health answer once
+    it answers
+    (UserError with the child's last output when it exits or does not come up within `startup_timeout`)."""
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tempfile.TemporaryFile()
+    env = {**os.environ, **({"FLOWRL_REWARD_TOKEN": token} if token else {})}
+    process = subprocess.Popen([sys.executable, "-m", "flowrl", "serve-reward", name, "--params", json.dumps(params),
+                                "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env)
+    request = urllib.request.Request(f"{url}/health", headers={"Authorization": f"Bearer {token}"} if token else {})
+    deadline = time.monotonic() + startup_timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(request, timeout=1) as response:
+                return process, url, json.loads(response.read())
+        except OSError:
+            time.sleep(0.25)
+    process.kill()
+    process.wait()
+    log.seek(0)
+    raise UserError(f"reward {name}: its server process did not come up at {url}: "
+                    f"{log.read()[-1500:].decode(errors='replace')}")
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+class ProcessReward(RemoteReward):
+    """Reward `name` (with `params`) scored in a child process of its own (`reward[i].process: true`): its
+    computation runs beside the rollout without holding this process's GIL, with its own memory, and through the
+    same wire as a remote server (the child is `flowrl serve-reward` on a loopback port with a random token).
+    The child is stopped when this object is collected or the interpreter exits."""
+
+    def __init__(self, name: str, params: dict | None = None, **client):
+        token = secrets.token_hex(16)
+        self.process, url, health = start_reward_server(name, params or {}, token=token)
+        weakref.finalize(self, stop_process, self.process)
+        super().__init__(url, name=name, token=token, **client)
+        self.modalities = tuple(health["modalities"])
