@@ -94,6 +94,18 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
                        help="require `Authorization: Bearer TOKEN` on every request (default: $FLOWRL_REWARD_TOKEN, "
                             "which keeps it out of the process list)")
 
+    convert = sub.add_parser("convert-reward", help="turn a published reward checkpoint into the folder its "
+                                                    "adapter loads (hpsv2: HPS_v2.1_compressed.pt; imagereward: "
+                                                    "ImageReward.pt)")
+    convert.add_argument("kind", choices=["hpsv2", "imagereward"])
+    convert.add_argument("src", help="the published checkpoint file")
+    convert.add_argument("dst", help="the new folder (params.path of the reward)")
+    convert.add_argument("--tokenizer", required=True, help="a saved tokenizer folder: OpenAI CLIP's BPE for hpsv2, "
+                                                            "bert-base-uncased for imagereward")
+    convert.add_argument("--vision-head-dim", type=int, default=None, help="head width of the image tower "
+                                                                          "(default: the published model's)")
+    convert.add_argument("--text-head-dim", type=int, default=None, help="head width of the text tower")
+
     demo = sub.add_parser("demo", help="Gradio page: the base model and checkpoints side by side")
     demo.add_argument("--pipeline", required=True)
     demo.add_argument("--checkpoint", action="append", default=[], help="a checkpoint folder; repeat for several")
@@ -182,6 +194,14 @@ def cmd_export(args) -> None:
 
     out = export_pipeline(args.pipeline, args.checkpoint, args.out)
     print(f"wrote the tuned pipeline to {out} (load it with DiffusionPipeline.from_pretrained)")
+
+
+def cmd_convert_reward(args) -> None:
+    from .rewards.convert import convert_reward
+
+    convert_reward(args.kind, Path(args.src), Path(args.dst), Path(args.tokenizer), args.vision_head_dim,
+                   args.text_head_dim)
+    print(f"wrote {args.dst}; use it as {{name: {args.kind}, params: {{path: {args.dst}}}}}")
 
 
 def json_object(text: str, flag: str) -> dict:
@@ -295,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser(extensions).parse_args(argv)
     commands = {"pretrain": lambda a: cmd_pretrain(a, extensions), "train": cmd_train,
                 "sample": lambda a: cmd_sample(a, extensions), "eval": lambda a: cmd_eval(a, extensions),
-                "demo": cmd_demo, "export": cmd_export, "serve-reward": cmd_serve_reward}
+                "demo": cmd_demo, "export": cmd_export, "serve-reward": cmd_serve_reward,
+                "convert-reward": cmd_convert_reward}
     try:
         commands[args.command](args)
     except UserError as error:
