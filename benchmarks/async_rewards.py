@@ -1,6 +1,7 @@
 """Wall-clock saved by asynchronous scoring on the main job: the same config with the rollout in two chunks, scored
-right after each chunk (sync) or in a worker thread while the next chunk samples (async), side by side in one run
-(alternating, several rounds), reporting seconds per update for the collect phase (rollout + reward) and the ratio.
+right after each chunk (sync), in a worker thread while the next chunk samples (async), or so with the reward in a
+child process of its own (async_process: `reward[i].process: true`), side by side in one run (alternating, several
+rounds), reporting seconds per update for the collect phase (rollout + reward) and the ratios to sync.
 
     python benchmarks/async_rewards.py [--rounds 3] [--updates 2]
 """
@@ -38,8 +39,10 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "async_rewards.json"))
     args = parser.parse_args()
     shared = ["eval.enabled=false", "train.rollout_microbatch=32", "run.out_dir=/tmp/flowrl_async_bench"]
-    trainers = {mode: Trainer(load_config(args.config, shared + [f"train.async_rewards={mode == 'async'}"]), log=False)
-                for mode in ("sync", "async")}
+    modes = {"sync": [], "async": ["train.async_rewards=true"],
+             "async_process": ["train.async_rewards=true",
+                               "reward=[{name: shapes, params: {dense: true}, process: true}]"]}
+    trainers = {mode: Trainer(load_config(args.config, shared + extra), log=False) for mode, extra in modes.items()}
     for trainer in trainers.values():  # warm-up
         collect_seconds(trainer, 1)
     seconds = {mode: [] for mode in trainers}
@@ -48,6 +51,7 @@ def main() -> None:
             seconds[mode] += collect_seconds(trainer, args.updates)
     mean = {mode: sum(v) / len(v) for mode, v in seconds.items()}
     result = {"seconds_per_collect": mean, "async_over_sync": mean["async"] / mean["sync"],
+              "async_process_over_sync": mean["async_process"] / mean["sync"],
               "samples": seconds, "torch_threads": torch.get_num_threads()}
     print(json.dumps(result, indent=2))
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

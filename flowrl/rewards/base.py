@@ -46,6 +46,7 @@ REWARDS = Registry("reward", {
     "jpeg_compressibility": "flowrl.rewards.jpeg", "jpeg_incompressibility": "flowrl.rewards.jpeg",
     "safety_checker": "flowrl.safety.checker", "safe_shapes": "flowrl.safety.reward",
     "per_frame": "flowrl.rewards.video", "frame_consistency": "flowrl.rewards.video", "remote": "flowrl.rewards.remote", "ocr": "flowrl.rewards.ocr",
+    "vlm_judge": "flowrl.rewards.vlm",
 })
 
 

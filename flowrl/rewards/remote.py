@@ -80,6 +80,30 @@ def serve_reward(name: str, params: dict, host: str = "127.0.0.1", port: int = 8
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
+def post_with_retries(server: str, route: str, body: bytes, content_type: str, token: str | None, timeout: float,
+                      retries: int, backoff: float) -> bytes:
+    """POST `body` to server + route; network errors and HTTP 5xx are retried `retries` times with exponential
+    back-off, then `RewardUnavailable` names the server; HTTP 4xx (bad token, bad request) fails at once."""
+    url = server + route
+    request = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": content_type, **({"Authorization": f"Bearer {token}"} if token else {})})
+    last = None
+    for attempt in range(retries + 1):
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.read()
+        except urllib.error.HTTPError as error:
+            if error.code < 500:  # a client error will not heal by retrying
+                raise RewardUnavailable(f"reward server {server} refused the request: HTTP "
+                                        f"{error.code} {error.read()[:200].decode(errors='replace')}") from None
+            last = f"HTTP {error.code}"
+        except (urllib.error.URLError, OSError) as error:
+            last = str(getattr(error, "reason", error))
+        if attempt < retries:
+            time.sleep(backoff * 2**attempt)
+    raise RewardUnavailable(f"reward server {server} did not answer after {retries + 1} tries ({last})")
+
+
 @register_reward("remote")
 class RemoteReward(Reward):
     """A reward computed by `flowrl serve-reward` at `url` (e.g. http://127.0.0.1:8765)."""
@@ -91,24 +115,8 @@ class RemoteReward(Reward):
         self.token, self.batch_size = token, batch_size
 
     def _post(self, body: bytes) -> bytes:
-        request = urllib.request.Request(f"{self.url}/score", data=body, method="POST",
-                                         headers={"Content-Type": "application/octet-stream",
-                                                  **({"Authorization": f"Bearer {self.token}"} if self.token else {})})
-        last = None
-        for attempt in range(self.retries + 1):
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return response.read()
-            except urllib.error.HTTPError as error:
-                if error.code < 500:  # a client error (bad token, bad request) will not heal by retrying
-                    raise RewardUnavailable(f"reward server {self.url} refused the request: HTTP {error.code} "
-                                            f"{error.read()[:200].decode(errors='replace')}") from None
-                last = f"HTTP {error.code}"
-            except (urllib.error.URLError, OSError) as error:
-                last = str(getattr(error, "reason", error))
-            if attempt < self.retries:
-                time.sleep(self.backoff * 2**attempt)
-        raise RewardUnavailable(f"reward server {self.url} did not answer after {self.retries + 1} tries ({last})")
+        return post_with_retries(self.url, "/score", body, "application/octet-stream", self.token, self.timeout,
+                                 self.retries, self.backoff)
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
         size = self.batch_size or len(prompts)

@@ -1,0 +1,151 @@
+"""The VLM-judge reward on a tiny random Qwen2.5-VL (the real transformers classes, a local word-level tokenizer with
+Qwen's special tokens, a chat template), run locally and behind an OpenAI-compatible endpoint on loopback."""
+import base64
+import io
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+from PIL import Image
+
+from flowrl.errors import ConfigError
+from flowrl.rewards import build_reward
+from flowrl.rewards.base import RewardUnavailable
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+           "<|video_pad|>"]
+WORDS = ["<unk>", "user", "assistant", "Yes", "No", "yes", "no", "Does", "this", "image", "show", "a", "an", "red",
+         "blue", "circle", "square", "two", "Answer", "or", "show?", "no.", "\n"]
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% for c in m['content'] %}"
+            "{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}"
+            "{% endif %}{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+            "{% endif %}")
+PROMPTS = ["a red circle", "two blue squares", "a square"]
+
+
+def save_tiny_qwen25_vl(folder):
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import (PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
+                              Qwen2_5_VLProcessor)
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    vocab = {w: i for i, w in enumerate(SPECIAL + WORDS)}
+    core = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split("\n", "isolated"),
+                                                  pre_tokenizers.WhitespaceSplit()])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", pad_token="<|endoftext|>",
+                                        eos_token="<|im_end|>", additional_special_tokens=SPECIAL[1:])
+    images = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=56 * 56, patch_size=14, merge_size=2,
+                                   temporal_patch_size=2)
+    processor = Qwen2_5_VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(),
+                                    chat_template=TEMPLATE)
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                         bos_token_id=0, eos_token_id=vocab["<|im_end|>"], pad_token_id=0,
+                         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                           fullatt_block_indexes=[0], in_channels=3),
+        image_token_id=vocab["<|image_pad|>"], video_token_id=vocab["<|video_pad|>"],
+        vision_start_token_id=vocab["<|vision_start|>"])
+    torch.manual_seed(0)
+    Qwen2_5_VLForConditionalGeneration(config).save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return vocab
+
+
+@pytest.fixture(scope="module")
+def judge_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny_qwen25_vl")
+    save_tiny_qwen25_vl(folder)
+    return folder
+
+
+def images(n=3, seed=0):
+    return torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+def test_local_judge_scores_are_yes_shares_independent_of_the_batch(judge_folder):
+    judge = build_reward("vlm_judge", path=str(judge_folder), batch_size=3)
+    out = judge(images(), PROMPTS)
+    assert out.scores.shape == (3,) and ((out.scores > 0) & (out.scores < 1)).all()
+    assert (out.info["p_yes"] <= out.scores).all()  # the share renormalises over yes + no only
+    one_by_one = torch.cat([judge(images()[i:i + 1], PROMPTS[i:i + 1]).scores for i in range(3)])
+    torch.testing.assert_close(out.scores, one_by_one, atol=1e-5, rtol=1e-4)  # left padding changes nothing
+
+
+def test_the_score_follows_the_models_yes_and_no_logits(judge_folder):
+    judge = build_reward("vlm_judge", path=str(judge_folder))
+    vocab = judge.processor.tokenizer.get_vocab()
+    head = judge.model.lm_head
+    for word, expected in [("Yes", 1.0), ("No", 0.0)]:
+        biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+        biased.weight.data.copy_(head.weight.data)
+        biased.bias.data.zero_()
+        biased.bias.data[vocab[word]] = 30.0  # the judge now all but surely answers `word`
+        judge.model.lm_head = biased
+        torch.testing.assert_close(judge(images(), PROMPTS).scores, torch.full((3,), expected), atol=1e-4, rtol=0)
+    judge.model.lm_head = head
+
+
+class FakeOpenAI(BaseHTTPRequestHandler):
+    """/v1/chat/completions answering one token with top_logprobs from the tiny local judge."""
+    judge = None
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        content = request["messages"][0]["content"]
+        image = Image.open(io.BytesIO(base64.b64decode(content[0]["image_url"]["url"].split(",", 1)[1])))
+        question = content[1]["text"]
+        judge = self.judge
+        chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+        text = judge.processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        with torch.no_grad():
+            logits = judge.model(**judge.processor(text=[text], images=[image], return_tensors="pt")).logits[0, -1]
+        logprobs = logits.float().log_softmax(-1)
+        top = logprobs.topk(request["top_logprobs"])
+        tokens = judge.processor.tokenizer.convert_ids_to_tokens(top.indices.tolist())
+        body = {"choices": [{"logprobs": {"content": [{"token": tokens[0], "logprob": top.values[0].item(),
+                                                       "top_logprobs": [{"token": t, "logprob": v} for t, v in
+                                                                        zip(tokens, top.values.tolist())]}]}}]}
+        if "nologprobs" in question:
+            body = {"choices": [{"message": {"content": "Yes"}}]}
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_openai_compatible_endpoint_gives_the_local_scores(judge_folder):
+    local = build_reward("vlm_judge", path=str(judge_folder))
+    FakeOpenAI.judge = local
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        remote = build_reward("vlm_judge", url=url, top_logprobs=len(SPECIAL + WORDS), concurrency=2)
+        torch.testing.assert_close(remote(images(), PROMPTS).scores, local(images(), PROMPTS).scores,
+                                   atol=1e-4, rtol=1e-4)
+        with pytest.raises(Exception, match="answered without logprobs"):
+            build_reward("vlm_judge", url=url, question="nologprobs {prompt}")(images(1), PROMPTS[:1])
+    finally:
+        server.shutdown()
+    with pytest.raises(RewardUnavailable, match=f"reward server {url} did not answer after 1 tries"):
+        build_reward("vlm_judge", url=url, retries=0, timeout=2)(images(1), PROMPTS[:1])
+
+
+def test_bad_judge_params_are_named():
+    with pytest.raises(ConfigError, match="exactly one of params.path"):
+        build_reward("vlm_judge")
+    with pytest.raises(ConfigError, match="must contain {prompt}"):
+        build_reward("vlm_judge", url="http://127.0.0.1:1/v1", question="Is it good?")
