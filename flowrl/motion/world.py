@@ -1,0 +1,113 @@
+"""The moving-shapes world: short clips of the image world's shapes that move, stay still or change colour.
+
+Clips are 1 + 4k frames (9 by default) of 32x32 RGB on black. Each object moves at a constant SPEED px per frame
+in one axis direction, or in one direction for the first half and another for the second (motion order), or stays
+still; a turning object changes colour once, at mid-clip. Objects stay inside the frame and keep apart in every
+frame. `sample_clip` draws a clip that satisfies a prompt; `sample_pairs` gives (clip, prompt) pairs for
+pretraining.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..shapes.world import COLORS, IMAGE_SIZE, PALETTE, ShapeObject, boxes_clash
+from .prompts import TAGS, VECTORS, ClipSpec, Mover, all_specs
+
+FRAMES = 9
+SPEED = 1.5  # px per frame: 12 px over a 9-frame clip, 6 px per half
+MIN_SIZE, MAX_SIZE = 7, 9
+RELATIVE_CHANGE = 6.0  # px the distance between the two objects must change in a rendered relative-motion clip
+_MAX_TRIES = 1000
+
+
+@dataclass(frozen=True)
+class Track:
+    """One object's clip: its mover (shape, colours, motion) and top-left corner in frame 0, and its box size."""
+    mover: Mover
+    x0: float
+    y0: float
+    size: int
+
+    def corner(self, frame: int, frames: int) -> tuple[int, int]:
+        legs = self.mover.motion if self.mover.motion else ("still",)
+        half = frames // 2
+        if len(legs) == 1:
+            dx, dy = (SPEED * frame * v for v in VECTORS[legs[0]])
+        else:
+            (ax, ay), (bx, by) = VECTORS[legs[0]], VECTORS[legs[1]]
+            first, second = min(frame, half), max(frame - half, 0)
+            dx, dy = SPEED * (first * ax + second * bx), SPEED * (first * ay + second * by)
+        return round(self.x0 + dx), round(self.y0 + dy)
+
+    def shape_at(self, frame: int, frames: int) -> ShapeObject:
+        x, y = self.corner(frame, frames)
+        return ShapeObject(self.mover.shape, self.mover.color_at(frame, frames), x, y, self.size)
+
+
+def render_clip(tracks: list[Track], frames: int = FRAMES, image_size: int = IMAGE_SIZE) -> np.ndarray:
+    """uint8 [F, H, W, 3]."""
+    clip = np.zeros((frames, image_size, image_size, 3), dtype=np.uint8)
+    for f in range(frames):
+        for track in tracks:
+            obj = track.shape_at(f, frames)
+            clip[f][obj.mask(image_size)] = PALETTE[obj.color]
+    return clip
+
+
+def fits(tracks: list[Track], frames: int, image_size: int = IMAGE_SIZE) -> bool:
+    """Every object inside the frame and apart from the others in every frame."""
+    for f in range(frames):
+        objects = [t.shape_at(f, frames) for t in tracks]
+        if any(o.x0 < 0 or o.y0 < 0 or o.x0 + o.size > image_size or o.y0 + o.size > image_size for o in objects):
+            return False
+        if any(boxes_clash(a, b, gap=1) for i, a in enumerate(objects) for b in objects[i + 1:]):
+            return False
+    return True
+
+
+def centre_distance(a: Track, b: Track, frame: int, frames: int) -> float:
+    (ax, ay), (bx, by) = a.shape_at(frame, frames).centroid, b.shape_at(frame, frames).centroid
+    return float(np.hypot(ax - bx, ay - by))
+
+
+def concrete(mover: Mover, rng: np.random.Generator) -> Mover:
+    """A mover with its free attributes drawn: colour when unnamed, a motion (still or a direction) when free."""
+    color = mover.color or COLORS[rng.integers(len(COLORS))]
+    motion = mover.motion or (("still", "left", "right", "up", "down")[rng.integers(5)],)
+    return Mover(mover.shape, color, motion, mover.start_color)
+
+
+def sample_clip(spec: ClipSpec, rng: np.random.Generator, frames: int = FRAMES,
+                image_size: int = IMAGE_SIZE) -> list[Track]:
+    """Tracks whose clip satisfies `spec`."""
+    for _ in range(_MAX_TRIES):
+        movers = [concrete(m, rng) for m in spec.movers]
+        if spec.tag == "relative_motion":  # the first object moves along one axis, toward or away from the second
+            movers[0] = Mover(movers[0].shape, movers[0].color, (("left", "right", "up", "down")[rng.integers(4)],))
+        tracks = []
+        for mover in movers:
+            size = int(rng.integers(MIN_SIZE, MAX_SIZE + 1))
+            tracks.append(Track(mover, float(rng.integers(0, image_size - size + 1)),
+                                float(rng.integers(0, image_size - size + 1)), size))
+        if not fits(tracks, frames, image_size):
+            continue
+        if spec.tag == "relative_motion":
+            change = centre_distance(*tracks, 0, frames) - centre_distance(*tracks, frames - 1, frames)
+            if (change if spec.relation == "toward" else -change) < RELATIVE_CHANGE:
+                continue
+        return tracks
+    raise RuntimeError(f"could not place a clip for {spec.text()!r}")
+
+
+def random_spec(rng: np.random.Generator) -> ClipSpec:
+    """A prompt drawn uniformly over tags, then uniformly within the tag."""
+    specs = all_specs(TAGS[rng.integers(len(TAGS))])
+    return specs[rng.integers(len(specs))]
+
+
+def sample_pairs(n: int, rng: np.random.Generator, frames: int = FRAMES) -> tuple[np.ndarray, list[str]]:
+    """n rendered (clip, prompt) pairs: uint8 [n, F, H, W, 3] and the prompts."""
+    specs = [random_spec(rng) for _ in range(n)]
+    return np.stack([render_clip(sample_clip(s, rng, frames), frames) for s in specs]), [s.text() for s in specs]

@@ -1,0 +1,87 @@
+"""The moving-shapes world: the grammar round-trips, the split holds out what it says, rendered clips satisfy their
+prompts, and the video verifier passes each rendered clip and fails its one-attribute negatives."""
+import numpy as np
+import pytest
+
+from flowrl.motion.prompts import (HELD_OUT_SHAPE_DIRECTIONS, TAGS, ClipSpec, Mover, all_specs, eval_prompt_set,
+                                   is_held_out, parse_prompt, train_prompt_set)
+from flowrl.motion.verifier import judge_clip
+from flowrl.motion.world import FRAMES, fits, render_clip, sample_clip, sample_pairs
+from flowrl.shapes.prompts import HELD_OUT_COMBOS
+
+OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
+
+
+def negative(spec: ClipSpec) -> ClipSpec:
+    """The spec with one attribute changed so that a clip of it must fail the original prompt."""
+    m = spec.movers[0]
+    if spec.tag == "object":
+        other = next(c for c in ("red", "green", "blue", "yellow") if c != m.color)
+        return ClipSpec("object", (Mover(m.shape, other),))
+    if spec.tag == "motion":
+        return ClipSpec("motion", (Mover(m.shape, m.color, (OPPOSITE[m.motion[0]],)),))
+    if spec.tag == "static":
+        return ClipSpec("motion", (Mover(m.shape, m.color, ("right",)),))
+    if spec.tag == "two_objects":
+        b = spec.movers[1]
+        return ClipSpec("two_objects", (m, Mover(b.shape, b.color, (OPPOSITE[b.motion[0]],))))
+    if spec.tag == "dynamic_attribute":  # the reverse change
+        return ClipSpec("dynamic_attribute", (Mover(m.shape, m.start_color, ("still",), start_color=m.color),))
+    if spec.tag == "motion_order":
+        return ClipSpec("motion_order", (Mover(m.shape, m.color, m.motion[::-1]),))
+    return ClipSpec("relative_motion", spec.movers, "away from" if spec.relation == "toward" else "toward")
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_every_prompt_parses_back_to_its_spec(tag):
+    for spec in all_specs(tag):
+        assert parse_prompt(spec.text()) == spec
+
+
+def test_bad_prompts_are_named():
+    for prompt in ["a purple circle", "a red circle moving sideways", "a red circle moving left and a red circle "
+                   "moving up", "a circle turning from red to red"]:
+        with pytest.raises(ValueError, match="prompt"):
+            parse_prompt(prompt)
+
+
+def test_the_split_holds_out_combinations_never_seen_in_training():
+    train = [p for prompts in train_prompt_set().values() for p in prompts]
+    evaluation = eval_prompt_set()
+    assert not set(train) & set(evaluation)
+    assert all(is_held_out(parse_prompt(p)) for p in evaluation)
+    for prompt in train:
+        spec = parse_prompt(prompt)
+        assert not spec.color_shape_pairs() & HELD_OUT_COMBOS
+        assert not spec.shape_directions() & HELD_OUT_SHAPE_DIRECTIONS
+    assert {parse_prompt(p).tag for p in evaluation} == set(TAGS)
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_rendered_clips_pass_and_one_attribute_negatives_fail(tag):
+    rng = np.random.default_rng(7)
+    specs = all_specs(tag)
+    for _ in range(12):
+        spec = specs[rng.integers(len(specs))]
+        tracks = sample_clip(spec, rng)
+        assert fits(tracks, FRAMES)
+        assert judge_clip(render_clip(tracks), spec.text()) == (1.0, 1.0), spec.text()
+        bad = negative(spec)
+        verdict, dense = judge_clip(render_clip(sample_clip(bad, rng)), spec.text())
+        assert verdict == 0.0 and dense < 1.0, (spec.text(), bad.text())
+
+
+def test_an_empty_clip_meets_nothing_and_a_frozen_clip_is_not_motion():
+    empty = np.zeros((FRAMES, 32, 32, 3), dtype=np.uint8)
+    assert judge_clip(empty, "a red circle moving left") == (0.0, 0.0)
+    rng = np.random.default_rng(0)
+    moving = render_clip(sample_clip(parse_prompt("a red circle moving left"), rng))
+    frozen = np.repeat(moving[:1], FRAMES, axis=0)  # the first frame held: the right object, no motion
+    assert judge_clip(frozen, "a red circle moving left") == (0.0, 0.5)
+    assert judge_clip(frozen, "a still red circle") == (1.0, 1.0)
+
+
+def test_pretraining_pairs_are_clips_with_their_prompts():
+    clips, prompts = sample_pairs(6, np.random.default_rng(3))
+    assert clips.shape == (6, FRAMES, 32, 32, 3) and clips.dtype == np.uint8
+    assert all(judge_clip(c, p)[0] == 1.0 for c, p in zip(clips, prompts))
