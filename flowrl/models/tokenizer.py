@@ -22,8 +22,18 @@ def shapes_vocabulary() -> list[str]:
     return list(SPECIAL_TOKENS) + sorted(set(words))
 
 
-def build_tokenizer(max_length: int = MODEL_MAX_LENGTH) -> PreTrainedTokenizerFast:
-    vocab = {word: i for i, word in enumerate(shapes_vocabulary())}
+def motion_vocabulary() -> list[str]:
+    """The shapes vocabulary plus the moving-shapes world's words (motion, directions, colour change); the shapes
+    words keep their ids."""
+    from ..motion.prompts import VOCABULARY
+
+    base = shapes_vocabulary()
+    return base + sorted(set(VOCABULARY) - set(base))
+
+
+def build_tokenizer(max_length: int = MODEL_MAX_LENGTH, words: list[str] | None = None) -> PreTrainedTokenizerFast:
+    """The word-level tokenizer over `words` (default: the shapes vocabulary)."""
+    vocab = {word: i for i, word in enumerate(words or shapes_vocabulary())}
     core = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     core.normalizer = normalizers.Lowercase()
     core.pre_tokenizer = pre_tokenizers.Whitespace()

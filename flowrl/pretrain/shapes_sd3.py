@@ -76,8 +76,8 @@ def encode_captions(pipe, prompts: list[str]):
     return embeds, pooled
 
 
-def train_denoiser(modules, batch_loss, cfg, rng: np.random.Generator, desc: str) -> float:
-    """The shared pretraining loop: fresh renders each step, caption dropout for CFG, AdamW with warm-up and cosine
+def train_denoiser(modules, batch_loss, cfg, rng: np.random.Generator, desc: str, pairs=sample_pairs) -> float:
+    """The shared pretraining loop: fresh renders each step (`pairs(n, rng)`: the shapes world's by default), caption dropout for CFG, AdamW with warm-up and cosine
     decay, gradient clipping, and an EMA of the weights that replaces them at the end. Returns the last loss.
 
     `batch_loss(images, prompts)` maps a uint8 batch and its (possibly dropped) captions to a scalar loss.
@@ -89,7 +89,7 @@ def train_denoiser(modules, batch_loss, cfg, rng: np.random.Generator, desc: str
         m.train()
     bar = tqdm(range(cfg.flow_steps), desc=desc, mininterval=5)
     for step in bar:
-        images, prompts = sample_pairs(cfg.flow_batch, rng)
+        images, prompts = pairs(cfg.flow_batch, rng)
         prompts = ["" if rng.random() < cfg.caption_dropout else p for p in prompts]
         loss = batch_loss(images, prompts)
         optimizer.zero_grad(set_to_none=True)

@@ -1,5 +1,6 @@
-"""Rewards from the shapes verifier: dense (fraction of the prompt's constraints met, optionally with "no objects
-beyond the named ones" as one more constraint) for training and the binary GenEval-style verdict for evaluation."""
+"""Rewards from the shapes verifiers (`shapes` for images, `moving_shapes` for videos): dense (fraction of the
+prompt's constraints met, for images optionally with "no objects beyond the named ones" as one more constraint)
+for training and the binary GenEval-style verdict for evaluation."""
 from __future__ import annotations
 
 import torch
@@ -19,6 +20,24 @@ class ShapesReward(Reward):
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
         judged = [verifier.verdict_and_dense(im, p, self.exact_objects) for im, p in zip(to_uint8(samples), prompts)]
+        binary = torch.tensor([verdict for verdict, _ in judged])
+        dense = torch.tensor([value for _, value in judged])
+        return RewardOutput(dense if self.dense else binary, {"accuracy": binary})
+
+
+@register_reward("moving_shapes")
+class MovingShapesReward(Reward):
+    """The moving-shapes video verifier: dense (fraction of the prompt's constraints met) or the binary verdict."""
+    name = "moving_shapes"
+    modalities = ("video",)
+
+    def __init__(self, dense: bool = True):
+        self.dense = dense
+
+    def __call__(self, samples, prompts, meta=None) -> RewardOutput:
+        from ..motion.verifier import judge_clip
+
+        judged = [judge_clip(clip, p) for clip, p in zip(to_uint8(samples), prompts)]
         binary = torch.tensor([verdict for verdict, _ in judged])
         dense = torch.tensor([value for _, value in judged])
         return RewardOutput(dense if self.dense else binary, {"accuracy": binary})

@@ -70,7 +70,7 @@ class Task:
 
 
 TASKS = Registry("task", {"prompt_file": "flowrl.tasks.base", "shapes": "flowrl.tasks.shapes",
-                          "safety": "flowrl.tasks.safety"})
+                          "safety": "flowrl.tasks.safety", "moving_shapes": "flowrl.tasks.moving_shapes"})
 
 
 def build_task(name: str, params: dict | None = None) -> Task:

@@ -1,0 +1,158 @@
+"""TVRL: token-level credit for video flow RL from a frozen, differentiable question scorer (methods.md section 4).
+
+GRPO's group-relative advantage A from R = mean_q p(yes | video, q), with each trained step's log-density split into
+per-token terms and reweighted by where the scorer looks:
+1. credit maps (detached): g_q = d log p(yes | V, q) / dV on the decoded frames (the VAE decoder is not
+   differentiated), m_{q,k} = mean |g_q| over token k's pixels (its latent frame's pixel frames, its spatial patch),
+   w_{q,k} = m_{q,k} / mean_k m_{q,k}; w_k = mean_q w_{q,k} (uniform over the prompt's questions);
+   w_k <- clip((1 - gamma) + gamma w_k, w_min, w_max), renormalised to mean 1.
+2. loss: l_{t,k} = mean over token k's latent elements of log N(x_{t-1}; mu_theta(x_t), sigma_t^2);
+   l~_t = sum_k w_k l_{t,k} / sum_k w_k, rho_t = exp(l~_t^theta - l~_t^old), and GRPO's clipped surrogate on rho_t.
+   `token_ratio: true` instead clips per token: sum_k w_k max(-A rho_{t,k}, -A clip(rho_{t,k})) / sum_k w_k.
+With w = 1 both are GRPO's loss (to float rounding: the mean of per-token means is the mean over elements).
+The old per-token log-densities are recomputed in `prepare` (no gradient, the rollout's policy): one extra forward
+per trained step. Deviation: no public code exists; this follows the reading in methods.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ConfigError
+from ..sampling import gaussian_log_prob
+from .base import RolloutBatch, WorkItems, register_algorithm
+from .grpo import GRPO, GRPOParams
+
+
+@dataclass
+class TVRLParams(GRPOParams):
+    gamma: float = 0.5  # smoothing towards uniform: w <- (1 - gamma) + gamma w
+    w_min: float = 0.2
+    w_max: float = 5.0
+    token_ratio: bool = False  # per-token ratios and clipping instead of one ratio of the reweighted log-density
+    credit_batch: int = 8  # samples per scorer backward when computing credit maps
+
+    def validate(self):
+        super().validate()
+        if not 0 <= self.gamma <= 1 or not 0 < self.w_min <= 1 <= self.w_max:
+            raise ConfigError("algorithm.params: expected 0 <= gamma <= 1 and 0 < w_min <= 1 <= w_max, got "
+                              f"gamma {self.gamma}, w_min {self.w_min}, w_max {self.w_max}")
+        if self.kl_beta or self.credit != "terminal":
+            raise ConfigError("algorithm.params: tvrl keeps GRPO's terminal credit without a KL term "
+                              "(kl_beta: 0, credit: terminal)")
+
+
+def token_geometry(policy) -> tuple[int, int, tuple[int, int, int]]:
+    """(temporal compression, spatial compression, transformer patch (t, h, w)) of a video policy."""
+    if getattr(policy, "modality", "image") != "video":
+        raise ConfigError("algorithm.name: tvrl credits video tokens; the pipeline samples images")
+    pipe = policy.pipeline
+    return pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial, tuple(policy.transformer.config.patch_size)
+
+
+def pixels_to_tokens(magnitude: torch.Tensor, latent_frames: int, temporal: int, spatial: int,
+                     patch: tuple[int, int, int]) -> torch.Tensor:
+    """Mean of a per-pixel map [B, F, H, W] over each token's pixels -> [B, F'/pt, H/(s ph), W/(s pw)].
+
+    Frames follow the causal video VAE (Wan): latent frame 0 is pixel frame 0, latent frame j >= 1 pixel frames
+    (j - 1) t + 1 .. j t; a token spans `pt` latent frames and ph x pw latent pixels, i.e. s ph x s pw pixels."""
+    b, f, h, w = magnitude.shape
+    groups = [magnitude[:, :1]] + [magnitude[:, 1 + (j - 1) * temporal:1 + j * temporal] for j in range(1, latent_frames)]
+    per_latent = torch.stack([g.mean(1) for g in groups], 1)  # [B, F', H, W]
+    pt, ph, pw = patch
+    pooled = torch.nn.functional.avg_pool2d(per_latent.flatten(0, 1)[:, None], (spatial * ph, spatial * pw))
+    pooled = pooled.view(b, latent_frames, *pooled.shape[-2:])
+    return pooled.view(b, latent_frames // pt, pt, *pooled.shape[-2:]).mean(2)
+
+
+def token_log_probs(element_log_probs: torch.Tensor, patch: tuple[int, int, int]) -> torch.Tensor:
+    """Per-element log-densities [N, C, F', H', W'] -> per-token means [N, F'/pt, H'/ph, W'/pw]."""
+    n, c, f, h, w = element_log_probs.shape
+    pt, ph, pw = patch
+    x = element_log_probs.view(n, c, f // pt, pt, h // ph, ph, w // pw, pw)
+    return x.mean(dim=(1, 3, 5, 7))
+
+
+def smooth_weights(raw: torch.Tensor, gamma: float, w_min: float, w_max: float) -> torch.Tensor:
+    """[B, K] credit (mean 1 per sample) -> clip((1 - gamma) + gamma w, w_min, w_max), renormalised to mean 1."""
+    w = ((1 - gamma) + gamma * raw).clamp(w_min, w_max)
+    return w / w.mean(1, keepdim=True)
+
+
+@register_algorithm
+class TVRL(GRPO):
+    name = "tvrl"
+    Params = TVRLParams
+
+    def bind_reward(self, reward) -> None:
+        from ..rewards.questions import QuestionScorer
+
+        terms = getattr(reward, "rewards", [reward])
+        scorers = [t for t in terms if isinstance(t, QuestionScorer)]
+        if not scorers:
+            raise ConfigError("reward: algorithm 'tvrl' takes its credit maps from a question-answering reward "
+                              "(e.g. moving_shapes_qa); none of the configured rewards answers questions")
+        self.scorer = scorers[0]
+        self.reward = reward
+
+    def credit_maps(self, policy, batch: RolloutBatch) -> torch.Tensor:
+        """Raw per-token credit [B, K], mean 1 per sample (before smoothing)."""
+        temporal, spatial, patch = token_geometry(policy)
+        final = batch.trajectory.final
+        maps = []
+        for start in range(0, final.shape[0], self.params.credit_batch):
+            rows = slice(start, start + self.params.credit_batch)
+            with torch.no_grad():
+                video = policy.decode(final[rows]).float()
+            video.requires_grad_(True)
+            with torch.enable_grad():
+                log_yes, valid = self.scorer.question_log_yes(video, batch.prompts[rows])
+                per_question = []
+                for q in range(log_yes.shape[1]):
+                    grad, = torch.autograd.grad(log_yes[:, q].sum(), video, retain_graph=q + 1 < log_yes.shape[1])
+                    m = pixels_to_tokens(grad.abs().mean(1), final.shape[2], temporal, spatial, patch).flatten(1)
+                    per_question.append(m / m.mean(1, keepdim=True).clamp(min=1e-20))
+            stacked = torch.stack(per_question, 1)  # [b, Q, K]
+            mask = valid.float().unsqueeze(-1)
+            maps.append(((stacked * mask).sum(1) / mask.sum(1).clamp(min=1)).detach().cpu())
+        return torch.cat(maps)
+
+    def prepare(self, batch: RolloutBatch, policy=None):
+        items, metrics = super().prepare(batch, policy)
+        p = self.params
+        self.raw_credit = self.credit_maps(policy, batch)
+        self.token_weights = smooth_weights(self.raw_credit, p.gamma, p.w_min, p.w_max)
+        with torch.no_grad():  # the rollout policy's per-token log-densities of the trained transitions
+            self.old_token_log_probs = torch.cat([self.token_terms(policy, batch.trajectory, items.subset(part))
+                                                  for part in torch.arange(len(items)).split(p.credit_batch)]) \
+                if len(items) else torch.zeros(0)
+        metrics["credit_max_over_mean"] = self.token_weights.max(1).values.mean().item()
+        return items, metrics
+
+    def token_terms(self, policy, traj, items: WorkItems) -> torch.Tensor:
+        """Per-token log-densities [N, K] of the stored transitions under the current policy."""
+        x_next = traj.latents[items.step + 1, items.sample]
+        *_, mean, std, _ = self.step_terms(policy, traj, items)
+        _, _, patch = token_geometry(policy)
+        return token_log_probs(gaussian_log_prob(x_next, mean, std, reduce="none"), patch).flatten(1)
+
+    def loss(self, policy, batch: RolloutBatch, items: WorkItems):
+        p = self.params
+        new = self.token_terms(policy, batch.trajectory, items)
+        old = self.old_token_log_probs[items.key].to(new.device)
+        w = self.token_weights[items.sample].to(new.device)
+        advantage = self.advantages[items.sample].to(new.device)
+        if p.token_ratio:
+            ratio = torch.exp(new - old)
+            surrogate = torch.maximum(-advantage[:, None] * ratio,
+                                      -advantage[:, None] * torch.clamp(ratio, 1 - p.clip_range, 1 + p.clip_range))
+            losses = (w * surrogate).sum(1) / w.sum(1)
+            ratio_seen = (w * ratio).sum(1) / w.sum(1)
+        else:
+            log_ratio = (w * new).sum(1) / w.sum(1) - (w * old).sum(1) / w.sum(1)
+            ratio_seen = torch.exp(log_ratio)
+            clipped = torch.clamp(ratio_seen, 1 - p.clip_range, 1 + p.clip_range)
+            losses = torch.maximum(-advantage * ratio_seen, -advantage * clipped)
+        diagnostics = {"ratio": ratio_seen.detach(), "clip_frac": ((ratio_seen - 1).abs() > p.clip_range).float().detach()}
+        return losses, diagnostics

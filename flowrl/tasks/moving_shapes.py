@@ -1,0 +1,83 @@
+"""The moving-shapes world as a task: its prompt splits, the video verifier's per-tag accuracy, rendered (clip,
+prompt) pairs as pretraining data, and the defaults of the embedded shapes-wan pipeline."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..motion.prompts import TAGS, eval_prompt_set, parse_prompt, train_prompt_set
+from .base import TASKS, Condition, ConditionSet, Task, tag_metrics
+
+MOVING_SHAPES_DEFAULTS = {
+    "pipeline": {"path": "pipelines/shapes-wan", "height": 32, "width": 32, "num_frames": 9, "max_sequence_length": 16},
+    "reward": [{"name": "moving_shapes", "weight": 1.0, "params": {"dense": True}}],
+    "prompts": {"source": "train"},
+    "eval": {"prompts": "eval"},
+}
+
+
+def video_accuracy(clips: np.ndarray, prompts: list[str]) -> dict:
+    """Per-tag and overall verdict accuracy of uint8 clips [N, F, H, W, 3]."""
+    from ..motion.verifier import judge_clip
+
+    return tag_metrics([judge_clip(clip, prompt)[0] for clip, prompt in zip(clips, prompts)],
+                       [parse_prompt(prompt).tag for prompt in prompts], TAGS)
+
+
+@TASKS.register("moving_shapes")
+class MovingShapesTask(Task):
+    name = "moving_shapes"
+    metric_name = "video verifier accuracy"
+    set_names = ("train", "eval")
+    defaults = MOVING_SHAPES_DEFAULTS
+
+    def condition_set(self, name: str) -> ConditionSet:
+        if name == "train":  # tag first, then a prompt: every tag gets the same share
+            by_tag = {tag: [Condition(p) for p in prompts] for tag, prompts in train_prompt_set().items()}
+            return ConditionSet([c for items in by_tag.values() for c in items], by_tag)
+        if name == "eval":
+            return ConditionSet([Condition(p) for p in eval_prompt_set()])
+        return super().condition_set(name)
+
+    def check(self, item: Condition) -> None:
+        parse_prompt(item.prompt)
+
+    @classmethod
+    def commands(cls):
+        return COMMANDS
+
+    def evaluate(self, samples, items: list[Condition]) -> dict:
+        return video_accuracy(samples.to_uint8(), [c.prompt for c in items])
+
+    def data_batch(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, list[str]]:
+        from ..motion.world import sample_pairs
+
+        return sample_pairs(count, rng)
+
+
+def pretrain_shapes_wan(args) -> None:
+    """`flowrl pretrain shapes-wan`: the embedded video pipeline (--vae-steps, --flow-steps, --card-only are the
+    shapes recipes' flags, shared)."""
+    import json
+
+    from ..pretrain.shapes_sd3 import save_pipeline
+    from ..pretrain.shapes_wan import WanPretrainConfig, evaluate_and_write_card, pretrain_shapes_wan as train
+
+    args.out = args.out or "pipelines/shapes-wan"
+    cfg = WanPretrainConfig(seed=args.seed)
+    for name in ("vae_steps", "flow_steps"):
+        if getattr(args, name, None) is not None:
+            setattr(cfg, name, getattr(args, name))
+    if not getattr(args, "card_only", False):
+        pipe, facts = train(cfg)
+        save_pipeline(pipe, args.out, facts)
+    print(json.dumps(evaluate_and_write_card(args.out), indent=2))
+
+
+def _commands():
+    from ..cli import TaskCommands
+
+    return TaskCommands(pretrain={"shapes-wan": pretrain_shapes_wan},
+                        pretrain_help="shapes-wan -> pipelines/shapes-wan (text-to-video, WanPipeline)")
+
+
+COMMANDS = _commands()

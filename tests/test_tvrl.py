@@ -1,0 +1,118 @@
+"""TVRL (methods.md section 4) on a tiny WanPipeline: with uniform token weights its loss and gradient are GRPO's,
+the on-policy ratio is 1, and a toy scorer that reads one region of one frame puts its credit on the tokens covering
+that region; the token geometry follows Wan's causal VAE."""
+import pytest
+import torch
+
+from flowrl.algorithms import RolloutBatch, build_algorithm
+from flowrl.algorithms.tvrl import pixels_to_tokens, smooth_weights, token_geometry, token_log_probs
+from flowrl.config import SamplerSection
+from flowrl.errors import ConfigError
+from flowrl.policies import policy_for
+from flowrl.policies.base import SampleSpec
+from flowrl.rewards.base import WeightedSum
+from flowrl.rewards.questions import QuestionScorer
+from flowrl.rollout import rollout, sample_generators
+from tiny_pipelines import tiny_wan
+
+FRAME, ROWS, COLS = 6, slice(0, 16), slice(16, 32)  # the toy scorer's region: top-right quadrant of frame 6
+
+
+class RegionScorer(QuestionScorer):
+    """log p(yes) = logsigmoid(8 (mean brightness of one region of one frame - 0.5)); one or two questions."""
+    name = "region"
+
+    def questions(self, prompt):
+        return ["is the region bright"] if "circle" in prompt else ["is the region bright", "again"]
+
+    def log_yes(self, samples, questions):
+        region = samples[:, :, FRAME, ROWS, COLS].mean(dim=(1, 2, 3))
+        return torch.nn.functional.logsigmoid(8 * (region - 0.5))
+
+
+@pytest.fixture(scope="module")
+def setup():
+    policy = policy_for(tiny_wan(), max_sequence_length=16)
+    policy.add_lora(4, 8, policy.lora_targets)
+    prompts = ["a red circle"] * 3 + ["a square"] * 3
+    cond = policy.encode(prompts, 2.0)
+    traj = rollout(policy, cond, sample_generators(range(6)), policy.noise_shape(SampleSpec(32, 32, 9)), 3, "flow",
+                   0.7, 2.0)
+    rewards = torch.tensor([0.0, 1.0, 0.5, 0.2, 0.9, 0.4])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    batch = RolloutBatch(traj, rewards, groups, list(range(6)), rewards, groups, torch.arange(6), prompts)
+    return policy, batch
+
+
+def tvrl(params=None):
+    algorithm = build_algorithm("tvrl", params or {}, SamplerSection())
+    algorithm.bind_reward(WeightedSum([RegionScorer()], [1.0]))
+    return algorithm
+
+
+def test_token_geometry_of_the_tiny_wan(setup):
+    policy, batch = setup
+    assert token_geometry(policy) == (4, 8, (1, 2, 2))
+    assert batch.trajectory.final.shape[2:] == (3, 4, 4)  # 9 frames -> 3 latent frames; 32 px -> 4 latent px
+
+
+def test_pixels_to_tokens_follows_the_causal_vae():
+    m = torch.zeros(1, 9, 32, 32)
+    m[0, FRAME, ROWS, COLS] = 1.0
+    tokens = pixels_to_tokens(m, 3, 4, 8, (1, 2, 2))
+    assert tokens.shape == (1, 3, 2, 2)
+    expected = torch.zeros(1, 3, 2, 2)
+    expected[0, 2, 0, 1] = 1 / 4  # latent frame 2 holds pixel frames 5-8: one of its four frames is lit
+    torch.testing.assert_close(tokens, expected)
+
+
+def test_credit_of_a_scorer_reading_one_region_lands_on_its_tokens(setup):
+    policy, batch = setup
+    algorithm = tvrl()
+    raw = algorithm.credit_maps(policy, batch)  # [B, K], K = 3 x 2 x 2
+    assert raw.shape == (6, 12)
+    torch.testing.assert_close(raw.mean(1), torch.ones(6))
+    target = 2 * 4 + 0 * 2 + 1  # latent frame 2, token row 0, token column 1
+    share = raw[:, target] / raw.sum(1)
+    assert (share > 0.9).all(), share
+    weights = smooth_weights(raw, 0.5, 0.2, 5.0)
+    torch.testing.assert_close(weights.mean(1), torch.ones(6))
+    assert (weights[:, target] > weights.max(1).values - 1e-6).all()
+
+
+@pytest.mark.parametrize("token_ratio", [False, True])
+def test_uniform_weights_give_grpos_loss_and_gradient(setup, token_ratio):
+    policy, batch = setup
+    grpo = build_algorithm("grpo", {}, SamplerSection())
+    items, _ = grpo.prepare(batch, policy)
+    grpo_losses, grpo_diag = grpo.loss(policy, batch, items)
+    grpo_grads = torch.autograd.grad(grpo_losses.sum(), list(policy.trainable_parameters()))
+
+    algorithm = tvrl({"token_ratio": token_ratio})
+    tv_items, _ = algorithm.prepare(batch, policy)
+    assert torch.equal(tv_items.sample, items.sample) and torch.equal(tv_items.step, items.step)
+    algorithm.token_weights = torch.ones_like(algorithm.token_weights)  # w = 1
+    losses, diagnostics = algorithm.loss(policy, batch, tv_items)
+    grads = torch.autograd.grad(losses.sum(), list(policy.trainable_parameters()))
+    torch.testing.assert_close(diagnostics["ratio"], torch.ones_like(diagnostics["ratio"]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(losses, grpo_losses, atol=1e-6, rtol=1e-6)
+    for a, b in zip(grads, grpo_grads):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_credit_weights_change_the_loss_and_tokens_average_elements():
+    lp = torch.randn(2, 4, 3, 4, 4)
+    tokens = token_log_probs(lp, (1, 2, 2))
+    assert tokens.shape == (2, 3, 2, 2)
+    torch.testing.assert_close(tokens.mean(dim=(1, 2, 3)), lp.mean(dim=(1, 2, 3, 4)))
+    torch.testing.assert_close(tokens[0, 1, 0, 1], lp[0, :, 1, 0:2, 2:4].mean())
+
+
+def test_tvrl_needs_a_question_scorer_and_refuses_grpo_only_options():
+    algorithm = build_algorithm("tvrl", {}, SamplerSection())
+    from flowrl.rewards import build_reward
+
+    with pytest.raises(ConfigError, match="question-answering reward"):
+        algorithm.bind_reward(WeightedSum([build_reward("jpeg_compressibility")], [1.0]))
+    with pytest.raises(ConfigError, match="kl_beta: 0"):
+        build_algorithm("tvrl", {"kl_beta": 0.01}, SamplerSection())
