@@ -85,3 +85,44 @@ def test_pretraining_pairs_are_clips_with_their_prompts():
     clips, prompts = sample_pairs(6, np.random.default_rng(3))
     assert clips.shape == (6, FRAMES, 32, 32, 3) and clips.dtype == np.uint8
     assert all(judge_clip(c, p)[0] == 1.0 for c, p in zip(clips, prompts))
+
+
+def test_sub_prompts_hold_on_renders_and_near_misses_are_judged_by_the_verifier():
+    from flowrl.motion.prompts import perturb, sub_prompts
+    from flowrl.motion.verifier import detections
+
+    rng = np.random.default_rng(11)
+    for tag in TAGS:
+        specs = all_specs(tag)
+        for _ in range(4):
+            spec = specs[rng.integers(len(specs))]
+            found = detections(render_clip(sample_clip(spec, rng)))
+            assert all(judge_clip(found, q)[0] == 1.0 for q in sub_prompts(spec)), spec.text()
+            miss = perturb(spec, rng)
+            assert miss != spec and parse_prompt(miss.text()) == miss
+            assert judge_clip(found, miss)[0] == 0.0, (spec.text(), miss.text())
+
+
+def test_question_labels_and_the_qa_model_round_trip(tmp_path):
+    import torch
+
+    from flowrl.models.motion_qa import build_model, load_model, save_model, tokenize
+    from flowrl.pretrain.motion_qa import labelled_questions, to_video
+    from flowrl.rewards import build_reward
+
+    clips, questions, labels = labelled_questions(6, np.random.default_rng(0))
+    assert len(clips) == len(questions) == len(labels) and 0 < labels.mean() < 1
+    model, tokenizer = build_model(0)
+    save_model(model, tokenizer, tmp_path / "qa")
+    loaded, tok = load_model(tmp_path / "qa")
+    video = to_video(clips[:4])
+    expected = model.half().float()(video, *tokenize(tokenizer, questions[:4]))  # saved in fp16
+    torch.testing.assert_close(loaded(video, *tokenize(tok, questions[:4])), expected)
+    reward = build_reward("moving_shapes_qa", path=str(tmp_path / "qa"))
+    pixels = video.clone().requires_grad_(True)
+    prompts = ["a red circle moving left", "a square turning from red to blue", "a still blue square",
+               "a red circle moving toward a blue square"]
+    out = reward(pixels, prompts)
+    assert out.scores.shape == (4,) and ((out.scores > 0) & (out.scores < 1)).all()
+    out.scores.sum().backward()
+    assert pixels.grad.abs().sum() > 0  # differentiable in the pixels, as TVRL's credit maps need

@@ -116,3 +116,30 @@ def test_tvrl_needs_a_question_scorer_and_refuses_grpo_only_options():
         algorithm.bind_reward(WeightedSum([build_reward("jpeg_compressibility")], [1.0]))
     with pytest.raises(ConfigError, match="kl_beta: 0"):
         build_algorithm("tvrl", {"kl_beta": 0.01}, SamplerSection())
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "tvrl"])
+def test_video_grpo_and_tvrl_train_the_moving_shapes_config_end_to_end(algorithm, tmp_path):
+    """configs/moving_shapes_grpo.yaml on a tiny Wan pipeline: two updates with the video verifier (GRPO) or the
+    question scorer (TVRL), held-out evaluation per tag, checkpoints."""
+    import json
+
+    from conftest import REPO
+    from flowrl.config import load_config
+    from flowrl.experiment import run_experiment
+    from flowrl.models.motion_qa import build_model, save_model
+
+    tiny_wan().save_pretrained(tmp_path / "wan")
+    save_model(*build_model(0), tmp_path / "qa")
+    overrides = [f"pipeline.path={tmp_path / 'wan'}", f"run.out_dir={tmp_path / 'runs'}", "train.updates=2",
+                 "train.groups_per_update=2", "train.group_size=2", "train.microbatch_size=4", "train.threads=1",
+                 "train.checkpoint_every=1", "sampler.num_steps=3", "sampler.sde_window_range=[0, 2]",
+                 "sampler.sde_window_size=2", "eval.num_steps=2", "eval.num_per_prompt=1", "eval.every=2",
+                 f"algorithm.name={algorithm}"]
+    if algorithm == "tvrl":
+        overrides.append(f"reward=[{{name: moving_shapes_qa, params: {{path: {tmp_path / 'qa'}}}}}]")
+    run_dir = run_experiment(load_config(REPO / "configs" / "moving_shapes_grpo.yaml", overrides))
+    evals = json.loads((run_dir / "eval.json").read_text())
+    assert set(evals) == {"0", "2"} and set(evals["2"]["tags"]) == {
+        "object", "motion", "static", "two_objects", "dynamic_attribute", "motion_order", "relative_motion"}
+    assert (run_dir / "checkpoints" / "update_000002").is_dir()

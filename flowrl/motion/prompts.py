@@ -172,3 +172,48 @@ def train_prompt_set() -> dict[str, list[str]]:
 
 def eval_prompt_set() -> list[str]:
     return [p for tag in TAGS for p in eval_prompts(tag)]
+
+
+def sub_prompts(spec: ClipSpec) -> list[str]:
+    """The yes/no checks a prompt consists of, each itself a prompt of the grammar ("does the clip show ...?"):
+    each named object's presence, then its motion, colour change or order, then the relative motion."""
+    checks = []
+    for mover in spec.movers:
+        if mover.start_color:
+            checks.append(mover.text())
+            continue
+        checks.append(f"a {mover.color} {mover.shape}")
+        if mover.motion and spec.tag != "relative_motion":
+            checks.append(mover.text())
+    if spec.tag == "relative_motion":
+        checks.append(spec.text())
+    return list(dict.fromkeys(checks))
+
+
+def perturb(spec: ClipSpec, rng) -> ClipSpec:
+    """`spec` with one attribute redrawn (a colour, a direction, the order, the relation): a near-miss prompt."""
+    movers = list(spec.movers)
+    i = int(rng.integers(len(movers)))
+    m = movers[i]
+    options = ["color"]
+    if m.motion and m.motion != ("still",):
+        options.append("direction")
+    if len(m.motion) == 2:
+        options.append("order")
+    if spec.relation:
+        options.append("relation")
+    choice = options[int(rng.integers(len(options)))]
+    if choice == "relation":
+        return ClipSpec(spec.tag, spec.movers, "away from" if spec.relation == "toward" else "toward")
+    if choice == "order":
+        movers[i] = Mover(m.shape, m.color, m.motion[::-1], m.start_color)
+    elif choice == "direction":
+        legs = list(m.motion)
+        j = int(rng.integers(len(legs)))
+        legs[j] = [d for d in DIRECTIONS if d not in legs][int(rng.integers(len(DIRECTIONS) - len(legs)))]
+        movers[i] = Mover(m.shape, m.color, tuple(legs), m.start_color)
+    else:
+        taken = {(o.color, o.shape) for o in movers} | {m.start_color}
+        colors = [c for c in COLORS if (c, m.shape) not in taken and c != m.start_color]
+        movers[i] = Mover(m.shape, colors[int(rng.integers(len(colors)))], m.motion, m.start_color)
+    return ClipSpec(spec.tag, tuple(movers), spec.relation)

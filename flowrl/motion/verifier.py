@@ -115,9 +115,13 @@ def distance(a: TrackFound, b: TrackFound, which: int) -> float | None:
     return float(np.hypot(a.points[f][0] - b.points[f][0], a.points[f][1] - b.points[f][1]))
 
 
-def constraints(spec: ClipSpec, clip: np.ndarray) -> list[bool]:
-    """Each constraint of the prompt, met or not, on a uint8 clip [F, H, W, 3]."""
-    per_frame = [detect(frame) for frame in clip]
+def detections(clip: np.ndarray) -> list[list[Detection]]:
+    """The image world's detections in each frame of a uint8 clip [F, H, W, 3]."""
+    return [detect(frame) for frame in clip]
+
+
+def constraints(spec: ClipSpec, per_frame: list[list[Detection]]) -> list[bool]:
+    """Each constraint of the prompt, met or not, given a clip's per-frame detections."""
     if spec.tag == "relative_motion":
         a, b = (track(m, per_frame) for m in spec.movers)
         present = a.share >= PRESENT_SHARE and b.share >= PRESENT_SHARE
@@ -133,8 +137,8 @@ def constraints(spec: ClipSpec, clip: np.ndarray) -> list[bool]:
     return checks
 
 
-def judge_clip(clip: np.ndarray, prompt: str | ClipSpec) -> tuple[float, float]:
-    """(verdict, dense score) of a uint8 clip [F, H, W, 3] against a prompt."""
+def judge_clip(clip: np.ndarray | list[list[Detection]], prompt: str | ClipSpec) -> tuple[float, float]:
+    """(verdict, dense score) of a uint8 clip [F, H, W, 3] (or its `detections`) against a prompt."""
     spec = parse_prompt(prompt) if isinstance(prompt, str) else prompt
-    checks = constraints(spec, clip)
+    checks = constraints(spec, detections(clip) if isinstance(clip, np.ndarray) else clip)
     return float(all(checks)), float(sum(checks) / len(checks))

@@ -73,11 +73,28 @@ def pretrain_shapes_wan(args) -> None:
     print(json.dumps(evaluate_and_write_card(args.out), indent=2))
 
 
+def pretrain_motion_qa(args) -> None:
+    """`flowrl pretrain motion-qa`: the question scorer TVRL takes credit from (--steps as the scorer's)."""
+    import json
+
+    from ..models.motion_qa import save_model
+    from ..pretrain.motion_qa import MotionQAPretrainConfig, pretrain_motion_qa as train
+
+    args.out = args.out or "pipelines/shapes-motion-qa"
+    cfg = MotionQAPretrainConfig(seed=args.seed)
+    if getattr(args, "steps", None) is not None:
+        cfg.steps = args.steps
+    model, tokenizer, facts = train(cfg)
+    save_model(model, tokenizer, args.out, facts)
+    print(json.dumps(facts, indent=2))
+
+
 def _commands():
     from ..cli import TaskCommands
 
-    return TaskCommands(pretrain={"shapes-wan": pretrain_shapes_wan},
-                        pretrain_help="shapes-wan -> pipelines/shapes-wan (text-to-video, WanPipeline)")
+    return TaskCommands(pretrain={"shapes-wan": pretrain_shapes_wan, "motion-qa": pretrain_motion_qa},
+                        pretrain_help="shapes-wan -> pipelines/shapes-wan (text-to-video, WanPipeline); motion-qa -> "
+                                      "pipelines/shapes-motion-qa (the question scorer TVRL credits from)")
 
 
 COMMANDS = _commands()
