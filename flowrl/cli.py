@@ -66,9 +66,7 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     sample.add_argument("--num-per-prompt", type=int, default=1)
     sample.add_argument("--steps", type=int, default=20)
     sample.add_argument("--guidance", type=float, default=4.5)
-    sample.add_argument("--height", type=int, default=None, help="default: the pipeline's own")
-    sample.add_argument("--width", type=int, default=None, help="default: the pipeline's own")
-    sample.add_argument("--num-frames", type=int, default=None, help="video pipelines (default: the pipeline's own)")
+    size_arguments(sample)
     sample.add_argument("--max-sequence-length", type=int, default=16, help="text tokens (16: the embedded "
                         "shapes pipelines' T5 length)")
     sample.add_argument("--kind", default=None, help="sampler: ode (default) or a stochastic kind (flow, dance, "
@@ -114,6 +112,7 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=7860)
     demo.add_argument("--steps", type=int, default=20)
     demo.add_argument("--guidance", type=float, default=4.5)
+    size_arguments(demo)
 
     suites = sorted(s for e in extensions for s in e.eval_suites)
     ev = sub.add_parser("eval", help="score a samples folder with a task's evaluation or a reward, or run a task's "
@@ -152,7 +151,6 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     from .checkpoint import load_trained_weights
     from .generate import generate_samples
     from .policies import load_pipeline, policy_for
-    from .policies.base import SampleSpec
     from .samples import write_samples
     from .tasks.base import read_prompt_file
 
@@ -179,9 +177,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
         steers.append(FKSteer(fk, build_reward(args.fk_reward, where="--fk-reward")))
     if len(steers) > 1:
         raise UserError("--fk-particles and a task's steering flag: choose one kind of steering")
-    default = policy.default_spec()
-    spec = SampleSpec(args.height or default.height, args.width or default.width,
-                      args.num_frames or default.num_frames)
+    spec = sample_spec(args, policy)
     samples, records = generate_samples(policy, conditions, args.num_per_prompt, args.seed, args.steps, args.guidance,
                                         spec, kind=kind, noise_level=noise_level, steer=steers[0] if steers else None)
     metas = [item.meta for item in conditions for _ in range(args.num_per_prompt)]
@@ -226,6 +222,20 @@ def cmd_serve_reward(args) -> None:
     serve_reward(args.name, json_object(args.params, "--params"), args.host, args.port, args.token)
 
 
+def size_arguments(parser) -> None:
+    parser.add_argument("--height", type=int, default=None, help="default: the pipeline's own")
+    parser.add_argument("--width", type=int, default=None, help="default: the pipeline's own")
+    parser.add_argument("--num-frames", type=int, default=None, help="video pipelines (default: the pipeline's own)")
+
+
+def sample_spec(args, policy):
+    """The sample size from --height / --width / --num-frames, each defaulting to the pipeline's own."""
+    from .policies.base import SampleSpec
+
+    default = policy.default_spec()
+    return SampleSpec(args.height or default.height, args.width or default.width, args.num_frames or default.num_frames)
+
+
 def cmd_demo(args) -> None:
     try:
         import gradio  # noqa: F401
@@ -233,7 +243,8 @@ def cmd_demo(args) -> None:
         raise UserError("the demo needs gradio: pip install -e \".[demo]\"") from None
     from .demo import build_demo
 
-    demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance)
+    demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,
+                      size=(args.height, args.width, args.num_frames))
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)
 
 

@@ -7,6 +7,8 @@ only); full-weight checkpoints are swapped in and out of the network's parameter
 from __future__ import annotations
 
 import json
+import tempfile
+from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
@@ -88,7 +90,8 @@ def upscale(image: np.ndarray, size: int = DISPLAY_SIZE) -> np.ndarray:
 
 
 def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str = "shapes_clip", steps: int = 20,
-               guidance_scale: float = 4.5, max_sequence_length: int = 16):
+               guidance_scale: float = 4.5, max_sequence_length: int = 16, size: tuple = (None, None, None)):
+    """The page; `size` (height, width, frames) overrides the pipeline's default sample size where given."""
     import gradio as gr
 
     from .generate import generate_samples
@@ -98,6 +101,11 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str = "shapes_
     policy = policy_for(load_pipeline(pipeline_dir), max_sequence_length=max_sequence_length)
     models = CheckpointSet(policy, checkpoints)
     scorer = build_reward(reward, where="--reward")
+    video = policy.modality == "video"
+    from .cli import sample_spec
+
+    spec = sample_spec(Namespace(height=size[0], width=size[1], num_frames=size[2]), policy)
+    clips = Path(tempfile.mkdtemp(prefix="flowrl_demo_"))  # videos are shown as animated GIFs written here
 
     def run(prompt: str, seed: float, progress=gr.Progress()):
         prompt = (prompt or "").strip()
@@ -107,11 +115,15 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str = "shapes_
         for number, label in enumerate(models.labels):
             progress(number / len(models.labels), desc=f"generating with {label}")
             models.activate(label)
-            samples, _ = generate_samples(policy, [prompt], 1, int(seed), steps, guidance_scale, desc=None)
+            samples, _ = generate_samples(policy, [prompt], 1, int(seed), steps, guidance_scale, spec, desc=None)
             with torch.no_grad():  # the reward sees what the file would hold (uint8), the page a still preview
                 quantized = torch.round(samples.decoded() * 255) / 255
                 score = float(scorer(quantized, [prompt]).scores[0])
-            gallery.append((upscale(samples.preview()[0]), f"{label} | {reward} {score:.3f}"))
+            if video:
+                shown = str(clips / samples.write(clips, f"{label.replace('/', '_')}_{int(seed)}", 0)[1])
+            else:
+                shown = upscale(samples.preview()[0])
+            gallery.append((shown, f"{label} | {reward} {score:.3f}"))
         models.activate("base")
         table = "| model | " + reward + " |\n|---|---|\n" + "\n".join(
             f"| {caption.split(' | ')[0]} | {caption.split(' ')[-1]} |" for _, caption in gallery)
@@ -121,7 +133,8 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str = "shapes_
         gr.Markdown(f"## flowrl: base and fine-tuned side by side\nPipeline `{pipeline_dir}`; {steps} steps, "
                     f"CFG {guidance_scale}; the caption under each image is its `{reward}` reward.")
         with gr.Row():
-            prompt = gr.Textbox(label="prompt", value="a red circle left of a blue square", elem_id="prompt")
+            prompt = gr.Textbox(label="prompt", value="a red circle moving left" if video else
+                                "a red circle left of a blue square", elem_id="prompt")
             seed = gr.Number(label="seed", value=0, precision=0, elem_id="seed")
         button = gr.Button("Generate", variant="primary", elem_id="generate")
         scores = gr.Markdown(elem_id="scores")

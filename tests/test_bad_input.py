@@ -1,6 +1,5 @@
 """Bad input, in a table: each bad config, prompt file or samples folder gives one message naming the field or file
 and what was expected, exit status 2, no traceback, and writes nothing."""
-import json
 
 import pytest
 

@@ -113,3 +113,20 @@ def test_demo_generates_base_and_checkpoint_side_by_side_in_a_real_browser(demo_
             shutil.copy(screenshot, os.path.join(out, "demo.png"))
     finally:
         driver.quit()
+
+
+def test_the_demo_shows_a_video_pipeline_as_animated_clips(tmp_path):
+    """A Wan pipeline's samples come back as GIF files (gallery items that play), scored by a video reward."""
+    from PIL import Image
+
+    from flowrl.demo import build_demo
+    from tiny_pipelines import tiny_wan
+
+    tiny_wan().save_pretrained(tmp_path / "wan")
+    demo = build_demo(str(tmp_path / "wan"), [], reward="moving_shapes", steps=2, size=(32, 32, 9))
+    handler = next(iter(demo.fns.values())).fn
+    gallery, table = handler("a red circle moving left", 0, progress=lambda *args, **kwargs: None)
+    (path, caption), = gallery
+    with Image.open(path) as gif:
+        assert gif.format == "GIF" and gif.n_frames == 9
+    assert caption.startswith("base | moving_shapes") and "| base |" in table

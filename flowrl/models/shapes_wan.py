@@ -30,6 +30,7 @@ class ShapesWanSize:
     text_layers: int = 2
     latent_channels: int = 8
     vae_base_dim: int = 16
+    temporal_compression: int = 2  # 2: Wan's causal halving of the frame rate; 1: none
 
 
 def build_text_encoder(size: ShapesWanSize, seed: int) -> UMT5EncoderModel:
@@ -45,7 +46,8 @@ def build_text_encoder(size: ShapesWanSize, seed: int) -> UMT5EncoderModel:
 def build_vae(size: ShapesWanSize, seed: int) -> AutoencoderKLWan:
     torch.manual_seed(seed)
     return AutoencoderKLWan(base_dim=size.vae_base_dim, z_dim=size.latent_channels, dim_mult=[1, 2], num_res_blocks=1,
-                            temperal_downsample=[True], scale_factor_temporal=2, scale_factor_spatial=2,
+                            temperal_downsample=[size.temporal_compression == 2],
+                            scale_factor_temporal=size.temporal_compression, scale_factor_spatial=2,
                             latents_mean=[0.0] * size.latent_channels,  # pretraining measures both per channel
                             latents_std=[1.0] * size.latent_channels)
 
