@@ -1,8 +1,9 @@
 """Components of the embedded `pipelines/shapes-wan` WanPipeline (tiny, CPU-trainable text-to-video).
 
-Latent space: a real AutoencoderKLWan with one down stage, halving resolution and frame rate (9 x 32x32x3 ->
-5 x 16x16xC: Wan's causal VAE keeps the first frame and compresses each following pair); the Wan transformer
-patchifies by (1, 2, 2), so a clip is 5 x 8 x 8 = 320 tokens. A small UMT5 encoder (Wan's text encoder family)
+Latent space: a real AutoencoderKLWan with one down stage that halves the resolution and keeps every frame
+(9 x 32x32x3 -> 9 x 16x16xC; `temporal_compression: 2` would halve the frame rate as Wan does, but that VAE did not
+learn to reconstruct the clips within the budget, see pretrain/shapes_wan.py); the Wan transformer patchifies by
+(1, 2, 2), so a clip is 9 x 8 x 8 = 576 tokens. A small UMT5 encoder (Wan's text encoder family)
 with the word-level tokenizer of the moving-shapes vocabulary stands in for UMT5-XXL. Callers pass
 `max_sequence_length=16`.
 """
@@ -30,7 +31,7 @@ class ShapesWanSize:
     text_layers: int = 2
     latent_channels: int = 8
     vae_base_dim: int = 16
-    temporal_compression: int = 2  # 2: Wan's causal halving of the frame rate; 1: none
+    temporal_compression: int = 1  # 1: none (frames stay frames); 2: Wan's causal halving of the frame rate
 
 
 def build_text_encoder(size: ShapesWanSize, seed: int) -> UMT5EncoderModel:
