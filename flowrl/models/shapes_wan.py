@@ -25,8 +25,8 @@ FRAMES, SIZE = 9, 32
 class ShapesWanSize:
     num_layers: int = 4
     num_heads: int = 4
-    head_dim: int = 16
-    ffn_dim: int = 128
+    head_dim: int = 24
+    ffn_dim: int = 192
     text_hidden: int = 64
     text_layers: int = 2
     latent_channels: int = 8

@@ -24,7 +24,7 @@ from .shapes_sd3 import train_denoiser
 @dataclass
 class WanPretrainConfig:
     seed: int = 0
-    vae_steps: int = 500
+    vae_steps: int = 1000
     vae_batch: int = 64  # frames per stage-1 step
     vae_clip_steps: int = 0
     vae_clip_batch: int = 8
