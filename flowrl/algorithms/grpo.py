@@ -51,6 +51,11 @@ class GRPOParams:
             raise ConfigError(f"algorithm.params.window_size: expected an integer >= 1, got {self.window_size}")
 
 
+def clipped_surrogate(ratio: torch.Tensor, advantage: torch.Tensor, clip_range: float) -> torch.Tensor:
+    """PPO's clipped surrogate loss max(-A rho, -A clip(rho, 1 - eps, 1 + eps)), elementwise (A broadcasts)."""
+    return torch.maximum(-advantage * ratio, -advantage * torch.clamp(ratio, 1 - clip_range, 1 + clip_range))
+
+
 @register_algorithm
 class GRPO(Algorithm):
     name = "grpo"
@@ -105,8 +110,7 @@ class GRPO(Algorithm):
         else:
             advantage = self.advantages[items.sample].to(log_prob.device)
         ratio = torch.exp(log_prob - old_log_prob)
-        clipped = torch.clamp(ratio, 1 - p.clip_range, 1 + p.clip_range)
-        losses = torch.maximum(-advantage * ratio, -advantage * clipped)
+        losses = clipped_surrogate(ratio, advantage, p.clip_range)
         diagnostics = {"ratio": ratio.detach(), "clip_frac": ((ratio - 1).abs() > p.clip_range).float(),
                        "approx_kl": 0.5 * (log_prob - old_log_prob).detach() ** 2}
         if p.kl_beta > 0:

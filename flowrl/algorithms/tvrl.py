@@ -22,7 +22,7 @@ import torch
 from ..errors import ConfigError
 from ..sampling import gaussian_log_prob
 from .base import RolloutBatch, WorkItems, register_algorithm
-from .grpo import GRPO, GRPOParams
+from .grpo import GRPO, GRPOParams, clipped_surrogate
 
 
 @dataclass
@@ -121,8 +121,7 @@ class TVRL(GRPO):
     def prepare(self, batch: RolloutBatch, policy=None):
         items, metrics = super().prepare(batch, policy)
         p = self.params
-        self.raw_credit = self.credit_maps(policy, batch)
-        self.token_weights = smooth_weights(self.raw_credit, p.gamma, p.w_min, p.w_max)
+        self.token_weights = smooth_weights(self.credit_maps(policy, batch), p.gamma, p.w_min, p.w_max)
         with torch.no_grad():  # the rollout policy's per-token log-densities of the trained transitions
             self.old_token_log_probs = torch.cat([self.token_terms(policy, batch.trajectory, items.subset(part))
                                                   for part in torch.arange(len(items)).split(p.credit_batch)]) \
@@ -145,14 +144,10 @@ class TVRL(GRPO):
         advantage = self.advantages[items.sample].to(new.device)
         if p.token_ratio:
             ratio = torch.exp(new - old)
-            surrogate = torch.maximum(-advantage[:, None] * ratio,
-                                      -advantage[:, None] * torch.clamp(ratio, 1 - p.clip_range, 1 + p.clip_range))
-            losses = (w * surrogate).sum(1) / w.sum(1)
+            losses = (w * clipped_surrogate(ratio, advantage[:, None], p.clip_range)).sum(1) / w.sum(1)
             ratio_seen = (w * ratio).sum(1) / w.sum(1)
         else:
-            log_ratio = (w * new).sum(1) / w.sum(1) - (w * old).sum(1) / w.sum(1)
-            ratio_seen = torch.exp(log_ratio)
-            clipped = torch.clamp(ratio_seen, 1 - p.clip_range, 1 + p.clip_range)
-            losses = torch.maximum(-advantage * ratio_seen, -advantage * clipped)
+            ratio_seen = torch.exp((w * new).sum(1) / w.sum(1) - (w * old).sum(1) / w.sum(1))
+            losses = clipped_surrogate(ratio_seen, advantage, p.clip_range)
         diagnostics = {"ratio": ratio_seen.detach(), "clip_frac": ((ratio_seen - 1).abs() > p.clip_range).float().detach()}
         return losses, diagnostics

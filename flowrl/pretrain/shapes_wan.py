@@ -79,6 +79,9 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
     optimizer = torch.optim.AdamW(vae.parameters(), lr=cfg.vae_lr, weight_decay=0.0)
     vae.train()
     total = cfg.vae_steps + cfg.vae_clip_steps
+    # constant, then a cosine over the last fifth: the frame loss plateaus for ~200 steps before it drops, and a
+    # cosine over the whole run had taken the rate away by then (16% of reconstructions passed after 300 steps)
+    tail = max(1, total // 5)
     bar = tqdm(range(total), desc="pretrain video vae", mininterval=5)
     for step in bar:
         if step < cfg.vae_steps:
@@ -98,9 +101,6 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
         loss = (error * (1 + cfg.vae_object_weight * objects)).mean() + cfg.vae_kl_weight * posterior.kl().mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        # constant, then a cosine over the last fifth: the frame loss plateaus for ~200 steps before it drops, and a
-        # cosine over the whole run had taken the rate away by then (16% of reconstructions passed after 300 steps)
-        tail = max(1, total // 5)
         for group in optimizer.param_groups:
             group["lr"] = cfg.vae_lr * cosine_decay(max(0, step - (total - tail)), tail)
         optimizer.step()

@@ -97,7 +97,7 @@ def open_clip_to_transformers(state: dict) -> dict[str, torch.Tensor]:
 
 
 def convert_hpsv2(src: Path, dst: Path, tokenizer_dir: Path, vision_head_dim: int = 80, text_head_dim: int = 64) -> None:
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+    from transformers import CLIPConfig, CLIPModel
 
     state = read_state_dict(src)
     patch = require(state, "visual.conv1.weight", src, "an open_clip CLIP (HPSv2) checkpoint")
@@ -122,9 +122,7 @@ def convert_hpsv2(src: Path, dst: Path, tokenizer_dir: Path, vision_head_dim: in
     load_exactly(model, open_clip_to_transformers(state), src)
     model.save_pretrained(dst)
     tokenizer.save_pretrained(dst)
-    size = config.vision_config.image_size
-    CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size},
-                       image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD).save_pretrained(dst)
+    save_image_processor(dst, config.vision_config.image_size)
 
 
 # ---- ImageReward: BLIP (timm ViT + BERT with cross-attention) -> transformers BlipForImageTextRetrieval ----
@@ -158,7 +156,7 @@ def blip_to_transformers(state: dict) -> tuple[dict[str, torch.Tensor], dict[str
 def convert_imagereward(src: Path, dst: Path, tokenizer_dir: Path, vision_head_dim: int = 64,
                         text_head_dim: int = 64) -> None:
     from safetensors.torch import save_file
-    from transformers import BlipConfig, BlipForImageTextRetrieval, CLIPImageProcessor
+    from transformers import BlipConfig, BlipForImageTextRetrieval
 
     state = read_state_dict(src)
     what = "ImageReward.pt (BLIP + score MLP)"
@@ -197,13 +195,20 @@ def convert_imagereward(src: Path, dst: Path, tokenizer_dir: Path, vision_head_d
     (dst / "blip").mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dst / "blip")
     tokenizer.save_pretrained(dst / "blip")
-    size = config.vision_config.image_size
-    CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size},
-                       image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD).save_pretrained(dst / "blip")
+    save_image_processor(dst / "blip", config.vision_config.image_size)
     save_file({k: v.contiguous() for k, v in mlp_state.items()}, dst / "mlp.safetensors")
 
 
 # ---- shared ----
+
+def save_image_processor(folder: Path, size: int) -> None:
+    """The preprocessor config the adapters read: a size x size input with OpenAI CLIP's statistics (both published
+    models use them)."""
+    from transformers import CLIPImageProcessor
+
+    CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size},
+                       image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD).save_pretrained(folder)
+
 
 def load_tokenizer(folder: Path):
     from transformers import AutoTokenizer

@@ -32,6 +32,12 @@ class ConditionSet:
     by_tag: dict[str, list[Condition]] | None = None  # when set, draws pick a tag first, then an item within it
 
 
+def tagged_set(prompts_by_tag: dict[str, list[str]]) -> ConditionSet:
+    """A condition set drawn tag first, then a prompt within the tag, so every tag gets the same share."""
+    by_tag = {tag: [Condition(p) for p in prompts] for tag, prompts in prompts_by_tag.items()}
+    return ConditionSet([c for items in by_tag.values() for c in items], by_tag)
+
+
 class Task:
     name = "task"
     metric_name = "reward"  # what `evaluate` reports, shown in reports

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..motion.prompts import TAGS, eval_prompt_set, parse_prompt, train_prompt_set
-from .base import TASKS, Condition, ConditionSet, Task, tag_metrics
+from .base import TASKS, Condition, ConditionSet, Task, tag_metrics, tagged_set
 
 MOVING_SHAPES_DEFAULTS = {
     "pipeline": {"path": "pipelines/shapes-wan", "height": 32, "width": 32, "num_frames": 9, "max_sequence_length": 16},
@@ -31,9 +31,8 @@ class MovingShapesTask(Task):
     defaults = MOVING_SHAPES_DEFAULTS
 
     def condition_set(self, name: str) -> ConditionSet:
-        if name == "train":  # tag first, then a prompt: every tag gets the same share
-            by_tag = {tag: [Condition(p) for p in prompts] for tag, prompts in train_prompt_set().items()}
-            return ConditionSet([c for items in by_tag.values() for c in items], by_tag)
+        if name == "train":  # every tag gets the same share
+            return tagged_set(train_prompt_set())
         if name == "eval":
             return ConditionSet([Condition(p) for p in eval_prompt_set()])
         return super().condition_set(name)

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..eval.shapes import shapes_accuracy
 from ..shapes.prompts import eval_prompt_set, parse_prompt, train_prompt_set
-from .base import TASKS, Condition, ConditionSet, Task
+from .base import TASKS, Condition, ConditionSet, Task, tagged_set
 
 SHAPES_DEFAULTS = {
     "pipeline": {"path": "pipelines/shapes-sd3", "height": 32, "width": 32, "max_sequence_length": 16},
@@ -28,9 +28,8 @@ class ShapesTask(Task):
     defaults = SHAPES_DEFAULTS
 
     def condition_set(self, name: str) -> ConditionSet:
-        if name == "train":  # tag first, then a prompt: every GenEval tag gets the same share
-            by_tag = {tag: conditions(prompts) for tag, prompts in train_prompt_set().items()}
-            return ConditionSet([c for items in by_tag.values() for c in items], by_tag)
+        if name == "train":  # every GenEval tag gets the same share
+            return tagged_set(train_prompt_set())
         if name == "eval":
             return ConditionSet(conditions(eval_prompt_set()))
         return super().condition_set(name)
