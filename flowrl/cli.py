@@ -118,10 +118,20 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="score a samples folder with a task's evaluation or a reward, or run a task's "
                         "own suite")
     ev.add_argument("suite", help=f"a task ({', '.join(TASKS.names())}, or package.module:Class): its evaluation "
-                    f"of --samples; rewards: the mean of --reward per tag; or a task's suite ({', '.join(suites)})")
+                    f"of --samples; rewards: the mean of --reward per tag; vbench: the real VBench package on clips; or a "
+                    f"task's suite ({', '.join(suites)})")
     ev.add_argument("--samples", default=None, help="a folder written by `flowrl sample`")
     ev.add_argument("--reward", default=None, help="rewards: a registered reward or package.module:Name")
     ev.add_argument("--reward-params", default="{}", help="rewards: the reward's parameters as JSON")
+    ev.add_argument("--dimensions", default="temporal_flickering", help="vbench: comma-separated VBench dimensions")
+    ev.add_argument("--python", default=None, help="vbench: the python of a VBench environment (default: "
+                    "$FLOWRL_VBENCH_PYTHON)")
+    ev.add_argument("--vbench-cache", default=None, help="vbench: folder of VBench's model weights (default: "
+                    "$VBENCH_CACHE_DIR or ~/.cache/vbench)")
+    ev.add_argument("--device", default="cpu", help="vbench: cpu or cuda")
+    ev.add_argument("--make-env", default=None, metavar="DIR", help="vbench: create VBench's own environment in DIR")
+    ev.add_argument("--results", default=None, metavar="FILE", help="vbench: aggregate an existing VBench or "
+                    "VBench-2.0 *_eval_results.json (Quality / Semantic / Total, or the five category means)")
 
     for extension in extensions:
         for hook, target in ((extension.pretrain_arguments, pre), (extension.eval_arguments, ev),
@@ -301,13 +311,39 @@ def cmd_eval_rewards(args) -> None:
     print(f"written to {out}")
 
 
+def cmd_eval_vbench(args) -> None:
+    """`flowrl eval vbench`: score clips with the real vbench package in its own environment, aggregate a results
+    file, or create that environment."""
+    from .eval import vbench
+
+    if args.make_env:
+        python = vbench.make_environment(args.make_env)
+        print(f"VBench environment ready: pass --python {python} (or export FLOWRL_VBENCH_PYTHON={python})")
+        return
+    if args.results:
+        result = vbench.parse_results(Path(args.results))
+        out = Path(args.results).with_name("vbench_eval.json")
+    else:
+        if args.samples is None:
+            raise UserError("eval vbench: expected --samples DIR (clips written by `flowrl sample`), --results FILE "
+                            "or --make-env DIR")
+        dimensions = [d.strip() for d in args.dimensions.split(",") if d.strip()]
+        result = vbench.run_vbench(args.samples, dimensions, args.python, args.vbench_cache, args.device)
+        out = Path(args.samples) / "vbench_eval.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(vbench.format_scores(result))
+    print(f"written to {out}")
+
+
 def cmd_eval(args, extensions: list[TaskCommands]) -> None:
     for extension in extensions:
         if args.suite in extension.eval_suites:
             return extension.eval_suites[args.suite](args)
     from .tasks.base import TASKS
 
-    known = sorted(set(TASKS.names() + ["rewards"] + [s for e in extensions for s in e.eval_suites]))
+    if args.suite == "vbench":
+        return cmd_eval_vbench(args)
+    known = sorted(set(TASKS.names() + ["rewards", "vbench"] + [s for e in extensions for s in e.eval_suites]))
     if args.suite not in known and ":" not in args.suite:
         raise UserError(f"eval: unknown suite {args.suite!r}; expected one of {known} or a task's dotted path")
     if args.samples is None:
