@@ -12,6 +12,7 @@ from .errors import ConfigError
 from .generate import generate_samples
 from .prompt_source import PromptSource
 from .report import MetricsLog, image_grid, plot_rewards, save_json, tile, write_report
+from .samples import VideoSamples, side_by_side_clips
 from .tasks.base import format_metrics, tag_metrics
 from .train import Trainer, write_config
 
@@ -93,6 +94,7 @@ def run_experiment(config: RunConfig) -> Path:
     trainer.run(on_update)
     if not trainer.is_main:
         return run_dir
+    clips = []
     if do_eval:
         with trainer.swap_in_ema():
             result, tuned_samples, items = evaluate(trainer, "eval tuned")
@@ -106,6 +108,10 @@ def run_experiment(config: RunConfig) -> Path:
         rows = list(range(0, len(items), step))[:GRID_PROMPTS]
         image_grid([base_samples.select(rows).preview(), tuned_samples.select(rows).preview()], ["base", "tuned"],
                    [items[i].prompt for i in rows], run_dir / "before_after.png")
+        if isinstance(tuned_samples, VideoSamples):  # the clips themselves, base | tuned, for the report
+            files = side_by_side_clips([base_samples.select(rows), tuned_samples.select(rows)],
+                                       run_dir / "before_after", "base_tuned")
+            clips = [(items[i].prompt, f"before_after/{mp4}", f"before_after/{gif}") for i, (mp4, gif) in zip(rows, files)]
     log.close()
     plot_rewards(log.rows, run_dir / "reward_curve.png", evals or None, title=config.run.name,
                  eval_label=f"eval: {trainer.task.metric_name}")
@@ -115,7 +121,7 @@ def run_experiment(config: RunConfig) -> Path:
         notes.append(f"Overall eval {trainer.task.metric_name} {before['overall']:.3f} -> {after['overall']:.3f} "
                      f"({100 * (after['overall'] - before['overall']):+.1f} points).")
     write_report(run_dir, yaml.safe_dump(config_to_dict(config), sort_keys=False), before, after, log.rows, notes,
-                 metric_name=trainer.task.metric_name)
+                 metric_name=trainer.task.metric_name, clips=clips)
     return run_dir
 
 

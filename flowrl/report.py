@@ -130,8 +130,10 @@ def image_grid(columns: list[np.ndarray], labels: list[str], row_titles: list[st
 
 
 def write_report(run_dir: Path, config_text: str, before: dict | None, after: dict | None, rows: list[dict],
-                 notes: list[str] = (), metric_name: str = "eval metric") -> Path:
-    """report.html: the before/after table, the plots and the config, self-contained beside the PNGs."""
+                 notes: list[str] = (), metric_name: str = "eval metric",
+                 clips: list[tuple[str, str, str]] = ()) -> Path:
+    """report.html: the before/after table, the plots and the config, self-contained beside the PNGs; for video
+    runs `clips` (prompt, MP4, GIF paths relative to the run folder) play base | tuned side by side."""
     def table() -> str:
         if not before or not after:
             return "<p>No evaluation recorded.</p>"
@@ -144,6 +146,10 @@ def write_report(run_dir: Path, config_text: str, before: dict | None, after: di
         return "\n".join(out)
 
     minutes = sum(r.get("seconds", 0) for r in rows) / 60
+    clip_section = "" if not clips else "<h2>Clips: base | tuned</h2>" + "".join(
+        f'<figure><img src="{html.escape(gif)}" style="image-rendering:pixelated;height:96px">'
+        f'<figcaption>{html.escape(prompt)} (<a href="{html.escape(mp4)}">MP4</a>)</figcaption></figure>'
+        for prompt, mp4, gif in clips)
     body = f"""<!doctype html><html><head><meta charset="utf-8"><title>flowrl run {html.escape(run_dir.name)}</title>
 <style>body{{font-family:sans-serif;max-width:900px;margin:2em auto}}td,th{{padding:2px 10px;text-align:right}}
 pre{{background:#f4f4f4;padding:1em;overflow:auto}}</style></head><body>
@@ -153,6 +159,7 @@ pre{{background:#f4f4f4;padding:1em;overflow:auto}}</style></head><body>
 {''.join(f'<p>{html.escape(n)}</p>' for n in notes)}
 <h2>Reward</h2><img src="reward_curve.png">
 <h2>Base vs tuned (same prompt, same seed)</h2><img src="before_after.png">
+{clip_section}
 <h2>Config</h2><pre>{html.escape(config_text)}</pre></body></html>"""
     path = run_dir / "report.html"
     path.write_text(body)

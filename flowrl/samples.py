@@ -184,6 +184,16 @@ def _read_mp4(path: Path, height: int | None, width: int | None) -> np.ndarray:
     return np.stack([np.asarray(Image.fromarray(f).resize(size, Image.BILINEAR)) for f in video])
 
 
+def side_by_side_clips(columns: list[VideoSamples], folder: Path, stem: str) -> list[tuple[str, str]]:
+    """Row k of every column, side by side in one clip (a 2-px black gap between), written as MP4 + GIF:
+    [(mp4, gif)] per row, names relative to `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    gap = torch.zeros(*columns[0].tensor.shape[:-1], 2, dtype=columns[0].tensor.dtype)
+    parts = [t for c in columns for t in (c.tensor, gap)][:-1]
+    joined = VideoSamples(torch.cat(parts, dim=-1), fps=columns[0].fps)
+    return [tuple(joined.write(folder, f"{stem}_{k:02d}", k)) for k in range(len(joined))]
+
+
 def as_samples(decoded: torch.Tensor, fps: int = 8) -> Samples:
     """Wrap what a policy's decoder returns: [B,3,H,W] images or [B,3,F,H,W] videos."""
     if decoded.ndim == 4 and decoded.shape[1] == 3:

@@ -143,3 +143,11 @@ def test_video_grpo_and_tvrl_train_the_moving_shapes_config_end_to_end(algorithm
     assert set(evals) == {"0", "2"} and set(evals["2"]["tags"]) == {
         "object", "motion", "static", "two_objects", "dynamic_attribute", "motion_order", "relative_motion"}
     assert (run_dir / "checkpoints" / "update_000002").is_dir()
+    # the report plays base | tuned clips side by side (MP4 + GIF, two clips' width plus the gap)
+    report = (run_dir / "report.html").read_text()
+    gifs = sorted((run_dir / "before_after").glob("*.gif"))
+    assert gifs and len(gifs) == len(list((run_dir / "before_after").glob("*.mp4")))
+    assert all(f"before_after/{g.name}" in report for g in gifs)
+    from PIL import Image
+    with Image.open(gifs[0]) as gif:
+        assert gif.size == (2 * 32 + 2, 32) and gif.n_frames > 1
