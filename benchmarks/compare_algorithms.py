@@ -32,7 +32,7 @@ from flowrl.eval.protocol import evaluate_policy  # noqa: E402
 from flowrl.rewards import build_reward  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 
-METHODS = {name: ROOT / "configs" / f"shapes_{name}.yaml" for name in ("grpo", "nft", "refl", "draft", "mend", "ddpo")}
+METHODS = {name: ROOT / "configs" / f"shapes_{name}.yaml" for name in ("grpo", "nft", "refl", "draft", "mend", "ddpo", "dho")}
 
 
 def method_config(name: str, updates: int, out: Path, seed: int, extra: list[str] = ()) -> RunConfig:
