@@ -80,7 +80,8 @@ def train_denoiser(modules, batch_loss, cfg, rng: np.random.Generator, desc: str
     """The shared pretraining loop: fresh renders each step (`pairs(n, rng)`: the shapes world's by default), caption dropout for CFG, AdamW with warm-up and cosine
     decay, gradient clipping, and an EMA of the weights that replaces them at the end. Returns the last loss.
 
-    `batch_loss(images, prompts)` maps a uint8 batch and its (possibly dropped) captions to a scalar loss.
+    `batch_loss(images, prompts)` maps what `pairs` gives (a uint8 batch of renders by default; latents from
+    shapes-wan's LatentPool) and its (possibly dropped) captions to a scalar loss.
     """
     params = [p for m in modules for p in m.parameters()]
     ema = [p.detach().clone() for p in params]

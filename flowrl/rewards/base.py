@@ -47,7 +47,7 @@ REWARDS = Registry("reward", {
     "jpeg_compressibility": "flowrl.rewards.jpeg", "jpeg_incompressibility": "flowrl.rewards.jpeg",
     "safety_checker": "flowrl.safety.checker", "safe_shapes": "flowrl.safety.reward",
     "per_frame": "flowrl.rewards.video", "frame_consistency": "flowrl.rewards.video", "remote": "flowrl.rewards.remote", "ocr": "flowrl.rewards.ocr",
-    "vlm_judge": "flowrl.rewards.vlm", 
+    "vlm_judge": "flowrl.rewards.vlm",
     "vlm_questions": "flowrl.rewards.vlm_questions", "moving_shapes_qa": "flowrl.rewards.motion_qa",
 })
 

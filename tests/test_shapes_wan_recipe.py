@@ -1,0 +1,57 @@
+"""The shapes-wan pretraining recipe's parts: frame-batched encoding, the latent pool, and a whole tiny run that
+writes a WanPipeline diffusers loads unmodified."""
+import numpy as np
+import torch
+from diffusers import WanPipeline
+
+from flowrl.models.shapes_wan import ShapesWanSize, build_vae
+from flowrl.motion.world import sample_pairs
+from flowrl.pretrain.shapes_sd3 import save_pipeline
+from flowrl.pretrain.shapes_wan import (LatentPool, WanPretrainConfig, clips_to_tensor, encode_mean,
+                                        frames_independent, inflate_causal_convs, normalised_latents,
+                                        pretrain_shapes_wan)
+
+TINY = ShapesWanSize(num_layers=1, num_heads=2, head_dim=12, ffn_dim=32, text_hidden=16, text_layers=1,
+                     latent_channels=4, vae_base_dim=8)
+
+
+def test_a_frame_independent_vae_encodes_frames_as_one_batch():
+    vae = build_vae(TINY, seed=0).eval()
+    clips = clips_to_tensor(sample_pairs(2, np.random.default_rng(0))[0])
+    assert not frames_independent(vae)  # random past taps: frames depend on earlier ones
+    inflate_causal_convs(vae)
+    assert frames_independent(vae)
+    with torch.no_grad():
+        torch.testing.assert_close(encode_mean(vae, clips), vae.encode(clips).latent_dist.mode(), atol=1e-5, rtol=0)
+
+
+def test_the_latent_pool_refreshes_its_oldest_clips_and_keeps_prompts_paired():
+    vae = build_vae(TINY, seed=0).eval()
+    inflate_causal_convs(vae)
+    vae.register_to_config(latents_mean=[0.1] * 4, latents_std=[2.0] * 4)
+    pool = LatentPool(vae, size=6, refresh=2, rng=np.random.default_rng(0))
+    first = list(pool.prompts)
+    latents, prompts = pool(3, np.random.default_rng(1))
+    assert latents.shape[0] == 3 and pool.prompts[2:] == first[2:] and pool.next == 2
+    for z, prompt in zip(latents, prompts):
+        assert any(torch.equal(z, pool.latents[i]) and pool.prompts[i] == prompt for i in range(6))
+    rng = np.random.default_rng(2)
+    clips, prompts = sample_pairs(2, np.random.default_rng(3))
+    torch.testing.assert_close(normalised_latents(vae, clips),
+                               (encode_mean(vae, clips_to_tensor(clips)) - 0.1) / 2.0)
+
+
+def test_a_tiny_run_writes_a_pipeline_diffusers_loads(tmp_path):
+    cfg = WanPretrainConfig(vae_steps=2, vae_batch=9, flow_steps=2, flow_batch=2, flow_pool=4, flow_refresh=1,
+                            warmup_steps=1, threads=1)
+    pipe, facts = pretrain_shapes_wan(cfg, TINY)
+    assert np.isfinite(facts["flow_final_loss"]) and facts["flow_minutes"] > 0
+    save_pipeline(pipe, tmp_path, facts)
+    loaded = WanPipeline.from_pretrained(tmp_path, torch_dtype=torch.float32)
+    assert loaded.scheduler.config.shift == TINY.flow_shift
+    loaded.set_progress_bar_config(disable=True)
+    # WanPipeline rounds num_frames to k * temporal_factor + 1, which for a factor of 1 adds a frame: 8 gives 9
+    frames = loaded("a red circle moving left", height=32, width=32, num_frames=8, num_inference_steps=2,
+                    guidance_scale=4.5, max_sequence_length=16, output_type="np",
+                    generator=torch.Generator().manual_seed(0)).frames
+    assert frames.shape == (1, 9, 32, 32, 3) and np.isfinite(frames).all()
