@@ -47,3 +47,22 @@ def test_encoder_and_decoder_shapes_and_normalisation():
     torch.testing.assert_close(ae.denormalise(ae.normalise(z)), z)
     assert ae.decode(z, points[:, :7]).shape == (3, 7)
     assert fourier_features(points, 3).shape == (3, 50, 21)
+
+
+def test_a_tiny_pretrain_run_saves_a_pipeline_that_evaluates(tmp_path):
+    from flowrl.pretrain.shapes3d import Shapes3DPretrainConfig, Shapes3DSize, evaluate_3d, pretrain_shapes3d
+    from flowrl.pretrain.shapes_sd3 import save_pipeline
+    from flowrl.shapes3d.prompts import eval_prompt_set
+
+    cfg = Shapes3DPretrainConfig(ae_steps=2, ae_batch=4, surface_points=64, query_points=64, flow_steps=2,
+                                 flow_batch=4, flow_pool=8, threads=1)
+    size = Shapes3DSize(num_tokens=4, latent_channels=4, ae_width=16, ae_heads=2, ae_decoder_layers=1,
+                        fourier_bands=2, width=16, heads=2, layers=1)
+    pipe, facts = pretrain_shapes3d(cfg, size)
+    assert len(pipe.autoencoder.config.latents_std) == 4 and facts["total_minutes"] > 0
+    save_pipeline(pipe, tmp_path, facts)
+    loaded = DiffusionPipeline.from_pretrained(tmp_path, torch_dtype=torch.float32)
+    prompts = eval_prompt_set()[:2]
+    result = evaluate_3d(loaded, prompts, num_per_prompt=1, num_steps=2, resolution=16)
+    assert set(result["overall"]) >= {"iou", "chamfer", "fscore", "valid"}
+    assert 0 <= result["overall"]["iou"] <= 1 and sum(result["counts"].values()) == 2

@@ -76,7 +76,8 @@ class Task:
 
 
 TASKS = Registry("task", {"prompt_file": "flowrl.tasks.base", "shapes": "flowrl.tasks.shapes",
-                          "safety": "flowrl.tasks.safety", "moving_shapes": "flowrl.tasks.moving_shapes"})
+                          "safety": "flowrl.tasks.safety", "moving_shapes": "flowrl.tasks.moving_shapes",
+                          "shapes3d": "flowrl.tasks.shapes3d"})
 
 
 def build_task(name: str, params: dict | None = None) -> Task:
