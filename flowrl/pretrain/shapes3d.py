@@ -29,15 +29,15 @@ TRUNCATION = 0.2
 @dataclass
 class Shapes3DPretrainConfig:
     seed: int = 0
-    ae_steps: int = 600
+    ae_steps: int = 2000
     ae_batch: int = 32
     ae_lr: float = 1e-3
     surface_points: int = 512
     query_points: int = 1024
-    flow_steps: int = 3000
+    flow_steps: int = 6000
     flow_batch: int = 64
     flow_lr: float = 1e-3
-    flow_pool: int = 4096  # (latent, render) pairs made once, drawn from with replacement
+    flow_pool: int = 8192  # (latent, render) pairs made once, drawn from with replacement
     warmup_steps: int = 100
     caption_dropout: float = 0.1  # share of conditions replaced by the all-zero image
     ema_decay: float = 0.995
