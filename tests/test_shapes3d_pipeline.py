@@ -1,8 +1,11 @@
 """The image-to-3D pipeline's models round-trip through diffusers' save_pretrained / DiffusionPipeline.from_pretrained
 and produce latents, SDF grids and meshes of the right shapes."""
 import numpy as np
+import pytest
 import torch
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
+
+from conftest import REPO
 
 from flowrl.models.shapes3d import ShapeAutoencoder, ShapeFlowTransformer, Shapes3DFlowPipeline, fourier_features
 
@@ -66,3 +69,25 @@ def test_a_tiny_pretrain_run_saves_a_pipeline_that_evaluates(tmp_path):
     result = evaluate_3d(loaded, prompts, num_per_prompt=1, num_steps=2, resolution=16)
     assert set(result["overall"]) >= {"iou", "chamfer", "fscore", "valid"}
     assert 0 <= result["overall"]["iou"] <= 1 and sum(result["counts"].values()) == 2
+
+
+SHIPPED = REPO / "pipelines" / "shapes3d-flow"
+
+
+@pytest.mark.skipif(not SHIPPED.is_dir(), reason="pipelines/shapes3d-flow is made by `flowrl pretrain shapes3d`")
+def test_the_shipped_pipeline_loads_with_diffusers_and_matches_its_card():
+    import json
+
+    from safetensors import safe_open
+
+    files = list(SHIPPED.rglob("*.safetensors"))
+    assert {f.parent.name for f in files} == {"autoencoder", "transformer"}
+    for f in files:
+        with safe_open(f, "pt") as weights:
+            assert all(weights.get_tensor(k).dtype == torch.float16 for k in list(weights.keys())[:5])
+    assert sum(f.stat().st_size for f in files) < 12e6
+    pipe = DiffusionPipeline.from_pretrained(SHIPPED, torch_dtype=torch.float32)
+    out = pipe(np.zeros((32, 32, 3), np.uint8), num_inference_steps=2, resolution=16, output_type="sdf")
+    assert out.sdf.shape == (1, 16, 16, 16) and torch.isfinite(out.sdf).all()
+    scores = json.loads((SHIPPED / "eval.json").read_text())
+    assert f"{scores['overall']['iou']:>10.3f}" in (SHIPPED / "README.md").read_text()
