@@ -65,6 +65,14 @@ def test_unsupported_dimensions_and_missing_weights_are_named(tmp_path):
         vbench.parse_results(results_file(tmp_path, {"flicker": 1.0}))
 
 
+def test_image_samples_and_bad_records_are_named(tmp_path):
+    (tmp_path / "samples.jsonl").write_text('{"file": "00000.png", "prompt": "a red circle"}\n')
+    with pytest.raises(UserError, match="is not a video"):
+        vbench.write_custom_input(tmp_path, [{"file": "00000.png", "prompt": "a"}], tmp_path / "v")
+    with pytest.raises(UserError, match="line 1"):
+        vbench.write_custom_input(tmp_path, [{"file": "00000.mp4"}], tmp_path / "v")
+
+
 def test_cli_without_an_environment_exits_2(tmp_path, monkeypatch):
     monkeypatch.delenv("FLOWRL_VBENCH_PYTHON", raising=False)
     done = subprocess.run([sys.executable, "-m", "flowrl", "eval", "vbench", "--samples", str(tmp_path)],

@@ -132,8 +132,10 @@ def write_custom_input(samples_dir: Path, records: list[dict], out: Path) -> dic
     `flowrl sample` folder also holds GIF previews); returns {file name: prompt} for VBench's prompt_list."""
     out.mkdir(parents=True, exist_ok=True)
     prompts = {}
-    for record in records:
-        if record.get("modality") != "video":
+    for number, record in enumerate(records, start=1):
+        if not isinstance(record.get("file"), str) or not isinstance(record.get("prompt"), str):
+            raise UserError(f"{samples_dir / 'samples.jsonl'} line {number}: expected 'file' and 'prompt' strings")
+        if record.get("modality", "video" if record["file"].endswith(".mp4") else "image") != "video":
             raise UserError(f"{samples_dir}: {record['file']} is not a video; VBench scores clips (MP4)")
         name = Path(record["file"]).name
         target = out / name
