@@ -22,6 +22,7 @@ from ..models.shapes3d import ShapeAutoencoder, ShapeFlowTransformer, Shapes3DFl
 from ..schedules import cosine_decay
 from ..shapes3d.prompts import parse_prompt, sample_solid, train_prompt_set
 from ..shapes3d.render import render
+from .shapes_sd3 import train_denoiser
 
 TRUNCATION = 0.2
 
@@ -140,36 +141,20 @@ def flow_pool(ae: ShapeAutoencoder, cfg, rng, generator):
 
 
 def train_flow(transformer: ShapeFlowTransformer, latents, images, cfg, rng, generator) -> dict:
-    params = list(transformer.parameters())
-    ema = [p.detach().clone() for p in params]
-    optimizer = torch.optim.AdamW(params, lr=cfg.flow_lr, weight_decay=0.01)
-    transformer.train()
-    bar = tqdm(range(cfg.flow_steps), desc="pretrain 3D flow", mininterval=5)
-    for step in bar:
-        index = torch.from_numpy(rng.integers(len(latents), size=cfg.flow_batch))
-        x0, image = latents[index], images[index].clone()
-        image[torch.from_numpy(rng.random(cfg.flow_batch) < cfg.caption_dropout)] = 0.0
-        t = torch.sigmoid(torch.randn(cfg.flow_batch, generator=generator))
+    """Rectified flow on the pool through the shared pretraining loop (shapes_sd3.train_denoiser): its caption
+    dropout turns a dropped condition into "", which becomes the all-zero image (the unconditional branch)."""
+    def pairs(count, rng):
+        index = torch.from_numpy(rng.integers(len(latents), size=count))
+        return latents[index], list(images[index])
+
+    def batch_loss(x0, conditions):
+        image = torch.stack([torch.zeros_like(images[0]) if isinstance(c, str) else c for c in conditions])
+        t = torch.sigmoid(torch.randn(len(x0), generator=generator))
         noise = torch.randn(x0.shape, generator=generator)
         xt = (1 - t[:, None, None]) * x0 + t[:, None, None] * noise
-        loss = (transformer(xt, t * 1000, image) - (noise - x0)).pow(2).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        warm = min(1.0, (step + 1) / cfg.warmup_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.flow_lr * warm * cosine_decay(step, cfg.flow_steps)
-        optimizer.step()
-        decay = min(cfg.ema_decay, (1 + step) / (10 + step))
-        with torch.no_grad():
-            torch._foreach_lerp_(ema, [p.detach() for p in params], 1 - decay)
-        if step % 50 == 0:
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-    with torch.no_grad():
-        for p, e in zip(params, ema):
-            p.copy_(e)
-    transformer.eval()
-    return {"flow_final_loss": loss.item()}
+        return (transformer(xt, t * 1000, image) - (noise - x0)).pow(2).mean()
+
+    return {"flow_final_loss": train_denoiser([transformer], batch_loss, cfg, rng, "pretrain 3D flow", pairs=pairs)}
 
 
 def pretrain_shapes3d(cfg: Shapes3DPretrainConfig, size: Shapes3DSize | None = None):
