@@ -41,6 +41,33 @@ def yes_share(p_yes: torch.Tensor, p_no: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, p_yes / total.clamp(min=1e-30), torch.full_like(total, float("nan")))
 
 
+def load_local_vlm(path: str, dtype: str, reward: str, how: str):
+    """(processor, frozen model) of a local VLM folder (AutoProcessor + AutoModelForImageTextToText), the tokenizer
+    padding on the left so that the answer position is the last of every row; one clear error otherwise."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from .clip import require_local_folder
+
+    folder = require_local_folder(path, reward, how)
+    try:
+        processor = AutoProcessor.from_pretrained(folder, local_files_only=True)
+        model = AutoModelForImageTextToText.from_pretrained(
+            folder, dtype=getattr(torch, dtype), local_files_only=True).eval().requires_grad_(False)
+    except (OSError, ValueError) as error:
+        raise UserError(f"reward {reward}: {folder} holds no loadable VLM and processor: {str(error)[:300]}") from None
+    processor.tokenizer.padding_side = "left"
+    return processor, model
+
+
+def answer_token_ids(tokenizer, words, folder, reward: str) -> torch.Tensor:
+    """The token ids of the answer words, bare or with a leading-space marker (BPE's Ġ, SentencePiece's ▁)."""
+    vocab = tokenizer.get_vocab()
+    found = sorted({vocab[w] for word in words for w in (word, "Ġ" + word, "▁" + word) if w in vocab})
+    if not found:
+        raise UserError(f"reward {reward}: none of {list(words)} is a token of {folder}'s tokenizer")
+    return torch.tensor(found)
+
+
 @register_reward("vlm_judge")
 class VLMJudge(Reward):
     name = "vlm_judge"
@@ -63,28 +90,10 @@ class VLMJudge(Reward):
             self.load_local(path, dtype)
 
     def load_local(self, path: str, dtype: str) -> None:
-        from transformers import AutoModelForImageTextToText, AutoProcessor
-
-        from .clip import require_local_folder
-
-        folder = require_local_folder(path, "vlm_judge", "save a Qwen2.5-VL-style model and its processor "
-                                      "(save_pretrained) into one local folder")
-        try:
-            self.processor = AutoProcessor.from_pretrained(folder, local_files_only=True)
-            self.model = AutoModelForImageTextToText.from_pretrained(
-                folder, dtype=getattr(torch, dtype), local_files_only=True).eval().requires_grad_(False)
-        except (OSError, ValueError) as error:
-            raise UserError(f"reward vlm_judge: {folder} holds no loadable VLM and processor: {str(error)[:300]}") from None
-        self.processor.tokenizer.padding_side = "left"  # the answer token is then the last position of every row
-        vocab = self.processor.tokenizer.get_vocab()
-
-        def ids(words):
-            found = sorted({vocab[w] for word in words for w in (word, "Ġ" + word, "▁" + word) if w in vocab})
-            if not found:
-                raise UserError(f"reward vlm_judge: none of {list(words)} is a token of {folder}'s tokenizer")
-            return torch.tensor(found)
-
-        self.yes_ids, self.no_ids = ids(self.yes), ids(self.no)
+        self.processor, self.model = load_local_vlm(path, dtype, "vlm_judge", "save a Qwen2.5-VL-style model and its "
+                                                    "processor (save_pretrained) into one local folder")
+        self.yes_ids = answer_token_ids(self.processor.tokenizer, self.yes, path, "vlm_judge")
+        self.no_ids = answer_token_ids(self.processor.tokenizer, self.no, path, "vlm_judge")
 
     def chat(self, prompt: str) -> list[dict]:
         return [{"role": "user", "content": [{"type": "image"},

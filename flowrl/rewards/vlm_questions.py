@@ -58,31 +58,17 @@ class VLMQuestionScorer(QuestionScorer):
 
     def __init__(self, path: str, question: str = DEFAULT_VIDEO_QUESTION, questions_file: str | None = None,
                  yes: tuple[str, ...] = ("Yes", "yes"), dtype: str = "float32", batch_size: int = 4):
-        from transformers import AutoModelForImageTextToText, AutoProcessor
-
-        from .clip import require_local_folder
+        from .vlm import answer_token_ids, load_local_vlm
 
         if "{prompt}" not in question:
             raise ConfigError("reward vlm_questions: params.question must contain {prompt}")
         self.question, self.batch_size = question, batch_size
         self.per_prompt = self.read_questions(questions_file) if questions_file else {}
-        folder = require_local_folder(path, "vlm_questions", "save a Qwen2.5-VL / Qwen3-VL model and its processor "
-                                      "(save_pretrained) into one local folder")
-        try:
-            self.processor = AutoProcessor.from_pretrained(folder, local_files_only=True)
-            self.model = AutoModelForImageTextToText.from_pretrained(
-                folder, dtype=getattr(torch, dtype), local_files_only=True).eval().requires_grad_(False)
-        except (OSError, ValueError) as error:
-            raise UserError(f"reward vlm_questions: {folder} holds no loadable VLM and processor: "
-                            f"{str(error)[:300]}") from None
+        self.processor, self.model = load_local_vlm(path, dtype, "vlm_questions", "save a Qwen2.5-VL / Qwen3-VL model "
+                                                    "and its processor (save_pretrained) into one local folder")
         if getattr(self.processor, "video_processor", None) is None:
-            raise UserError(f"reward vlm_questions: {folder}'s processor has no video processor")
-        self.processor.tokenizer.padding_side = "left"  # the answer position is then the last of every row
-        vocab = self.processor.tokenizer.get_vocab()
-        found = sorted({vocab[w] for word in yes for w in (word, "Ġ" + word, "▁" + word) if w in vocab})
-        if not found:
-            raise UserError(f"reward vlm_questions: none of {list(yes)} is a token of {folder}'s tokenizer")
-        self.yes_ids = torch.tensor(found)
+            raise UserError(f"reward vlm_questions: {path}'s processor has no video processor")
+        self.yes_ids = answer_token_ids(self.processor.tokenizer, yes, path, "vlm_questions")
 
     @staticmethod
     def read_questions(path: str) -> dict[str, list[str]]:
