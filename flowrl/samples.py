@@ -227,10 +227,10 @@ def write_samples(folder, samples: Samples, records: list[dict]) -> Path:
     return path
 
 
-def read_samples(folder) -> tuple[Samples, list[dict]]:
-    """Read back what `write_samples` wrote: the samples and their jsonl records."""
-    folder = Path(folder)
-    index = folder / INDEX_FILE
+def read_records(folder) -> list[dict]:
+    """The jsonl records of a samples folder, each checked to name a file and given its modality (folders written by
+    hand may leave it out: the file's type says which it is)."""
+    index = Path(folder) / INDEX_FILE
     if not index.is_file():
         raise UserError(f"{index} does not exist; expected a folder written by `flowrl sample` (sample files plus "
                         f"{INDEX_FILE} with prompt, seed, file per line)")
@@ -240,14 +240,22 @@ def read_samples(folder) -> tuple[Samples, list[dict]]:
         raise UserError(f"{index} is not readable as JSON lines: {e}") from e
     if not records:
         raise UserError(f"{index} lists no samples")
-
-    arrays = []
     for n, record in enumerate(records):
         if not isinstance(record, dict) or "file" not in record:
             raise UserError(f"{index} line {n + 1}: expected a JSON object with a 'file' field (and 'prompt')")
-        # folders written by hand may leave out modality and size: the file's type says which it is
         video = record.get("modality", "video" if str(record["file"]).endswith(".mp4") else "image") == "video"
         record["modality"] = "video" if video else "image"
+    return records
+
+
+def read_samples(folder) -> tuple[Samples, list[dict]]:
+    """Read back what `write_samples` wrote: the samples and their jsonl records."""
+    folder = Path(folder)
+    index = folder / INDEX_FILE
+    records = read_records(folder)
+    arrays = []
+    for record in records:
+        video = record["modality"] == "video"
         path = folder / record["file"]
         try:
             if video:

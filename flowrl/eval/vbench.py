@@ -129,13 +129,14 @@ def check_dimensions(dimensions: list[str], cache_dir: Path) -> None:
 
 def write_custom_input(samples_dir: Path, records: list[dict], out: Path) -> dict[str, str]:
     """Link every clip of a samples folder into `out` (VBench scores every video file in its folder, and a
-    `flowrl sample` folder also holds GIF previews); returns {file name: prompt} for VBench's prompt_list."""
+    `flowrl sample` folder also holds GIF previews); `records` as `read_records` gives them; returns {file name:
+    prompt} for VBench's prompt_list."""
     out.mkdir(parents=True, exist_ok=True)
     prompts = {}
     for number, record in enumerate(records, start=1):
         if not isinstance(record.get("file"), str) or not isinstance(record.get("prompt"), str):
             raise UserError(f"{samples_dir / 'samples.jsonl'} line {number}: expected 'file' and 'prompt' strings")
-        if record.get("modality", "video" if record["file"].endswith(".mp4") else "image") != "video":
+        if record.get("modality") != "video":  # records as read_records gives them
             raise UserError(f"{samples_dir}: {record['file']} is not a video; VBench scores clips (MP4)")
         name = Path(record["file"]).name
         target = out / name
@@ -153,7 +154,7 @@ def run_vbench(samples_dir, dimensions: list[str], python: str | None = None, ca
                device: str = "cpu") -> dict:
     """Score a `flowrl sample` folder of clips with the real vbench package (flowrl's eval JSON, see
     `parse_results`)."""
-    from ..samples import INDEX_FILE
+    from ..samples import read_records
 
     samples_dir = Path(samples_dir)
     python = python or default_python()
@@ -165,10 +166,7 @@ def run_vbench(samples_dir, dimensions: list[str], python: str | None = None, ca
                         "(`flowrl eval vbench --make-env DIR` creates one)")
     cache = Path(cache_dir or os.environ.get("VBENCH_CACHE_DIR") or Path.home() / ".cache" / "vbench")
     check_dimensions(dimensions, cache)
-    index = samples_dir / INDEX_FILE
-    if not index.is_file():
-        raise UserError(f"{index} does not exist; expected a folder written by `flowrl sample`")
-    records = [json.loads(line) for line in index.read_text().splitlines() if line.strip()]
+    records = read_records(samples_dir)  # the records only: VBench decodes the clips itself
     with tempfile.TemporaryDirectory(prefix="flowrl_vbench_") as work:
         work = Path(work)
         prompts = write_custom_input(samples_dir, records, work / "videos")
