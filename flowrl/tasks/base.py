@@ -75,6 +75,24 @@ class Task:
         raise ConfigError(f"train.data_loss: task {self.name!r} has no pretraining data")
 
 
+class GrammarTask(Task):
+    """A world whose prompts come from a grammar: a tagged training set drawn tag first (`train_prompts()`:
+    {tag: prompts}), a held-out eval list (`eval_prompts()`) and a parser that names a prompt outside the grammar
+    (`parse`, raising ValueError) as the task's check. Subclasses set the three as staticmethods."""
+    set_names = ("train", "eval")
+    train_prompts = eval_prompts = parse = None
+
+    def condition_set(self, name: str) -> ConditionSet:
+        if name == "train":  # every tag gets the same share
+            return tagged_set(self.train_prompts())
+        if name == "eval":
+            return ConditionSet([Condition(p) for p in self.eval_prompts()])
+        return super().condition_set(name)
+
+    def check(self, item: Condition) -> None:
+        self.parse(item.prompt)
+
+
 TASKS = Registry("task", {"prompt_file": "flowrl.tasks.base", "shapes": "flowrl.tasks.shapes",
                           "safety": "flowrl.tasks.safety", "moving_shapes": "flowrl.tasks.moving_shapes",
                           "shapes3d": "flowrl.tasks.shapes3d"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..motion.prompts import TAGS, eval_prompt_set, parse_prompt, train_prompt_set
-from .base import TASKS, Condition, ConditionSet, Task, tag_metrics, tagged_set
+from .base import TASKS, Condition, GrammarTask, tag_metrics
 
 MOVING_SHAPES_DEFAULTS = {
     "pipeline": {"path": "pipelines/shapes-wan", "height": 32, "width": 32, "num_frames": 9, "max_sequence_length": 16},
@@ -24,21 +24,12 @@ def video_accuracy(clips: np.ndarray, prompts: list[str]) -> dict:
 
 
 @TASKS.register("moving_shapes")
-class MovingShapesTask(Task):
+class MovingShapesTask(GrammarTask):
     name = "moving_shapes"
     metric_name = "video verifier accuracy"
-    set_names = ("train", "eval")
     defaults = MOVING_SHAPES_DEFAULTS
-
-    def condition_set(self, name: str) -> ConditionSet:
-        if name == "train":  # every tag gets the same share
-            return tagged_set(train_prompt_set())
-        if name == "eval":
-            return ConditionSet([Condition(p) for p in eval_prompt_set()])
-        return super().condition_set(name)
-
-    def check(self, item: Condition) -> None:
-        parse_prompt(item.prompt)
+    train_prompts, eval_prompts, parse = (staticmethod(train_prompt_set), staticmethod(eval_prompt_set),
+                                          staticmethod(parse_prompt))
 
     @classmethod
     def commands(cls):

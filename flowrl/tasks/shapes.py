@@ -6,7 +6,7 @@ import numpy as np
 
 from ..eval.shapes import shapes_accuracy
 from ..shapes.prompts import eval_prompt_set, parse_prompt, train_prompt_set
-from .base import TASKS, Condition, ConditionSet, Task, tagged_set
+from .base import TASKS, Condition, GrammarTask
 
 SHAPES_DEFAULTS = {
     "pipeline": {"path": "pipelines/shapes-sd3", "height": 32, "width": 32, "max_sequence_length": 16},
@@ -21,21 +21,12 @@ def conditions(prompts: list[str]) -> list[Condition]:
 
 
 @TASKS.register("shapes")
-class ShapesTask(Task):
+class ShapesTask(GrammarTask):
     name = "shapes"
     metric_name = "shapes verifier accuracy"
-    set_names = ("train", "eval")
     defaults = SHAPES_DEFAULTS
-
-    def condition_set(self, name: str) -> ConditionSet:
-        if name == "train":  # every GenEval tag gets the same share
-            return tagged_set(train_prompt_set())
-        if name == "eval":
-            return ConditionSet(conditions(eval_prompt_set()))
-        return super().condition_set(name)
-
-    def check(self, item: Condition) -> None:
-        parse_prompt(item.prompt)  # ValueError naming the prompt when it is not in the grammar
+    train_prompts, eval_prompts, parse = (staticmethod(train_prompt_set), staticmethod(eval_prompt_set),
+                                          staticmethod(parse_prompt))
 
     @classmethod
     def commands(cls):

@@ -3,24 +3,15 @@ image-to-3D pipeline. (RL on it waits for the 3D policy adapter; the task's eval
 from __future__ import annotations
 
 from ..shapes3d.prompts import eval_prompt_set, parse_prompt, train_prompt_set
-from .base import TASKS, Condition, ConditionSet, Task, tagged_set
+from .base import TASKS, GrammarTask
 
 
 @TASKS.register("shapes3d")
-class Shapes3DTask(Task):
+class Shapes3DTask(GrammarTask):
     name = "shapes3d"
     metric_name = "volume IoU"
-    set_names = ("train", "eval")
-
-    def condition_set(self, name: str) -> ConditionSet:
-        if name == "train":
-            return tagged_set(train_prompt_set())
-        if name == "eval":
-            return ConditionSet([Condition(p) for p in eval_prompt_set()])
-        return super().condition_set(name)
-
-    def check(self, item: Condition) -> None:
-        parse_prompt(item.prompt)
+    train_prompts, eval_prompts, parse = (staticmethod(train_prompt_set), staticmethod(eval_prompt_set),
+                                          staticmethod(parse_prompt))
 
     @classmethod
     def commands(cls):
