@@ -136,7 +136,7 @@ class DHO(Algorithm):
             targets += [pos[j] for j in matched]
             positives += pos
         x_plus = final[targets] if targets else final[:0]
-        states = self.negative_states(policy, traj, negatives, x_plus)  # [T + 1, N, ...]
+        states, path_targets = self.negative_paths(policy, traj, negatives, x_plus)
         samples, steps, keys_state, kinds = [], [], [], []
         for row, n in enumerate(negatives):
             for k in trained_steps(torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction,
@@ -157,9 +157,12 @@ class DHO(Algorithm):
         if len(neg_items):
             rows = torch.tensor([keys_state[i] for i in neg_items.tolist()])
             x_t[neg_items] = states[items.step[neg_items], rows]
-            target[neg_items] = self.negative_targets(policy, traj, x_t[neg_items], t[neg_items],
-                                                      x_plus[rows], noise[[negatives[r] for r in rows.tolist()]],
-                                                      items.sample[neg_items])
+            if path_targets is not None:
+                target[neg_items] = path_targets[items.step[neg_items], rows]
+            else:  # the rollout's own states: the old velocity at the trained ones only
+                lam = homing_lambda(t[neg_items], p.lambda_knee, p.lambda_min)
+                v_old = self.old_velocity(policy, traj, x_t[neg_items], t[neg_items], items.sample[neg_items])
+                target[neg_items] = tdc_target(x_t[neg_items], v_old, x_plus[rows], t[neg_items], lam)
         if len(pos_items):
             fresh = torch.stack([torch.randn(final.shape[1:], generator=torch.Generator().manual_seed(
                 derived_seed(batch.seeds[int(i)], int(k), 211))) for i, k in zip(items.sample[pos_items],
@@ -174,25 +177,30 @@ class DHO(Algorithm):
                    if negatives else 0.0}
         return items, metrics
 
-    def negative_states(self, policy, traj, negatives: list[int], x_plus: torch.Tensor) -> torch.Tensor:
-        """[T + 1, N, ...] the states each matched negative is trained at (the variant's path)."""
+    def negative_paths(self, policy, traj, negatives: list[int], x_plus: torch.Tensor):
+        """(states [T + 1, N, ...] each matched negative is trained at, their targets [T, N, ...] where the path
+        gives them: the homing velocities of the re-integrated path (`dynamic`), eps_n - x+ on the straight one
+        (`forward`); None for the rollout's own states (`trajectory`), whose targets need the old velocity at the
+        trained states only)."""
         p = self.params
         if p.variant == "trajectory" or not negatives:
-            return traj.latents[:, negatives]
+            return traj.latents[:, negatives], None
         sigmas = traj.sigmas.to(x_plus.device)
         noise = traj.latents[0][negatives]
-        if p.variant == "forward":
-            return torch.stack([(1 - s) * x_plus + s * noise for s in sigmas])
-        states = [noise]
+        if p.variant == "forward":  # reflow on the coupling
+            states = torch.stack([(1 - s) * x_plus + s * noise for s in sigmas])
+            return states, (noise - x_plus).expand(traj.num_steps, *noise.shape)
+        states, targets = [noise], []
         x = noise
         with torch.no_grad():
             for k in range(traj.num_steps):  # the corrected path, re-integrated with the rollout policy
                 t = sigmas[k].expand(len(negatives))
                 u = tdc_target(x, self.old_velocity(policy, traj, x, t, negatives), x_plus, t,
                                homing_lambda(t, p.lambda_knee, p.lambda_min))
+                targets.append(u)
                 x = x + (sigmas[k + 1] - sigmas[k]) * u
                 states.append(x)
-        return torch.stack(states)
+        return torch.stack(states), torch.stack(targets)
 
     def old_velocity(self, policy, traj, x, t, rows) -> torch.Tensor:
         rows = torch.as_tensor(rows)
@@ -201,13 +209,6 @@ class DHO(Algorithm):
             for chunk in torch.split(torch.arange(len(x)), self.chunk):
                 out[chunk] = policy.velocity(x[chunk], t[chunk], traj.cond.select(rows[chunk]), self.guidance(traj))
         return out
-
-    def negative_targets(self, policy, traj, x_t, t, x_plus, noise, rows) -> torch.Tensor:
-        p = self.params
-        if p.variant == "forward":
-            return noise - x_plus  # reflow on the coupling
-        v_old = self.old_velocity(policy, traj, x_t, t, rows)
-        return tdc_target(x_t, v_old, x_plus, t, homing_lambda(t, p.lambda_knee, p.lambda_min))
 
     def loss(self, policy, batch: RolloutBatch, items: WorkItems):
         p, traj = self.params, batch.trajectory
