@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
@@ -168,9 +167,11 @@ def as_image_batch(image) -> torch.Tensor:
     """PIL image(s), uint8 arrays [H, W, 3] / [B, H, W, 3] or float tensors [B, 3, H, W] in [0, 1] -> the latter."""
     if isinstance(image, torch.Tensor):
         return image if image.ndim == 4 else image[None]
-    images = image if isinstance(image, list) else [image]
-    arrays = [np.asarray(i.convert("RGB") if hasattr(i, "convert") else i) for i in images]
-    stacked = np.stack([a if a.ndim == 3 else a[None] for a in arrays]) if arrays[0].ndim == 3 else arrays[0]
+    if isinstance(image, np.ndarray) and image.ndim == 4:
+        stacked = image
+    else:
+        images = image if isinstance(image, list) else [image]
+        stacked = np.stack([np.asarray(i.convert("RGB") if hasattr(i, "convert") else i) for i in images])
     return torch.from_numpy(np.ascontiguousarray(stacked)).permute(0, 3, 1, 2).float() / 255
 
 

@@ -62,16 +62,21 @@ def decode_unclamped(vae, z: torch.Tensor) -> torch.Tensor:
     return torch.cat(frames, 2)
 
 
+def past_taps(vae) -> list[torch.Tensor]:
+    """Every causal 3-D convolution's weights on earlier frames (views: all but the last time tap)."""
+    return [module.weight[:, :, :-1] for module in vae.modules()
+            if type(module).__name__ == "WanCausalConv3d" and module.weight.shape[2] > 1]
+
+
 def inflate_causal_convs(vae) -> None:
     """Zero every causal 3-D convolution's past taps (keep the current frame's), so the VAE starts as a per-frame
     image autoencoder: frames after the first then go through the same function as the first. Measured on clips:
     trained directly, Wan's causal VAE had 0.22-0.63 foreground error after 300 clip steps (15-18% of
     reconstructions passed the verifier); trained on single frames it reached 0.06 in 300 steps, but that did not
     carry to later frames until the past taps start at zero (the image-to-video inflation of video VAEs)."""
-    for module in vae.modules():
-        if type(module).__name__ == "WanCausalConv3d" and module.weight.shape[2] > 1:
-            with torch.no_grad():
-                module.weight[:, :, :-1] = 0
+    with torch.no_grad():
+        for taps in past_taps(vae):
+            taps.zero_()
 
 
 def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> dict:
@@ -136,8 +141,7 @@ def frames_independent(vae) -> bool:
     taps still zero (as `inflate_causal_convs` left them when only frames were trained)."""
     if vae.config.scale_factor_temporal != 1:
         return False
-    return all(not module.weight[:, :, :-1].any() for module in vae.modules()
-               if type(module).__name__ == "WanCausalConv3d" and module.weight.shape[2] > 1)
+    return not any(taps.any() for taps in past_taps(vae))
 
 
 def encode_mean(vae, x: torch.Tensor) -> torch.Tensor:
