@@ -5,9 +5,11 @@ the right type (`ImageSamples` or `VideoSamples`), so the code that saves or
 shows samples doesn't need to branch on the modality:
 
 - `write(folder, stem, index)` saves one sample (images: PNG; video: an
-  H.264 MP4 plus a looping GIF) and returns the names of the files it wrote.
+  H.264 MP4 plus a looping GIF; 3D shapes: a GLB and a PLY mesh plus the
+  SDF grid as .npy) and returns the names of the files it wrote.
 - `preview()` gives one uint8 still per sample for grids (video: a strip of
-  up to 5 evenly spaced frames, side by side).
+  up to 5 evenly spaced frames, side by side; 3D: a turntable strip of
+  renders from 4 directions, the condition's view first).
 - `write_samples` / `read_samples` save a whole batch with a `samples.jsonl`
   index, and read it back.
 
@@ -126,6 +128,50 @@ class VideoSamples(Samples):
         return [mp4, gif]
 
 
+TURNTABLE = (0, 90, 180, 270)  # degrees about the vertical axis, 0 = the condition image's view
+
+
+class ShapeSamples(Samples):
+    """3D shapes as signed distance fields on the world grid, tensor [B, R, R, R] over [-1, 1]^3 (x, y, z; negative
+    inside); meshes by marching cubes."""
+
+    modality = "3d"
+
+    def meshes(self) -> list:
+        """trimesh.Trimesh per sample (None where the field has no surface)."""
+        from flowrl.shapes3d.geometry import mesh_from_grid
+
+        return [mesh_from_grid(g) for g in self.grids()]
+
+    def grids(self) -> np.ndarray:
+        return self.tensor.detach().float().cpu().numpy()
+
+    def to_uint8(self) -> np.ndarray:
+        """Turntable renders, [N, V, H, W, 3] (V = len(TURNTABLE), H = W = 32)."""
+        from flowrl.shapes3d.render import grid_field, render, turntable_view
+
+        return np.stack([np.stack([render(grid_field(g), 32, view=turntable_view(a))[0] for a in TURNTABLE])
+                         for g in self.grids()])
+
+    def preview(self) -> np.ndarray:
+        views = self.to_uint8()
+        return np.concatenate([views[:, i] for i in range(views.shape[1])], axis=2)  # strip along width
+
+    def write(self, folder: Path, stem: str, index: int) -> list[str]:
+        import trimesh
+
+        grid = self.grids()[index]
+        mesh = self.select([index]).meshes()[0] or trimesh.Trimesh()  # an empty field: an empty mesh
+        names = [f"{stem}.glb", f"{stem}.ply", f"{stem}.npy"]
+        for name in names[:2]:
+            mesh.export(Path(folder) / name)
+        np.save(Path(folder) / names[2], grid.astype(np.float16))  # the field itself, for scoring read-backs
+        return names
+
+    def size(self) -> tuple[int, int]:
+        return int(self.tensor.shape[-2]), int(self.tensor.shape[-1])
+
+
 def _mp4_scale(height: int, width: int) -> int:
     """Integer upscale factor giving an even frame size with short side >= MIN_VIDEO_SIDE."""
     odd = height % 2 or width % 2
@@ -194,8 +240,11 @@ def side_by_side_clips(columns: list[VideoSamples], folder: Path, stem: str) -> 
     return [tuple(joined.write(folder, f"{stem}_{k:02d}", k)) for k in range(len(joined))]
 
 
-def as_samples(decoded: torch.Tensor, fps: int = 8) -> Samples:
-    """Wrap what a policy's decoder returns: [B,3,H,W] images or [B,3,F,H,W] videos."""
+def as_samples(decoded: torch.Tensor, fps: int = 8, modality: str | None = None) -> Samples:
+    """Wrap what a policy's decoder returns: [B,3,H,W] images, [B,3,F,H,W] videos, or with modality "3d" SDF grids
+    [B,R,R,R]."""
+    if modality == "3d":
+        return ShapeSamples(decoded)
     if decoded.ndim == 4 and decoded.shape[1] == 3:
         return ImageSamples(decoded)
     if decoded.ndim == 5 and decoded.shape[1] == 3:
@@ -243,8 +292,10 @@ def read_records(folder) -> list[dict]:
     for n, record in enumerate(records):
         if not isinstance(record, dict) or "file" not in record:
             raise UserError(f"{index} line {n + 1}: expected a JSON object with a 'file' field (and 'prompt')")
-        video = record.get("modality", "video" if str(record["file"]).endswith(".mp4") else "image") == "video"
-        record["modality"] = "video" if video else "image"
+        suffix = Path(str(record["file"])).suffix
+        record.setdefault("modality", {".mp4": "video", ".glb": "3d", ".ply": "3d"}.get(suffix, "image"))
+        if record["modality"] not in ("image", "video", "3d"):
+            raise UserError(f"{index} line {n + 1}: modality {record['modality']!r}; expected image, video or 3d")
     return records
 
 
@@ -257,8 +308,12 @@ def read_samples(folder) -> tuple[Samples, list[dict]]:
     for record in records:
         video = record["modality"] == "video"
         path = folder / record["file"]
+        if record["modality"] == "3d":  # the SDF grid written beside the meshes
+            path = path.with_suffix(".npy")
         try:
-            if video:
+            if record["modality"] == "3d":
+                arrays.append(np.load(path).astype(np.float32))
+            elif video:
                 arrays.append(_read_mp4(path, record.get("height"), record.get("width")))
             else:
                 with Image.open(path) as image:
@@ -266,14 +321,17 @@ def read_samples(folder) -> tuple[Samples, list[dict]]:
         except Exception as e:  # missing, truncated or not decodable: all the user's to fix
             raise UserError(
                 f"cannot read sample file {path} listed in {index}: expected "
-                f"{'an MP4 video' if video else 'a PNG image'} ({type(e).__name__}: {e})"
+                f"{ {'video': 'an MP4 video', '3d': 'an SDF grid (.npy)'}.get(record['modality'], 'a PNG image')} "
+                f"({type(e).__name__}: {e})"
             ) from e
     try:
         pixels = np.stack(arrays)
     except ValueError as e:
         raise UserError(f"samples in {folder} differ in size or frame count: {e}") from e
 
-    if records[0]["modality"] == "video":
+    if records[0]["modality"] == "3d":
+        samples = ShapeSamples(torch.from_numpy(pixels))
+    elif records[0]["modality"] == "video":
         b, f = pixels.shape[:2]
         frames = to_unit(pixels.reshape(b * f, *pixels.shape[2:]))  # [B*F, 3, H, W]
         fps = records[0].get("fps", 8)

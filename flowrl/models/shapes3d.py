@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
 from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.loaders import CogView4LoraLoaderMixin, PeftAdapterMixin
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
 
@@ -120,7 +121,9 @@ class ShapeAutoencoder(ModelMixin, ConfigMixin):
         return torch.cat(values, 1).reshape(len(latents), resolution, resolution, resolution)
 
 
-class ShapeFlowTransformer(ModelMixin, ConfigMixin):
+class ShapeFlowTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
+    """(PeftAdapterMixin: LoRA adapters through diffusers' add_adapter, as the real transformers take them.)"""
+
     @register_to_config
     def __init__(self, num_tokens: int = 16, latent_channels: int = 8, width: int = 96, heads: int = 4,
                  layers: int = 4, image_size: int = 32, image_patch: int = 4):
@@ -175,8 +178,11 @@ def as_image_batch(image) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(stacked)).permute(0, 3, 1, 2).float() / 255
 
 
-class Shapes3DFlowPipeline(DiffusionPipeline):
-    """Condition image -> shape latent tokens (Euler ODE with CFG against an all-zero image) -> SDF grid -> meshes."""
+class Shapes3DFlowPipeline(DiffusionPipeline, CogView4LoraLoaderMixin):
+    """Condition image -> shape latent tokens (Euler ODE with CFG against an all-zero image) -> SDF grid -> meshes.
+
+    LoRA files load with `pipe.load_lora_weights(folder)`: CogView4's mixin is diffusers' plain transformer-only
+    LoRA loader (no key conversions), which is all this pipeline needs."""
 
     model_cpu_offload_seq = "transformer->autoencoder"
 

@@ -8,6 +8,7 @@ from .base import Conditioning, FlowPolicy
 POLICIES = Registry("policy", {
     "StableDiffusionPipeline": "flowrl.policies.sd", "StableDiffusion3Pipeline": "flowrl.policies.sd3",
     "FluxPipeline": "flowrl.policies.flux", "WanPipeline": "flowrl.policies.wan",
+    "Shapes3DFlowPipeline": "flowrl.policies.shapes3d",
 })
 
 
@@ -22,8 +23,14 @@ def policy_for(pipeline, policy: str | None = None, **kwargs) -> FlowPolicy:
     return adapter(pipeline, **kwargs)
 
 
+# pipeline classes flowrl defines itself: importing their module registers them with diffusers
+FLOWRL_PIPELINES = {"Shapes3DFlowPipeline": "flowrl.models.shapes3d"}
+
+
 def load_pipeline(path, dtype=None):
     """Load a diffusers pipeline from a local folder (never from a hub), fp32 by default on CPU."""
+    import importlib
+    import json
     from pathlib import Path
 
     import torch
@@ -35,6 +42,12 @@ def load_pipeline(path, dtype=None):
     if not (folder / "model_index.json").is_file():
         raise UserError(f"pipeline folder {folder} has no model_index.json; expected a diffusers-format "
                         "pipeline saved with save_pretrained")
+    try:
+        class_name = json.loads((folder / "model_index.json").read_text()).get("_class_name")
+    except (OSError, ValueError):
+        class_name = None
+    if class_name in FLOWRL_PIPELINES:
+        importlib.import_module(FLOWRL_PIPELINES[class_name])
     pipe = DiffusionPipeline.from_pretrained(folder, dtype=dtype or torch.float32, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe

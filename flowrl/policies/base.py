@@ -109,7 +109,7 @@ class FlowPolicy:
             if not getattr(self.transformer, "_supports_gradient_checkpointing", False):
                 raise ConfigError(f"train.gradient_checkpointing: {type(self.transformer).__name__} does not support it")
             self.transformer.enable_gradient_checkpointing()
-        vae = self.pipeline.vae
+        vae = getattr(self.pipeline, "vae", None)
         for flag, method in ((vae_slicing, "enable_slicing"), (vae_tiling, "enable_tiling")):
             if flag:
                 if not hasattr(vae, method):
@@ -207,7 +207,7 @@ class FlowPolicy:
     def decode_samples(self, latents: torch.Tensor):
         from ..samples import as_samples
 
-        return as_samples(self.decode(latents))
+        return as_samples(self.decode(latents), modality=self.modality)
 
     def _raw_sigmas(self, scheduler, num_steps: int, noise_shape: tuple[int, ...]) -> None:
         scheduler.set_timesteps(num_steps)

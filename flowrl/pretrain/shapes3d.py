@@ -192,9 +192,7 @@ def evaluate_3d(pipe, prompts: list[str], num_per_prompt: int = CARD_NUM_PER_PRO
                 num_steps: int = 20, guidance_scale: float = 3.0, resolution: int = 32) -> dict:
     """Per tag and overall means of IoU, Chamfer, F-score and validity of the pipeline's shapes against the solids
     whose renders condition them (one solid per prompt and draw, fixed seeds)."""
-    from ..shapes3d.geometry import sdf_grid
-    from ..shapes3d.metrics import compare
-    from ..shapes3d.prompts import TAGS
+    from ..shapes3d.metrics import evaluate_fields
 
     rng = np.random.default_rng(seed)
     solids = [sample_solid(parse_prompt(p), rng) for p in prompts for _ in range(num_per_prompt)]
@@ -206,9 +204,4 @@ def evaluate_3d(pipe, prompts: list[str], num_per_prompt: int = CARD_NUM_PER_PRO
                    guidance_scale=guidance_scale, generator=torch.Generator().manual_seed(seed + i),
                    resolution=resolution, output_type="sdf")
         grids += list(out.sdf.float().numpy())
-    rows = [compare(g, sdf_grid(s, resolution), seed=k) for k, (g, s) in enumerate(zip(grids, solids))]
-    keys = ("iou", "chamfer", "fscore", "watertight", "valid", "components")
-    per_tag = {tag: {k: float(np.nanmean([r[k] for r, t in zip(rows, tags) if t == tag])) for k in keys}
-               for tag in TAGS if tag in tags}
-    overall = {k: float(np.mean([per_tag[t][k] for t in per_tag])) for k in keys}
-    return {"overall": overall, "tags": per_tag, "counts": {t: tags.count(t) for t in per_tag}}
+    return evaluate_fields(grids, solids, tags)

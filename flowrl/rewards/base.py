@@ -1,6 +1,7 @@
 """One contract for every reward, a registry by name, and weighted combination.
 
-A reward maps a batch of decoded samples (float [B, 3, H, W] or video [B, 3, F, H, W], values in [0, 1]),
+A reward maps a batch of decoded samples (float [B, 3, H, W] or video [B, 3, F, H, W], values in [0, 1]; 3D: SDF
+grids [B, R, R, R]),
 their prompts and per-sample metadata to scores [B] plus an info dict of extra per-sample tensors. Rewards that
 are differentiable in the samples say so, for methods that backpropagate through them (ReFL, DRaFT, MEND).
 """
@@ -49,6 +50,8 @@ REWARDS = Registry("reward", {
     "per_frame": "flowrl.rewards.video", "frame_consistency": "flowrl.rewards.video", "remote": "flowrl.rewards.remote", "ocr": "flowrl.rewards.ocr",
     "vlm_judge": "flowrl.rewards.vlm",
     "vlm_questions": "flowrl.rewards.vlm_questions", "moving_shapes_qa": "flowrl.rewards.motion_qa",
+    "silhouette_iou": "flowrl.rewards.geometry", "mesh_validity": "flowrl.rewards.geometry",
+    "mesh_smoothness": "flowrl.rewards.geometry", "shape_match": "flowrl.rewards.geometry",
 })
 
 
@@ -158,7 +161,7 @@ class WeightedSum(Reward):
         self.rewards, self.weights = rewards, weights
         self.batch_sizes = batch_sizes or [0] * len(rewards)  # per reward: samples per call (0: all it is given)
         self.differentiable = all(r.differentiable for r in rewards)
-        self.modalities = tuple(m for m in ("image", "video") if all(m in r.modalities for r in rewards))
+        self.modalities = tuple(m for m in ("image", "video", "3d") if all(m in r.modalities for r in rewards))
 
     def to(self, device) -> "WeightedSum":
         for reward in self.rewards:

@@ -59,3 +59,25 @@ def compare(pred_sdf: np.ndarray, true_sdf: np.ndarray, seed: int = 0) -> dict:
         out["chamfer"], out["fscore"] = chamfer_and_fscore(surface_points(pred_mesh, seed=seed),
                                                            surface_points(true_mesh, seed=seed + 1))
     return out
+
+
+METRICS = ("iou", "chamfer", "fscore", "watertight", "valid", "components")
+
+
+def summarise(rows: list[dict], tags: list[str]) -> dict:
+    """Per-tag means (NaN-skipping: Chamfer is NaN for an empty mesh) and their mean over tags of every metric in
+    METRICS: {'overall': {metric: value}, 'tags': {tag: {metric: value}}, 'counts': {tag: n}}."""
+    from .prompts import TAGS
+
+    per_tag = {tag: {k: float(np.nanmean([r[k] for r, t in zip(rows, tags) if t == tag])) for k in METRICS}
+               for tag in TAGS if tag in tags}
+    overall = {k: float(np.nanmean([per_tag[t][k] for t in per_tag])) for k in METRICS}
+    return {"overall": overall, "tags": per_tag, "counts": {t: tags.count(t) for t in per_tag}}
+
+
+def evaluate_fields(grids, solids, tags: list[str]) -> dict:
+    """`summarise` of every generated field [R, R, R] against its solid's field on the same grid."""
+    from .geometry import sdf_grid
+
+    rows = [compare(np.asarray(g), sdf_grid(s, len(g)), seed=k) for k, (g, s) in enumerate(zip(grids, solids))]
+    return summarise(rows, tags)

@@ -18,9 +18,16 @@ def _unit(v) -> torch.Tensor:
     return v / v.norm()
 
 
-def camera_rays(size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(origins [size^2, 3], direction [3]) of the orthographic camera, rows top to bottom."""
-    forward = -_unit(VIEW)
+def turntable_view(angle_degrees: float) -> tuple[float, float, float]:
+    """The world's view direction turned about the vertical axis by `angle_degrees` (0: the condition's view)."""
+    a = np.radians(angle_degrees)
+    x, y, z = VIEW
+    return (float(x * np.cos(a) + z * np.sin(a)), y, float(-x * np.sin(a) + z * np.cos(a)))
+
+
+def camera_rays(size: int, view=VIEW) -> tuple[torch.Tensor, torch.Tensor]:
+    """(origins [size^2, 3], direction [3]) of the orthographic camera looking from `view`, rows top to bottom."""
+    forward = -_unit(view)
     right = torch.linalg.cross(forward, torch.tensor([0.0, 1.0, 0.0]))
     right = right / right.norm()
     up = torch.linalg.cross(right, forward)
@@ -30,9 +37,10 @@ def camera_rays(size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return origins, forward
 
 
-def render(sdf, size: int = 32, steps: int = 64) -> tuple[np.ndarray, np.ndarray]:
-    """(shaded uint8 image [size, size, 3] in grey, silhouette bool [size, size]) of an SDF callable on [N, 3]."""
-    origins, direction = camera_rays(size)
+def render(sdf, size: int = 32, steps: int = 64, view=VIEW) -> tuple[np.ndarray, np.ndarray]:
+    """(shaded uint8 image [size, size, 3] in grey, silhouette bool [size, size]) of an SDF callable on [N, 3],
+    seen from `view` (the condition's view by default)."""
+    origins, direction = camera_rays(size, view)
     depth = torch.zeros(len(origins))
     with torch.no_grad():
         for _ in range(steps):
@@ -48,6 +56,29 @@ def render(sdf, size: int = 32, steps: int = 64) -> tuple[np.ndarray, np.ndarray
     grey = torch.where(hit, shade, torch.zeros_like(shade)).reshape(size, size)
     image = (grey.clamp(0, 1) * 255).round().to(torch.uint8).numpy()
     return np.repeat(image[..., None], 3, -1), hit.reshape(size, size).numpy()
+
+
+def grid_field(values) -> "callable":
+    """An SDF callable on points [N, 3] from a field sampled on the world grid (geometry.grid_points: cell centres
+    over [-1, 1]^3, x slowest): trilinear inside the cube, plus the distance to the cube outside it, so that sphere
+    tracing from outside moves in full steps."""
+    import torch.nn.functional as F
+
+    volume = torch.as_tensor(np.asarray(values, dtype=np.float32))[None, None]  # [1, 1, X, Y, Z]
+
+    def sdf(points: torch.Tensor) -> torch.Tensor:
+        inside = points.clamp(-1, 1)
+        # grid_sample reads (x, y, z) as (W, H, D): our volume's last axis (z) is W
+        coords = inside[:, [2, 1, 0]].reshape(1, -1, 1, 1, 3)
+        sampled = F.grid_sample(volume, coords, mode="bilinear", padding_mode="border", align_corners=False)
+        return sampled.reshape(-1) + (points - inside).norm(dim=-1)
+
+    return sdf
+
+
+def silhouette(image: np.ndarray) -> np.ndarray:
+    """The silhouette of a condition image (uint8 [H, W, 3], black background): its lit pixels."""
+    return np.asarray(image).max(-1) > 0
 
 
 def silhouette_iou(a: np.ndarray, b: np.ndarray) -> float:

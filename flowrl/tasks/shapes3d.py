@@ -1,17 +1,41 @@
-"""The 3D shapes world as a task: its prompt splits and the `flowrl pretrain shapes3d` recipe of the embedded
-image-to-3D pipeline. (RL on it waits for the 3D policy adapter; the task's evaluation of samples comes with it.)"""
+"""The 3D shapes world as a task: condition items (a prompt and the seed of the solid whose render conditions the
+pipeline), evaluation of generated fields against those solids, and the `flowrl pretrain shapes3d` recipe of the
+embedded image-to-3D pipeline."""
 from __future__ import annotations
 
 from ..shapes3d.prompts import eval_prompt_set, parse_prompt, train_prompt_set
-from .base import TASKS, GrammarTask
+from .base import TASKS, ConditionSet, GrammarTask
 
 
 @TASKS.register("shapes3d")
 class Shapes3DTask(GrammarTask):
+    """Sets: `train` (every training prompt with 4 solids, drawn tag first) and `eval` (16 items per tag of the
+    held-out prompts, each with its own solid). Evaluation: volume IoU (the overall), with Chamfer, F-score and
+    validity per tag under 'metrics'."""
     name = "shapes3d"
     metric_name = "volume IoU"
     train_prompts, eval_prompts, parse = (staticmethod(train_prompt_set), staticmethod(eval_prompt_set),
                                           staticmethod(parse_prompt))
+    defaults = {"pipeline": {"path": "pipelines/shapes3d-flow"}}
+
+    def condition_set(self, name: str) -> ConditionSet:
+        from ..shapes3d.conditions import eval_conditions, train_conditions
+
+        if name == "train":
+            by_tag = train_conditions()
+            return ConditionSet([c for items in by_tag.values() for c in items], by_tag)
+        if name == "eval":
+            return ConditionSet(eval_conditions())
+        return super().condition_set(name)
+
+    def evaluate(self, samples, conditions) -> dict:
+        from ..shapes3d.conditions import solid_of
+        from ..shapes3d.metrics import evaluate_fields
+
+        tags = [parse_prompt(item.prompt).tag for item in conditions]
+        report = evaluate_fields(samples.grids(), [solid_of(item) for item in conditions], tags)
+        return {"overall": report["overall"]["iou"], "tags": {t: m["iou"] for t, m in report["tags"].items()},
+                "counts": report["counts"], "metrics": report}
 
     @classmethod
     def commands(cls):

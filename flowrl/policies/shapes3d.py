@@ -1,0 +1,89 @@
+"""Shapes3DFlowPipeline adapter (image-to-3D): latents are a set of shape tokens [B, K, C]; the condition is an image
+(CFG against the all-zero image, as the pipeline samples); decoding queries the autoencoder's SDF on the world grid.
+
+A condition item's image comes from, in order: its inputs["image"] (uint8 [H, W, 3] array, float tensor [3, H, W]
+in [0, 1], or a PIL image), its meta["image"] (a path to an image file, e.g. from a .jsonl prompt file), or, for a
+prompt of the 3D shapes world's grammar, the render of the solid it names (meta "solid_seed", else a fixed one).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import UserError
+from . import POLICIES
+from .base import Conditioning, FlowPolicy, SampleSpec
+
+# nn.MultiheadAttention calls its projections' weights directly (no forward of out_proj), so LoRA goes on the
+# Linear layers that are called: the MLPs and the adaLN modulation of every block
+SHAPES3D_LORA_TARGETS = ["mlp.0", "mlp.2", "modulation"]
+
+
+def condition_image(item, size: int) -> torch.Tensor:
+    """The item's condition image as float [3, size, size] in [0, 1] (see the module docstring)."""
+    from ..models.shapes3d import as_image_batch
+
+    image = item.inputs.get("image")
+    if image is None and item.meta.get("image"):
+        path = Path(item.meta["image"])
+        if not path.is_file():
+            raise UserError(f"condition image {path} (meta 'image' of prompt {item.prompt!r}) does not exist")
+        from PIL import Image
+
+        with Image.open(path) as opened:
+            image = opened.convert("RGB").resize((size, size))
+    if image is None:
+        from ..shapes3d.conditions import world_image
+
+        try:
+            image = world_image(item)
+        except ValueError as error:
+            raise UserError(f"{error}; an image-to-3D pipeline needs a condition image: give it as 'image' (a file "
+                            "path) in a .jsonl prompt file, or use prompts of the 3D shapes world") from None
+    batch = as_image_batch(image if isinstance(image, torch.Tensor) else np.asarray(image)).float()
+    if batch.shape[-2:] != (size, size):
+        raise UserError(f"condition image of {item.prompt!r} is {tuple(batch.shape[-2:])}; expected {size}x{size}")
+    return batch[0]
+
+
+@POLICIES.register("Shapes3DFlowPipeline")
+class Shapes3DPolicy(FlowPolicy):
+    family = "shapes3d"
+    modality = "3d"
+    lora_targets = SHAPES3D_LORA_TARGETS
+    grid_resolution = 32  # SDF grid the decoder is queried on (rewards, metrics, meshes)
+
+    def __init__(self, pipeline, max_sequence_length: int | None = None):
+        super().__init__(pipeline, max_sequence_length)
+        pipeline.autoencoder.requires_grad_(False)
+
+    def text_encoders(self) -> list[torch.nn.Module]:
+        return []
+
+    def encode(self, conditions: list, guidance_scale: float) -> Conditioning:
+        from ..tasks.base import Condition
+
+        items = [c if isinstance(c, Condition) else Condition(c) for c in conditions]
+        size = self.transformer.config.image_size
+        images = torch.stack([condition_image(item, size) for item in items]).to(self.device, self.dtype)
+        negative = {"image": torch.zeros_like(images)} if self.uses_cfg(guidance_scale) else {}
+        return Conditioning({"image": images}, negative, [item.prompt for item in items], items)
+
+    def default_spec(self) -> SampleSpec:
+        return SampleSpec(self.grid_resolution, self.grid_resolution)
+
+    def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
+        config = self.transformer.config
+        return (config.num_tokens, config.latent_channels)
+
+    def _forward(self, latents, sigma, tensors, guidance_scale):
+        return self.net()(latents, sigma * 1000, tensors["image"].to(latents.dtype))
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """SDF grids [B, R, R, R] (R = grid_resolution) of normalised latent tokens; not differentiable (marching
+        cubes and the geometric rewards are not)."""
+        autoencoder = self.pipeline.autoencoder
+        tokens = autoencoder.denormalise(latents.to(autoencoder.dtype))
+        return autoencoder.sdf_grid(tokens, self.grid_resolution).float()
