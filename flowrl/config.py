@@ -139,6 +139,8 @@ class TrainSection:
     decode_microbatch: int = 0  # samples per VAE decode (0: all at once)
     reward_microbatch: int = 0  # samples per reward call (0: all at once)
     async_rewards: bool = False  # score each rollout chunk in a worker thread while the next chunk samples
+    async_rollouts: bool = False  # sample in a worker thread on a weight snapshot while the learner trains
+    staleness: int = 1  # with async_rollouts: update u's batch is sampled with the weights of update max(0, u - S)
     gradient_checkpointing: bool = False  # recompute the denoiser's activations in backward (memory for time)
     offload_text_encoders: bool = False  # keep text encoders on the CPU, on the device only while encoding
     embedding_cache: bool = False  # encode each distinct prompt once per run (repeated prompts skip the encoders)
@@ -158,6 +160,9 @@ class TrainSection:
         for name in ("updates", "groups_per_update", "optimizer_steps_per_update", "microbatch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}: expected an integer >= 1, got {getattr(self, name)}")
+        if self.staleness < 0:
+            raise ConfigError(f"train.staleness: expected an integer >= 0 (0: rollouts use the newest weights), got "
+                              f"{self.staleness}")
         for name in ("rollout_microbatch", "decode_microbatch", "reward_microbatch"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: expected an integer >= 0 (0: all at once), got {getattr(self, name)}")

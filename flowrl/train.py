@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from .algorithms import RolloutBatch, WorkItems, build_algorithm
@@ -47,6 +48,7 @@ class RewardFailure(Exception):
     """Too many samples of an update got no finite reward (train.max_failed_reward_share)."""
 
 
+SNAPSHOTS_FILE = "rollout_snapshots.safetensors"  # async rollouts: the weight versions pending batches use
 WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -179,6 +181,7 @@ class Trainer:
             self.optimizer = self.accelerator.prepare_optimizer(optimizer)
         self.params = params
         self.state = RunState()
+        self.saved_snapshots: dict[int, dict] = {}  # rollout-worker snapshots a resumed checkpoint carried
         if config.train.ema_decay > 0:
             self.state.ema = [p.detach().clone() for p in params]
 
@@ -187,8 +190,11 @@ class Trainer:
         per_rank = self.config.train.groups_per_update * self.config.train.group_size // self.world
         return slice(self.rank * per_rank, (self.rank + 1) * per_rank)
 
-    def collect(self, update: int, progress=None) -> tuple[RolloutBatch, dict]:
+    def collect(self, update: int, progress=None, policy=None) -> tuple[RolloutBatch, dict]:
+        """Roll out, score and gather update `update`'s batch with `policy` (the trained one by default; the rollout
+        worker's snapshot copy under train.async_rollouts)."""
         c = self.config
+        policy = policy or self.policy
         seed, size = c.run.seed, c.train.group_size
         conditions = self.prompts.draw(c.train.groups_per_update, seed, update)
         every_item = [item for item in conditions for _ in range(size)]
@@ -197,7 +203,7 @@ class Trainer:
         mine = self.local_slice()
         local_items, local_groups, local_seeds = every_item[mine], every_group[mine], every_seed[mine]
         local_prompts = [item.prompt for item in local_items]
-        shape = self.policy.noise_shape(self.spec)
+        shape = policy.noise_shape(self.spec)
         generators = sample_generators(local_seeds)
         initial = None
         if self.algorithm.shared_initial_noise:  # DanceGRPO: the group's first sample seeds everyone's x_T
@@ -207,37 +213,37 @@ class Trainer:
             lo, hi = c.sampler.sde_window_range
             start = int(torch.randint(lo, hi, (1,), generator=torch.Generator().manual_seed(derived_seed(seed, update, 29))))
             window = (start, start + c.sampler.sde_window_size)
-        cond = self.policy.encode(local_items, c.sampler.guidance_scale)
+        cond = policy.encode(local_items, c.sampler.guidance_scale)
         callbacks, steering = [], None
         if c.sampler.fk is not None:
             from .fk import FKSteering
 
-            steering = FKSteering(c.sampler.fk, latent_scorer(self.policy, self.reward), c.sampler.num_steps, len(local_prompts) // size,
+            steering = FKSteering(c.sampler.fk, latent_scorer(policy, self.reward), c.sampler.num_steps, len(local_prompts) // size,
                                   torch.Generator().manual_seed(derived_seed(seed, update, 37, self.rank)))
             callbacks = [steering]
         recorder = None
         if self.algorithm.needs_step_rewards:
             from .algorithms.credit import IntermediateRewards
 
-            recorder = IntermediateRewards(latent_scorer(self.policy, self.reward), c.sampler.num_steps)
+            recorder = IntermediateRewards(latent_scorer(policy, self.reward), c.sampler.num_steps)
             callbacks.append(recorder)  # after FK, so it follows FK's re-indexing
         meta = {"seeds": local_seeds, "conditions": local_items}
         if c.train.async_rewards:
-            traj, scored, error = self.rollout_scoring_behind(cond, generators, shape, window, initial, progress,
-                                                              local_prompts, meta)
+            traj, scored, error = self.rollout_scoring_behind(policy, cond, generators, shape, window, initial,
+                                                              progress, local_prompts, meta)
         else:
             with self.accelerator.autocast():
                 if callbacks:
-                    traj = rollout(self.policy, cond, generators, shape, c.sampler.num_steps, c.sampler.kind,
+                    traj = rollout(policy, cond, generators, shape, c.sampler.num_steps, c.sampler.kind,
                                    c.sampler.noise_level, c.sampler.guidance_scale, window, initial_noise=initial,
                                    callbacks=callbacks, progress=progress)
                 else:
-                    traj = rollout_in_chunks(c.train.rollout_microbatch, self.policy, cond, generators, shape,
+                    traj = rollout_in_chunks(c.train.rollout_microbatch, policy, cond, generators, shape,
                                              c.sampler.num_steps, c.sampler.kind, c.sampler.noise_level,
                                              c.sampler.guidance_scale, window, initial_noise=initial,
                                              progress=progress)
                 with torch.no_grad():
-                    samples = self.policy.decode_in_chunks(traj.final)
+                    samples = policy.decode_in_chunks(traj.final)
             scored, error = score_robustly(self.reward, samples, local_prompts, meta, c.train.reward_microbatch)
         fault_point("rollout", update)
         rewards = scored.scores.float().to(self.accelerator.device)
@@ -281,7 +287,7 @@ class Trainer:
             metrics[f"reward/{key}"] = (gathered if finite.all() else gathered[finite]).mean().item()
         return batch, metrics
 
-    def rollout_scoring_behind(self, cond, generators, shape, window, initial, progress, prompts, meta):
+    def rollout_scoring_behind(self, policy, cond, generators, shape, window, initial, progress, prompts, meta):
         """The rollout chunk by chunk (train.rollout_microbatch), each chunk's reward computed in a worker thread
         while the next chunk samples (train.async_rewards): the same samples and scores as scoring each chunk right
         after it, with the reward's time hidden behind sampling."""
@@ -290,11 +296,11 @@ class Trainer:
         c = self.config
         parts, futures = [], []
         with ThreadPoolExecutor(max_workers=1) as pool, self.accelerator.autocast():  # autocast: this thread only
-            for rows, part in rollout_chunks(c.train.rollout_microbatch, self.policy, cond, generators, shape,
+            for rows, part in rollout_chunks(c.train.rollout_microbatch, policy, cond, generators, shape,
                                              c.sampler.num_steps, c.sampler.kind, c.sampler.noise_level,
                                              c.sampler.guidance_scale, window, initial, progress):
                 with torch.no_grad():
-                    samples = self.policy.decode_in_chunks(part.final)
+                    samples = policy.decode_in_chunks(part.final)
                 parts.append(part)
                 futures.append(pool.submit(score_robustly, self.reward, samples, [prompts[i] for i in rows],
                                            {k: [v[i] for i in rows] for k, v in meta.items()},
@@ -397,6 +403,10 @@ class Trainer:
         update = self.state.update
 
         def export(folder):
+            worker = getattr(self, "worker", None)
+            if worker is not None:  # the weights the batches after this update are sampled with
+                save_file({f"{v}/{k}": t.contiguous() for v, state in worker.saved_snapshots().items()
+                           for k, t in state.items()}, folder / SNAPSHOTS_FILE)
             if self.policy.has_lora:  # the weights flowrl samples with, loadable by diffusers and peft
                 write_lora_files(self.policy, ema or trainable, folder)
             fault_point("checkpoint", update)  # files written, state.json not yet
@@ -438,6 +448,11 @@ class Trainer:
             for e, name in zip(self.state.ema, self.policy.trainable_state_dict()):
                 e.copy_(saved["ema"][name])
         self.state.update = saved["update"]
+        self.saved_snapshots = {}
+        if (path / SNAPSHOTS_FILE).is_file():
+            for key, tensor in load_file(path / SNAPSHOTS_FILE).items():
+                version, name = key.split("/", 1)
+                self.saved_snapshots.setdefault(int(version), {})[name] = tensor
 
     # ---- main loop ----------------------------------------------------------------------------------------
     def run(self, on_update=None) -> RunState:
@@ -447,21 +462,32 @@ class Trainer:
         if self.resumed_from is not None and self.log:
             tqdm.write(f"resumed from {self.resumed_from} at update {self.state.update}")
         steps = c.sampler.num_steps
+        self.worker = None
+        if c.train.async_rollouts:
+            from .async_rollouts import RolloutWorker
+
+            self.worker = RolloutWorker(self)
+            self.worker.start(self.state.update, c.train.updates, self.saved_snapshots)
         bar = tqdm(total=c.train.updates, initial=self.state.update, desc="updates", disable=not self.log)
         try:
             while self.state.update < c.train.updates:
                 update = self.state.update
                 started = time.time()
-                inner = tqdm(total=steps * self.rollout_chunks, desc=f"rollout {update}", leave=False,
-                             disable=not self.log)
-                batch, metrics = self.collect(update, inner)
-                inner.close()
+                if self.worker is not None:
+                    batch, metrics = self.worker.take(update)
+                else:
+                    inner = tqdm(total=steps * self.rollout_chunks, desc=f"rollout {update}", leave=False,
+                                 disable=not self.log)
+                    batch, metrics = self.collect(update, inner)
+                    inner.close()
                 items, prep = self.algorithm.prepare(batch, self.policy)
                 metrics.update(prep)
                 inner = tqdm(desc=f"train {update}", leave=False, disable=not self.log)
                 metrics.update(self.optimize(batch, items, update, inner))
                 inner.close()
                 self.state.update += 1
+                if self.worker is not None:
+                    self.worker.trained(update, c.train.updates)
                 metrics["seconds"] = time.time() - started
                 if self.is_main and on_update is not None:
                     on_update(self.state.update, metrics)
@@ -480,6 +506,8 @@ class Trainer:
                             + (f" ({path})" if path else "")) from None
         finally:
             bar.close()
+            if self.worker is not None:
+                self.worker.close()
         if list_checkpoints(self.checkpoint_dir)[-1:] != [self.checkpoint_dir / f"update_{self.state.update:06d}"]:
             self.save()
         self.accelerator.wait_for_everyone()

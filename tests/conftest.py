@@ -28,3 +28,13 @@ def tiny_wan_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny_wan")
     tiny_wan().save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_shapes3d_dir(tmp_path_factory):
+    """A tiny random image-to-3D flow pipeline saved in diffusers format."""
+    from tiny_pipelines import tiny_shapes3d
+
+    folder = tmp_path_factory.mktemp("tiny_shapes3d")
+    tiny_shapes3d().save_pretrained(folder)
+    return folder

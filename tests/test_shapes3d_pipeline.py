@@ -3,21 +3,13 @@ and produce latents, SDF grids and meshes of the right shapes."""
 import numpy as np
 import pytest
 import torch
-from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
+from diffusers import DiffusionPipeline
 
 from conftest import REPO
 
-from flowrl.models.shapes3d import ShapeAutoencoder, ShapeFlowTransformer, Shapes3DFlowPipeline, fourier_features
+from tiny_pipelines import tiny_shapes3d as tiny_pipeline
 
-
-def tiny_pipeline(seed: int = 0) -> Shapes3DFlowPipeline:
-    torch.manual_seed(seed)
-    autoencoder = ShapeAutoencoder(num_tokens=8, latent_channels=4, width=32, heads=2, decoder_layers=1,
-                                   fourier_bands=3, latents_mean=[0.1] * 4, latents_std=[2.0] * 4)
-    transformer = ShapeFlowTransformer(num_tokens=8, latent_channels=4, width=32, heads=2, layers=1)
-    with torch.no_grad():  # a non-zero output layer, so sampling moves the latents
-        transformer.out.weight.normal_(0, 0.1)
-    return Shapes3DFlowPipeline(autoencoder, transformer, FlowMatchEulerDiscreteScheduler(shift=1.0))
+from flowrl.models.shapes3d import Shapes3DFlowPipeline, fourier_features
 
 
 def test_round_trip_through_diffusers(tmp_path):

@@ -71,3 +71,18 @@ def tiny_shapes_sd(seed: int = 0):
                                                                     text_layers=2), seed=seed)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def tiny_shapes3d(seed: int = 0):
+    """A tiny random image-to-3D flow pipeline (8 tokens x 4 channels, width 32, one block)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from flowrl.models.shapes3d import ShapeAutoencoder, ShapeFlowTransformer, Shapes3DFlowPipeline
+
+    torch.manual_seed(seed)
+    autoencoder = ShapeAutoencoder(num_tokens=8, latent_channels=4, width=32, heads=2, decoder_layers=1,
+                                   fourier_bands=3, latents_mean=[0.1] * 4, latents_std=[2.0] * 4)
+    transformer = ShapeFlowTransformer(num_tokens=8, latent_channels=4, width=32, heads=2, layers=1)
+    with torch.no_grad():  # a non-zero output layer, so sampling moves the latents
+        transformer.out.weight.normal_(0, 0.1)
+    return Shapes3DFlowPipeline(autoencoder, transformer, FlowMatchEulerDiscreteScheduler(shift=1.0))

@@ -173,6 +173,7 @@ ALGORITHMS = Registry("algorithm", {
     "grpo": "flowrl.algorithms.grpo", "ddpo": "flowrl.algorithms.ddpo", "nft": "flowrl.algorithms.nft",
     "refl": "flowrl.algorithms.reward_backprop", "draft": "flowrl.algorithms.reward_backprop",
     "mend": "flowrl.algorithms.mend", "tvrl": "flowrl.algorithms.tvrl", "dho": "flowrl.algorithms.dho",
+    "dpo": "flowrl.algorithms.dpo",
 })
 
 

@@ -42,7 +42,7 @@ def condition_image(item, size: int) -> torch.Tensor:
         except ValueError as error:
             raise UserError(f"{error}; an image-to-3D pipeline needs a condition image: give it as 'image' (a file "
                             "path) in a .jsonl prompt file, or use prompts of the 3D shapes world") from None
-    batch = as_image_batch(image if isinstance(image, torch.Tensor) else np.asarray(image)).float()
+    batch = as_image_batch(image if isinstance(image, torch.Tensor) else np.array(image)).float()  # a copy: cached renders are read-only
     if batch.shape[-2:] != (size, size):
         raise UserError(f"condition image of {item.prompt!r} is {tuple(batch.shape[-2:])}; expected {size}x{size}")
     return batch[0]

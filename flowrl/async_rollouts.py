@@ -1,0 +1,97 @@
+"""Asynchronous online training: a rollout worker samples (and scores) upcoming updates' batches in a background
+thread, on its own copy of the policy loaded with a snapshot of the trained weights, while the learner trains.
+
+Schedule (deterministic, so a run is reproducible and resumes exactly): the batch of update u is sampled with the
+weights after update v(u) = max(0, u - S), S = train.staleness. Batch u is submitted as soon as weights v(u) exist,
+so while the learner trains update u the worker can already sample updates u + 1 .. u + S. With S = 0 every batch
+waits for the newest weights: the same samples, rewards and updates as synchronous training, bit for bit (the worker's
+copy holds the same weights and runs the same code). Algorithms see the learner's current policy in `prepare`
+(GRPO's ratio is against the stored behaviour log-probs, so it corrects for the lag; NFT and DHO take their old
+velocities from the current policy).
+
+One process only (the worker's reward gathering would interleave with the learner's collectives). The worker's copy
+doubles the memory of the denoiser: a LoRA run shares nothing with the learner's module.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from .errors import ConfigError
+
+
+def snapshot_version(update: int, staleness: int) -> int:
+    """The weights (as the number of updates trained) the batch of `update` is sampled with."""
+    return max(0, update - staleness)
+
+
+class RolloutWorker:
+    def __init__(self, trainer):
+        from .train import WEIGHT_DTYPES, build_policy
+
+        if trainer.world > 1:
+            raise ConfigError("train.async_rollouts: runs on one process; set it to false under accelerate / torchrun")
+        c = trainer.config
+        self.trainer, self.staleness = trainer, c.train.staleness
+        with torch.random.fork_rng():  # building a second LoRA draws from the global generator: keep it untouched
+            self.policy = build_policy(c)
+        self.policy.cfg_uncond_grad = trainer.policy.cfg_uncond_grad
+        self.policy.place(trainer.accelerator.device, WEIGHT_DTYPES[c.train.weight_dtype])
+        self.policy.set_memory_options(c.train.gradient_checkpointing, c.pipeline.vae_slicing, c.pipeline.vae_tiling,
+                                       c.train.offload_text_encoders, c.train.embedding_cache,
+                                       c.train.decode_microbatch, c.pipeline.attention)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowrl-rollouts")
+        self.pending: dict[int, Future] = {}
+        self.snapshots: dict[int, dict] = {}  # version -> trainable weights (CPU), the ones pending batches need
+
+    def start(self, update: int, last: int, saved_snapshots: dict[int, dict] | None = None) -> None:
+        """Queue the batches of updates `update` .. `update` + S before `last` (the trainer's weights are version
+        `update`; a resumed run passes the snapshots of the versions before it, saved with its checkpoint)."""
+        self.snapshots.update(saved_snapshots or {})
+        self.snapshots[update] = self.current()
+        for u in range(update, min(update + self.staleness + 1, last)):
+            self.submit(u)
+
+    def current(self) -> dict:
+        return {k: v.detach().cpu().clone() for k, v in self.trainer.policy.trainable_state_dict().items()}
+
+    def submit(self, update: int) -> None:
+        version = snapshot_version(update, self.staleness)
+        if version not in self.snapshots:
+            raise RuntimeError(f"rollout worker: no snapshot of version {version} for update {update}")
+        self.pending[update] = self.pool.submit(self._collect, update, self.snapshots[version])
+
+    def _collect(self, update: int, weights: dict):
+        self.policy.load_trainable_state_dict(weights)
+        return self.trainer.collect(update, policy=self.policy)
+
+    def take(self, update: int):
+        """(batch, metrics) of `update`, waiting for the worker if it is not done."""
+        started = time.time()
+        batch, metrics = self.pending.pop(update).result()
+        metrics["rollout_wait_seconds"] = time.time() - started
+        metrics["staleness"] = float(update - snapshot_version(update, self.staleness))
+        return batch, metrics
+
+    def trained(self, update: int, last: int) -> None:
+        """The learner finished `update` (its weights are now version update + 1): queue the batch that waited for
+        them, and drop snapshots no pending batch needs."""
+        version = update + 1
+        self.snapshots[version] = self.current()
+        nxt = version + self.staleness
+        if nxt < last:
+            self.submit(nxt)
+        needed = {snapshot_version(u, self.staleness) for u in range(version, version + self.staleness + 1)}
+        for v in [v for v in self.snapshots if v not in needed]:
+            del self.snapshots[v]
+
+    def saved_snapshots(self) -> dict[int, dict]:
+        """The snapshots a resumed run needs besides its current weights (versions u - S .. u - 1)."""
+        return dict(self.snapshots)
+
+    def close(self) -> None:
+        for future in self.pending.values():
+            future.cancel()
+        self.pool.shutdown(wait=True)
