@@ -107,7 +107,8 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="Gradio page: the base model and checkpoints side by side")
     demo.add_argument("--pipeline", required=True)
     demo.add_argument("--checkpoint", action="append", default=[], help="a checkpoint folder; repeat for several")
-    demo.add_argument("--reward", default="shapes_clip", help="reward shown under each sample")
+    demo.add_argument("--reward", default=None, help="reward shown under each sample (default: shapes_clip; "
+                      "silhouette_iou for 3D pipelines)")
     demo.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
     demo.add_argument("--port", type=int, default=7860)
     demo.add_argument("--steps", type=int, default=20)

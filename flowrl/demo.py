@@ -1,5 +1,6 @@
 """`flowrl demo`: a Gradio page that generates one prompt and seed with the base model and every checkpoint,
-side by side, each image labelled with its reward.
+side by side, each sample labelled with its reward (3D pipelines: the meshes in gr.Model3D viewers and turntable
+renders).
 
 LoRA checkpoints become named peft adapters on one network (switched per image, so memory grows by the adapters
 only); full-weight checkpoints are swapped in and out of the network's parameters.
@@ -89,56 +90,93 @@ def upscale(image: np.ndarray, size: int = DISPLAY_SIZE) -> np.ndarray:
     return image.repeat(factor, 0).repeat(factor, 1)
 
 
-def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str = "shapes_clip", steps: int = 20,
+DEFAULT_REWARD = {"3d": "silhouette_iou"}  # the reward shown by default per modality (else shapes_clip)
+DEFAULT_PROMPT = {"video": "a red circle moving left", "3d": "a sphere on top of a cylinder"}
+
+
+class Comparison:
+    """One prompt and seed through the base model and every checkpoint: (label, reward, what to show) per model.
+    Images are shown upscaled, videos as GIFs, 3D shapes as turntable strips plus a GLB for gr.Model3D."""
+
+    def __init__(self, policy, models: CheckpointSet, scorer, steps: int, guidance_scale: float, spec, folder: Path):
+        self.policy, self.models, self.scorer = policy, models, scorer
+        self.steps, self.guidance_scale, self.spec, self.folder = steps, guidance_scale, spec, folder
+
+    def __call__(self, prompt: str, seed: int, progress=None) -> list[dict]:
+        from .generate import generate_samples
+
+        modality = self.policy.modality
+        out = []
+        for number, label in enumerate(self.models.labels):
+            if progress is not None:
+                progress(number / len(self.models.labels), desc=f"generating with {label}")
+            self.models.activate(label)
+            samples, _ = generate_samples(self.policy, [prompt], 1, seed, self.steps, self.guidance_scale, self.spec,
+                                          desc=None)
+            with torch.no_grad():  # the reward sees what the file would hold (uint8 for pixels), the page a preview
+                decoded = samples.decoded() if modality == "3d" else torch.round(samples.decoded() * 255) / 255
+                score = float(self.scorer(decoded, [prompt]).scores[0])
+            stem = f"{label.replace('/', '_')}_{seed}"
+            entry = {"label": label, "score": score}
+            if modality == "video":
+                entry["shown"] = str(self.folder / samples.write(self.folder, stem, 0)[1])
+            else:
+                entry["shown"] = upscale(samples.preview()[0])
+            if modality == "3d":
+                entry["mesh"] = str(self.folder / samples.write(self.folder, stem, 0)[0])  # the GLB
+            out.append(entry)
+        self.models.activate("base")
+        return out
+
+
+def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = None, steps: int = 20,
                guidance_scale: float = 4.5, max_sequence_length: int = 16, size: tuple = (None, None, None)):
-    """The page; `size` (height, width, frames) overrides the pipeline's default sample size where given."""
+    """The page; `size` (height, width, frames) overrides the pipeline's default sample size where given; `reward`
+    defaults to the modality's (shapes_clip; silhouette_iou for 3D)."""
     import gradio as gr
 
-    from .generate import generate_samples
+    from .cli import sample_spec
     from .policies import load_pipeline, policy_for
     from .rewards import build_reward
 
     policy = policy_for(load_pipeline(pipeline_dir), max_sequence_length=max_sequence_length)
     models = CheckpointSet(policy, checkpoints)
+    modality = policy.modality
+    reward = reward or DEFAULT_REWARD.get(modality, "shapes_clip")
     scorer = build_reward(reward, where="--reward")
-    video = policy.modality == "video"
-    from .cli import sample_spec
-
     spec = sample_spec(Namespace(height=size[0], width=size[1], num_frames=size[2]), policy)
-    clips = Path(tempfile.mkdtemp(prefix="flowrl_demo_"))  # videos are shown as animated GIFs written here
+    folder = Path(tempfile.mkdtemp(prefix="flowrl_demo_"))  # GIFs and meshes are shown from files written here
+    compare = Comparison(policy, models, scorer, steps, guidance_scale, spec, folder)
 
     def run(prompt: str, seed: float, progress=gr.Progress()):
         prompt = (prompt or "").strip()
         if not prompt:
             raise gr.Error("Enter a prompt.")
-        gallery = []
-        for number, label in enumerate(models.labels):
-            progress(number / len(models.labels), desc=f"generating with {label}")
-            models.activate(label)
-            samples, _ = generate_samples(policy, [prompt], 1, int(seed), steps, guidance_scale, spec, desc=None)
-            with torch.no_grad():  # the reward sees what the file would hold (uint8), the page a still preview
-                quantized = torch.round(samples.decoded() * 255) / 255
-                score = float(scorer(quantized, [prompt]).scores[0])
-            if video:
-                shown = str(clips / samples.write(clips, f"{label.replace('/', '_')}_{int(seed)}", 0)[1])
-            else:
-                shown = upscale(samples.preview()[0])
-            gallery.append((shown, f"{label} | {reward} {score:.3f}"))
-        models.activate("base")
+        try:
+            entries = compare(prompt, int(seed), progress)
+        except UserError as error:
+            raise gr.Error(str(error)) from None
+        gallery = [(e["shown"], f"{e['label']} | {reward} {e['score']:.3f}") for e in entries]
         table = "| model | " + reward + " |\n|---|---|\n" + "\n".join(
-            f"| {caption.split(' | ')[0]} | {caption.split(' ')[-1]} |" for _, caption in gallery)
-        return gallery, table
+            f"| {e['label']} | {e['score']:.3f} |" for e in entries)
+        return [gallery, table, *[e["mesh"] for e in entries if "mesh" in e]]
 
     with gr.Blocks(title="flowrl: base vs tuned") as demo:
+        what = "shape" if modality == "3d" else "image"
         gr.Markdown(f"## flowrl: base and fine-tuned side by side\nPipeline `{pipeline_dir}`; {steps} steps, "
-                    f"CFG {guidance_scale}; the caption under each image is its `{reward}` reward.")
+                    f"CFG {guidance_scale}; the caption under each {what} is its `{reward}` reward.")
         with gr.Row():
-            prompt = gr.Textbox(label="prompt", value="a red circle moving left" if video else
-                                "a red circle left of a blue square", elem_id="prompt")
+            prompt = gr.Textbox(label="prompt", value=DEFAULT_PROMPT.get(modality, "a red circle left of a blue square"),
+                                elem_id="prompt")
             seed = gr.Number(label="seed", value=0, precision=0, elem_id="seed")
         button = gr.Button("Generate", variant="primary", elem_id="generate")
         scores = gr.Markdown(elem_id="scores")
-        gallery = gr.Gallery(label="samples", columns=len(models.labels), height=340, object_fit="contain",
-                             elem_id="gallery")
-        button.click(run, inputs=[prompt, seed], outputs=[gallery, scores])
+        meshes = []
+        if modality == "3d":  # base and tuned meshes side by side, each turnable
+            with gr.Row():
+                meshes = [gr.Model3D(label=label, height=300, elem_id=f"mesh{i}")
+                          for i, label in enumerate(models.labels)]
+        gallery = gr.Gallery(label="turntable views" if modality == "3d" else "samples", columns=len(models.labels),
+                             height=340, object_fit="contain", elem_id="gallery")
+        button.click(run, inputs=[prompt, seed], outputs=[gallery, scores, *meshes])
     return demo
