@@ -119,6 +119,7 @@ def test_rewards_refuse_other_modalities(tmp_path, tiny_sd3_dir):
     ("grpo", {"clip_range": 1e-2, "timestep_fraction": 0.5}, "flow"),
     ("nft", {"timestep_fraction": 0.5}, "ode"),
     ("dho", {"timestep_fraction": 0.5}, "ode"),
+    ("dho", {"timestep_fraction": 0.5, "chamfer_cost": 1.0}, "ode"),
     ("dpo", {"timestep_fraction": 0.5, "beta": 100.0}, "ode"),
 ])
 def test_every_3d_method_trains_through_the_loop(tmp_path, tiny_shapes3d_dir, algorithm, params, kind):

@@ -3,6 +3,7 @@ predictions towards their targets on states it did not train on."""
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -50,6 +51,19 @@ def test_mam_noise_cost_adds_the_noise_distance():
     neg, pos = torch.zeros(2, 4), torch.zeros(2, 4)
     neg_noise, pos_noise = torch.tensor([[0.0] * 4, [1.0] * 4]), torch.tensor([[1.0] * 4, [0.0] * 4])
     assert mam_assign(neg, pos, neg_noise, pos_noise, noise_cost=1.0)[1] == [1, 0]
+
+
+def test_mam_chamfer_cost_matches_shapes_by_their_surfaces():
+    from flowrl.algorithms.dho import chamfer_matrix
+
+    rng = np.random.default_rng(0)
+    blob = rng.normal(size=(200, 3)) * 0.1
+    near, far = blob + 0.02, blob + 1.0
+    cost = chamfer_matrix([blob, None], [far, near])
+    assert cost[0, 1] < 0.1 < cost[0, 0] and cost[1].tolist() == [1.0, 1.0]  # no surface: the `missing` cost
+    neg, pos = torch.zeros(1, 4), torch.tensor([[0.0] * 4, [0.3] * 4])  # latents prefer positive 0
+    assert mam_assign(neg, pos)[1] == [0]
+    assert mam_assign(neg, pos, extra_cost=10 * chamfer_matrix([blob], [far, near]))[1] == [1]
 
 
 def test_with_lambda_one_euler_on_the_tdc_field_lands_on_the_target():

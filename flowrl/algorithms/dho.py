@@ -4,8 +4,8 @@ this is the reading given there, every choice stated).
 
 Per prompt group of a deterministic (ODE) rollout, with group advantages A:
 1. Split: positives A > 0, negatives A <= 0.
-2. MAM (minimum-cost attractive matching): cost C[n, p] = |x0_n - x0_p|^2 / d (+ noise_cost |eps_n - eps_p|^2 / d),
-   solved with the Hungarian algorithm so each negative gets a distinct positive. When negatives outnumber
+2. MAM (minimum-cost attractive matching): cost C[n, p] = |x0_n - x0_p|^2 / d (+ noise_cost |eps_n - eps_p|^2 / d)
+   (+ chamfer_cost x the Chamfer distance of the decoded shapes' surface points, 3D pipelines), solved with the Hungarian algorithm so each negative gets a distinct positive. When negatives outnumber
    positives, `capacity: replicate` repeats every positive ceil(|N| / |P|) times (distinct within a round);
    `capacity: lowest` keeps only the |P| lowest-reward negatives.
 3. TDC (time-aware dynamic correction): at a state (x_t, t) of negative n with target x+,
@@ -45,6 +45,7 @@ class DHOParams:
     lambda_knee: float = 0.5  # lambda(t) = 1 for t <= knee
     capacity: Literal["replicate", "lowest"] = "replicate"
     noise_cost: float = 0.0  # weight of |eps_n - eps_p|^2 / d in the matching cost
+    chamfer_cost: float = 0.0  # weight of the decoded shapes' Chamfer distance in the matching cost (3D pipelines)
     alpha_pos: float = 1.0
     adv_clip_max: float = 5.0
     std: Literal["global", "group"] = "global"
@@ -62,14 +63,18 @@ class DHOParams:
         if not 0 < self.timestep_fraction <= 1:
             raise ConfigError(f"algorithm.params.timestep_fraction: expected a number in (0, 1], got "
                               f"{self.timestep_fraction}")
+        if self.noise_cost < 0 or self.chamfer_cost < 0:
+            raise ConfigError("algorithm.params.noise_cost / chamfer_cost: expected numbers >= 0")
 
 
 def mam_assign(neg_x0: torch.Tensor, pos_x0: torch.Tensor, neg_noise: torch.Tensor | None = None,
                pos_noise: torch.Tensor | None = None, noise_cost: float = 0.0,
-               capacity: str = "replicate", neg_rewards: torch.Tensor | None = None) -> tuple[list[int], list[int]]:
+               capacity: str = "replicate", neg_rewards: torch.Tensor | None = None,
+               extra_cost: torch.Tensor | None = None) -> tuple[list[int], list[int]]:
     """Minimum-cost matching of negatives to positives: (negative indices kept, positive index of each).
 
-    Cost per pair: mean squared latent difference (+ noise_cost x mean squared noise difference). Each positive
+    Cost per pair: mean squared latent difference (+ noise_cost x mean squared noise difference, + `extra_cost`
+    [N, P], e.g. weighted Chamfer distances of the decoded shapes). Each positive
     takes at most ceil(|N| / |P|) negatives (`replicate`) or only the |P| lowest-reward negatives are matched
     (`lowest`, needs `neg_rewards`)."""
     from scipy.optimize import linear_sum_assignment
@@ -80,6 +85,8 @@ def mam_assign(neg_x0: torch.Tensor, pos_x0: torch.Tensor, neg_noise: torch.Tens
     cost = (neg_x0.flatten(1)[:, None] - pos_x0.flatten(1)[None]).pow(2).mean(-1)
     if noise_cost:
         cost = cost + noise_cost * (neg_noise.flatten(1)[:, None] - pos_noise.flatten(1)[None]).pow(2).mean(-1)
+    if extra_cost is not None:
+        cost = cost + extra_cost.to(cost)
     rows = list(range(n))
     if n > p and capacity == "lowest":
         rows = sorted(torch.argsort(neg_rewards)[:p].tolist())
@@ -88,6 +95,14 @@ def mam_assign(neg_x0: torch.Tensor, pos_x0: torch.Tensor, neg_noise: torch.Tens
     assigned_rows, columns = linear_sum_assignment(matrix)
     order = np.argsort(assigned_rows)
     return [rows[i] for i in assigned_rows[order]], [int(c) % p for c in columns[order]]
+
+
+def chamfer_matrix(negatives: list, positives: list, missing: float = 1.0) -> torch.Tensor:
+    """[N, P] Chamfer distances between point sets (`missing` where a shape has no surface)."""
+    from ..shapes3d.metrics import chamfer_and_fscore
+
+    return torch.tensor([[missing if a is None or b is None else chamfer_and_fscore(a, b)[0] for b in positives]
+                         for a in negatives], dtype=torch.float32).reshape(len(negatives), len(positives))
 
 
 def homing_lambda(t: torch.Tensor, knee: float, lambda_min: float) -> torch.Tensor:
@@ -129,9 +144,12 @@ class DHO(Algorithm):
         local = advantages[batch.local_index]
         noise, final, sigmas = traj.latents[0], traj.final, traj.sigmas
         negatives, targets, positives = [], [], []
+        points = self.surface_points(policy, final) if p.chamfer_cost > 0 else None
         for pos, neg in split_groups(local, batch.group_ids):
+            extra = None if points is None else p.chamfer_cost * chamfer_matrix([points[i] for i in neg],
+                                                                                 [points[j] for j in pos])
             kept, matched = mam_assign(final[neg], final[pos], noise[neg], noise[pos], p.noise_cost, p.capacity,
-                                       batch.rewards[neg])
+                                       batch.rewards[neg], extra)
             negatives += [neg[i] for i in kept]
             targets += [pos[j] for j in matched]
             positives += pos
@@ -176,6 +194,17 @@ class DHO(Algorithm):
                    "homing_distance": (final[negatives] - x_plus).pow(2).flatten(1).mean(1).mean().item()
                    if negatives else 0.0}
         return items, metrics
+
+    @staticmethod
+    def surface_points(policy, final: torch.Tensor) -> list:
+        """Surface points of every sample's decoded shape (None where it has no surface): the Chamfer cost's input."""
+        from ..shapes3d.metrics import surface_points
+
+        if policy.modality != "3d":
+            raise ConfigError("algorithm.params.chamfer_cost: needs a 3D pipeline (decoded shapes with surfaces)")
+        with torch.no_grad():
+            meshes = policy.decode_samples(final).meshes()
+        return [None if m is None else surface_points(m, 512, seed=0) for m in meshes]
 
     def negative_paths(self, policy, traj, negatives: list[int], x_plus: torch.Tensor):
         """(states [T + 1, N, ...] each matched negative is trained at, their targets [T, N, ...] where the path
