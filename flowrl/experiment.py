@@ -53,7 +53,7 @@ def reward_metrics(reward, samples, items, batch_size: int = 64) -> dict:
         part = samples.select(list(range(start, min(start + batch_size, len(items)))))
         chunk = items[start:start + batch_size]
         scores += reward(part.decoded(), [i.prompt for i in chunk], {"conditions": chunk}).scores.tolist()
-    return tag_metrics(scores, [str(i.meta.get("tag", "all")) for i in items])
+    return tag_metrics(scores, [str(i.meta.get("tag", "all")) for i in items], clusters=[i.prompt for i in items])
 
 
 def log_samples(log: MetricsLog, samples, update: int, per_prompt: int, prompts: int = 16) -> None:

@@ -134,15 +134,23 @@ def write_report(run_dir: Path, config_text: str, before: dict | None, after: di
                  clips: list[tuple[str, str, str]] = ()) -> Path:
     """report.html: the before/after table, the plots and the config, self-contained beside the PNGs; for video
     runs `clips` (prompt, MP4, GIF paths relative to the run folder) play base | tuned side by side."""
+    from .tasks.base import interval
+
+    def cell(result: dict, tag: str | None) -> str:
+        value = result["overall"] if tag is None else result["tags"].get(tag, float("nan"))
+        spread = interval(result, tag)
+        return f"{value:.3f}" + (f" &plusmn; {spread:.3f}" if spread else "")
+
     def table() -> str:
         if not before or not after:
             return "<p>No evaluation recorded.</p>"
         out = ["<table><tr><th>tag</th><th>base</th><th>tuned</th><th>change</th></tr>"]
         for tag in before["tags"]:
             b, a = before["tags"][tag], after["tags"].get(tag, float("nan"))
-            out.append(f"<tr><td>{tag}</td><td>{b:.3f}</td><td>{a:.3f}</td><td>{a - b:+.3f}</td></tr>")
+            out.append(f"<tr><td>{tag}</td><td>{cell(before, tag)}</td><td>{cell(after, tag)}</td><td>{a - b:+.3f}</td></tr>")
         b, a = before["overall"], after["overall"]
-        out.append(f"<tr><th>overall</th><th>{b:.3f}</th><th>{a:.3f}</th><th>{a - b:+.3f}</th></tr></table>")
+        out.append(f"<tr><th>overall</th><th>{cell(before, None)}</th><th>{cell(after, None)}</th><th>{a - b:+.3f}</th>"
+                   "</tr></table><p>&plusmn;: 95% interval (1.96 standard errors, prompts as the sampling unit).</p>")
         return "\n".join(out)
 
     minutes = sum(r.get("seconds", 0) for r in rows) / 60

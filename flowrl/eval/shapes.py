@@ -13,9 +13,10 @@ from ..tasks.base import tag_metrics
 
 
 def shapes_accuracy(images: np.ndarray, prompts: list[str]) -> dict:
-    """{'overall': mean over tags, 'tags': {tag: accuracy}, 'counts': {tag: n}} for uint8 images and prompts."""
+    """{'overall': mean over tags, 'tags': {tag: accuracy}, 'counts': {tag: n}, 'stderr'} for uint8 images and
+    prompts (standard errors with the prompt as the sampling unit)."""
     return tag_metrics([score(image, prompt) for image, prompt in zip(images, prompts)],
-                       [parse_prompt(prompt).tag for prompt in prompts], TAGS)
+                       [parse_prompt(prompt).tag for prompt in prompts], TAGS, clusters=prompts)
 
 
 def read_samples_dir(folder: str | Path) -> tuple[np.ndarray, list[str]]:

@@ -150,20 +150,55 @@ def condition_set(task: Task, source: str) -> ConditionSet:
     return task.condition_set(source)
 
 
-def tag_metrics(values: list[float], tags: list[str], tag_order: tuple[str, ...] | None = None) -> dict:
-    """{'overall': mean of the per-tag means, 'tags', 'counts'}: the one shape every evaluation reports."""
-    by_tag: dict[str, list[float]] = {}
-    for value, tag in zip(values, tags):
-        by_tag.setdefault(tag, []).append(float(value))
+def tag_metrics(values: list[float], tags: list[str], tag_order: tuple[str, ...] | None = None,
+                clusters: list | None = None) -> dict:
+    """{'overall': mean of the per-tag means, 'tags', 'counts', 'stderr'}: the one shape every evaluation reports.
+
+    'stderr' holds the standard error of each tag mean and of the overall (tags independent: sqrt(sum SE_t^2) / T).
+    `clusters` (e.g. each value's prompt) makes it cluster-robust: samples of one prompt are correlated (the same
+    prompt is easy or hard for every seed), so the prompt is the sampling unit, not the image. A 95% interval is
+    +- 1.96 SE."""
+    by_tag: dict[str, list[int]] = {}
+    for index, tag in enumerate(tags):
+        by_tag.setdefault(tag, []).append(index)
     order = [t for t in (tag_order or sorted(by_tag)) if t in by_tag]
-    means = {t: float(np.mean(by_tag[t])) for t in order}
+    x = np.asarray(values, dtype=np.float64)
+    keys = list(clusters) if clusters is not None else list(range(len(x)))
+    means = {t: float(np.mean(x[by_tag[t]])) for t in order}
+    errors = {t: clustered_stderr(x[by_tag[t]], [keys[i] for i in by_tag[t]]) for t in order}
+    overall_se = float(np.sqrt(sum(e ** 2 for e in errors.values())) / len(errors)) if errors else 0.0
     return {"overall": float(np.mean(list(means.values()))) if means else 0.0, "tags": means,
-            "counts": {t: len(by_tag[t]) for t in order}}
+            "counts": {t: len(by_tag[t]) for t in order}, "stderr": {"overall": overall_se, "tags": errors}}
+
+
+def clustered_stderr(values: np.ndarray, clusters: list) -> float:
+    """Standard error of the mean of `values` with `clusters` as independent units (CR1 sandwich estimator:
+    sqrt(C / (C - 1) sum_c (sum_{i in c} (x_i - mean))^2) / n); one value per cluster gives the usual s / sqrt(n).
+    0 for fewer than two clusters (nothing to estimate it from)."""
+    groups: dict = {}
+    residual = np.asarray(values, dtype=np.float64) - np.mean(values)
+    for r, c in zip(residual, clusters):
+        groups[c] = groups.get(c, 0.0) + r
+    count = len(groups)
+    if count < 2:
+        return 0.0
+    return float(np.sqrt(count / (count - 1) * sum(v ** 2 for v in groups.values())) / len(residual))
+
+
+def interval(result: dict, tag: str | None = None) -> float:
+    """The 95% half-width (1.96 SE) of a tag_metrics result's overall (or of `tag`), 0 when it has no SE."""
+    stderr = result.get("stderr")
+    if not stderr:
+        return 0.0
+    return 1.96 * (stderr["overall"] if tag is None else stderr["tags"].get(tag, 0.0))
 
 
 def format_metrics(result: dict, label: str = "score") -> str:
-    lines = [f"{'tag':<14} {label:>8} {'n':>5}"]
+    """The per-tag table, with 95% intervals (+-1.96 SE) where the result has standard errors."""
+    show = "stderr" in result
+    lines = [f"{'tag':<14} {label:>8} {'95% +-':>8} {'n':>5}" if show else f"{'tag':<14} {label:>8} {'n':>5}"]
     for tag, value in result["tags"].items():
-        lines.append(f"{tag:<14} {value:>8.3f} {result['counts'][tag]:>5}")
-    lines.append(f"{'overall':<14} {result['overall']:>8.3f}")
+        spread = f" {interval(result, tag):>8.3f}" if show else ""
+        lines.append(f"{tag:<14} {value:>8.3f}{spread} {result['counts'][tag]:>5}")
+    lines.append(f"{'overall':<14} {result['overall']:>8.3f}" + (f" {interval(result):>8.3f}" if show else ""))
     return "\n".join(lines)

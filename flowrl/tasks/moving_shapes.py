@@ -20,7 +20,7 @@ def video_accuracy(clips: np.ndarray, prompts: list[str]) -> dict:
     from ..motion.verifier import judge_clip
 
     return tag_metrics([judge_clip(clip, prompt)[0] for clip, prompt in zip(clips, prompts)],
-                       [parse_prompt(prompt).tag for prompt in prompts], TAGS)
+                       [parse_prompt(prompt).tag for prompt in prompts], TAGS, clusters=prompts)
 
 
 @TASKS.register("moving_shapes")

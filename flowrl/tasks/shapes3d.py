@@ -3,8 +3,8 @@ pipeline), evaluation of generated fields against those solids, and the `flowrl 
 embedded image-to-3D pipeline."""
 from __future__ import annotations
 
-from ..shapes3d.prompts import eval_prompt_set, parse_prompt, train_prompt_set
-from .base import TASKS, ConditionSet, GrammarTask
+from ..shapes3d.prompts import TAGS, eval_prompt_set, parse_prompt, train_prompt_set
+from .base import TASKS, ConditionSet, GrammarTask, tag_metrics
 
 
 @TASKS.register("shapes3d")
@@ -34,8 +34,10 @@ class Shapes3DTask(GrammarTask):
 
         tags = [parse_prompt(item.prompt).tag for item in conditions]
         report = evaluate_fields(samples.grids(), [solid_of(item) for item in conditions], tags)
-        return {"overall": report["overall"]["iou"], "tags": {t: m["iou"] for t, m in report["tags"].items()},
-                "counts": report["counts"], "metrics": report}
+        # the headline with its standard errors, each condition (its solid) the sampling unit
+        solids = [(item.prompt, item.meta.get("solid_seed")) for item in conditions]
+        ious = [r["iou"] for r in report.pop("rows")]
+        return {**tag_metrics(ious, tags, TAGS, clusters=solids), "metrics": report}
 
     @classmethod
     def commands(cls):

@@ -1,0 +1,47 @@
+"""Standard errors and 95% intervals of evaluation results (tasks.base.tag_metrics): the usual s / sqrt(n) for
+independent samples, the prompt as the sampling unit when samples of a prompt are correlated, the tag-averaged
+overall's error, and intervals that cover the truth about 95% of the time."""
+import numpy as np
+import pytest
+
+from flowrl.tasks.base import clustered_stderr, format_metrics, interval, tag_metrics
+
+
+def test_one_value_per_cluster_is_the_usual_standard_error():
+    x = np.random.default_rng(0).random(50)
+    assert clustered_stderr(x, list(range(50))) == pytest.approx(x.std(ddof=1) / np.sqrt(50))
+    assert clustered_stderr(x[:1], [0]) == 0.0
+
+
+def test_identical_samples_of_a_prompt_count_as_one():
+    means = np.random.default_rng(1).random(10)
+    x = np.repeat(means, 8)  # every prompt's 8 images agree
+    prompts = np.repeat(np.arange(10), 8).tolist()
+    assert clustered_stderr(x, prompts) == pytest.approx(means.std(ddof=1) / np.sqrt(10))
+    assert clustered_stderr(x, prompts) > 2 * clustered_stderr(x, list(range(80)))  # naive errors are too small
+
+
+def test_overall_error_of_the_tag_average():
+    result = tag_metrics([1, 0, 1, 1, 0, 0, 1, 0], ["a", "a", "a", "a", "b", "b", "b", "b"])
+    se_a, se_b = np.std([1, 0, 1, 1], ddof=1) / 2, np.std([0, 0, 1, 0], ddof=1) / 2
+    assert result["stderr"]["tags"] == pytest.approx({"a": se_a, "b": se_b})
+    assert result["stderr"]["overall"] == pytest.approx(np.sqrt(se_a ** 2 + se_b ** 2) / 2)
+    assert interval(result) == pytest.approx(1.96 * result["stderr"]["overall"])
+    table = format_metrics(result)
+    assert "95% +-" in table and f"{interval(result):.3f}" in table.splitlines()[-1]
+
+
+def test_intervals_cover_the_true_accuracy_about_95_percent_of_the_time():
+    rng = np.random.default_rng(2)
+    truth = rng.uniform(0.1, 0.9, size=(3, 12))  # 3 tags x 12 prompts, each prompt its own success rate
+    covered = 0
+    for _ in range(300):
+        values, tags, prompts = [], [], []
+        for t in range(3):
+            for p in range(12):
+                values += (rng.random(4) < truth[t, p]).tolist()
+                tags += [f"t{t}"] * 4
+                prompts += [(t, p)] * 4
+        result = tag_metrics(values, tags, clusters=prompts)
+        covered += abs(result["overall"] - truth.mean()) <= interval(result)
+    assert 0.88 <= covered / 300 <= 0.99
