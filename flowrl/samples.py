@@ -139,7 +139,7 @@ class ShapeSamples(Samples):
 
     def meshes(self) -> list:
         """trimesh.Trimesh per sample (None where the field has no surface)."""
-        from flowrl.shapes3d.geometry import mesh_from_grid
+        from flowrl.sdf import mesh_from_grid
 
         return [mesh_from_grid(g) for g in self.grids()]
 
@@ -148,7 +148,7 @@ class ShapeSamples(Samples):
 
     def to_uint8(self) -> np.ndarray:
         """Turntable renders, [N, V, H, W, 3] (V = len(TURNTABLE), H = W = 32)."""
-        from flowrl.shapes3d.render import grid_field, render, turntable_view
+        from flowrl.sdf import grid_field, render, turntable_view
 
         return np.stack([np.stack([render(grid_field(g), 32, view=turntable_view(a))[0] for a in TURNTABLE])
                          for g in self.grids()])

@@ -13,11 +13,12 @@ GENERIC = [
     "train.py", "rollout.py", "config.py", "prompt_source.py", "experiment.py", "report.py", "sampling.py",
     "generate.py", "checkpoint.py", "fk.py", "samples.py", "registry.py", "schedules.py", "data_loss.py",
     "images.py", "errors.py", "demo.py", "cli.py", "rewards/__init__.py", "rewards/base.py", "rewards/augment.py",
-    "tasks/__init__.py", "tasks/base.py", "eval/metrics.py",
+    "tasks/__init__.py", "tasks/base.py", "eval/metrics.py", "sdf.py", "async_rollouts.py",
 ]
 TASK_MODULES = ("flowrl.shapes", "flowrl.safety", "flowrl.tasks.shapes", "flowrl.tasks.safety",
                 "flowrl.tasks.shapes_cli", "flowrl.eval.shapes", "flowrl.eval.safety", "flowrl.eval.protocol",
-                "flowrl.eval.diversity", "flowrl.rewards.shapes", "flowrl.models", "flowrl.pretrain")
+                "flowrl.eval.diversity", "flowrl.rewards.shapes", "flowrl.models", "flowrl.pretrain",
+                "flowrl.shapes3d", "flowrl.tasks.shapes3d", "flowrl.motion", "flowrl.tasks.moving_shapes")
 
 
 def generic_files() -> list[Path]:

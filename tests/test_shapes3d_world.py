@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from flowrl.shapes3d.geometry import Primitive, Solid, grid_points, mesh_from_grid, sdf_grid
-from flowrl.shapes3d.metrics import chamfer_and_fscore, compare, surface_points, validity, volume_iou
+from flowrl.sdf import (chamfer_and_fscore, compare, grid_points, mesh_from_grid, render, silhouette_iou,
+                        surface_points, validity, volume_iou)
+from flowrl.shapes3d.geometry import Primitive, Solid, sdf_grid
 from flowrl.shapes3d.prompts import (TAGS, all_specs, eval_prompt_set, is_held_out, parse_prompt, sample_solid,
                                      train_prompt_set)
-from flowrl.shapes3d.render import render, silhouette_iou
 
 VOLUMES = {
     "sphere": ((0.5, 0.5, 0.5), 4 / 3 * math.pi * 0.5 ** 3),

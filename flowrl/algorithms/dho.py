@@ -99,7 +99,7 @@ def mam_assign(neg_x0: torch.Tensor, pos_x0: torch.Tensor, neg_noise: torch.Tens
 
 def chamfer_matrix(negatives: list, positives: list, missing: float = 1.0) -> torch.Tensor:
     """[N, P] Chamfer distances between point sets (`missing` where a shape has no surface)."""
-    from ..shapes3d.metrics import chamfer_and_fscore
+    from ..sdf import chamfer_and_fscore
 
     return torch.tensor([[missing if a is None or b is None else chamfer_and_fscore(a, b)[0] for b in positives]
                          for a in negatives], dtype=torch.float32).reshape(len(negatives), len(positives))
@@ -198,7 +198,7 @@ class DHO(Algorithm):
     @staticmethod
     def surface_points(policy, final: torch.Tensor) -> list:
         """Surface points of every sample's decoded shape (None where it has no surface): the Chamfer cost's input."""
-        from ..shapes3d.metrics import surface_points
+        from ..sdf import surface_points
 
         if policy.modality != "3d":
             raise ConfigError("algorithm.params.chamfer_cost: needs a 3D pipeline (decoded shapes with surfaces)")

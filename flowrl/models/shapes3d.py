@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn as nn
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
@@ -24,6 +23,8 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import CogView4LoraLoaderMixin, PeftAdapterMixin
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
+
+from ..images import as_image_batch
 
 
 def fourier_features(points: torch.Tensor, bands: int) -> torch.Tensor:
@@ -112,8 +113,8 @@ class ShapeAutoencoder(ModelMixin, ConfigMixin):
 
     @torch.no_grad()
     def sdf_grid(self, latents: torch.Tensor, resolution: int = 32, chunk: int = 8192) -> torch.Tensor:
-        """[B, R, R, R] SDF on the world grid (flowrl.shapes3d.geometry.grid_points) of unnormalised latents."""
-        from ..shapes3d.geometry import grid_points
+        """[B, R, R, R] SDF on the grid of flowrl.sdf.grid_points of unnormalised latents."""
+        from ..sdf import grid_points
 
         points = grid_points(resolution).to(latents.device, latents.dtype)
         values = [self.decode(latents, points[i:i + chunk].expand(len(latents), -1, -1))
@@ -166,18 +167,6 @@ class Shapes3DOutput(BaseOutput):
     latents: torch.Tensor  # [B, K, C] normalised
 
 
-def as_image_batch(image) -> torch.Tensor:
-    """PIL image(s), uint8 arrays [H, W, 3] / [B, H, W, 3] or float tensors [B, 3, H, W] in [0, 1] -> the latter."""
-    if isinstance(image, torch.Tensor):
-        return image if image.ndim == 4 else image[None]
-    if isinstance(image, np.ndarray) and image.ndim == 4:
-        stacked = image
-    else:
-        images = image if isinstance(image, list) else [image]
-        stacked = np.stack([np.asarray(i.convert("RGB") if hasattr(i, "convert") else i) for i in images])
-    return torch.from_numpy(np.ascontiguousarray(stacked)).permute(0, 3, 1, 2).float() / 255
-
-
 class Shapes3DFlowPipeline(DiffusionPipeline, CogView4LoraLoaderMixin):
     """Condition image -> shape latent tokens (Euler ODE with CFG against an all-zero image) -> SDF grid -> meshes.
 
@@ -203,7 +192,7 @@ class Shapes3DFlowPipeline(DiffusionPipeline, CogView4LoraLoaderMixin):
     @torch.no_grad()
     def __call__(self, image, num_inference_steps: int = 20, guidance_scale: float = 3.0, generator=None,
                  resolution: int = 32, output_type: str = "mesh", latents: torch.Tensor | None = None):
-        from ..shapes3d.geometry import mesh_from_grid
+        from ..sdf import mesh_from_grid
 
         device = self._execution_device
         dtype = self.transformer.dtype

@@ -3,7 +3,8 @@
 
 A condition item's image comes from, in order: its inputs["image"] (uint8 [H, W, 3] array, float tensor [3, H, W]
 in [0, 1], or a PIL image), its meta["image"] (a path to an image file, e.g. from a .jsonl prompt file), or, for a
-prompt of the 3D shapes world's grammar, the render of the solid it names (meta "solid_seed", else a fixed one).
+prompt of the 3D shapes world's grammar, the render of the solid it names (meta "solid_seed", else a fixed one),
+asked of the `shapes3d` task through the task registry (the adapter knows no world itself).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from ..images import as_image_batch
 from . import POLICIES
 from .base import Conditioning, FlowPolicy, SampleSpec
 
@@ -21,10 +23,9 @@ from .base import Conditioning, FlowPolicy, SampleSpec
 SHAPES3D_LORA_TARGETS = ["mlp.0", "mlp.2", "modulation"]
 
 
-def condition_image(item, size: int) -> torch.Tensor:
-    """The item's condition image as float [3, size, size] in [0, 1] (see the module docstring)."""
-    from ..models.shapes3d import as_image_batch
-
+def condition_image(item, size: int, world: str = "shapes3d") -> torch.Tensor:
+    """The item's condition image as float [3, size, size] in [0, 1] (see the module docstring); `world` is the task
+    (by registered name) whose `condition_image` renders a prompt that comes without an image."""
     image = item.inputs.get("image")
     if image is None and item.meta.get("image"):
         path = Path(item.meta["image"])
@@ -34,11 +35,11 @@ def condition_image(item, size: int) -> torch.Tensor:
 
         with Image.open(path) as opened:
             image = opened.convert("RGB").resize((size, size))
-    if image is None:
-        from ..shapes3d.conditions import world_image
+    if image is None:  # the pipeline's world renders the solid its grammar's prompt names
+        from ..tasks.base import build_task
 
         try:
-            image = world_image(item)
+            image = build_task(world).condition_image(item)
         except ValueError as error:
             raise UserError(f"{error}; an image-to-3D pipeline needs a condition image: give it as 'image' (a file "
                             "path) in a .jsonl prompt file, or use prompts of the 3D shapes world") from None

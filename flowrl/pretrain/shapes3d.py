@@ -21,7 +21,7 @@ from tqdm import tqdm
 from ..models.shapes3d import ShapeAutoencoder, ShapeFlowTransformer, Shapes3DFlowPipeline
 from ..schedules import cosine_decay
 from ..shapes3d.prompts import parse_prompt, sample_solid, train_prompt_set
-from ..shapes3d.render import render
+from ..sdf import render
 from .shapes_sd3 import train_denoiser
 
 TRUNCATION = 0.2

@@ -51,15 +51,9 @@ class SilhouetteIoU(GeometryReward):
 
     def score(self, grid, item) -> float:
         from ..policies.shapes3d import condition_image
-        from ..shapes3d.render import grid_field, render, silhouette, silhouette_iou
+        from ..sdf import grid_field, render, silhouette_iou
 
-        image = condition_image(item, 32) if "image" in item.inputs or item.meta.get("image") else None
-        if image is None:
-            from ..shapes3d.conditions import world_image
-
-            target = silhouette(world_image(item))
-        else:
-            target = image.max(0).values.numpy() > 0
+        target = condition_image(item, 32).max(0).values.numpy() > 0  # the condition's lit pixels
         return silhouette_iou(render(grid_field(grid), target.shape[0])[1], target)
 
 
@@ -71,8 +65,7 @@ class MeshValidity(GeometryReward):
         self.dense = dense
 
     def score(self, grid, item) -> float:
-        from ..shapes3d.geometry import mesh_from_grid
-        from ..shapes3d.metrics import validity
+        from ..sdf import mesh_from_grid, validity
 
         v = validity(mesh_from_grid(grid))
         if not self.dense or v["components"] == 0:
@@ -85,7 +78,7 @@ class MeshSmoothness(GeometryReward):
     name = "mesh_smoothness"
 
     def score(self, grid, item) -> float:
-        from ..shapes3d.geometry import mesh_from_grid
+        from ..sdf import mesh_from_grid
 
         mesh = mesh_from_grid(grid)
         if mesh is None or len(mesh.face_adjacency_angles) == 0:
@@ -105,7 +98,7 @@ class ShapeMatch(GeometryReward):
     def score(self, grid, item) -> float:
         from ..shapes3d.conditions import solid_of
         from ..shapes3d.geometry import sdf_grid
-        from ..shapes3d.metrics import compare, volume_iou
+        from ..sdf import compare, volume_iou
 
         truth = sdf_grid(solid_of(item), len(grid))
         return volume_iou(grid, truth) if self.metric == "iou" else compare(grid, truth)["fscore"]

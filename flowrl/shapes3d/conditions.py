@@ -10,7 +10,7 @@ import numpy as np
 
 from ..tasks.base import Condition
 from .prompts import TAGS, eval_prompt_set, parse_prompt, sample_solid, train_prompt_set
-from .render import render
+from ..sdf import render
 
 IMAGE_SIZE = 32
 TRAIN_SOLIDS_PER_PROMPT = 4

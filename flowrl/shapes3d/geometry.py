@@ -1,4 +1,4 @@
-"""Solids of the 3D shapes world as analytic signed distance functions, and meshes from any SDF grid.
+"""Solids of the 3D shapes world as analytic signed distance functions, sampled on the grid of flowrl/sdf.py.
 
 Space is the cube [-1, 1]^3, y up. A solid is a union of primitives (sphere, box, cylinder and cone with a vertical
 axis), each with a centre and half-extents (sx, sy, sz). Distances are exact for spheres and boxes and for the
@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from ..sdf import grid_points
 
 KINDS = ("sphere", "box", "cylinder", "cone")
 
@@ -52,30 +54,7 @@ class Solid:
         return torch.stack([part.sdf(points) for part in self.parts]).min(0).values
 
 
-def grid_points(resolution: int, bound: float = 1.0) -> torch.Tensor:
-    """[R^3, 3] cell-centre points of a regular grid over [-bound, bound]^3, x slowest, z fastest."""
-    axis = (torch.arange(resolution, dtype=torch.float32) + 0.5) / resolution * 2 * bound - bound
-    return torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij"), -1).reshape(-1, 3)
-
-
 def sdf_grid(solid, resolution: int = 32) -> np.ndarray:
     """The SDF sampled on the grid, [R, R, R] (x, y, z)."""
     with torch.no_grad():
         return solid.sdf(grid_points(resolution)).reshape(resolution, resolution, resolution).numpy()
-
-
-def mesh_from_grid(values: np.ndarray, bound: float = 1.0, level: float = 0.0):
-    """Marching cubes on an SDF (or negated occupancy) grid sampled at cell centres -> a trimesh.Trimesh in world
-    units, or None when the level set is empty. The grid is padded with 'outside' so meshes of solids that touch the
-    cube's faces close."""
-    import trimesh
-    from skimage.measure import marching_cubes
-
-    r = values.shape[0]
-    padded = np.pad(values, 1, constant_values=max(float(values.max()), level + 1e-3))
-    if not (padded.min() < level < padded.max()):
-        return None
-    vertices, faces, _, _ = marching_cubes(padded, level=level)
-    cell = 2 * bound / r
-    vertices = (vertices - 1 + 0.5) * cell - bound  # undo the padding; index i is the centre of cell i
-    return trimesh.Trimesh(vertices=vertices, faces=faces, process=True)  # skimage's winding: normals point out

@@ -28,6 +28,13 @@ class Shapes3DTask(GrammarTask):
             return ConditionSet(eval_conditions())
         return super().condition_set(name)
 
+    def condition_image(self, item):
+        """The condition image (uint8 [32, 32, 3]) of a prompt of the grammar: the render of the solid it names
+        (ValueError for a prompt outside the grammar)."""
+        from ..shapes3d.conditions import world_image
+
+        return world_image(item)
+
     def evaluate(self, samples, conditions) -> dict:
         from ..shapes3d.conditions import solid_of
         from ..shapes3d.metrics import evaluate_fields
