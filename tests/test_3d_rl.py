@@ -217,6 +217,12 @@ def test_demo_compares_base_and_tuned_meshes(tmp_path, tiny_shapes3d_dir):
     assert entries[0]["shown"].shape[1] == 4 * entries[0]["shown"].shape[0]  # a turntable strip of 4 views
     assert not np.array_equal(entries[0]["shown"], entries[1]["shown"]) or \
         not np.allclose(meshes[0].bounds, meshes[1].bounds)  # the checkpoint's adapter is what draws the second
+    gr = pytest.importorskip("gradio")
+    from flowrl.demo import build_demo
+
+    demo = build_demo(str(tiny_shapes3d_dir), [str(checkpoint)], steps=3, guidance_scale=2.0)
+    viewers = [b for b in demo.blocks.values() if isinstance(b, gr.Model3D)]
+    assert [v.label for v in viewers] == ["base", "run/update_000003"]  # one mesh viewer per model
 
 
 def test_sample_cli_writes_meshes_for_world_prompts_and_image_files(tiny_shapes3d_dir, tmp_path):

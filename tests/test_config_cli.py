@@ -1,7 +1,6 @@
 """Configs load into typed dataclasses; bad input gets one clear line and exit status 2."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -35,7 +35,6 @@ def test_the_latent_pool_refreshes_its_oldest_clips_and_keeps_prompts_paired():
     assert latents.shape[0] == 3 and pool.prompts[2:] == first[2:] and pool.next == 2
     for z, prompt in zip(latents, prompts):
         assert any(torch.equal(z, pool.latents[i]) and pool.prompts[i] == prompt for i in range(6))
-    rng = np.random.default_rng(2)
     clips, prompts = sample_pairs(2, np.random.default_rng(3))
     torch.testing.assert_close(normalised_latents(vae, clips),
                                (encode_mean(vae, clips_to_tensor(clips)) - 0.1) / 2.0)
