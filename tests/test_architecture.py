@@ -18,7 +18,8 @@ GENERIC = [
 TASK_MODULES = ("flowrl.shapes", "flowrl.safety", "flowrl.tasks.shapes", "flowrl.tasks.safety",
                 "flowrl.tasks.shapes_cli", "flowrl.eval.shapes", "flowrl.eval.safety", "flowrl.eval.protocol",
                 "flowrl.eval.diversity", "flowrl.rewards.shapes", "flowrl.models", "flowrl.pretrain",
-                "flowrl.shapes3d", "flowrl.tasks.shapes3d", "flowrl.motion", "flowrl.tasks.moving_shapes")
+                "flowrl.shapes3d", "flowrl.tasks.shapes3d", "flowrl.motion", "flowrl.tasks.moving_shapes",
+                "flowrl.editing", "flowrl.tasks.shapes_edit")
 
 
 def generic_files() -> list[Path]:

@@ -41,7 +41,7 @@ class Reward:
 
 
 REWARDS = Registry("reward", {
-    "shapes": "flowrl.rewards.shapes", "moving_shapes": "flowrl.rewards.shapes", "shapes_clip": "flowrl.rewards.clip",
+    "shapes": "flowrl.rewards.shapes", "moving_shapes": "flowrl.rewards.shapes", "shapes_edit": "flowrl.rewards.shapes", "shapes_clip": "flowrl.rewards.clip",
     "pickscore": "flowrl.rewards.clip",
     "clipscore": "flowrl.rewards.clip", "hpsv2": "flowrl.rewards.learned_real",
     "aesthetic": "flowrl.rewards.learned_real", "imagereward": "flowrl.rewards.learned_real",

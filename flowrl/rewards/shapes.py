@@ -41,3 +41,25 @@ class MovingShapesReward(Reward):
         binary = torch.tensor([verdict for verdict, _ in judged])
         dense = torch.tensor([value for _, value in judged])
         return RewardOutput(dense if self.dense else binary, {"accuracy": binary})
+
+
+@register_reward("shapes_edit")
+class ShapesEditReward(Reward):
+    """The edit verifier on edited images: dense (0.5 requested change made + 0.5 the share of everything else kept)
+    or the binary success; `off_target` (share of pixels outside the edit that changed) and `accuracy` in info.
+    Needs the condition items (instruction + scene seed) in meta, as the loop passes them."""
+    name = "shapes_edit"
+
+    def __init__(self, dense: bool = True):
+        self.dense = dense
+
+    def __call__(self, samples, prompts, meta=None) -> RewardOutput:
+        from ..tasks.base import Condition
+        from ..tasks.shapes_edit import judge_items
+
+        items = (meta or {}).get("conditions") or [Condition(p) for p in prompts]
+        judged = judge_items(to_uint8(samples), items)
+        binary = torch.tensor([float(j.success) for j in judged])
+        dense = torch.tensor([j.dense for j in judged])
+        return RewardOutput(dense if self.dense else binary,
+                            {"accuracy": binary, "off_target": torch.tensor([j.off_target for j in judged])})

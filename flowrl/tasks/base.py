@@ -95,7 +95,7 @@ class GrammarTask(Task):
 
 TASKS = Registry("task", {"prompt_file": "flowrl.tasks.base", "shapes": "flowrl.tasks.shapes",
                           "safety": "flowrl.tasks.safety", "moving_shapes": "flowrl.tasks.moving_shapes",
-                          "shapes3d": "flowrl.tasks.shapes3d"})
+                          "shapes3d": "flowrl.tasks.shapes3d", "shapes_edit": "flowrl.tasks.shapes_edit"})
 
 
 def build_task(name: str, params: dict | None = None) -> Task:

@@ -1,0 +1,83 @@
+"""The edit verifier: did the edit make the requested change, and nothing else? Judged on the edited image against
+the exact source and target scenes, with the image world's detector.
+
+- requested: the edited object is where the target scene has it (its shape and colour detected within
+  `NEAR` px of the target centroid); for remove, no detection of it near where it was.
+- preserved: every other object of the target scene is detected (shape and colour) within `NEAR` px of its place,
+  and nothing more is detected than the target holds.
+- success = requested and preserved; dense = 0.5 requested + 0.5 x the share of the other objects kept (minus a
+  share per extra detection), for RL.
+- off-target change: the share of pixels outside the edited region (the edited object's source and target masks,
+  grown by 1 px) whose colour moved by more than `CHANGE` (max over channels) from the source: what the
+  minimal-change principle says should stay 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import ndimage
+
+from ..shapes.verifier import Detection, detect
+from ..shapes.world import ShapeObject, render
+from .instructions import EditSpec
+
+NEAR = 3.0
+CHANGE = 40
+
+
+@dataclass
+class EditJudgement:
+    requested: bool
+    preserved: bool
+    dense: float
+    off_target: float
+
+    @property
+    def success(self) -> bool:
+        return self.requested and self.preserved
+
+
+def _found(objects: list[Detection], obj: ShapeObject) -> bool:
+    cx, cy = obj.centroid
+    return any(d.shape == obj.shape and d.color == obj.color and np.hypot(d.cx - cx, d.cy - cy) <= NEAR
+               for d in objects)
+
+
+def edited_objects(spec: EditSpec, source: list[ShapeObject], target: list[ShapeObject]) -> tuple[list, list]:
+    """(the edited object in the source, in the target): None where it does not exist (add; remove)."""
+    key = (spec.color, spec.shape)
+    before = [o for o in source if (o.color, o.shape) == key]
+    if spec.kind == "add":
+        return [], [target[-1]]
+    if spec.kind == "remove":
+        return before, []
+    after = [t for s, t in zip(source, target) if (s.color, s.shape) == key]
+    return before, after
+
+
+def off_target_change(edited: np.ndarray, source_image: np.ndarray, region: np.ndarray) -> float:
+    outside = ~ndimage.binary_dilation(region, iterations=1)
+    changed = np.abs(edited.astype(np.int16) - source_image.astype(np.int16)).max(-1) > CHANGE
+    return float(changed[outside].mean()) if outside.any() else 0.0
+
+
+def judge_edit(edited: np.ndarray, spec: EditSpec, source: list[ShapeObject],
+               target: list[ShapeObject]) -> EditJudgement:
+    """Judge an edited uint8 image [H, W, 3] of `source` under `spec` (target = the exact target scene)."""
+    found = detect(edited)
+    before, after = edited_objects(spec, source, target)
+    if spec.kind == "remove":
+        requested = not any(_found(found, o) for o in before)
+    else:
+        requested = all(_found(found, o) for o in after)
+    others = [o for o in target if o not in after]
+    kept = [_found(found, o) for o in others]
+    extra = max(0, len(found) - len(target))
+    preserved = all(kept) and extra == 0
+    share = (sum(kept) / len(kept)) if kept else 1.0
+    dense = 0.5 * float(requested) + 0.5 * max(0.0, share - extra / max(1, len(target)))
+    region = np.zeros(edited.shape[:2], dtype=bool)
+    for obj in before + after:
+        region |= obj.mask(edited.shape[0])
+    return EditJudgement(requested, preserved, dense, off_target_change(edited, render(source), region))
