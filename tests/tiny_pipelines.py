@@ -30,7 +30,8 @@ def _t5(d_model: int = 32, seed: int = 0) -> T5EncoderModel:
                                    decoder_start_token_id=0)).eval()
 
 
-def tiny_flux(seed: int = 0) -> FluxPipeline:
+def tiny_flux(seed: int = 0, pipeline_class=None) -> FluxPipeline:
+    """A tiny random FLUX pipeline (FluxPipeline, or `pipeline_class` on the same components: FluxKontextPipeline)."""
     torch.manual_seed(seed)
     transformer = FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
                                          attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
@@ -42,8 +43,9 @@ def tiny_flux(seed: int = 0) -> FluxPipeline:
     vae = AutoencoderKL(sample_size=32, in_channels=3, out_channels=3, block_out_channels=(4,), layers_per_block=1,
                         latent_channels=1, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
                         shift_factor=0.0609, scaling_factor=1.5035)
-    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder=clip, tokenizer=build_tokenizer(),
-                        text_encoder_2=_t5(32, seed), tokenizer_2=build_tokenizer(), transformer=transformer, vae=vae)
+    pipe = (pipeline_class or FluxPipeline)(scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder=clip,
+                                            tokenizer=build_tokenizer(), text_encoder_2=_t5(32, seed),
+                                            tokenizer_2=build_tokenizer(), transformer=transformer, vae=vae)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -86,3 +88,10 @@ def tiny_shapes3d(seed: int = 0):
     with torch.no_grad():  # a non-zero output layer, so sampling moves the latents
         transformer.out.weight.normal_(0, 0.1)
     return Shapes3DFlowPipeline(autoencoder, transformer, FlowMatchEulerDiscreteScheduler(shift=1.0))
+
+
+def tiny_flux_kontext(seed: int = 0):
+    """A tiny random FluxKontextPipeline (the tiny FLUX components)."""
+    from diffusers import FluxKontextPipeline
+
+    return tiny_flux(seed, FluxKontextPipeline)

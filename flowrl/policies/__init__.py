@@ -7,7 +7,8 @@ from .base import Conditioning, FlowPolicy
 # pipeline class name -> adapter module; a config's `pipeline.policy: package.module:Class` overrides the choice
 POLICIES = Registry("policy", {
     "StableDiffusionPipeline": "flowrl.policies.sd", "StableDiffusion3Pipeline": "flowrl.policies.sd3",
-    "FluxPipeline": "flowrl.policies.flux", "WanPipeline": "flowrl.policies.wan",
+    "FluxPipeline": "flowrl.policies.flux", "FluxKontextPipeline": "flowrl.policies.flux",
+    "WanPipeline": "flowrl.policies.wan",
     "Shapes3DFlowPipeline": "flowrl.policies.shapes3d",
 })
 

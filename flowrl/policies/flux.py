@@ -66,3 +66,49 @@ class FluxPolicy(FlowPolicy):
         vae = self.pipeline.vae
         z = latents.to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
         return self.to_images(vae.decode(z, return_dict=False)[0])
+
+
+@POLICIES.register("FluxKontextPipeline")
+class FluxKontextPolicy(FluxPolicy):
+    """FluxKontextPipeline adapter (instruction-based editing): the source image is per-sample conditioning. It is
+    encoded once per condition item (`encode_inputs`: VAE posterior mode, shifted and scaled as the pipeline does)
+    into `image_latents` of the conditioning, and every forward appends its packed tokens after the sample's, with
+    position ids whose first axis is 1 (Kontext's context-image marker); the output keeps the sample's tokens."""
+    family = "flux_kontext"
+
+    @torch.no_grad()
+    def encode_inputs(self, cond: Conditioning, items: list) -> Conditioning:
+        from ..errors import UserError
+        from ..images import as_image_batch
+
+        missing = [item.prompt for item in items if item.inputs.get("source_image") is None]
+        if missing:
+            raise UserError(f"an editing pipeline needs a source image per condition (inputs['source_image']); "
+                            f"none for {missing[0]!r}: use an editing task such as shapes_edit")
+        vae = self.pipeline.vae
+        images = torch.cat([as_image_batch(np.array(item.inputs["source_image"])) for item in items])
+        z = vae.encode((images * 2 - 1).to(self.device, vae.dtype)).latent_dist.mode()
+        cond.tensors["image_latents"] = (z - vae.config.shift_factor) * vae.config.scaling_factor
+        return cond
+
+    def _forward(self, latents, sigma, tensors, guidance_scale):
+        b, c, h, w = latents.shape
+        pipe = self.pipeline
+        source = tensors["image_latents"].to(latents.dtype)
+        packed = pipe._pack_latents(latents, b, c, h, w)
+        context = pipe._pack_latents(source, b, source.shape[1], source.shape[2], source.shape[3])
+        image_ids = pipe._prepare_latent_image_ids(1, h // 2, w // 2, latents.device, latents.dtype)
+        context_ids = pipe._prepare_latent_image_ids(1, source.shape[2] // 2, source.shape[3] // 2, latents.device,
+                                                     latents.dtype)
+        context_ids[..., 0] = 1
+        guidance = None
+        if self.transformer.config.guidance_embeds:
+            guidance = torch.full((b,), guidance_scale, device=latents.device, dtype=torch.float32)
+        embeds = tensors["embeds"].to(latents.dtype)
+        text_ids = torch.zeros(embeds.shape[1], 3, device=latents.device, dtype=latents.dtype)
+        out = self.net()(hidden_states=torch.cat([packed, context], 1), timestep=sigma.to(latents.dtype),
+                         guidance=guidance, pooled_projections=tensors["pooled"].to(latents.dtype),
+                         encoder_hidden_states=embeds, txt_ids=text_ids,
+                         img_ids=torch.cat([image_ids, context_ids]), return_dict=False)[0]
+        factor = pipe.vae_scale_factor
+        return pipe._unpack_latents(out[:, :packed.shape[1]], h * factor, w * factor, factor)
