@@ -81,3 +81,83 @@ def test_task_items_carry_their_source_image_and_evaluate_the_verifier():
     assert on_targets.scores.min() == 1.0 and on_sources.scores.max() < 1.0
     assert on_targets.info["accuracy"].mean() == 1.0 and on_sources.info["accuracy"].mean() == 0.0
     assert len(task.condition_set("train").by_tag) == len(KINDS)
+
+
+# ---- the ARRO-style group rubric reward ------------------------------------------------------------------------
+class FixedScene:
+    """The rule-based auditor on one hand-placed scene: a red circle (top left, recoloured blue by the edit) and a
+    green square (bottom right)."""
+
+    def __init__(self, bogus: bool = False):
+        from flowrl.rewards.rubric import Criterion, ShapesEditAuditor
+
+        spec = parse_instruction("make the red circle blue")
+        self.source = [ShapeObject("circle", "red", 2, 2, 10), ShapeObject("square", "green", 18, 18, 10)]
+        self.target = [ShapeObject("circle", "blue", 2, 2, 10), self.source[1]]
+        self.calls = 0
+        outer = self
+
+        class Auditor(ShapesEditAuditor):
+            def scene(self, item):
+                return spec, outer.source, outer.target
+
+            def audit(self, image, item):
+                outer.calls += 1
+                found = super().audit(image, item)
+                return found + ([Criterion("a hallucinated issue", lambda image: False)] if bogus else [])
+
+        self.auditor = Auditor()
+
+    def candidates(self) -> torch.Tensor:
+        perfect = render(self.target)
+        lost = render(self.target[:1])  # recoloured, but the green square is gone
+        extra = render(self.source + [ShapeObject("triangle", "yellow", 20, 2, 9)])  # not recoloured, a triangle added
+        return torch.from_numpy(np.stack([perfect, lost, extra])).permute(0, 3, 1, 2).float() / 255
+
+
+def test_group_rubric_equals_the_hand_computation_and_is_built_once_per_group():
+    from flowrl.rewards.rubric import EditRubricReward
+    from flowrl.tasks.base import Condition
+
+    scene = FixedScene()
+    item = Condition("make the red circle blue", meta={"scene_seed": 0})
+    group = EditRubricReward("group", auditor=scene.auditor)
+    out = group(scene.candidates(), [item.prompt] * 3, {"conditions": [item] * 3})
+    # rubric: requested (0.5) + kept green square, unchanged bottom right, no extra objects, unchanged top right
+    # (0.125 each); perfect 1.0; lost: requested + no extra + top right = 0.75; extra: kept + bottom right = 0.25
+    assert out.scores.tolist() == [1.0, 0.75, 0.25] and out.info["rubric_size"].tolist() == [5, 5, 5]
+    assert group.rubrics_built == 1 and scene.calls == 3  # one rubric for the group, one audit per candidate
+    alone = EditRubricReward("sample", auditor=FixedScene().auditor)
+    solo = alone(scene.candidates(), [item.prompt] * 3, {"conditions": [item] * 3})
+    # each against its own issues: lost: requested 0.5 + its two issues failed; extra: nothing satisfied
+    assert solo.scores.tolist() == [1.0, 0.5, 0.0] and alone.rubrics_built == 0
+    two_groups = EditRubricReward("group", auditor=FixedScene().auditor)
+    other = Condition("make the red circle blue", meta={"scene_seed": 1})
+    two_groups(scene.candidates()[[0, 1, 0]], [item.prompt] * 3, {"conditions": [item, item, other]})
+    assert two_groups.rubrics_built == 2
+
+
+def test_the_rubric_keeps_only_verified_issues():
+    from flowrl.rewards.rubric import EditRubricReward
+    from flowrl.tasks.base import Condition
+
+    scene = FixedScene(bogus=True)  # every audit also claims an issue that even the exact edit fails
+    item = Condition("make the red circle blue", meta={"scene_seed": 0})
+    out = EditRubricReward("group", auditor=scene.auditor)(scene.candidates(), [item.prompt] * 3,
+                                                            {"conditions": [item] * 3})
+    assert out.scores.tolist() == [1.0, 0.75, 0.25] and out.info["rubric_size"].tolist() == [5, 5, 5]
+
+
+def test_rubric_reward_on_world_items_ranks_targets_above_sources():
+    from flowrl.editing.instructions import scene_for
+    from flowrl.rewards import build_reward
+    from flowrl.tasks.base import build_task
+    from flowrl.tasks.shapes_edit import scene_seed_of
+
+    items = build_task("shapes_edit").condition_set("eval").items[::8]
+    targets = np.stack([render(scene_for(i.prompt, scene_seed_of(i))[2]) for i in items])
+    sources = np.stack([i.inputs["source_image"] for i in items])
+    batch = torch.from_numpy(np.concatenate([targets, sources])).permute(0, 3, 1, 2).float() / 255
+    out = build_reward("edit_rubric")(batch, [i.prompt for i in items] * 2, {"conditions": items * 2})
+    n = len(items)
+    assert out.scores[:n].min() == 1.0 and (out.scores[n:] < 1.0).all()

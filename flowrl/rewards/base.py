@@ -50,7 +50,7 @@ REWARDS = Registry("reward", {
     "per_frame": "flowrl.rewards.video", "frame_consistency": "flowrl.rewards.video", "remote": "flowrl.rewards.remote", "ocr": "flowrl.rewards.ocr",
     "vlm_judge": "flowrl.rewards.vlm",
     "vlm_questions": "flowrl.rewards.vlm_questions", "moving_shapes_qa": "flowrl.rewards.motion_qa",
-    "silhouette_iou": "flowrl.rewards.geometry", "mesh_validity": "flowrl.rewards.geometry",
+    "edit_rubric": "flowrl.rewards.rubric", "silhouette_iou": "flowrl.rewards.geometry", "mesh_validity": "flowrl.rewards.geometry",
     "mesh_smoothness": "flowrl.rewards.geometry", "shape_match": "flowrl.rewards.geometry",
 })
 

@@ -1,0 +1,143 @@
+"""ARRO-style group rubric reward for editing (methods.md section 6, the reading given there; no public code).
+
+An auditor lists, per candidate edit, the checkable issues it finds: the requested change not made is always a
+criterion; unintended changes are "kept: <object>" (a bystander lost, moved or recoloured), "no extra objects" and
+"unchanged: <quadrant>" (pixels outside the edited region changed there). The group rubric merges the issues of
+every candidate of a group (a group = the samples of one condition item in a reward call), keeps only verified ones
+(criteria the exact target edit satisfies: a judge's spurious claim is dropped), and scores every candidate against
+the same rubric: R_i = sum_k w_k s_ik, s_ik in {0, 1}, the requested change weighted `requested_weight` and the rest
+sharing 1 - requested_weight equally (all of it to the requested change when nothing else is listed). The rubric is
+built once per group. `mode: sample` scores each candidate against its own verified issues only (the per-sample
+audit the issue compares against). The auditor here is rule-based on the shapes-editing world; a VLM auditor would
+implement the same `audit` / `requested` / `verify` methods.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from ..images import to_uint8
+from .base import Reward, RewardOutput, register_reward
+
+QUADRANTS = {"top left": (0, 0), "top right": (0, 1), "bottom left": (1, 0), "bottom right": (1, 1)}
+QUADRANT_CHANGE = 0.02  # share of a quadrant's outside-the-edit pixels that must change to list it
+
+
+@dataclass(frozen=True)
+class Criterion:
+    name: str  # what is checked, e.g. "requested: make the red circle blue", "kept: green square"
+    check: Callable[[np.ndarray], bool]  # True when the edited uint8 image satisfies it
+
+
+class ShapesEditAuditor:
+    """The rule-based judge of the shapes-editing world (the edit verifier's pieces, one criterion each)."""
+
+    def scene(self, item):
+        from ..editing.instructions import scene_for
+        from ..tasks.shapes_edit import scene_seed_of
+
+        return scene_for(item.prompt, scene_seed_of(item))
+
+    def requested(self, item) -> Criterion:
+        from ..editing.verifier import judge_edit
+
+        spec, source, target = self.scene(item)
+        return Criterion(f"requested: {item.prompt}", lambda image: judge_edit(image, spec, source, target).requested)
+
+    def criteria(self, item) -> list[Criterion]:
+        """Every unintended-change criterion the world can check for this item."""
+        from scipy import ndimage
+
+        from ..editing.verifier import CHANGE, _found, edited_objects
+        from ..shapes.verifier import detect
+        from ..shapes.world import render
+
+        spec, source, target = self.scene(item)
+        before, after = edited_objects(spec, source, target)
+        out = [Criterion(f"kept: {o.color} {o.shape}", lambda image, o=o: _found(detect(image), o))
+               for o in target if o not in after]
+        out.append(Criterion("no extra objects", lambda image: len(detect(image)) <= len(target)))
+        size = render(source).shape[0]
+        region = np.zeros((size, size), dtype=bool)
+        for obj in before + after:
+            region |= obj.mask(size)
+        outside = ~ndimage.binary_dilation(region, iterations=1)
+        source_image = render(source).astype(np.int16)
+        half = size // 2
+        for name, (row, col) in QUADRANTS.items():
+            mask = np.zeros_like(outside)
+            mask[row * half:(row + 1) * half, col * half:(col + 1) * half] = True
+            mask &= outside
+
+            def unchanged(image, mask=mask):
+                changed = np.abs(image.astype(np.int16) - source_image).max(-1) > CHANGE
+                return not mask.any() or changed[mask].mean() <= QUADRANT_CHANGE
+
+            out.append(Criterion(f"unchanged: {name}", unchanged))
+        return out
+
+    def audit(self, image: np.ndarray, item) -> list[Criterion]:
+        """The unintended changes this candidate shows (the criteria it fails)."""
+        return [c for c in self.criteria(item) if not c.check(image)]
+
+    def verify(self, criterion: Criterion, item) -> bool:
+        """A listed issue is kept only when the exact target edit satisfies it."""
+        from ..shapes.world import render
+
+        return bool(criterion.check(render(self.scene(item)[2])))
+
+
+@register_reward("edit_rubric")
+class EditRubricReward(Reward):
+    name = "edit_rubric"
+
+    def __init__(self, mode: Literal["group", "sample"] = "group", requested_weight: float = 0.5, auditor=None):
+        if mode not in ("group", "sample"):
+            raise ConfigError(f"reward edit_rubric: params.mode: expected group or sample, got {mode!r}")
+        if not 0 < requested_weight <= 1:
+            raise ConfigError(f"reward edit_rubric: params.requested_weight: expected a number in (0, 1], got "
+                              f"{requested_weight}")
+        self.mode, self.requested_weight = mode, requested_weight
+        self.auditor = auditor or ShapesEditAuditor()
+        self.rubrics_built = 0  # group rubrics built so far (one per group and call)
+
+    def rubric(self, item, issues: list[Criterion]) -> list[tuple[Criterion, float]]:
+        """[(criterion, weight)]: the requested change plus the verified, de-duplicated issues."""
+        seen, kept = set(), []
+        for issue in issues:
+            if issue.name not in seen and self.auditor.verify(issue, item):
+                seen.add(issue.name)
+                kept.append(issue)
+        first = self.requested_weight if kept else 1.0
+        return [(self.auditor.requested(item), first)] + [(c, (1 - first) / len(kept)) for c in kept]
+
+    @staticmethod
+    def score(image: np.ndarray, rubric: list[tuple[Criterion, float]]) -> float:
+        return float(sum(weight for criterion, weight in rubric if criterion.check(image)))
+
+    def __call__(self, samples, prompts, meta=None) -> RewardOutput:
+        from ..tasks.base import Condition
+
+        items = (meta or {}).get("conditions") or [Condition(p) for p in prompts]
+        images = to_uint8(samples)
+        audits = [self.auditor.audit(image, item) for image, item in zip(images, items)]
+        scores, sizes = np.zeros(len(items)), np.zeros(len(items))
+        groups: dict = {}
+        for i, item in enumerate(items):
+            groups.setdefault((item.prompt, repr(sorted(item.meta.items()))), []).append(i)
+        for members in groups.values():
+            if self.mode == "group":
+                rubric = self.rubric(items[members[0]], [c for i in members for c in audits[i]])
+                self.rubrics_built += 1
+                for i in members:
+                    scores[i], sizes[i] = self.score(images[i], rubric), len(rubric)
+            else:
+                for i in members:
+                    rubric = self.rubric(items[i], audits[i])
+                    scores[i], sizes[i] = self.score(images[i], rubric), len(rubric)
+        return RewardOutput(torch.tensor(scores, dtype=torch.float32),
+                            {"rubric_size": torch.tensor(sizes, dtype=torch.float32)})
