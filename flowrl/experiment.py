@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 
@@ -106,8 +107,10 @@ def run_experiment(config: RunConfig) -> Path:
             base_samples = _base_samples(trainer)
         step = max(1, len(items) // (GRID_PROMPTS * config.eval.num_per_prompt)) * config.eval.num_per_prompt
         rows = list(range(0, len(items), step))[:GRID_PROMPTS]
-        image_grid([base_samples.select(rows).preview(), tuned_samples.select(rows).preview()], ["base", "tuned"],
-                   [items[i].prompt for i in rows], run_dir / "before_after.png")
+        columns, labels = [base_samples.select(rows).preview(), tuned_samples.select(rows).preview()], ["base", "tuned"]
+        if all("source_image" in items[i].inputs for i in rows):  # editing: source | base edit | tuned edit
+            columns, labels = [np.stack([items[i].inputs["source_image"] for i in rows])] + columns, ["source"] + labels
+        image_grid(columns, labels, [items[i].prompt for i in rows], run_dir / "before_after.png")
         if isinstance(tuned_samples, VideoSamples):  # the clips themselves, base | tuned, for the report
             files = side_by_side_clips([base_samples.select(rows), tuned_samples.select(rows)],
                                        run_dir / "before_after", "base_tuned")

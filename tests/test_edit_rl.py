@@ -40,9 +40,9 @@ def test_kontext_rollout_reproduces_the_pipeline_and_needs_a_source():
         policy.encode([Condition(PROMPTS[0])], 3.5)
 
 
-def test_edit_grpo_trains_through_the_loop(tmp_path):
+def test_edit_grpo_trains_through_the_loop_and_reports_source_base_tuned(tmp_path):
     from flowrl.config import load_config
-    from flowrl.train import Trainer
+    from flowrl.experiment import run_experiment
 
     folder = tmp_path / "kontext"
     tiny_flux_kontext().save_pretrained(folder)
@@ -58,12 +58,17 @@ def test_edit_grpo_trains_through_the_loop(tmp_path):
         "prompts": {"source": "train"},
         "train": {"updates": 2, "groups_per_update": 2, "group_size": 4, "lr": 1e-2, "microbatch_size": 8,
                   "checkpoint_every": 0, "threads": 1},
-        "eval": {"enabled": False},
+        "eval": {"prompts": "eval", "num_per_prompt": 1, "num_steps": 3, "guidance_scale": 2.5},
     }
     (tmp_path / "edit.yaml").write_text(yaml.safe_dump(config))
-    trainer = Trainer(load_config(tmp_path / "edit.yaml"), log=False)
-    rows = []
-    trainer.run(lambda update, metrics: rows.append(metrics))
-    assert len(rows) == 2 and all(np.isfinite(r["loss"]) for r in rows)
-    assert all("reward/shapes_edit/off_target" in r for r in rows)
-    assert any(v.abs().sum() > 0 for k, v in trainer.policy.trainable_state_dict().items() if "lora_B" in k)
+    run_dir = run_experiment(load_config(tmp_path / "edit.yaml"))
+    import csv
+    import json
+
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    assert len(rows) == 2 and all(np.isfinite(float(r["loss"])) for r in rows)
+    assert all(r["reward/shapes_edit/off_target"] != "" for r in rows)
+    evals = json.loads((run_dir / "eval.json").read_text())
+    assert set(evals) == {"0", "2"} and "off_target" in evals["2"]["metrics"]  # edit success per kind, off-target
+    grid = np.asarray(Image.open(run_dir / "before_after.png"))
+    assert grid.shape[1] == 260 + 3 * (32 * 4 + 4)  # the title column, then source | base | tuned
