@@ -19,7 +19,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from .errors import ConfigError
 
 
 def snapshot_version(update: int, staleness: int) -> int:
@@ -31,8 +30,6 @@ class RolloutWorker:
     def __init__(self, trainer):
         from .train import WEIGHT_DTYPES, build_policy
 
-        if trainer.world > 1:
-            raise ConfigError("train.async_rollouts: runs on one process; set it to false under accelerate / torchrun")
         c = trainer.config
         self.trainer, self.staleness = trainer, c.train.staleness
         with torch.random.fork_rng():  # building a second LoRA draws from the global generator: keep it untouched
@@ -49,9 +46,17 @@ class RolloutWorker:
     def start(self, update: int, last: int, saved_snapshots: dict[int, dict] | None = None) -> None:
         """Queue the batches of updates `update` .. `update` + S before `last` (the trainer's weights are version
         `update`; a resumed run passes the snapshots of the versions before it, saved with its checkpoint)."""
+        from .errors import UserError
+
         self.snapshots.update(saved_snapshots or {})
         self.snapshots[update] = self.current()
-        for u in range(update, min(update + self.staleness + 1, last)):
+        queued = range(update, min(update + self.staleness + 1, last))
+        missing = sorted({snapshot_version(u, self.staleness) for u in queued} - set(self.snapshots))
+        if missing:  # e.g. a synchronous checkpoint resumed asynchronously, or a larger staleness than it was saved with
+            raise UserError(f"train.staleness: resuming at update {update} with staleness {self.staleness} needs the "
+                            f"weights of updates {missing}, which the checkpoint does not hold; resume with the "
+                            "staleness it was saved with, or train.async_rollouts: false")
+        for u in queued:
             self.submit(u)
 
     def current(self) -> dict:
@@ -87,11 +92,13 @@ class RolloutWorker:
         for v in [v for v in self.snapshots if v not in needed]:
             del self.snapshots[v]
 
-    def saved_snapshots(self) -> dict[int, dict]:
-        """The snapshots a resumed run needs besides its current weights (versions u - S .. u - 1)."""
-        return dict(self.snapshots)
+    def saved_snapshots(self, current: int) -> dict[int, dict]:
+        """The snapshots a run resumed at update `current` needs besides its current weights (versions u - S .. u - 1;
+        the checkpoint holds version u itself)."""
+        return {v: state for v, state in self.snapshots.items() if v != current}
 
     def close(self) -> None:
         for future in self.pending.values():
             future.cancel()
         self.pool.shutdown(wait=True)
+        self.policy = None  # the copy's memory back before evaluation (the learner's policy is what evaluates)

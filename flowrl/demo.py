@@ -144,6 +144,11 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
     modality = policy.modality
     reward = reward or DEFAULT_REWARD.get(modality, "shapes_clip")
     scorer = build_reward(reward, where="--reward")
+    if modality not in scorer.modalities:
+        from .errors import ConfigError
+
+        raise ConfigError(f"--reward: {reward} scores {' and '.join(scorer.modalities)}, but the pipeline samples "
+                          f"{modality}")
     spec = sample_spec(Namespace(height=size[0], width=size[1], num_frames=size[2]), policy)
     folder = Path(tempfile.mkdtemp(prefix="flowrl_demo_"))  # GIFs and meshes are shown from files written here
     compare = Comparison(policy, models, scorer, steps, guidance_scale, spec, folder)

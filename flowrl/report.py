@@ -150,7 +150,7 @@ def write_report(run_dir: Path, config_text: str, before: dict | None, after: di
             out.append(f"<tr><td>{tag}</td><td>{cell(before, tag)}</td><td>{cell(after, tag)}</td><td>{a - b:+.3f}</td></tr>")
         b, a = before["overall"], after["overall"]
         out.append(f"<tr><th>overall</th><th>{cell(before, None)}</th><th>{cell(after, None)}</th><th>{a - b:+.3f}</th>"
-                   "</tr></table><p>&plusmn;: 95% interval (1.96 standard errors, prompts as the sampling unit).</p>")
+                   "</tr></table><p>&plusmn;: 95% interval (1.96 standard errors, the task's conditions as the sampling unit).</p>")
         return "\n".join(out)
 
     minutes = sum(r.get("seconds", 0) for r in rows) / 60

@@ -150,6 +150,11 @@ class Trainer:
             raise ConfigError(f"sampler.kind: a {type(self.policy.pipeline).__name__} samples with "
                               f"{list(self.policy.kinds)}, got {config.sampler.kind!r}")
         self.algorithm = build_algorithm(config.algorithm.name, config.algorithm.params, config.sampler)
+        if config.train.async_rollouts and self.world > 1:
+            raise ConfigError("train.async_rollouts: runs on one process; set it to false under accelerate / torchrun")
+        if self.algorithm.needs_reference and config.lora is None:
+            raise ConfigError(f"lora: algorithm {config.algorithm.name!r} compares against the frozen base (the "
+                              "LoRA-disabled policy); set a lora section")
         if config.train.async_rewards and not config.train.rollout_microbatch:
             raise ConfigError("train.async_rewards: overlaps a chunk's reward with the next chunk's rollout; set "
                               "train.rollout_microbatch to a part of each process's samples")
@@ -405,7 +410,7 @@ class Trainer:
         def export(folder):
             worker = getattr(self, "worker", None)
             if worker is not None:  # the weights the batches after this update are sampled with
-                save_file({f"{v}/{k}": t.contiguous() for v, state in worker.saved_snapshots().items()
+                save_file({f"{v}/{k}": t.contiguous() for v, state in worker.saved_snapshots(update).items()
                            for k, t in state.items()}, folder / SNAPSHOTS_FILE)
             if self.policy.has_lora:  # the weights flowrl samples with, loadable by diffusers and peft
                 write_lora_files(self.policy, ema or trainable, folder)
@@ -467,9 +472,10 @@ class Trainer:
             from .async_rollouts import RolloutWorker
 
             self.worker = RolloutWorker(self)
-            self.worker.start(self.state.update, c.train.updates, self.saved_snapshots)
         bar = tqdm(total=c.train.updates, initial=self.state.update, desc="updates", disable=not self.log)
         try:
+            if self.worker is not None:
+                self.worker.start(self.state.update, c.train.updates, self.saved_snapshots)
             while self.state.update < c.train.updates:
                 update = self.state.update
                 started = time.time()
@@ -480,7 +486,8 @@ class Trainer:
                                  disable=not self.log)
                     batch, metrics = self.collect(update, inner)
                     inner.close()
-                items, prep = self.algorithm.prepare(batch, self.policy)
+                with self.accelerator.autocast():  # the same precision as the loss's forward passes
+                    items, prep = self.algorithm.prepare(batch, self.policy)
                 metrics.update(prep)
                 inner = tqdm(desc=f"train {update}", leave=False, disable=not self.log)
                 metrics.update(self.optimize(batch, items, update, inner))

@@ -244,3 +244,12 @@ def test_sample_cli_writes_meshes_for_world_prompts_and_image_files(tiny_shapes3
     assert [r["modality"] for r in records] == ["3d", "3d"]
     assert all((out / r["file"]).is_file() and r["file"].endswith(".glb") for r in records)
     assert all(r["extra_files"][0].endswith(".ply") for r in records)
+
+
+def test_resuming_asynchronously_without_the_snapshots_is_one_clear_error(tmp_path, tiny_shapes3d_dir):
+    from flowrl.errors import UserError
+
+    path = config_file(tmp_path, tiny_shapes3d_dir, "switch", updates=2)
+    run(path, ["train.updates=1"])  # a synchronous checkpoint at update 1
+    with pytest.raises(UserError, match="train.staleness"):
+        run(path, ["train.async_rollouts=true", "train.staleness=1"])

@@ -161,3 +161,22 @@ def test_rubric_reward_on_world_items_ranks_targets_above_sources():
     out = build_reward("edit_rubric")(batch, [i.prompt for i in items] * 2, {"conditions": items * 2})
     n = len(items)
     assert out.scores[:n].min() == 1.0 and (out.scores[n:] < 1.0).all()
+
+
+def test_rewards_served_elsewhere_rebuild_their_items_from_the_metadata():
+    """A reward in a child process or behind serve-reward gets the items' metadata (condition_meta), not the items:
+    the scene each names must be the same."""
+    from flowrl.editing.instructions import scene_for
+    from flowrl.rewards import build_reward
+    from flowrl.tasks.base import build_task
+    from flowrl.tasks.shapes_edit import scene_seed_of
+
+    items = build_task("shapes_edit").condition_set("train").items[:6]
+    targets = np.stack([render(scene_for(i.prompt, scene_seed_of(i))[2]) for i in items])
+    batch = torch.from_numpy(targets).permute(0, 3, 1, 2).float() / 255
+    prompts = [i.prompt for i in items]
+    for name in ("shapes_edit", "edit_rubric"):
+        reward = build_reward(name)
+        local = reward(batch, prompts, {"conditions": items}).scores
+        remote = reward(batch, prompts, {"condition_meta": [i.meta for i in items]}).scores
+        assert torch.equal(local, remote) and local.min() == 1.0

@@ -124,13 +124,14 @@ class Algorithm:
 
     @classmethod
     def from_config(cls, params: dict, sampler):
-        return cls(from_dict(cls.Params, params, f"algorithm.params"), sampler)
+        return cls(from_dict(cls.Params, params, "algorithm.params"), sampler)
 
     # rollout and reward needs
     shared_initial_noise = False
     needs_ode_rollout = False  # methods that read velocities off stored Euler steps
     needs_reward_gradient = False  # methods that backpropagate through the reward
     needs_step_rewards = False  # methods that credit steps by intermediate rewards (credit.IntermediateRewards)
+    needs_reference = False  # methods whose loss compares against the frozen base (the LoRA-disabled policy)
     reward = None  # set by the loop (`bind_reward`) for methods that call the reward during the update
 
     def check_sampler(self, sampler) -> None:

@@ -65,10 +65,9 @@ class DiffusionDPO(Algorithm):
     Params = DPOParams
     chunk = 64
 
+    needs_reference = True  # the loop checks for a LoRA adapter before training
+
     def prepare(self, batch: RolloutBatch, policy):
-        if not policy.has_lora:
-            raise ConfigError("algorithm.name: dpo compares against the frozen base (the LoRA-disabled policy); "
-                              "set a lora section")
         p, traj = self.params, batch.trajectory
         pairs = best_worst_pairs(batch.rewards, batch.group_ids, p.pairs_per_group)
         winners, losers, steps = [], [], []
@@ -90,7 +89,7 @@ class DiffusionDPO(Algorithm):
         self.u_w, self.u_l = noise - final[items.sample], noise - final[self.losers]
         self.ref_w, self.ref_l = torch.zeros(len(items)), torch.zeros(len(items))
         with torch.no_grad(), policy.reference():
-            for chunk in torch.split(torch.arange(len(items)), self.chunk):
+            for chunk in torch.split(torch.arange(len(items)), self.chunk) if len(items) else []:
                 v_w, v_l = self.velocities(policy, traj, chunk, items.sample[chunk])
                 self.ref_w[chunk] = flow_error(v_w, self.u_w[chunk]).cpu()
                 self.ref_l[chunk] = flow_error(v_l, self.u_l[chunk]).cpu()

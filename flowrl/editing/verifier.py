@@ -56,10 +56,18 @@ def edited_objects(spec: EditSpec, source: list[ShapeObject], target: list[Shape
     return before, after
 
 
-def off_target_change(edited: np.ndarray, source_image: np.ndarray, region: np.ndarray) -> float:
-    outside = ~ndimage.binary_dilation(region, iterations=1)
-    changed = np.abs(edited.astype(np.int16) - source_image.astype(np.int16)).max(-1) > CHANGE
-    return float(changed[outside].mean()) if outside.any() else 0.0
+def edit_region(spec: EditSpec, source: list[ShapeObject], target: list[ShapeObject], size: int) -> np.ndarray:
+    """Where the edit may change pixels: the edited object's source and target masks, grown by 1 px."""
+    before, after = edited_objects(spec, source, target)
+    region = np.zeros((size, size), dtype=bool)
+    for obj in before + after:
+        region |= obj.mask(size)
+    return ndimage.binary_dilation(region, iterations=1)
+
+
+def changed_pixels(edited: np.ndarray, source_image: np.ndarray) -> np.ndarray:
+    """[H, W] bool: pixels whose colour moved by more than CHANGE (max over channels) from the source."""
+    return np.abs(edited.astype(np.int16) - source_image.astype(np.int16)).max(-1) > CHANGE
 
 
 def judge_edit(edited: np.ndarray, spec: EditSpec, source: list[ShapeObject],
@@ -77,7 +85,6 @@ def judge_edit(edited: np.ndarray, spec: EditSpec, source: list[ShapeObject],
     preserved = all(kept) and extra == 0
     share = (sum(kept) / len(kept)) if kept else 1.0
     dense = 0.5 * float(requested) + 0.5 * max(0.0, share - extra / max(1, len(target)))
-    region = np.zeros(edited.shape[:2], dtype=bool)
-    for obj in before + after:
-        region |= obj.mask(edited.shape[0])
-    return EditJudgement(requested, preserved, dense, off_target_change(edited, render(source), region))
+    outside = ~edit_region(spec, source, target, edited.shape[0])
+    off_target = float(changed_pixels(edited, render(source))[outside].mean()) if outside.any() else 0.0
+    return EditJudgement(requested, preserved, dense, off_target)

@@ -72,6 +72,20 @@ def build_reward(name: str, where: str = "reward", **params) -> Reward:
         raise ConfigError(f"{where}.params: {error}") from None
 
 
+def condition_items(prompts: list[str], meta: dict | None) -> list:
+    """The condition items of a reward call: meta['conditions'] as the loop passes them; rebuilt from
+    meta['condition_meta'] (each item's metadata, its per-sample arrays left behind) when the call came from another
+    process or a server; else bare prompts. Rewards that read a world's scene from an item's metadata need this."""
+    from ..tasks.base import Condition
+
+    meta = meta or {}
+    if meta.get("conditions") is not None:
+        return list(meta["conditions"])
+    if meta.get("condition_meta") is not None:
+        return [Condition(p, meta=dict(m)) for p, m in zip(prompts, meta["condition_meta"])]
+    return [Condition(p) for p in prompts]
+
+
 def score_in_chunks(reward: Reward, samples: torch.Tensor, prompts: list[str], meta: dict, chunk: int) -> RewardOutput:
     """`reward` over `chunk` samples at a time (0: all at once); per-sample lists in `meta` are split alike."""
     if chunk <= 0 or chunk >= len(prompts):

@@ -18,14 +18,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .base import REWARDS, Reward, RewardOutput
-
-
-def _items(prompts: list[str], meta: dict | None) -> list:
-    from ..tasks.base import Condition
-
-    items = (meta or {}).get("conditions")
-    return list(items) if items is not None else [Condition(p) for p in prompts]
+from .base import REWARDS, Reward, RewardOutput, condition_items
 
 
 def _grids(samples: torch.Tensor) -> np.ndarray:
@@ -38,7 +31,7 @@ class GeometryReward(Reward):
     modalities = ("3d",)
 
     def __call__(self, samples: torch.Tensor, prompts: list[str], meta: dict | None = None) -> RewardOutput:
-        scores = [self.score(grid, item) for grid, item in zip(_grids(samples), _items(prompts, meta))]
+        scores = [self.score(grid, item) for grid, item in zip(_grids(samples), condition_items(prompts, meta))]
         return RewardOutput(torch.tensor(scores, dtype=torch.float32))
 
     def score(self, grid: np.ndarray, item) -> float:

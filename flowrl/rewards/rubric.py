@@ -21,7 +21,7 @@ import torch
 
 from ..errors import ConfigError
 from ..images import to_uint8
-from .base import Reward, RewardOutput, register_reward
+from .base import Reward, RewardOutput, condition_items, register_reward
 
 QUADRANTS = {"top left": (0, 0), "top right": (0, 1), "bottom left": (1, 0), "bottom right": (1, 1)}
 QUADRANT_CHANGE = 0.02  # share of a quadrant's outside-the-edit pixels that must change to list it
@@ -50,23 +50,18 @@ class ShapesEditAuditor:
 
     def criteria(self, item) -> list[Criterion]:
         """Every unintended-change criterion the world can check for this item."""
-        from scipy import ndimage
-
-        from ..editing.verifier import CHANGE, _found, edited_objects
+        from ..editing.verifier import _found, changed_pixels, edit_region, edited_objects
         from ..shapes.verifier import detect
         from ..shapes.world import render
 
         spec, source, target = self.scene(item)
-        before, after = edited_objects(spec, source, target)
+        after = edited_objects(spec, source, target)[1]
         out = [Criterion(f"kept: {o.color} {o.shape}", lambda image, o=o: _found(detect(image), o))
                for o in target if o not in after]
         out.append(Criterion("no extra objects", lambda image: len(detect(image)) <= len(target)))
-        size = render(source).shape[0]
-        region = np.zeros((size, size), dtype=bool)
-        for obj in before + after:
-            region |= obj.mask(size)
-        outside = ~ndimage.binary_dilation(region, iterations=1)
-        source_image = render(source).astype(np.int16)
+        source_image = render(source)
+        size = source_image.shape[0]
+        outside = ~edit_region(spec, source, target, size)
         half = size // 2
         for name, (row, col) in QUADRANTS.items():
             mask = np.zeros_like(outside)
@@ -74,8 +69,7 @@ class ShapesEditAuditor:
             mask &= outside
 
             def unchanged(image, mask=mask):
-                changed = np.abs(image.astype(np.int16) - source_image).max(-1) > CHANGE
-                return not mask.any() or changed[mask].mean() <= QUADRANT_CHANGE
+                return not mask.any() or changed_pixels(image, source_image)[mask].mean() <= QUADRANT_CHANGE
 
             out.append(Criterion(f"unchanged: {name}", unchanged))
         return out
@@ -120,9 +114,7 @@ class EditRubricReward(Reward):
         return float(sum(weight for criterion, weight in rubric if criterion.check(image)))
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
-        from ..tasks.base import Condition
-
-        items = (meta or {}).get("conditions") or [Condition(p) for p in prompts]
+        items = condition_items(prompts, meta)
         images = to_uint8(samples)
         audits = [self.auditor.audit(image, item) for image, item in zip(images, items)]
         scores, sizes = np.zeros(len(items)), np.zeros(len(items))

@@ -7,7 +7,7 @@ import torch
 
 from ..images import to_uint8
 from ..shapes import verifier
-from .base import Reward, RewardOutput, register_reward
+from .base import Reward, RewardOutput, condition_items, register_reward
 
 
 @register_reward("shapes")
@@ -54,11 +54,9 @@ class ShapesEditReward(Reward):
         self.dense = dense
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
-        from ..tasks.base import Condition
         from ..tasks.shapes_edit import judge_items
 
-        items = (meta or {}).get("conditions") or [Condition(p) for p in prompts]
-        judged = judge_items(to_uint8(samples), items)
+        judged = judge_items(to_uint8(samples), condition_items(prompts, meta))
         binary = torch.tensor([float(j.success) for j in judged])
         dense = torch.tensor([j.dense for j in judged])
         return RewardOutput(dense if self.dense else binary,
