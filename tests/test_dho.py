@@ -60,7 +60,7 @@ def test_mam_chamfer_cost_matches_shapes_by_their_surfaces():
     blob = rng.normal(size=(200, 3)) * 0.1
     near, far = blob + 0.02, blob + 1.0
     cost = chamfer_matrix([blob, None], [far, near])
-    assert cost[0, 1] < 0.1 < cost[0, 0] and cost[1].tolist() == [1.0, 1.0]  # no surface: the `missing` cost
+    assert cost[0, 1] < 0.1 < cost[0, 0] and cost[1].tolist() == [4.0, 4.0]  # no surface: the `missing` cost
     neg, pos = torch.zeros(1, 4), torch.tensor([[0.0] * 4, [0.3] * 4])  # latents prefer positive 0
     assert mam_assign(neg, pos)[1] == [0]
     assert mam_assign(neg, pos, extra_cost=10 * chamfer_matrix([blob], [far, near]))[1] == [1]

@@ -97,8 +97,9 @@ def mam_assign(neg_x0: torch.Tensor, pos_x0: torch.Tensor, neg_noise: torch.Tens
     return [rows[i] for i in assigned_rows[order]], [int(c) % p for c in columns[order]]
 
 
-def chamfer_matrix(negatives: list, positives: list, missing: float = 1.0) -> torch.Tensor:
-    """[N, P] Chamfer distances between point sets (`missing` where a shape has no surface)."""
+def chamfer_matrix(negatives: list, positives: list, missing: float = 4.0) -> torch.Tensor:
+    """[N, P] Chamfer distances between point sets; `missing` where a shape has no surface: more than any two
+    surfaces in the cube [-1, 1]^3 can cost (at most its diagonal, 2 sqrt 3), so an empty shape is never preferred."""
     from ..sdf import chamfer_and_fscore
 
     return torch.tensor([[missing if a is None or b is None else chamfer_and_fscore(a, b)[0] for b in positives]

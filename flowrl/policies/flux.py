@@ -86,7 +86,9 @@ class FluxKontextPolicy(FluxPolicy):
             raise UserError(f"an editing pipeline needs a source image per condition (inputs['source_image']); "
                             f"none for {missing[0]!r}: use an editing task such as shapes_edit")
         vae = self.pipeline.vae
-        images = torch.cat([as_image_batch(np.array(item.inputs["source_image"])) for item in items])
+        # uint8 arrays [H, W, 3] (copied: a task's cached renders may be read-only), PIL images or float tensors
+        images = torch.cat([as_image_batch(source if isinstance(source, torch.Tensor) else np.array(source))
+                            for source in (item.inputs["source_image"] for item in items)]).float()
         z = vae.encode((images * 2 - 1).to(self.device, vae.dtype)).latent_dist.mode()
         cond.tensors["image_latents"] = (z - vae.config.shift_factor) * vae.config.scaling_factor
         return cond

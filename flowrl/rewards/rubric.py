@@ -9,7 +9,9 @@ the same rubric: R_i = sum_k w_k s_ik, s_ik in {0, 1}, the requested change weig
 sharing 1 - requested_weight equally (all of it to the requested change when nothing else is listed). The rubric is
 built once per group. `mode: sample` scores each candidate against its own verified issues only (the per-sample
 audit the issue compares against). The auditor here is rule-based on the shapes-editing world; a VLM auditor would
-implement the same `audit` / `requested` / `verify` methods.
+implement the same `audit` / `requested` / `verify` methods. A group's rubric sees the samples of the group that are
+in one call: keep train.reward_microbatch and train.rollout_microbatch at 0 or multiples of train.group_size, or a
+group split over calls gets a rubric per part.
 """
 from __future__ import annotations
 
