@@ -17,8 +17,25 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import torch
+from pathlib import Path
 
+import torch
+from safetensors.torch import load_file, save_file
+
+
+
+SNAPSHOTS_FILE = "rollout_snapshots.safetensors"  # in a checkpoint: the weight versions pending batches use
+
+
+def read_snapshots(checkpoint: Path) -> dict[int, dict]:
+    """The snapshots a checkpoint carries ({} for a synchronous one): version -> trainable weights."""
+    path = Path(checkpoint) / SNAPSHOTS_FILE
+    snapshots: dict[int, dict] = {}
+    if path.is_file():
+        for key, tensor in load_file(path).items():
+            version, name = key.split("/", 1)
+            snapshots.setdefault(int(version), {})[name] = tensor
+    return snapshots
 
 
 def snapshot_version(update: int, staleness: int) -> int:
@@ -28,17 +45,11 @@ def snapshot_version(update: int, staleness: int) -> int:
 
 class RolloutWorker:
     def __init__(self, trainer):
-        from .train import WEIGHT_DTYPES, build_policy
+        from .train import placed_policy
 
-        c = trainer.config
-        self.trainer, self.staleness = trainer, c.train.staleness
+        self.trainer, self.staleness = trainer, trainer.config.train.staleness
         with torch.random.fork_rng():  # building a second LoRA draws from the global generator: keep it untouched
-            self.policy = build_policy(c)
-        self.policy.cfg_uncond_grad = trainer.policy.cfg_uncond_grad
-        self.policy.place(trainer.accelerator.device, WEIGHT_DTYPES[c.train.weight_dtype])
-        self.policy.set_memory_options(c.train.gradient_checkpointing, c.pipeline.vae_slicing, c.pipeline.vae_tiling,
-                                       c.train.offload_text_encoders, c.train.embedding_cache,
-                                       c.train.decode_microbatch, c.pipeline.attention)
+            self.policy = placed_policy(trainer.config, trainer.accelerator.device)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowrl-rollouts")
         self.pending: dict[int, Future] = {}
         self.snapshots: dict[int, dict] = {}  # version -> trainable weights (CPU), the ones pending batches need
@@ -60,7 +71,7 @@ class RolloutWorker:
             self.submit(u)
 
     def current(self) -> dict:
-        return {k: v.detach().cpu().clone() for k, v in self.trainer.policy.trainable_state_dict().items()}
+        return {k: v.cpu() for k, v in self.trainer.policy.trainable_state_dict().items()}  # already copies
 
     def submit(self, update: int) -> None:
         version = snapshot_version(update, self.staleness)
@@ -92,10 +103,11 @@ class RolloutWorker:
         for v in [v for v in self.snapshots if v not in needed]:
             del self.snapshots[v]
 
-    def saved_snapshots(self, current: int) -> dict[int, dict]:
-        """The snapshots a run resumed at update `current` needs besides its current weights (versions u - S .. u - 1;
-        the checkpoint holds version u itself)."""
-        return {v: state for v, state in self.snapshots.items() if v != current}
+    def write_snapshots(self, folder: Path, current: int) -> None:
+        """Into a checkpoint folder: the snapshots a run resumed at update `current` needs besides its current weights
+        (versions u - S .. u - 1; the checkpoint holds version u itself)."""
+        save_file({f"{v}/{k}": t.contiguous() for v, state in self.snapshots.items() if v != current
+                   for k, t in state.items()}, Path(folder) / SNAPSHOTS_FILE)
 
     def close(self) -> None:
         for future in self.pending.values():

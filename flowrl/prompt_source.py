@@ -2,6 +2,8 @@
 update from (seed, update) alone, so a resumed run needs no state to draw the same ones."""
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from .tasks.base import Condition, Task, condition_set
@@ -10,6 +12,12 @@ from .tasks.base import Condition, Task, condition_set
 def derived_seed(*parts: int) -> int:
     """A 63-bit seed that depends on every part (run seed, update, sample index, ...)."""
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def text_seed(text: str) -> int:
+    """A fixed seed for a text (stable across processes and runs, unlike hash()): the default scene or solid of a
+    world's prompt that comes without one."""
+    return zlib.crc32(text.encode())
 
 
 class PromptSource:

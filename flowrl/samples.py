@@ -160,16 +160,15 @@ class ShapeSamples(Samples):
     def write(self, folder: Path, stem: str, index: int) -> list[str]:
         import trimesh
 
-        grid = self.grids()[index]
-        mesh = self.select([index]).meshes()[0] or trimesh.Trimesh()  # an empty field: an empty mesh
+        from flowrl.sdf import mesh_from_grid
+
+        grid = self.select([index]).grids()[0]  # this sample's field only (write is called once per sample)
+        mesh = mesh_from_grid(grid) or trimesh.Trimesh()  # an empty field: an empty mesh
         names = [f"{stem}.glb", f"{stem}.ply", f"{stem}.npy"]
         for name in names[:2]:
             mesh.export(Path(folder) / name)
         np.save(Path(folder) / names[2], grid.astype(np.float16))  # the field itself, for scoring read-backs
         return names
-
-    def size(self) -> tuple[int, int]:
-        return int(self.tensor.shape[-2]), int(self.tensor.shape[-1])
 
 
 def _mp4_scale(height: int, width: int) -> int:

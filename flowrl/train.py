@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 import yaml
-from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from .algorithms import RolloutBatch, WorkItems, build_algorithm
@@ -48,7 +47,6 @@ class RewardFailure(Exception):
     """Too many samples of an update got no finite reward (train.max_failed_reward_share)."""
 
 
-SNAPSHOTS_FILE = "rollout_snapshots.safetensors"  # async rollouts: the weight versions pending batches use
 WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -66,6 +64,18 @@ def build_policy(config: RunConfig):
         policy.add_lora(config.lora.rank, config.lora.alpha, targets)
     else:
         policy.transformer.requires_grad_(True)
+    return policy
+
+
+def placed_policy(config: RunConfig, device):
+    """`build_policy` made ready to run: on `device` with the configured frozen-weight dtype, CFG gradient rule and
+    memory options (the learner's policy, and the asynchronous rollout worker's copy)."""
+    policy = build_policy(config)
+    policy.cfg_uncond_grad = config.train.cfg_uncond_grad
+    policy.place(device, WEIGHT_DTYPES[config.train.weight_dtype])
+    t = config.train
+    policy.set_memory_options(t.gradient_checkpointing, config.pipeline.vae_slicing, config.pipeline.vae_tiling,
+                              t.offload_text_encoders, t.embedding_cache, t.decode_microbatch, config.pipeline.attention)
     return policy
 
 
@@ -139,13 +149,7 @@ class Trainer:
             raise ConfigError(f"train.groups_per_update: FK rollouts keep each prompt's particles on one process; "
                               f"expected a multiple of {self.world} processes, got {config.train.groups_per_update}")
         torch.manual_seed(config.run.seed)  # LoRA initialisation draws from the global generator
-        self.policy = build_policy(config)
-        self.policy.cfg_uncond_grad = config.train.cfg_uncond_grad
-        self.policy.place(self.accelerator.device, WEIGHT_DTYPES[config.train.weight_dtype])
-        t = config.train
-        self.policy.set_memory_options(t.gradient_checkpointing, config.pipeline.vae_slicing, config.pipeline.vae_tiling,
-                                       t.offload_text_encoders, t.embedding_cache, t.decode_microbatch,
-                                       config.pipeline.attention)
+        self.policy = placed_policy(config, self.accelerator.device)
         if config.sampler.kind not in self.policy.kinds:
             raise ConfigError(f"sampler.kind: a {type(self.policy.pipeline).__name__} samples with "
                               f"{list(self.policy.kinds)}, got {config.sampler.kind!r}")
@@ -187,6 +191,7 @@ class Trainer:
         self.params = params
         self.state = RunState()
         self.saved_snapshots: dict[int, dict] = {}  # rollout-worker snapshots a resumed checkpoint carried
+        self.worker = None  # the asynchronous rollout worker while run() goes (train.async_rollouts)
         if config.train.ema_decay > 0:
             self.state.ema = [p.detach().clone() for p in params]
 
@@ -408,10 +413,8 @@ class Trainer:
         update = self.state.update
 
         def export(folder):
-            worker = getattr(self, "worker", None)
-            if worker is not None:  # the weights the batches after this update are sampled with
-                save_file({f"{v}/{k}": t.contiguous() for v, state in worker.saved_snapshots(update).items()
-                           for k, t in state.items()}, folder / SNAPSHOTS_FILE)
+            if self.worker is not None:  # the weights the batches after this update are sampled with
+                self.worker.write_snapshots(folder, update)
             if self.policy.has_lora:  # the weights flowrl samples with, loadable by diffusers and peft
                 write_lora_files(self.policy, ema or trainable, folder)
             fault_point("checkpoint", update)  # files written, state.json not yet
@@ -453,11 +456,9 @@ class Trainer:
             for e, name in zip(self.state.ema, self.policy.trainable_state_dict()):
                 e.copy_(saved["ema"][name])
         self.state.update = saved["update"]
-        self.saved_snapshots = {}
-        if (path / SNAPSHOTS_FILE).is_file():
-            for key, tensor in load_file(path / SNAPSHOTS_FILE).items():
-                version, name = key.split("/", 1)
-                self.saved_snapshots.setdefault(int(version), {})[name] = tensor
+        from .async_rollouts import read_snapshots
+
+        self.saved_snapshots = read_snapshots(path)
 
     # ---- main loop ----------------------------------------------------------------------------------------
     def run(self, on_update=None) -> RunState:
@@ -467,7 +468,6 @@ class Trainer:
         if self.resumed_from is not None and self.log:
             tqdm.write(f"resumed from {self.resumed_from} at update {self.state.update}")
         steps = c.sampler.num_steps
-        self.worker = None
         if c.train.async_rollouts:
             from .async_rollouts import RolloutWorker
 

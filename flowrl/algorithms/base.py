@@ -93,6 +93,18 @@ class RewardGradientParams:
                               f"integer >= 1, got {self.reward_shift} and {self.reward_shift_copies}")
 
 
+@torch.no_grad()
+def chunked_velocity(policy, x: torch.Tensor, t: torch.Tensor, cond, rows, guidance_scale: float,
+                     chunk: int = 64) -> torch.Tensor:
+    """The policy's velocities at states `x` [N, ...] and times `t` [N] under the conditioning of samples `rows`, no
+    gradient, `chunk` states per forward: the old / rollout-policy velocities NFT and DHO regress around."""
+    rows = torch.as_tensor(rows)
+    out = torch.empty_like(x)
+    for part in torch.split(torch.arange(len(x)), chunk):
+        out[part] = policy.velocity(x[part], t[part], cond.select(rows[part]), guidance_scale)
+    return out
+
+
 def step_in_range(step_range: list[float], num_steps: int, seed: int) -> int:
     """A seeded step index k drawn uniformly from the fraction range [lo, hi) of an N-step schedule (at least one
     step wide): where ReFL takes its one-step prediction and MEND its prediction-space move."""

@@ -34,7 +34,7 @@ import torch
 from ..errors import ConfigError
 from ..prompt_source import derived_seed
 from .advantages import group_advantages
-from .base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
+from .base import Algorithm, RolloutBatch, WorkItems, chunked_velocity, register_algorithm, trained_steps
 from .nft import _normalised_x0_loss
 
 
@@ -233,12 +233,7 @@ class DHO(Algorithm):
         return torch.stack(states), torch.stack(targets)
 
     def old_velocity(self, policy, traj, x, t, rows) -> torch.Tensor:
-        rows = torch.as_tensor(rows)
-        out = torch.empty_like(x)
-        with torch.no_grad():
-            for chunk in torch.split(torch.arange(len(x)), self.chunk):
-                out[chunk] = policy.velocity(x[chunk], t[chunk], traj.cond.select(rows[chunk]), self.guidance(traj))
-        return out
+        return chunked_velocity(policy, x, t, traj.cond, rows, self.guidance(traj), self.chunk)
 
     def loss(self, policy, batch: RolloutBatch, items: WorkItems):
         p, traj = self.params, batch.trajectory

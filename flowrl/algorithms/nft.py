@@ -26,7 +26,7 @@ import torch
 from ..errors import ConfigError
 from ..prompt_source import derived_seed
 from .advantages import group_advantages
-from .base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
+from .base import Algorithm, RolloutBatch, WorkItems, chunked_velocity, register_algorithm, trained_steps
 
 
 @dataclass
@@ -94,11 +94,7 @@ class DiffusionNFT(Algorithm):
         shaped = t.reshape(-1, *[1] * (x0.ndim - 1))
         self.x_t = (1 - shaped) * x0 + shaped * noise.to(x0.device)
         self.t = t
-        self.v_old = torch.zeros_like(self.x_t)
-        with torch.no_grad():
-            for chunk in torch.split(torch.arange(len(items)), self.chunk):
-                self.v_old[chunk] = policy.velocity(self.x_t[chunk], t[chunk], traj.cond.select(items.sample[chunk]),
-                                                    self.guidance(traj))
+        self.v_old = chunked_velocity(policy, self.x_t, t, traj.cond, items.sample, self.guidance(traj), self.chunk)
         metrics = {"advantage_abs_mean": advantages.abs().mean().item(),
                    "positive_share": (self.weights > 0.5).float().mean().item()}
         return items, metrics

@@ -39,10 +39,9 @@ class ShapesEditAuditor:
     """The rule-based judge of the shapes-editing world (the edit verifier's pieces, one criterion each)."""
 
     def scene(self, item):
-        from ..editing.instructions import scene_for
-        from ..tasks.shapes_edit import scene_seed_of
+        from ..tasks.shapes_edit import item_scene
 
-        return scene_for(item.prompt, scene_seed_of(item))
+        return item_scene(item)
 
     def requested(self, item) -> Criterion:
         from ..editing.verifier import judge_edit

@@ -3,11 +3,11 @@ the grammar's jitter), and the condition image rendered from that solid. Items s
 image is rendered when it is needed, once per solid); the ground-truth solid of any item is `solid_of(item)`."""
 from __future__ import annotations
 
-import zlib
 from functools import lru_cache
 
 import numpy as np
 
+from ..prompt_source import text_seed
 from ..tasks.base import Condition
 from .prompts import TAGS, eval_prompt_set, parse_prompt, sample_solid, train_prompt_set
 from ..sdf import render
@@ -18,21 +18,20 @@ EVAL_ITEMS_PER_TAG = 16  # tags with few held-out prompts (single: 1, side by si
 EVAL_SEED = 2024
 
 
-def prompt_seed(prompt: str) -> int:
-    """A fixed solid seed for a bare prompt (stable across processes and runs, unlike hash())."""
-    return zlib.crc32(prompt.encode())
-
-
 def condition_item(prompt: str, solid_seed: int | None = None) -> Condition:
     spec = parse_prompt(prompt)
-    return Condition(prompt, meta={"tag": spec.tag, "solid_seed": int(prompt_seed(prompt) if solid_seed is None
+    return Condition(prompt, meta={"tag": spec.tag, "solid_seed": int(text_seed(prompt) if solid_seed is None
                                                                         else solid_seed)})
+
+
+def solid_seed(item: Condition) -> int:
+    """An item's solid seed (a bare prompt's: a fixed one derived from its text)."""
+    return int(item.meta.get("solid_seed", text_seed(item.prompt)))
 
 
 def solid_of(item: Condition):
     """The ground-truth solid of a world item (its prompt drawn with its solid seed)."""
-    seed = item.meta.get("solid_seed", prompt_seed(item.prompt))
-    return _solid(item.prompt, int(seed))
+    return _solid(item.prompt, solid_seed(item))
 
 
 @lru_cache(maxsize=4096)
@@ -49,12 +48,12 @@ def _image(prompt: str, seed: int) -> np.ndarray:
 
 def world_image(item: Condition) -> np.ndarray:
     """The condition image (uint8 [32, 32, 3]) of a world item; ValueError naming a prompt outside the grammar."""
-    return _image(item.prompt, int(item.meta.get("solid_seed", prompt_seed(item.prompt))))
+    return _image(item.prompt, solid_seed(item))
 
 
 def train_conditions() -> dict[str, list[Condition]]:
     """Per tag: every training prompt with TRAIN_SOLIDS_PER_PROMPT solids."""
-    return {tag: [condition_item(p, prompt_seed(p) + k) for p in prompts for k in range(TRAIN_SOLIDS_PER_PROMPT)]
+    return {tag: [condition_item(p, text_seed(p) + k) for p in prompts for k in range(TRAIN_SOLIDS_PER_PROMPT)]
             for tag, prompts in train_prompt_set().items()}
 
 

@@ -3,11 +3,10 @@ rendered source image as the per-sample input `source_image` (what an editing pi
 evaluation is the edit verifier's success per kind, with the off-target pixel change beside it."""
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 
 from ..editing.instructions import KINDS, eval_instruction_set, parse_instruction, scene_for, train_instruction_set
+from ..prompt_source import text_seed
 from ..shapes.world import render
 from .base import TASKS, Condition, ConditionSet, GrammarTask, tag_metrics
 
@@ -23,7 +22,12 @@ def edit_item(instruction: str, scene_seed: int) -> Condition:
 
 
 def scene_seed_of(item: Condition) -> int:
-    return int(item.meta.get("scene_seed", zlib.crc32(item.prompt.encode())))
+    return int(item.meta.get("scene_seed", text_seed(item.prompt)))
+
+
+def item_scene(item: Condition):
+    """(spec, source objects, target objects) an item names: its instruction with its scene seed."""
+    return scene_for(item.prompt, scene_seed_of(item))
 
 
 @TASKS.register("shapes_edit")
@@ -37,7 +41,7 @@ class ShapesEditTask(GrammarTask):
 
     def condition_set(self, name: str) -> ConditionSet:
         if name == "train":
-            by_tag = {kind: [edit_item(text, zlib.crc32(text.encode()) + k) for text in texts
+            by_tag = {kind: [edit_item(text, text_seed(text) + k) for text in texts
                              for k in range(TRAIN_SCENES_PER_INSTRUCTION)]
                       for kind, texts in train_instruction_set().items()}
             return ConditionSet([c for items in by_tag.values() for c in items], by_tag)
@@ -64,8 +68,4 @@ def judge_items(images: np.ndarray, conditions: list[Condition]) -> list:
     """The edit verifier's judgement of each edited uint8 image against its item's source and target scenes."""
     from ..editing.verifier import judge_edit
 
-    out = []
-    for image, item in zip(images, conditions):
-        spec, source, target = scene_for(item.prompt, scene_seed_of(item))
-        out.append(judge_edit(image, spec, source, target))
-    return out
+    return [judge_edit(image, *item_scene(item)) for image, item in zip(images, conditions)]
