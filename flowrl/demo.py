@@ -1,6 +1,6 @@
 """`flowrl demo`: a Gradio page that generates one prompt and seed with the base model and every checkpoint,
 side by side, each sample labelled with its reward (3D pipelines: the meshes in gr.Model3D viewers and turntable
-renders).
+renders; editing pipelines: source | base edit | tuned edit, the source uploaded or the editing world's scene).
 
 LoRA checkpoints become named peft adapters on one network (switched per image, so memory grows by the adapters
 only); full-weight checkpoints are swapped in and out of the network's parameters.
@@ -90,8 +90,29 @@ def upscale(image: np.ndarray, size: int = DISPLAY_SIZE) -> np.ndarray:
     return image.repeat(factor, 0).repeat(factor, 1)
 
 
-DEFAULT_REWARD = {"3d": "silhouette_iou"}  # the reward shown by default per modality (else shapes_clip)
-DEFAULT_PROMPT = {"video": "a red circle moving left", "3d": "a sphere on top of a cylinder"}
+DEFAULT_REWARD = {"3d": "silhouette_iou", "edit": "shapes_edit"}  # shown by default per kind (else shapes_clip)
+DEFAULT_PROMPT = {"video": "a red circle moving left", "3d": "a sphere on top of a cylinder",
+                  "edit": "make the red circle blue"}
+
+
+def page_kind(policy) -> str:
+    """What the page shows: "edit" for editing pipelines, else the policy's modality."""
+    return "edit" if policy.source_input else policy.modality
+
+
+def edit_condition(instruction: str, seed: int, source: np.ndarray | None):
+    """The condition of an edit: an uploaded source (uint8 [H, W, 3]) as it is, or else the editing world's scene
+    for the instruction (scene seed = the page's seed; an instruction outside the grammar is a UserError)."""
+    from .tasks.base import Condition
+    from .tasks.shapes_edit import edit_item
+
+    if source is not None:
+        return Condition(instruction, inputs={"source_image": np.ascontiguousarray(source[..., :3], np.uint8)},
+                         meta={"uploaded": True})
+    try:
+        return edit_item(instruction, seed)
+    except ValueError as error:
+        raise UserError(f"{error}; upload a source image to edit with any instruction") from None
 
 
 class Comparison:
@@ -102,20 +123,30 @@ class Comparison:
         self.policy, self.models, self.scorer = policy, models, scorer
         self.steps, self.guidance_scale, self.spec, self.folder = steps, guidance_scale, spec, folder
 
-    def __call__(self, prompt: str, seed: int, progress=None) -> list[dict]:
+    def __call__(self, prompt: str, seed: int, progress=None, source: np.ndarray | None = None) -> list[dict]:
+        """Editing pipelines take the instruction as `prompt` and `source` (else the world's scene); the first
+        entry is then the source, unscored, and an uploaded source's edits go unscored too (the world's verifier
+        needs the world's scene)."""
         from .generate import generate_samples
 
         modality = self.policy.modality
         out = []
+        condition = prompt
+        if self.policy.source_input:
+            condition = edit_condition(prompt, seed, source)
+            image = condition.inputs["source_image"]
+            out.append({"label": "source", "score": None, "shown": upscale(image)})
         for number, label in enumerate(self.models.labels):
             if progress is not None:
                 progress(number / len(self.models.labels), desc=f"generating with {label}")
             self.models.activate(label)
-            samples, _ = generate_samples(self.policy, [prompt], 1, seed, self.steps, self.guidance_scale, self.spec,
-                                          desc=None)
+            samples, _ = generate_samples(self.policy, [condition], 1, seed, self.steps, self.guidance_scale,
+                                          self.spec, desc=None)
             with torch.no_grad():  # the reward sees what the file would hold (uint8 for pixels), the page a preview
                 decoded = samples.decoded() if modality == "3d" else torch.round(samples.decoded() * 255) / 255
-                score = float(self.scorer(decoded, [prompt]).scores[0])
+                score = None
+                if not (self.policy.source_input and source is not None):
+                    score = float(self.scorer(decoded, [prompt], {"conditions": [condition]}).scores[0])
             stem = f"{label.replace('/', '_')}_{seed}"
             entry = {"label": label, "score": score}
             if modality == "video":
@@ -141,8 +172,8 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
 
     policy = policy_for(load_pipeline(pipeline_dir), max_sequence_length=max_sequence_length)
     models = CheckpointSet(policy, checkpoints)
-    modality = policy.modality
-    reward = reward or DEFAULT_REWARD.get(modality, "shapes_clip")
+    modality, kind = policy.modality, page_kind(policy)
+    reward = reward or DEFAULT_REWARD.get(kind, "shapes_clip")
     scorer = build_reward(reward, where="--reward")
     if modality not in scorer.modalities:
         from .errors import ConfigError
@@ -153,17 +184,22 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
     folder = Path(tempfile.mkdtemp(prefix="flowrl_demo_"))  # GIFs and meshes are shown from files written here
     compare = Comparison(policy, models, scorer, steps, guidance_scale, spec, folder)
 
-    def run(prompt: str, seed: float, progress=gr.Progress()):
+    def run(prompt: str, seed: float, source=None, progress=gr.Progress()):  # source: editing pages only
         prompt = (prompt or "").strip()
         if not prompt:
             raise gr.Error("Enter a prompt.")
         try:
-            entries = compare(prompt, int(seed), progress)
+            entries = compare(prompt, int(seed), progress, source)
         except UserError as error:
             raise gr.Error(str(error)) from None
-        gallery = [(e["shown"], f"{e['label']} | {reward} {e['score']:.3f}") for e in entries]
+
+        def shown(score):
+            return "-" if score is None else f"{score:.3f}"
+
+        gallery = [(e["shown"], e["label"] if e["label"] == "source" else f"{e['label']} | {reward} {shown(e['score'])}")
+                   for e in entries]
         table = "| model | " + reward + " |\n|---|---|\n" + "\n".join(
-            f"| {e['label']} | {e['score']:.3f} |" for e in entries)
+            f"| {e['label']} | {shown(e['score'])} |" for e in entries if e["label"] != "source")
         return [gallery, table, *[e["mesh"] for e in entries if "mesh" in e]]
 
     with gr.Blocks(title="flowrl: base vs tuned") as demo:
@@ -171,9 +207,13 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
         gr.Markdown(f"## flowrl: base and fine-tuned side by side\nPipeline `{pipeline_dir}`; {steps} steps, "
                     f"CFG {guidance_scale}; the caption under each {what} is its `{reward}` reward.")
         with gr.Row():
-            prompt = gr.Textbox(label="prompt", value=DEFAULT_PROMPT.get(modality, "a red circle left of a blue square"),
-                                elem_id="prompt")
+            prompt = gr.Textbox(label="instruction" if kind == "edit" else "prompt",
+                                value=DEFAULT_PROMPT.get(kind, "a red circle left of a blue square"), elem_id="prompt")
             seed = gr.Number(label="seed", value=0, precision=0, elem_id="seed")
+        sources = []
+        if kind == "edit":  # an uploaded source, or (left empty) the editing world's scene for the instruction
+            sources = [gr.Image(label="source image (empty: the editing world's scene, chosen by the seed)",
+                                type="numpy", image_mode="RGB", height=200, elem_id="source")]
         button = gr.Button("Generate", variant="primary", elem_id="generate")
         scores = gr.Markdown(elem_id="scores")
         meshes = []
@@ -181,7 +221,8 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
             with gr.Row():
                 meshes = [gr.Model3D(label=label, height=300, elem_id=f"mesh{i}")
                           for i, label in enumerate(models.labels)]
-        gallery = gr.Gallery(label="turntable views" if modality == "3d" else "samples", columns=len(models.labels),
-                             height=340, object_fit="contain", elem_id="gallery")
-        button.click(run, inputs=[prompt, seed], outputs=[gallery, scores, *meshes])
+        gallery = gr.Gallery(label="turntable views" if modality == "3d" else "samples",
+                             columns=len(models.labels) + len(sources), height=340, object_fit="contain",
+                             elem_id="gallery")
+        button.click(run, inputs=[prompt, seed, *sources], outputs=[gallery, scores, *meshes])
     return demo

@@ -25,3 +25,38 @@ def as_image_batch(image) -> torch.Tensor:
         return to_unit(image)
     images = image if isinstance(image, list) else [image]
     return to_unit(np.stack([np.asarray(i.convert("RGB") if hasattr(i, "convert") else i) for i in images]))
+
+
+def item_image(item, key: str, world: str, needed_by: str, size: int | None = None) -> torch.Tensor:
+    """A condition item's input image as float [3, H, W] in [0, 1], from, in order: its inputs[key] (uint8 [H, W, 3]
+    array, float tensor [3, H, W] in [0, 1], or a PIL image), its meta["image"] (a path to an image file, e.g. from
+    a .jsonl prompt file; resized to `size` when given), or the image the task `world` (by registered name) makes
+    for a prompt of its grammar (its `condition_image(item)`: the policies know no world themselves). `needed_by`
+    names the pipeline kind in the error for a prompt that has none; `size` (when given) is checked."""
+    from pathlib import Path
+
+    from .errors import UserError
+
+    image = item.inputs.get(key)
+    if image is None and item.meta.get("image"):
+        path = Path(item.meta["image"])
+        if not path.is_file():
+            raise UserError(f"condition image {path} (meta 'image' of prompt {item.prompt!r}) does not exist")
+        from PIL import Image
+
+        with Image.open(path) as opened:
+            image = opened.convert("RGB")
+            image = image.resize((size, size)) if size is not None else image.copy()
+    if image is None:
+        from .tasks.base import build_task
+
+        try:
+            image = build_task(world).condition_image(item)
+        except ValueError as error:
+            raise UserError(f"{error}; {needed_by} needs a condition image: give it as 'image' (a file path) in a "
+                            f".jsonl prompt file, or use prompts of the {world} world") from None
+    # a copy: a task's cached renders may be read-only
+    batch = as_image_batch(image if isinstance(image, torch.Tensor) else np.array(image)).float()
+    if size is not None and batch.shape[-2:] != (size, size):
+        raise UserError(f"condition image of {item.prompt!r} is {tuple(batch.shape[-2:])}; expected {size}x{size}")
+    return batch[0]

@@ -36,8 +36,15 @@ def test_kontext_rollout_reproduces_the_pipeline_and_needs_a_source():
     moved = rollout(policy, policy.encode(other, 3.5), sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.5,
                     initial_noise=noise)
     assert not torch.allclose(moved.final, traj.final)  # the source image conditions the edit
-    with pytest.raises(UserError, match="source image"):
-        policy.encode([Condition(PROMPTS[0])], 3.5)
+    # a bare instruction of the grammar is edited on the world's scene (its own scene seed); others need a source
+    from flowrl.prompt_source import text_seed
+    from flowrl.tasks.shapes_edit import edit_item
+
+    bare = policy.encode([Condition(PROMPTS[0])], 3.5).tensors["image_latents"]
+    scene = policy.encode([edit_item(PROMPTS[0], text_seed(PROMPTS[0]))], 3.5).tensors["image_latents"]
+    assert torch.equal(bare, scene)
+    with pytest.raises(UserError, match="an editing pipeline needs a condition image"):
+        policy.encode([Condition("paint it any colour")], 3.5)
 
 
 def test_edit_grpo_trains_through_the_loop_and_reports_source_base_tuned(tmp_path):
@@ -72,3 +79,72 @@ def test_edit_grpo_trains_through_the_loop_and_reports_source_base_tuned(tmp_pat
     assert set(evals) == {"0", "2"} and "off_target" in evals["2"]["metrics"]  # edit success per kind, off-target
     grid = np.asarray(Image.open(run_dir / "before_after.png"))
     assert grid.shape[1] == 260 + 3 * (32 * 4 + 4)  # the title column, then source | base | tuned
+
+
+def test_the_demo_shows_source_base_and_tuned_edits(tmp_path):
+    """An editing pipeline's page: the world's scene for the instruction (or an uploaded source) first, then each
+    model's edit of it; world scenes are scored by the edit verifier, uploads are not (no scene to judge against)."""
+    gr = pytest.importorskip("gradio")
+    from flowrl.checkpoint import save_checkpoint
+    from flowrl.demo import build_demo
+    from flowrl.policies import load_pipeline
+    from flowrl.tasks.shapes_edit import edit_item
+
+    tiny_flux_kontext().save_pretrained(tmp_path / "kontext")
+    tuned = policy_for(load_pipeline(tmp_path / "kontext"))
+    tuned.add_lora(4, 8, tuned.lora_targets)
+    with torch.no_grad():
+        for name, p in tuned.transformer.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints", 3, tuned.trainable_state_dict(), {}, None,
+                                 {"rank": 4, "alpha": 8, "target_modules": tuned.lora_targets})
+    demo = build_demo(str(tmp_path / "kontext"), [str(checkpoint)], steps=2, size=(32, 32, None))
+    assert [b.label for b in demo.blocks.values() if isinstance(b, gr.Image)][0].startswith("source image")
+    handler = next(iter(demo.fns.values())).fn
+    quiet = lambda *args, **kwargs: None  # noqa: E731
+    gallery, table = handler("make the red circle blue", 7, None, progress=quiet)
+    assert [caption.split(" |")[0] for _, caption in gallery] == ["source", "base", "run/update_000003"]
+    source = edit_item("make the red circle blue", 7).inputs["source_image"]
+    assert np.array_equal(gallery[0][0][::6, ::6], source)  # the world's scene for this seed, upscaled 6x
+    assert "| base | 0." in table and "shapes_edit" in table and not np.array_equal(gallery[1][0], gallery[2][0])
+    upload = np.zeros((32, 32, 3), np.uint8)
+    upload[8:16, 8:16] = (230, 30, 30)
+    gallery, table = handler("paint it any colour", 0, upload, progress=quiet)  # outside the grammar: uploads only
+    assert np.array_equal(gallery[0][0][::6, ::6], upload) and "| base | - |" in table
+    with pytest.raises(gr.Error, match="upload a source image"):
+        handler("paint it any colour", 0, None, progress=quiet)
+
+
+def test_sample_cli_edits_world_scenes_and_image_files_and_eval_reads_them_back(tmp_path):
+    """`flowrl sample` with an editing pipeline: a .jsonl line names its scene seed or a source image file; the
+    samples folder is then judged by the editing task (`flowrl eval shapes_edit`) from the records alone."""
+    import json
+
+    from flowrl.cli import main
+    from flowrl.tasks.shapes_edit import edit_item
+
+    tiny_flux_kontext().save_pretrained(tmp_path / "kontext")
+    source = np.zeros((32, 32, 3), np.uint8)
+    source[4:12, 4:12] = (230, 30, 30)
+    Image.fromarray(source).save(tmp_path / "mine.png")
+    lines = [{"prompt": "make the red circle blue", "scene_seed": 5},
+             {"prompt": "make the red square blue", "image": str(tmp_path / "mine.png")}]
+    (tmp_path / "edits.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    assert main(["sample", "--pipeline", str(tmp_path / "kontext"), "--prompts", str(tmp_path / "edits.jsonl"),
+                 "--out", str(tmp_path / "out"), "--steps", "2", "--height", "32", "--width", "32"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in records] == [line["prompt"] for line in lines] and records[0]["scene_seed"] == 5
+    # the same edit as sampling the world's item directly: the record's scene seed chose the source
+    direct = policy_for(tiny_flux_kontext(), max_sequence_length=16)
+    from flowrl.generate import generate
+    expected, _ = generate(direct, [edit_item("make the red circle blue", 5)], 1, 0, 2, spec=SampleSpec(32, 32))
+    written = np.asarray(Image.open(tmp_path / "out" / records[0]["file"]))
+    assert np.abs(written.astype(int) - expected[0].astype(int)).max() <= 1
+    assert main(["eval", "shapes_edit", "--samples", str(tmp_path / "out")]) == 2  # the uploaded source: no scene
+    (tmp_path / "world.jsonl").write_text(json.dumps(lines[0]) + "\n")
+    assert main(["sample", "--pipeline", str(tmp_path / "kontext"), "--prompts", str(tmp_path / "world.jsonl"),
+                 "--out", str(tmp_path / "world"), "--steps", "2", "--height", "32", "--width", "32"]) == 0
+    assert main(["eval", "shapes_edit", "--samples", str(tmp_path / "world")]) == 0
+    result = json.loads((tmp_path / "world" / "shapes_edit_eval.json").read_text())
+    assert result["counts"]["recolour"] == 1 and "off_target" in result["metrics"]

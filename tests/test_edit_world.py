@@ -60,6 +60,21 @@ def test_near_misses_fail_for_the_right_reason():
     assert not short.requested
 
 
+def test_editscore_analogues_follow_semantics_and_pixel_quality():
+    spec = parse_instruction("make the red circle blue")
+    source = [ShapeObject("circle", "red", 2, 2, 10), ShapeObject("square", "green", 18, 18, 10)]
+    target = [ShapeObject("circle", "blue", 2, 2, 10), source[1]]
+    exact = judge_edit(render(target), spec, source, target)
+    assert (exact.sc, exact.pq, exact.editscore) == (10.0, 10.0, 10.0)
+    smeared = render(target).copy()
+    smeared[0:8, 20:32] = (120, 120, 120)  # grey, no palette colour, in a corner the edit leaves alone
+    grey = judge_edit(smeared, spec, source, target)
+    assert grey.success and grey.pq == pytest.approx(10 * (1 - 96 / 1024))
+    assert grey.editscore == pytest.approx(np.sqrt(grey.sc * grey.pq))  # EditScore's Overall = sqrt(SC x PQ)
+    dropped = judge_edit(render(target[:1]), spec, source, target)
+    assert dropped.pq == 10.0 and dropped.sc == 5.0  # the bystander lost: half of SC's preserved half
+
+
 def test_task_items_carry_their_source_image_and_evaluate_the_verifier():
     from flowrl.editing.instructions import scene_for
     from flowrl.rewards import build_reward

@@ -10,6 +10,10 @@ the exact source and target scenes, with the image world's detector.
 - off-target change: the share of pixels outside the edited region (the edited object's source and target masks,
   grown by 1 px) whose colour moved by more than `CHANGE` (max over channels) from the source: what the
   minimal-change principle says should stay 0.
+- EditScore's analogues (its scores are 0-10; Overall = sqrt(SC x PQ)): semantic consistency SC = 10 x dense (the
+  instruction followed, nothing else touched) and perceptual quality PQ = 10 x the share of clean pixels (within
+  `CHANGE` of the background or a palette colour: renders are flat colours, so blur, smears and mixed colours are
+  what a quality judge would mark down).
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import numpy as np
 from scipy import ndimage
 
 from ..shapes.verifier import Detection, detect
-from ..shapes.world import ShapeObject, render
+from ..shapes.world import PALETTE, ShapeObject, render
 from .instructions import EditSpec
 
 NEAR = 3.0
@@ -33,9 +37,23 @@ class EditJudgement:
     dense: float
     off_target: float
 
+    quality: float = 1.0  # share of clean pixels
+
     @property
     def success(self) -> bool:
         return self.requested and self.preserved
+
+    @property
+    def sc(self) -> float:
+        return 10 * self.dense
+
+    @property
+    def pq(self) -> float:
+        return 10 * self.quality
+
+    @property
+    def editscore(self) -> float:
+        return float(np.sqrt(self.sc * self.pq))
 
 
 def _found(objects: list[Detection], obj: ShapeObject) -> bool:
@@ -70,6 +88,15 @@ def changed_pixels(edited: np.ndarray, source_image: np.ndarray) -> np.ndarray:
     return np.abs(edited.astype(np.int16) - source_image.astype(np.int16)).max(-1) > CHANGE
 
 
+CLEAN_COLOURS = np.array([(0, 0, 0), *PALETTE.values()], dtype=np.int16)
+
+
+def clean_share(image: np.ndarray) -> float:
+    """The share of pixels within CHANGE (max over channels) of the background or a palette colour."""
+    distance = np.abs(image.astype(np.int16)[..., None, :] - CLEAN_COLOURS).max(-1).min(-1)
+    return float((distance <= CHANGE).mean())
+
+
 def judge_edit(edited: np.ndarray, spec: EditSpec, source: list[ShapeObject],
                target: list[ShapeObject]) -> EditJudgement:
     """Judge an edited uint8 image [H, W, 3] of `source` under `spec` (target = the exact target scene)."""
@@ -87,4 +114,4 @@ def judge_edit(edited: np.ndarray, spec: EditSpec, source: list[ShapeObject],
     dense = 0.5 * float(requested) + 0.5 * max(0.0, share - extra / max(1, len(target)))
     outside = ~edit_region(spec, source, target, edited.shape[0])
     off_target = float(changed_pixels(edited, render(source))[outside].mean()) if outside.any() else 0.0
-    return EditJudgement(requested, preserved, dense, off_target)
+    return EditJudgement(requested, preserved, dense, off_target, clean_share(edited))

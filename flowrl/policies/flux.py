@@ -75,21 +75,21 @@ class FluxKontextPolicy(FluxPolicy):
     into `image_latents` of the conditioning, and every forward appends its packed tokens after the sample's, with
     position ids whose first axis is 1 (Kontext's context-image marker); the output keeps the sample's tokens."""
     family = "flux_kontext"
+    source_input = "source_image"
 
     @torch.no_grad()
     def encode_inputs(self, cond: Conditioning, items: list) -> Conditioning:
+        """Each item's source: inputs["source_image"], meta["image"] (a file, e.g. from a .jsonl prompt file) or
+        the shapes-editing world's scene for an instruction of its grammar (meta "scene_seed")."""
         from ..errors import UserError
-        from ..images import as_image_batch
+        from ..images import item_image
 
-        missing = [item.prompt for item in items if item.inputs.get("source_image") is None]
-        if missing:
-            raise UserError(f"an editing pipeline needs a source image per condition (inputs['source_image']); "
-                            f"none for {missing[0]!r}: use an editing task such as shapes_edit")
+        sources = [item_image(item, "source_image", "shapes_edit", "an editing pipeline") for item in items]
+        sizes = {tuple(source.shape[-2:]) for source in sources}
+        if len(sizes) > 1:
+            raise UserError(f"source images of one batch differ in size ({sorted(sizes)}); give sources of one size")
         vae = self.pipeline.vae
-        # uint8 arrays [H, W, 3] (copied: a task's cached renders may be read-only), PIL images or float tensors
-        images = torch.cat([as_image_batch(source if isinstance(source, torch.Tensor) else np.array(source))
-                            for source in (item.inputs["source_image"] for item in items)]).float()
-        z = vae.encode((images * 2 - 1).to(self.device, vae.dtype)).latent_dist.mode()
+        z = vae.encode((torch.stack(sources) * 2 - 1).to(self.device, vae.dtype)).latent_dist.mode()
         cond.tensors["image_latents"] = (z - vae.config.shift_factor) * vae.config.scaling_factor
         return cond
 

@@ -8,13 +8,9 @@ asked of the `shapes3d` task through the task registry (the adapter knows no wor
 """
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import torch
 
-from ..errors import UserError
-from ..images import as_image_batch
+from ..images import item_image
 from . import POLICIES
 from .base import Conditioning, FlowPolicy, SampleSpec
 
@@ -23,30 +19,9 @@ from .base import Conditioning, FlowPolicy, SampleSpec
 SHAPES3D_LORA_TARGETS = ["mlp.0", "mlp.2", "modulation"]
 
 
-def condition_image(item, size: int, world: str = "shapes3d") -> torch.Tensor:
-    """The item's condition image as float [3, size, size] in [0, 1] (see the module docstring); `world` is the task
-    (by registered name) whose `condition_image` renders a prompt that comes without an image."""
-    image = item.inputs.get("image")
-    if image is None and item.meta.get("image"):
-        path = Path(item.meta["image"])
-        if not path.is_file():
-            raise UserError(f"condition image {path} (meta 'image' of prompt {item.prompt!r}) does not exist")
-        from PIL import Image
-
-        with Image.open(path) as opened:
-            image = opened.convert("RGB").resize((size, size))
-    if image is None:  # the pipeline's world renders the solid its grammar's prompt names
-        from ..tasks.base import build_task
-
-        try:
-            image = build_task(world).condition_image(item)
-        except ValueError as error:
-            raise UserError(f"{error}; an image-to-3D pipeline needs a condition image: give it as 'image' (a file "
-                            "path) in a .jsonl prompt file, or use prompts of the 3D shapes world") from None
-    batch = as_image_batch(image if isinstance(image, torch.Tensor) else np.array(image)).float()  # a copy: cached renders are read-only
-    if batch.shape[-2:] != (size, size):
-        raise UserError(f"condition image of {item.prompt!r} is {tuple(batch.shape[-2:])}; expected {size}x{size}")
-    return batch[0]
+def condition_image(item, size: int) -> torch.Tensor:
+    """The item's condition image as float [3, size, size] in [0, 1] (see the module docstring)."""
+    return item_image(item, "image", "shapes3d", "an image-to-3D pipeline", size)
 
 
 @POLICIES.register("Shapes3DFlowPipeline")

@@ -54,14 +54,97 @@ class ShapesEditTask(GrammarTask):
             return ConditionSet(items)
         return super().condition_set(name)
 
+    def check(self, item: Condition) -> None:
+        self.parse(item.prompt)
+        if item.meta.get("image"):
+            raise ValueError(f"{item.prompt!r} edits its own source image ({item.meta['image']}); the edit verifier "
+                             "judges edits of the world's scenes only")
+
+    def condition_image(self, item: Condition) -> np.ndarray:
+        """The source image (uint8 [32, 32, 3]) of an instruction of the grammar: its scene (meta "scene_seed",
+        else the instruction's own); ValueError for an instruction outside the grammar."""
+        return render(item_scene(item)[1])
+
     def evaluate(self, samples, conditions: list[Condition]) -> dict:
         judged = judge_items(samples.to_uint8(), conditions)
         kinds = [parse_instruction(c.prompt).kind for c in conditions]
         clusters = [(c.prompt, scene_seed_of(c)) for c in conditions]
         result = tag_metrics([j.success for j in judged], kinds, KINDS, clusters=clusters)
         result["metrics"] = {name: tag_metrics([getattr(j, name) for j in judged], kinds, KINDS, clusters=clusters)
-                             for name in ("requested", "preserved", "off_target")}
+                             for name in ("requested", "preserved", "off_target", "sc", "pq", "editscore")}
         return result
+
+    @classmethod
+    def commands(cls):
+        from ..cli import TaskCommands
+
+        return TaskCommands(pretrain={"shapes-kontext": pretrain_shapes_kontext},
+                            pretrain_help="shapes-kontext -> pipelines/shapes-kontext (instruction-based image editor)",
+                            eval_suites={"editscore": eval_editscore}, eval_arguments=editscore_arguments)
+
+
+def editscore_arguments(parser) -> None:
+    import os
+
+    parser.add_argument("--editscore-model", default=None, metavar="DIR", help="editscore: a local Qwen2.5-VL folder")
+    parser.add_argument("--editscore-lora", default=None, metavar="DIR", help="editscore: EditScore's LoRA folder")
+    parser.add_argument("--editscore-url", default=None, help="editscore: an OpenAI-compatible chat-completions URL "
+                        "(e.g. http://127.0.0.1:8000/v1/chat/completions) instead of a local folder")
+    parser.add_argument("--editscore-model-name", default=None, help="editscore: the endpoint's model name")
+    parser.add_argument("--editscore-key", default=os.environ.get("FLOWRL_EDITSCORE_KEY"),
+                        help="editscore: the endpoint's API key (default: $FLOWRL_EDITSCORE_KEY)")
+    parser.add_argument("--editscore-passes", type=int, default=1, help="editscore: judge passes averaged per edit")
+
+
+def eval_editscore(args) -> None:
+    """`flowrl eval editscore --samples DIR`: the editscore package's scores of an editing pipeline's samples, to
+    DIR/editscore_eval.json."""
+    import json
+    from pathlib import Path
+
+    from ..errors import UserError
+    from ..eval.editscore import SCORES, build_editscore, samples_triples, score_triples
+
+    if args.samples is None:
+        raise UserError("eval editscore: expected --samples DIR (edits written by `flowrl sample` with an editing "
+                        "pipeline)")
+    if args.editscore_passes < 1:
+        raise UserError(f"--editscore-passes: expected an integer >= 1, got {args.editscore_passes}")
+    sources, instructions, edits = samples_triples(args.samples)
+    scorer = build_editscore(args.editscore_model, args.editscore_lora, args.editscore_url,
+                             args.editscore_model_name, args.editscore_key, num_pass=args.editscore_passes)
+    result = score_triples(scorer, sources, instructions, edits)
+    out = Path(args.samples) / "editscore_eval.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print("  ".join(f"{k} {result[k]:.3f}" for k in SCORES) + f"  ({result['count']} edits, "
+          f"{result['unparsed']} judge answers unparsed)")
+    print(f"written to {out}")
+
+
+def pretrain_shapes_kontext(args) -> None:
+    """`flowrl pretrain shapes-kontext`: the embedded editor and its card (--flow-steps and --card-only are the
+    shapes recipes' flags, shared)."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from ..pretrain.shapes_kontext import (KontextPretrainConfig, evaluate_editor, pretrain_shapes_kontext as train,
+                                           write_card)
+    from ..pretrain.shapes_sd3 import save_pipeline
+
+    out = args.out or "pipelines/shapes-kontext"
+    cfg = KontextPretrainConfig(seed=args.seed)
+    if getattr(args, "flow_steps", None) is not None:
+        cfg.flow_steps = args.flow_steps
+    if not getattr(args, "card_only", False):
+        pipe, facts = train(cfg)
+        save_pipeline(pipe, out, facts)
+    facts = json.loads((Path(out) / "training_facts.json").read_text())
+    torch.set_num_threads(cfg.threads)
+    result, images, items = evaluate_editor(out)
+    write_card(out, facts, result, images, items)
+    print(json.dumps({k: result[k] for k in ("overall", "tags")}, indent=2))
 
 
 def judge_items(images: np.ndarray, conditions: list[Condition]) -> list:

@@ -1,0 +1,76 @@
+"""Scripted EditScore (issue 19, part 5): how the package turns raw judge answers into scores under flowrl's
+averaging, and the package's own code end to end on a tiny random Qwen2.5-VL folder built offline, on CPU."""
+import json
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("editscore")
+
+from flowrl.editing.instructions import scene_for  # noqa: E402
+from flowrl.eval.editscore import score_triples  # noqa: E402
+from flowrl.shapes.world import render  # noqa: E402
+
+
+class ScriptedJudge:
+    """Stands in for the package's VLM backbone: answers by which of EditScore's two prompts it is asked."""
+
+    def __init__(self, semantic: list[str], quality: str):
+        self.semantic, self.quality, self.calls = list(semantic), quality, 0
+
+    def prepare_input(self, images, text_prompt=""):
+        return text_prompt
+
+    def inference(self, prompt, seed=None):
+        self.calls += 1
+        return self.semantic.pop(0) if "editing instruction" in prompt.lower() else self.quality
+
+
+def test_raw_judge_answers_become_scores_the_package_way():
+    from editscore import EditScore
+
+    scorer = EditScore(backbone="scripted", score_range=25, seed=0)  # an unknown backbone builds no model
+    assert "editing instruction" in scorer.SC_prompt.lower() and "editing instruction" not in scorer.PQ_prompt.lower()
+    scorer.model = ScriptedJudge(['{"reasoning": "recoloured, rest kept", "score": [20, 15]}',
+                                  "no score here", "still none", "nor here"],
+                                 '{"reasoning": "clean", "score": [25]}')
+    image = render(scene_for("make the red circle blue", 0)[1])
+    result = score_triples(scorer, [image, image], ["make the red circle blue"] * 2, [image, image], progress=False)
+    first, second = result["rows"]
+    # on 0-25 answers: prompt following 20 / 2.5, consistency 15 / 2.5; SC = their minimum; Overall = sqrt(SC x PQ)
+    assert (first["prompt_following"], first["consistency"], first["perceptual_quality"]) == (8.0, 6.0, 10.0)
+    assert first["overall"] == pytest.approx(math.sqrt(6.0 * 10.0))
+    # an answer unparsed twice becomes the package's random guess (equal sub-scores), counted, never silent
+    assert second["prompt_following"] == second["consistency"] and "guess_if_cannot_parse" in second["SC_reasoning"]
+    assert result["unparsed"] == 1 and result["count"] == 2
+    assert result["overall"] == pytest.approx((first["overall"] + second["overall"]) / 2)
+
+
+def test_editscore_runs_the_package_on_a_tiny_qwen25_vl_through_the_cli(tmp_path):
+    from tiny_vlm import save_tiny_qwen25_vl
+
+    from flowrl.cli import main
+    from flowrl.samples import as_samples, write_samples
+
+    save_tiny_qwen25_vl(tmp_path / "qwen")
+    instruction, scene_seed = "make the red circle blue", 3
+    _, source, target = scene_for(instruction, scene_seed)
+    edit = torch.from_numpy(render(target)).permute(2, 0, 1)[None].float() / 255
+    write_samples(tmp_path / "edits", as_samples(edit), [{"prompt": instruction, "scene_seed": scene_seed, "seed": 0}])
+    assert main(["eval", "editscore", "--samples", str(tmp_path / "edits"), "--editscore-model",
+                 str(tmp_path / "qwen")]) == 0
+    result = json.loads((tmp_path / "edits" / "editscore_eval.json").read_text())
+    row, = result["rows"]
+    assert all(0 <= row[k] <= 10 for k in ("prompt_following", "consistency", "perceptual_quality", "overall"))
+    assert row["overall"] == pytest.approx(math.sqrt(min(row["prompt_following"], row["consistency"])
+                                                     * row["perceptual_quality"]))
+    # a random judge's answer is unparseable: the package's guess, counted; its text is the tiny model's own words
+    from tiny_vlm import SPECIAL, WORDS
+
+    assert result["unparsed"] == 1 and row["SC_reasoning"].startswith("guess_if_cannot_parse | ")
+    answer = row["SC_reasoning"].split(" | ", 1)[1].split()
+    assert answer and set(answer) <= set(SPECIAL + WORDS)
+    # a missing judge folder is one clear error naming the flag
+    assert main(["eval", "editscore", "--samples", str(tmp_path / "edits"), "--editscore-model",
+                 str(tmp_path / "nowhere")]) == 2
