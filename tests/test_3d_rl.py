@@ -193,20 +193,13 @@ def test_async_resume_is_exact(tmp_path, tiny_shapes3d_dir):
 # ---- demo ------------------------------------------------------------------------------------------------------
 def test_demo_compares_base_and_tuned_meshes(tmp_path, tiny_shapes3d_dir):
     import trimesh
+    from tiny_pipelines import random_lora_checkpoint
 
-    from flowrl.checkpoint import save_checkpoint
     from flowrl.demo import CheckpointSet, Comparison
     from flowrl.policies import load_pipeline, policy_for
     from flowrl.rewards import build_reward
 
-    tuned = policy_for(load_pipeline(tiny_shapes3d_dir))
-    tuned.add_lora(4, 8, tuned.lora_targets)
-    with torch.no_grad():
-        for name, p in tuned.transformer.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
-    checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints", 3, tuned.trainable_state_dict(), {}, None,
-                                 {"rank": 4, "alpha": 8, "target_modules": tuned.lora_targets})
+    checkpoint = random_lora_checkpoint(tiny_shapes3d_dir, tmp_path / "run")
     policy = policy_for(load_pipeline(tiny_shapes3d_dir))
     compare = Comparison(policy, CheckpointSet(policy, [str(checkpoint)]), build_reward("silhouette_iou"), 3, 2.0,
                          policy.default_spec(), tmp_path)

@@ -85,20 +85,13 @@ def test_the_demo_shows_source_base_and_tuned_edits(tmp_path):
     """An editing pipeline's page: the world's scene for the instruction (or an uploaded source) first, then each
     model's edit of it; world scenes are scored by the edit verifier, uploads are not (no scene to judge against)."""
     gr = pytest.importorskip("gradio")
-    from flowrl.checkpoint import save_checkpoint
+    from tiny_pipelines import random_lora_checkpoint
+
     from flowrl.demo import build_demo
-    from flowrl.policies import load_pipeline
     from flowrl.tasks.shapes_edit import edit_item
 
     tiny_flux_kontext().save_pretrained(tmp_path / "kontext")
-    tuned = policy_for(load_pipeline(tmp_path / "kontext"))
-    tuned.add_lora(4, 8, tuned.lora_targets)
-    with torch.no_grad():
-        for name, p in tuned.transformer.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
-    checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints", 3, tuned.trainable_state_dict(), {}, None,
-                                 {"rank": 4, "alpha": 8, "target_modules": tuned.lora_targets})
+    checkpoint = random_lora_checkpoint(tmp_path / "kontext", tmp_path / "run")
     demo = build_demo(str(tmp_path / "kontext"), [str(checkpoint)], steps=2, size=(32, 32, None))
     assert [b.label for b in demo.blocks.values() if isinstance(b, gr.Image)][0].startswith("source image")
     handler = next(iter(demo.fns.values())).fn

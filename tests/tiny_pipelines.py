@@ -4,6 +4,8 @@ Tokenizers are built locally (a word-level `PreTrainedTokenizerFast`), never fet
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from diffusers import (AutoencoderKL, AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, FluxPipeline,
                        FluxTransformer2DModel, WanPipeline, WanTransformer3DModel)
@@ -95,3 +97,19 @@ def tiny_flux_kontext(seed: int = 0):
     from diffusers import FluxKontextPipeline
 
     return tiny_flux(seed, FluxKontextPipeline)
+
+
+def random_lora_checkpoint(pipeline_dir, run_dir, update: int = 3):
+    """A LoRA checkpoint (rank 4) for the pipeline in `pipeline_dir` whose adapters do something: B drawn at random
+    (a fresh LoRA's B is zero); saved as run_dir/checkpoints/update_<update>, the layout the demo reads."""
+    from flowrl.checkpoint import save_checkpoint
+    from flowrl.policies import load_pipeline, policy_for
+
+    tuned = policy_for(load_pipeline(pipeline_dir))
+    tuned.add_lora(4, 8, tuned.lora_targets)
+    with torch.no_grad():
+        for name, p in tuned.transformer.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    return save_checkpoint(Path(run_dir) / "checkpoints", update, tuned.trainable_state_dict(), {}, None,
+                           {"rank": 4, "alpha": 8, "target_modules": tuned.lora_targets})
