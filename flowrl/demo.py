@@ -100,19 +100,24 @@ def page_kind(policy) -> str:
     return "edit" if policy.source_input else policy.modality
 
 
-def edit_condition(instruction: str, seed: int, source: np.ndarray | None):
-    """The condition of an edit: an uploaded source (uint8 [H, W, 3]) as it is, or else the editing world's scene
-    for the instruction (scene seed = the page's seed; an instruction outside the grammar is a UserError)."""
+def edit_condition(policy, instruction: str, seed: int, source: np.ndarray | None):
+    """The condition of an edit: an uploaded source (uint8 [H, W, 3]) as it is, or else the scene the editing
+    pipeline's world makes for the instruction (scene seed = the page's seed), asked of it through the registry; an
+    instruction outside its grammar without an upload is a UserError."""
+    from .images import item_image, to_uint8
     from .tasks.base import Condition
-    from .tasks.shapes_edit import edit_item
 
     if source is not None:
-        return Condition(instruction, inputs={"source_image": np.ascontiguousarray(source[..., :3], np.uint8)},
+        return Condition(instruction, inputs={policy.source_input: np.ascontiguousarray(source[..., :3], np.uint8)},
                          meta={"uploaded": True})
+    condition = Condition(instruction, meta={"scene_seed": int(seed)})
     try:
-        return edit_item(instruction, seed)
-    except ValueError as error:
-        raise UserError(f"{error}; upload a source image to edit with any instruction") from None
+        image = item_image(condition, policy.source_input, policy.source_world, "the demo")
+    except UserError:
+        raise UserError(f"{instruction!r} is not an instruction of the {policy.source_world} world; upload a source "
+                        "image to edit with any instruction") from None
+    condition.inputs[policy.source_input] = to_uint8(image[None])[0]
+    return condition
 
 
 class Comparison:
@@ -128,12 +133,13 @@ class Comparison:
         entry is then the source, unscored, and an uploaded source's edits go unscored too (the world's verifier
         needs the world's scene)."""
         from .generate import generate_samples
+        from .tasks.base import Condition
 
         modality = self.policy.modality
         out = []
-        condition = prompt
+        condition = Condition(prompt)
         if self.policy.source_input:
-            condition = edit_condition(prompt, seed, source)
+            condition = edit_condition(self.policy, prompt, seed, source)
             image = condition.inputs["source_image"]
             out.append({"label": "source", "score": None, "shown": upscale(image)})
         for number, label in enumerate(self.models.labels):

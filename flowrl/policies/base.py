@@ -60,6 +60,7 @@ class FlowPolicy:
     kinds = SDE_KINDS  # sampler kinds this family's `step` understands
     modality = "image"  # what `decode` returns: image or video
     source_input: str | None = None  # the per-sample input an editing pipeline needs (e.g. "source_image")
+    source_world: str | None = None  # the task (registered name) that makes a source for a prompt of its grammar
     # Flow-GRPO trains the guided output with the unconditional branch detached; True keeps its gradient too
     # (at w = 4.5 the two gradients differ by ~70% relative). Set from train.cfg_uncond_grad by the loop.
     cfg_uncond_grad = False

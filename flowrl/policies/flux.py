@@ -76,6 +76,7 @@ class FluxKontextPolicy(FluxPolicy):
     position ids whose first axis is 1 (Kontext's context-image marker); the output keeps the sample's tokens."""
     family = "flux_kontext"
     source_input = "source_image"
+    source_world = "shapes_edit"
 
     @torch.no_grad()
     def encode_inputs(self, cond: Conditioning, items: list) -> Conditioning:
@@ -84,7 +85,7 @@ class FluxKontextPolicy(FluxPolicy):
         from ..errors import UserError
         from ..images import item_image
 
-        sources = [item_image(item, "source_image", "shapes_edit", "an editing pipeline") for item in items]
+        sources = [item_image(item, self.source_input, self.source_world, "an editing pipeline") for item in items]
         sizes = {tuple(source.shape[-2:]) for source in sources}
         if len(sizes) > 1:
             raise UserError(f"source images of one batch differ in size ({sorted(sizes)}); give sources of one size")
