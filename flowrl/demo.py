@@ -108,8 +108,7 @@ def edit_condition(policy, instruction: str, seed: int, source: np.ndarray | Non
     from .tasks.base import Condition
 
     if source is not None:
-        return Condition(instruction, inputs={policy.source_input: np.ascontiguousarray(source[..., :3], np.uint8)},
-                         meta={"uploaded": True})
+        return Condition(instruction, inputs={policy.source_input: np.ascontiguousarray(source[..., :3], np.uint8)})
     condition = Condition(instruction, meta={"scene_seed": int(seed)})
     try:
         image = item_image(condition, policy.source_input, policy.source_world, "the demo")
@@ -140,8 +139,7 @@ class Comparison:
         condition = Condition(prompt)
         if self.policy.source_input:
             condition = edit_condition(self.policy, prompt, seed, source)
-            image = condition.inputs["source_image"]
-            out.append({"label": "source", "score": None, "shown": upscale(image)})
+            out.append({"label": "source", "score": None, "shown": upscale(condition.inputs[self.policy.source_input])})
         for number, label in enumerate(self.models.labels):
             if progress is not None:
                 progress(number / len(self.models.labels), desc=f"generating with {label}")

@@ -58,12 +58,10 @@ def build_editscore(model: str | None = None, lora: str | None = None, url: str 
     if model is None:
         raise UserError("eval editscore: expected --editscore-model DIR (a local Qwen2.5-VL folder) or "
                         "--editscore-url URL (an OpenAI-compatible endpoint)")
-    for flag, folder in (("--editscore-model", model), ("--editscore-lora", lora)):
-        if folder is not None and not (Path(folder) / ("adapter_config.json" if flag.endswith("lora")
-                                                       else "config.json")).is_file():
-            expected = "a LoRA folder with adapter_config.json" if flag.endswith("lora") else \
-                "a Qwen2.5-VL folder with config.json"
-            raise UserError(f"{flag} {folder}: expected {expected}")
+    for flag, folder, marker, kind in (("--editscore-model", model, "config.json", "a Qwen2.5-VL folder"),
+                                       ("--editscore-lora", lora, "adapter_config.json", "a LoRA folder")):
+        if folder is not None and not (Path(folder) / marker).is_file():
+            raise UserError(f"{flag} {folder}: expected {kind} with {marker}")
     scorer = EditScore(backbone="qwen25vl", model_name_or_path=str(model), lora_path=lora, **common)
     prepare = scorer.model.prepare_input
 

@@ -89,29 +89,40 @@ class FluxKontextPolicy(FluxPolicy):
         sizes = {tuple(source.shape[-2:]) for source in sources}
         if len(sizes) > 1:
             raise UserError(f"source images of one batch differ in size ({sorted(sizes)}); give sources of one size")
-        vae = self.pipeline.vae
-        z = vae.encode((torch.stack(sources) * 2 - 1).to(self.device, vae.dtype)).latent_dist.mode()
-        cond.tensors["image_latents"] = (z - vae.config.shift_factor) * vae.config.scaling_factor
+        cond.tensors["image_latents"] = kontext_source_latents(self.pipeline.vae, torch.stack(sources).to(self.device))
         return cond
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        b, c, h, w = latents.shape
-        pipe = self.pipeline
-        source = tensors["image_latents"].to(latents.dtype)
-        packed = pipe._pack_latents(latents, b, c, h, w)
-        context = pipe._pack_latents(source, b, source.shape[1], source.shape[2], source.shape[3])
-        image_ids = pipe._prepare_latent_image_ids(1, h // 2, w // 2, latents.device, latents.dtype)
-        context_ids = pipe._prepare_latent_image_ids(1, source.shape[2] // 2, source.shape[3] // 2, latents.device,
-                                                     latents.dtype)
-        context_ids[..., 0] = 1
         guidance = None
         if self.transformer.config.guidance_embeds:
-            guidance = torch.full((b,), guidance_scale, device=latents.device, dtype=torch.float32)
-        embeds = tensors["embeds"].to(latents.dtype)
-        text_ids = torch.zeros(embeds.shape[1], 3, device=latents.device, dtype=latents.dtype)
-        out = self.net()(hidden_states=torch.cat([packed, context], 1), timestep=sigma.to(latents.dtype),
-                         guidance=guidance, pooled_projections=tensors["pooled"].to(latents.dtype),
-                         encoder_hidden_states=embeds, txt_ids=text_ids,
-                         img_ids=torch.cat([image_ids, context_ids]), return_dict=False)[0]
-        factor = pipe.vae_scale_factor
-        return pipe._unpack_latents(out[:, :packed.shape[1]], h * factor, w * factor, factor)
+            guidance = torch.full((latents.shape[0],), guidance_scale, device=latents.device, dtype=torch.float32)
+        return kontext_velocity(self.pipeline, self.net(), latents, tensors["image_latents"], sigma, tensors["embeds"],
+                                tensors["pooled"], guidance)
+
+
+def kontext_source_latents(vae, images: torch.Tensor) -> torch.Tensor:
+    """Source images (float [B, 3, H, W] in [0, 1]) -> the context latents FluxKontextPipeline makes of them: the
+    VAE posterior's mode, shifted and scaled."""
+    z = vae.encode((images * 2 - 1).to(vae.dtype)).latent_dist.mode()
+    return (z - vae.config.shift_factor) * vae.config.scaling_factor
+
+
+def kontext_velocity(pipe, transformer, latents, source, sigma, embeds, pooled, guidance=None) -> torch.Tensor:
+    """A Kontext transformer's velocity for unpacked latents [B, C, h, w] given the source's latents: the sample's
+    packed tokens, then the source's with position ids whose first axis is 1 (Kontext's context-image marker); only
+    the sample's tokens of the output are kept, unpacked. Shared by the policy and the editor's pretraining."""
+    b, c, h, w = latents.shape
+    source = source.to(latents.dtype)
+    packed = pipe._pack_latents(latents, b, c, h, w)
+    context = pipe._pack_latents(source, b, source.shape[1], source.shape[2], source.shape[3])
+    image_ids = pipe._prepare_latent_image_ids(1, h // 2, w // 2, latents.device, latents.dtype)
+    context_ids = pipe._prepare_latent_image_ids(1, source.shape[2] // 2, source.shape[3] // 2, latents.device,
+                                                 latents.dtype)
+    context_ids[..., 0] = 1
+    embeds = embeds.to(latents.dtype)
+    text_ids = torch.zeros(embeds.shape[1], 3, device=latents.device, dtype=latents.dtype)
+    out = transformer(hidden_states=torch.cat([packed, context], 1), timestep=sigma.to(latents.dtype),
+                      guidance=guidance, pooled_projections=pooled.to(latents.dtype), encoder_hidden_states=embeds,
+                      txt_ids=text_ids, img_ids=torch.cat([image_ids, context_ids]), return_dict=False)[0]
+    factor = pipe.vae_scale_factor
+    return pipe._unpack_latents(out[:, :packed.shape[1]], h * factor, w * factor, factor)

@@ -17,6 +17,8 @@ import torch
 
 from ..editing.instructions import KINDS, sample_scene, parse_instruction, train_instruction_set
 from ..models.shapes_kontext import KONTEXT_SEQUENCE_LENGTH, ShapesKontextSize, build_pipeline
+from ..images import to_unit
+from ..policies.flux import kontext_source_latents, kontext_velocity
 from ..policies.sd3 import encode_images
 from ..shapes.world import render
 from .shapes_sd3 import train_denoiser
@@ -49,34 +51,20 @@ def edit_triples(count: int, rng: np.random.Generator) -> tuple[np.ndarray, list
     return np.stack(pairs), texts
 
 
-def source_latents(vae, images: np.ndarray) -> torch.Tensor:
-    """The source's context latents as FluxKontextPipeline makes them (posterior mode, shifted and scaled)."""
-    pixels = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-    z = vae.encode(pixels.to(vae.dtype)).latent_dist.mode().float()
-    return (z - vae.config.shift_factor) * vae.config.scaling_factor
-
-
 def train_editor(pipe, cfg: KontextPretrainConfig, rng: np.random.Generator, generator: torch.Generator) -> dict:
     vae, transformer = pipe.vae, pipe.transformer
 
     def batch_loss(pairs, instructions):
         with torch.no_grad():
-            context = source_latents(vae, pairs[:, 0])
+            context = kontext_source_latents(vae, to_unit(pairs[:, 0]))
             x0 = encode_images(vae, pairs[:, 1], generator)
-        b, c, h, w = x0.shape
-        t = torch.sigmoid(torch.randn(b, generator=generator))
+        t = torch.sigmoid(torch.randn(len(x0), generator=generator))
         noise = torch.randn(x0.shape, generator=generator)
         xt = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
-        embeds, pooled, text_ids = pipe.encode_prompt(instructions, instructions, device="cpu",
-                                                      max_sequence_length=KONTEXT_SEQUENCE_LENGTH)
-        ids = pipe._prepare_latent_image_ids(1, h // 2, w // 2, "cpu", x0.dtype)
-        context_ids = ids.clone()
-        context_ids[..., 0] = 1  # Kontext's marker of the context image
-        velocity = transformer(
-            hidden_states=torch.cat([pipe._pack_latents(xt, b, c, h, w), pipe._pack_latents(context, b, c, h, w)], 1),
-            timestep=t, pooled_projections=pooled, encoder_hidden_states=embeds, txt_ids=text_ids,
-            img_ids=torch.cat([ids, context_ids]), return_dict=False)[0][:, :(h // 2) * (w // 2)]
-        return (velocity - pipe._pack_latents(noise - x0, b, c, h, w)).pow(2).mean()
+        embeds, pooled, _ = pipe.encode_prompt(instructions, instructions, device="cpu",
+                                               max_sequence_length=KONTEXT_SEQUENCE_LENGTH)
+        velocity = kontext_velocity(pipe, transformer, xt, context, t, embeds, pooled)
+        return (velocity - (noise - x0)).pow(2).mean()
 
     modules = [transformer, pipe.text_encoder, pipe.text_encoder_2]
     return {"flow_final_loss": train_denoiser(modules, batch_loss, cfg, rng, "pretrain editor", pairs=edit_triples)}
