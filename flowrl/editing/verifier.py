@@ -36,8 +36,7 @@ class EditJudgement:
     preserved: bool
     dense: float
     off_target: float
-
-    quality: float = 1.0  # share of clean pixels
+    quality: float  # share of clean pixels
 
     @property
     def success(self) -> bool:
