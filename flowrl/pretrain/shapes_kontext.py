@@ -29,10 +29,10 @@ DEFAULT_VAE = "pipelines/shapes-sd3"
 @dataclass
 class KontextPretrainConfig:
     seed: int = 0
-    flow_steps: int = 1500  # ~1 s per step on 2 cores: ~25 minutes
+    flow_steps: int = 2000  # 0.75-0.93 s per step on 2 cores: 25-31 minutes
     flow_batch: int = 64
     flow_lr: float = 1e-3
-    warmup_steps: int = 150
+    warmup_steps: int = 200
     caption_dropout: float = 0.0
     ema_decay: float = 0.998  # a horizon of ~500 steps: a third of this short run
     threads: int = 2
@@ -167,8 +167,9 @@ transformer and both text encoders train jointly. Final loss {facts.get('flow_fi
 ## Measured scores
 Edit success (the edit verifier: the requested change made and nothing else changed) on the `shapes_edit` task's
 eval items: held-out instructions whose resulting object is a colour-shape combination never produced in
-training, 16 scenes per kind, {CARD_EVAL['num_per_item']} edits per item (seed {CARD_EVAL['seed']}), ODE (Euler) {CARD_EVAL['num_steps']} steps. Intervals are 95%
-with the scene as the sampling unit. Overall is the mean over the five kinds.
+training, 16 scenes per kind, {CARD_EVAL['num_per_item']} edits per item (seed {CARD_EVAL['seed']}), ODE (Euler) {CARD_EVAL['num_steps']} steps. Intervals are 95%:
+`95% +-` with the scene as the sampling unit (other scenes), `draw +-` with the scenes fixed (another draw of
+seeds). Overall is the mean over the five kinds.
 
 ```
 {table}
