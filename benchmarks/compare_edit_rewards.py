@@ -64,6 +64,16 @@ def measure(trainer: Trainer, eval_seeds: list[int], desc: str) -> dict:
     return out
 
 
+def weights_fingerprint(pipeline: str) -> str:
+    """sha256 over the pipeline's weight files: a stored base is reused only for the same weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(pipeline).rglob("*.safetensors")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def mean_over_seeds(point: dict, key: str) -> float:
     return float(np.mean([v[key] for v in point.values()]))
 
@@ -85,7 +95,8 @@ def run_one(reward: str, seed: int, args, base: dict | None) -> dict:
     trainer.run(on_update)
     train_seconds = time.time() - started
     final = measure(trainer, args.eval_seeds, f"{reward} final")
-    return {"reward": reward, "seed": seed, "base": base, "final": final, "history": history,
+    return {"reward": reward, "seed": seed, "base": base, "weights": weights_fingerprint(config.pipeline.path),
+            "final": final, "history": history,
             "train_seconds": train_seconds, "seconds_per_update": float(np.mean([h["seconds"] for h in history])),
             "config": config_to_dict(config)}
 
@@ -132,7 +143,13 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
     runs = json.loads(results_path.read_text())["runs"] if results_path.is_file() else []
-    base = next((r["base"] for r in runs if list(r["base"]) == [str(s) for s in args.eval_seeds]), None)
+    # runs of other weights (an earlier editor) or eval seeds are dropped: their base and gains are not this one's
+    weights = weights_fingerprint(config_for(rewards[0], 0, args).pipeline.path)
+    kept = [r for r in runs if r.get("weights") == weights and list(r["base"]) == [str(s) for s in args.eval_seeds]]
+    if len(kept) < len(runs):
+        print(f"dropping {len(runs) - len(kept)} stored runs of other pipeline weights or eval seeds", flush=True)
+    runs = kept
+    base = runs[0]["base"] if runs else None
     for reward in rewards:
         for seed in [int(s) for s in args.seeds.split(",")]:
             print(f"{reward} seed {seed}", flush=True)

@@ -1,10 +1,11 @@
 """Standard errors and 95% intervals of evaluation results (tasks.base.tag_metrics): the usual s / sqrt(n) for
-independent samples, the prompt as the sampling unit when samples of a prompt are correlated, the tag-averaged
-overall's error, and intervals that cover the truth about 95% of the time."""
+independent samples, the prompt as the sampling unit when samples of a prompt are correlated, the error of a
+draw of seeds with the prompts fixed, the tag-averaged overall's error, and intervals that cover the truth about
+95% of the time."""
 import numpy as np
 import pytest
 
-from flowrl.tasks.base import clustered_stderr, format_metrics, interval, tag_metrics
+from flowrl.tasks.base import clustered_stderr, format_metrics, interval, stratified_stderr, tag_metrics
 
 
 def test_one_value_per_cluster_is_the_usual_standard_error():
@@ -45,3 +46,34 @@ def test_intervals_cover_the_true_accuracy_about_95_percent_of_the_time():
         result = tag_metrics(values, tags, clusters=prompts)
         covered += abs(result["overall"] - truth.mean()) <= interval(result)
     assert 0.88 <= covered / 300 <= 0.99
+
+
+def test_draw_error_holds_the_prompts_fixed():
+    x = np.repeat(np.random.default_rng(3).random(10), 8)  # every prompt's 8 images agree: no draw moves the mean
+    prompts = np.repeat(np.arange(10), 8).tolist()
+    assert stratified_stderr(x, prompts) == 0.0
+    # by hand: prompt a (1, 0, 1, 1), prompt b (0, 0) -> sqrt(4 var_a + 2 var_b) / 6
+    by_hand = np.sqrt(4 * np.var([1, 0, 1, 1], ddof=1) + 2 * np.var([0, 0], ddof=1)) / 6
+    assert stratified_stderr(np.array([1, 0, 1, 1, 0, 0]), list("aaaabb")) == pytest.approx(by_hand)
+    result = tag_metrics([1, 0, 1, 1, 0, 0], ["t"] * 6, clusters=list("aaaabb"))
+    assert result["draw_stderr"]["tags"]["t"] == pytest.approx(by_hand)
+    assert result["draw_stderr"]["overall"] == pytest.approx(by_hand)
+    assert "draw_stderr" not in tag_metrics([1, 0], ["t", "t"])
+    table = format_metrics(result)
+    assert "draw +-" in table.splitlines()[0] and f"{1.96 * by_hand:.3f}" in table.splitlines()[-1]
+
+
+def test_draw_intervals_cover_these_prompts_accuracy_about_95_percent_of_the_time():
+    rng = np.random.default_rng(4)
+    truth = rng.uniform(0.1, 0.9, size=(3, 12))  # fixed prompts; only the images are redrawn
+    prompts = [(t, p) for t in range(3) for p in range(12) for _ in range(16)]
+    tags = [f"t{t}" for t, _ in prompts]
+    covered = narrower = 0
+    for _ in range(300):
+        values = [rng.random() < truth[t, p] for t, p in prompts]
+        result = tag_metrics(values, tags, clusters=prompts)
+        half = 1.96 * result["draw_stderr"]["overall"]
+        covered += abs(result["overall"] - truth.mean()) <= half
+        narrower += half < interval(result)  # the prompts' own spread is no part of a redraw's noise
+    assert 0.88 <= covered / 300 <= 0.99
+    assert narrower / 300 > 0.9

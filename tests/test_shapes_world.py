@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from flowrl.shapes import TAGS, dense_score, detect, eval_prompt_set, parse_prompt, score, train_prompt_set
-from flowrl.shapes.prompts import HELD_OUT_COMBOS, all_prompt_specs
+from flowrl.shapes.prompts import HELD_OUT_COMBOS, all_prompt_specs, wide_eval_prompt_set
 from flowrl.shapes.scenes import render_mixed_colors, sample_mixed_color_pairs, sample_pairs, scene_objects
 from flowrl.shapes.world import MAX_SIZE, MIN_GAP, MIN_SIZE, PALETTE, ShapeObject, boxes_clash, render
 
@@ -101,6 +101,17 @@ def test_split_holds_out_colour_shape_combinations():
             assert spec.color_shape_pairs() & HELD_OUT_COMBOS
     assert {parse_prompt(p).tag for p in evals} == set(TAGS)
     assert evals == eval_prompt_set()  # fixed
+
+
+def test_the_wide_eval_set_extends_the_split_with_held_out_prompts_only():
+    wide, evals = wide_eval_prompt_set(), eval_prompt_set()
+    assert set(evals) <= set(wide) and len(set(wide)) == len(wide) and wide == wide_eval_prompt_set()
+    tags = [parse_prompt(p).tag for p in wide]
+    assert {t: tags.count(t) for t in TAGS} == {"single_object": 3, "colors": 3, "two_object": 6, "counting": 9,
+                                                "color_attr": 42, "position": 42}
+    for p in wide:
+        if parse_prompt(p).tag in ("colors", "color_attr", "position"):
+            assert parse_prompt(p).color_shape_pairs() & HELD_OUT_COMBOS
 
 
 def test_shipped_prompt_files_match_the_split():

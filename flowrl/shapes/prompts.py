@@ -135,5 +135,18 @@ def eval_prompt_set() -> list[str]:
     return [p for tag in TAGS for p in eval_prompts(tag)]
 
 
+def wide_eval_prompt_set(per_tag: int = 42) -> list[str]:
+    """A larger held-out set for low-noise comparisons: per tag, up to `per_tag` of the prompts eval_prompts draws
+    from (every held-out colour-shape prompt of colors / color_attr / position, every prompt of the others), a fixed
+    draw that contains the eval split's prompts first."""
+    out = []
+    for tag in TAGS:
+        chosen = eval_prompts(tag)
+        specs = [s for s in all_prompt_specs(tag) if tag not in ("colors", "color_attr", "position") or _is_held_out(s)]
+        rest = [s.text() for s in specs if s.text() not in chosen]
+        out += chosen + random.Random(f"{SPLIT_SEED}-wide-{tag}").sample(rest, max(0, min(len(rest), per_tag - len(chosen))))
+    return out
+
+
 def train_prompt_set() -> dict[str, list[str]]:
     return {tag: train_prompts(tag) for tag in TAGS}

@@ -156,8 +156,10 @@ def tag_metrics(values: list[float], tags: list[str], tag_order: tuple[str, ...]
 
     'stderr' holds the standard error of each tag mean and of the overall (tags independent: sqrt(sum SE_t^2) / T).
     `clusters` (e.g. each value's prompt) makes it cluster-robust: samples of one prompt are correlated (the same
-    prompt is easy or hard for every seed), so the prompt is the sampling unit, not the image. A 95% interval is
-    +- 1.96 SE."""
+    prompt is easy or hard for every seed), so the prompt is the sampling unit, not the image: how far the score
+    could move on other prompts of the same kinds. With `clusters`, 'draw_stderr' holds the same with the prompts
+    fixed and only the images random (prompts as strata): how far another draw of seeds could move the score on
+    these prompts, the noise that decides whether two runs judged on this eval differ. A 95% interval is +- 1.96 SE."""
     by_tag: dict[str, list[int]] = {}
     for index, tag in enumerate(tags):
         by_tag.setdefault(tag, []).append(index)
@@ -166,9 +168,28 @@ def tag_metrics(values: list[float], tags: list[str], tag_order: tuple[str, ...]
     keys = list(clusters) if clusters is not None else list(range(len(x)))
     means = {t: float(np.mean(x[by_tag[t]])) for t in order}
     errors = {t: clustered_stderr(x[by_tag[t]], [keys[i] for i in by_tag[t]]) for t in order}
-    overall_se = float(np.sqrt(sum(e ** 2 for e in errors.values())) / len(errors)) if errors else 0.0
-    return {"overall": float(np.mean(list(means.values()))) if means else 0.0, "tags": means,
-            "counts": {t: len(by_tag[t]) for t in order}, "stderr": {"overall": overall_se, "tags": errors}}
+    result = {"overall": float(np.mean(list(means.values()))) if means else 0.0, "tags": means,
+              "counts": {t: len(by_tag[t]) for t in order}, "stderr": _tag_errors(errors)}
+    if clusters is not None:
+        result["draw_stderr"] = _tag_errors({t: stratified_stderr(x[by_tag[t]], [keys[i] for i in by_tag[t]])
+                                             for t in order})
+    return result
+
+
+def _tag_errors(errors: dict) -> dict:
+    """{'overall', 'tags'}: the tags' standard errors and the overall's (the tags independent)."""
+    overall = float(np.sqrt(sum(e ** 2 for e in errors.values())) / len(errors)) if errors else 0.0
+    return {"overall": overall, "tags": errors}
+
+
+def stratified_stderr(values: np.ndarray, strata: list) -> float:
+    """Standard error of the mean of `values` with the strata (e.g. prompts) fixed and the values within each random:
+    sqrt(sum_s n_s^2 var_s / n_s) / n, var_s the unbiased variance within stratum s (0 for a single value)."""
+    groups: dict = {}
+    for v, s in zip(np.asarray(values, dtype=np.float64), strata):
+        groups.setdefault(s, []).append(v)
+    total = sum(len(g) * np.var(g, ddof=1) for g in groups.values() if len(g) > 1)
+    return float(np.sqrt(total) / len(values)) if len(values) else 0.0
 
 
 def clustered_stderr(values: np.ndarray, clusters: list) -> float:
@@ -194,11 +215,20 @@ def interval(result: dict, tag: str | None = None) -> float:
 
 
 def format_metrics(result: dict, label: str = "score") -> str:
-    """The per-tag table, with 95% intervals (+-1.96 SE) where the result has standard errors."""
-    show = "stderr" in result
-    lines = [f"{'tag':<14} {label:>8} {'95% +-':>8} {'n':>5}" if show else f"{'tag':<14} {label:>8} {'n':>5}"]
+    """The per-tag table, with 95% intervals (+-1.96 SE) where the result has standard errors: '95% +-' with the
+    prompt (cluster) as the sampling unit, and 'draw +-' with the prompts fixed (another draw of seeds), where given."""
+    show, draw = "stderr" in result, "draw_stderr" in result
+
+    def spread(tag=None):
+        text = f" {interval(result, tag):>8.3f}" if show else ""
+        if draw:
+            errors = result["draw_stderr"]
+            text += f" {1.96 * (errors['overall'] if tag is None else errors['tags'][tag]):>8.3f}"
+        return text
+
+    header = f"{'tag':<14} {label:>8}" + (f" {'95% +-':>8}" if show else "") + (f" {'draw +-':>8}" if draw else "")
+    lines = [header + f" {'n':>5}"]
     for tag, value in result["tags"].items():
-        spread = f" {interval(result, tag):>8.3f}" if show else ""
-        lines.append(f"{tag:<14} {value:>8.3f}{spread} {result['counts'][tag]:>5}")
-    lines.append(f"{'overall':<14} {result['overall']:>8.3f}" + (f" {interval(result):>8.3f}" if show else ""))
+        lines.append(f"{tag:<14} {value:>8.3f}{spread(tag)} {result['counts'][tag]:>5}")
+    lines.append(f"{'overall':<14} {result['overall']:>8.3f}{spread()}")
     return "\n".join(lines)

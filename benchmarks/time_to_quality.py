@@ -1,0 +1,295 @@
+"""Time to quality: every image method on the same work with the verifier's reward, several training seeds each,
+judged by the low-noise eval; held-out accuracy against training wall-clock and against samples.
+
+Each method runs its shipped config (configs/shapes_<method>.yaml: shapes-sd3 for the flow methods, shapes-sd for
+DDPO) with the shared work: training prompts, samples per update (8 prompts x 8), LoRA r16, its own updates from
+UPDATES (sized so each run covers ~20 minutes of training on 2 CPU cores), and the reward: the verifier's dense
+score (`shapes`), except for the methods that need a differentiable reward (ReFL, DRaFT: the learned scorer
+`shapes_clip`, as shipped). `grpo_anchor` is Flow-GRPO at the anchors' defaults (flow_grpo's geneval_sd3: SDE on
+every step, noise 0.7, 99% of the steps trained, KL beta 0.04, global std, clip 1e-4, lr 3e-4 constant; their
+EMA of the weights is not used here): the reference the time-to-+10 ratio is taken against.
+
+The eval (update 0, every --eval-every updates and the last): the wide held-out set (shapes.prompts.
+wide_eval_prompt_set: 105 prompts, the eval split's 36 plus every held-out colors prompt and 42 each of the held-out
+color_attr and position ones) with about --per-tag images per tag (spread evenly over the tag's prompts, so each
+tag's mean has about the same error; seeds fixed, so every checkpoint and the base draw the same noise), ODE
+--eval-steps steps, CFG 4.5, the verifier's tag-averaged accuracy; the gain is paired per image (checkpoint minus base, same prompt and seed). Intervals are 95%: 'draw'
+holds the prompts fixed (how far another draw of seeds could move it), 'prompts' makes the prompt the sampling unit.
+Across training seeds the table reports the mean and the seeds' standard error.
+
+    python benchmarks/time_to_quality.py                         # every method x 3 seeds: many hours on 2 cores
+    python benchmarks/time_to_quality.py --methods grpo,grpo_anchor --seeds 0   # a part; results accumulate
+    python benchmarks/time_to_quality.py --replot                # table and plot from results.json only
+
+Finished (method, seed) runs are kept in OUT/results.json and skipped on the next call (--fresh reruns them), so
+the benchmark can be run in parts and survives interruption. Writes OUT/results.json, OUT/table.md and
+OUT/curves.png (OUT = benchmarks/results/time_to_quality).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from flowrl.config import config_to_dict, load_config  # noqa: E402
+from flowrl.generate import generate_samples  # noqa: E402
+from flowrl.prompt_source import derived_seed  # noqa: E402
+from flowrl.shapes import parse_prompt, score  # noqa: E402
+from flowrl.shapes.prompts import TAGS, wide_eval_prompt_set  # noqa: E402
+from flowrl.tasks.base import tag_metrics  # noqa: E402
+from flowrl.train import Trainer  # noqa: E402
+
+VERIFIER = "reward=[{name: shapes, weight: 1.0, params: {dense: true}}]"
+ANCHOR = ["sampler.sde_window_size=0", "sampler.noise_level=0.7", "algorithm.params.timestep_fraction=0.99",
+          "algorithm.params.kl_beta=0.04", "algorithm.params.std=global", "algorithm.params.clip_range=1.0e-4",
+          "train.lr=3.0e-4", "train.lr_schedule=constant"]
+# name: (shipped config, overrides); the reward is the verifier's unless the method needs gradients of it
+METHODS = {
+    "grpo": ("shapes_grpo", [VERIFIER]),
+    "grpo_anchor": ("shapes_grpo", [VERIFIER] + ANCHOR),
+    "grpo_group_std": ("shapes_grpo", [VERIFIER, "algorithm.params.std=group"]),
+    "grpo_fast": ("shapes_grpo_fast", [VERIFIER]),
+    "dancegrpo": ("shapes_dancegrpo", [VERIFIER]),
+    "fk_incremental": ("shapes_grpo", [VERIFIER, "algorithm.params.credit=incremental"]),
+    "nft": ("shapes_nft", [VERIFIER]),
+    "mend": ("shapes_mend", [VERIFIER]),
+    "ddpo": ("shapes_ddpo", [VERIFIER]),
+    "refl": ("shapes_refl", []),
+    "draft": ("shapes_draft", []),
+}
+# updates per run: ~20 minutes of training each, from the s / update compare_algorithms measured at 4 prompts per
+# update (x2 for 8; AMD EPYC, 2 cores); the table reads every method's gain at --minutes of its own clock
+UPDATES = {"grpo": 240, "grpo_anchor": 100, "grpo_group_std": 240, "grpo_fast": 300, "dancegrpo": 150,
+           "fk_incremental": 240, "nft": 200, "mend": 300, "ddpo": 200, "refl": 330, "draft": 95}
+GAINS = (0.10, 0.20)
+
+
+def method_config(name: str, seed: int, out: Path, args):
+    config_name, overrides = METHODS[name]
+    shared = [f"run.name={name}_seed{seed}", f"run.out_dir={out / 'runs'}", f"run.seed={seed}",
+              f"train.updates={args.updates or UPDATES[name]}", f"train.groups_per_update={args.groups}",
+              f"train.group_size={args.group_size}", "train.checkpoint_every=0", "eval.enabled=false",
+              "lora.rank=16", "lora.alpha=32"]
+    return load_config(ROOT / "configs" / f"{config_name}.yaml", shared + overrides + list(args.override))
+
+
+class LowNoiseEval:
+    """The wide held-out prompts with fixed seeds, about `per_tag` images per tag (a tag with few prompts gives each
+    more images, so every tag's mean has about the same error); the verifier's verdict per image, and each
+    pipeline's base verdicts (the paired gain's reference)."""
+
+    def __init__(self, per_tag: int, steps: int, prompts: list[str] | None = None, seed: int = 2024):
+        self.steps = steps
+        prompts = prompts or wide_eval_prompt_set()
+        tags = [parse_prompt(p).tag for p in prompts]
+        counts = {t: -(-per_tag // tags.count(t)) for t in set(tags)}  # ceil: at least per_tag images per tag
+        self.expanded = [p for p, t in zip(prompts, tags) for _ in range(counts[t])]
+        self.seeds = [derived_seed(seed, i, k) for i, t in enumerate(tags) for k in range(counts[t])]
+        self.tags = [parse_prompt(p).tag for p in self.expanded]
+        self.base: dict[str, np.ndarray] = {}
+
+    def verdicts(self, policy) -> np.ndarray:
+        samples, _ = generate_samples(policy, self.expanded, 1, 0, self.steps, 4.5, desc=None, seeds=self.seeds)
+        return np.array([score(image, prompt) for image, prompt in zip(samples.to_uint8(), self.expanded)], float)
+
+    def summary(self, values: np.ndarray) -> dict:
+        r = tag_metrics(values.tolist(), self.tags, TAGS, clusters=self.expanded)
+        return {"overall": r["overall"], "tags": r["tags"], "draw_se": r["draw_stderr"]["overall"],
+                "prompt_se": r["stderr"]["overall"], "tag_draw_se": r["draw_stderr"]["tags"]}
+
+    def __call__(self, policy, pipeline: str, untrained: bool = False) -> dict:
+        """The point of `policy`; `untrained` (a LoRA still at zero) reuses the pipeline's stored base verdicts."""
+        verdicts = self.base[pipeline] if untrained and pipeline in self.base else self.verdicts(policy)
+        base = self.base.setdefault(pipeline, verdicts)
+        return {"accuracy": self.summary(verdicts), "gain": self.summary(verdicts - base)}
+
+
+def run_method(name: str, seed: int, args, evaluator: LowNoiseEval) -> dict:
+    config = method_config(name, seed, args.out, args)
+    shutil.rmtree(Path(config.run.out_dir) / config.run.name, ignore_errors=True)  # a fresh run, never a resume
+    trainer = Trainer(config, log=False)
+    pipeline, updates = config.pipeline.path, config.train.updates
+    samples_per_update = config.train.groups_per_update * config.train.group_size
+    curve = [{"update": 0, "train_seconds": 0.0, "samples": 0, **evaluator(trainer.policy, pipeline, untrained=True)}]
+    clock = {"train": 0.0}
+    rewards = []
+
+    def on_update(update, metrics):
+        clock["train"] += metrics["seconds"]
+        rewards.append(float(metrics["reward_mean"]))
+        if update % args.eval_every == 0 or update == updates:
+            point = {"update": update, "train_seconds": clock["train"], "samples": update * samples_per_update,
+                     **evaluator(trainer.policy, pipeline)}
+            curve.append(point)
+            g = point["gain"]
+            print(f"  {name} seed {seed} update {update:4d}: accuracy {point['accuracy']['overall']:.3f}  gain "
+                  f"{100 * g['overall']:+.1f} +- {196 * g['draw_se']:.1f} points  ({clock['train'] / 60:.1f} min)",
+                  flush=True)
+
+    trainer.run(on_update)
+    return {"method": name, "seed": seed, "pipeline": pipeline, "curve": curve, "train_rewards": rewards,
+            "seconds_per_update": clock["train"] / updates, "config": config_to_dict(config)}
+
+
+def time_to_gain(curve: list[dict], gain: float, key: str = "train_seconds") -> float | None:
+    """The first eval point's `key` (training seconds, samples) at which the gain reached `gain`; None if never."""
+    return next((p[key] for p in curve if p["update"] > 0 and p["gain"]["overall"] >= gain), None)
+
+
+def gain_at(curve: list[dict], seconds: float) -> float:
+    """The gain of the last eval point within `seconds` of training."""
+    return [p for p in curve if p["train_seconds"] <= seconds][-1]["gain"]["overall"]
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    v = np.asarray(values, float)
+    return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
+
+
+def runs_by_method(results: dict) -> dict[str, list[dict]]:
+    grouped: dict[str, list[dict]] = {}
+    for run in results.values():
+        grouped.setdefault(run["method"], []).append(run)
+    return grouped
+
+
+def summarize(results: dict, minutes: float) -> dict:
+    """Per method, over its seeds: final and at-`minutes` gains, times to each of GAINS, per-tag final gains."""
+    table = {}
+    for name, runs in runs_by_method(results).items():
+        row = {"seeds": sorted(r["seed"] for r in runs),
+               "seconds_per_update": float(np.mean([r["seconds_per_update"] for r in runs])),
+               "base": float(np.mean([r["curve"][0]["accuracy"]["overall"] for r in runs])),
+               "final_gain": mean_se([r["curve"][-1]["gain"]["overall"] for r in runs]),
+               "final_draw_se": float(np.mean([r["curve"][-1]["gain"]["draw_se"] for r in runs])),
+               "gain_at_budget": mean_se([gain_at(r["curve"], 60 * minutes) for r in runs]),
+               "tag_gains": {t: float(np.mean([r["curve"][-1]["gain"]["tags"][t] for r in runs])) for t in TAGS}}
+        for gain in GAINS:
+            times = [time_to_gain(r["curve"], gain) for r in runs]
+            reached = [t for t in times if t is not None]
+            row[f"minutes_to_{round(100 * gain)}"] = (float(np.mean(reached)) / 60 if len(reached) == len(runs)
+                                                      else None)
+            row[f"reached_{round(100 * gain)}"] = f"{len(reached)}/{len(runs)}"
+        table[name] = row
+    return table
+
+
+def write_table(table: dict, minutes: float, path: Path) -> str:
+    def pm(pair, scale=100):
+        return f"{scale * pair[0]:+.1f} +- {1.96 * scale * pair[1]:.1f}"
+
+    def reach(row, gain):
+        value = row[f"minutes_to_{gain}"]
+        return f"{value:.1f} ({row[f'reached_{gain}']})" if value is not None else f"- ({row[f'reached_{gain}']})"
+
+    lines = [f"| method | seeds | base acc | final gain (pts) | gain at {minutes:g} min (pts) | min to +10 | "
+             f"min to +20 | s / update | " + " | ".join(f"{t} gain" for t in TAGS) + " |",
+             "|" + "---|" * (8 + len(TAGS))]
+    for name, row in sorted(table.items(), key=lambda kv: -kv[1]["gain_at_budget"][0]):
+        lines.append(f"| {name} | {len(row['seeds'])} | {row['base']:.3f} | {pm(row['final_gain'])} | "
+                     f"{pm(row['gain_at_budget'])} | {reach(row, 10)} | {reach(row, 20)} | "
+                     f"{row['seconds_per_update']:.1f} | "
+                     + " | ".join(f"{100 * row['tag_gains'][t]:+.1f}" for t in TAGS) + " |")
+    anchor = table.get("grpo_anchor", {}).get("minutes_to_10")
+    reached = {n: r["minutes_to_10"] for n, r in table.items() if r["minutes_to_10"] is not None}
+    if anchor and reached:
+        best = min(reached, key=reached.get)
+        lines.append(f"\nTime to +10 points: {best} {reached[best]:.1f} min vs grpo_anchor {anchor:.1f} min: "
+                     f"{anchor / reached[best]:.1f}x faster.")
+    lines.append("\nGains are paired (checkpoint minus base, same prompts and seeds); +- is 95% over training seeds; "
+                 "times are training wall-clock (eval excluded), the mean over seeds, shown only when every seed "
+                 "reached the gain (how many did in brackets).")
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    return text
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=110)
+    for name, runs in sorted(runs_by_method(results).items()):
+        for ax, key, scale in ((axes[0], "train_seconds", 1 / 60), (axes[1], "samples", 1.0)):
+            # seeds share eval updates, so their points line up by index; x is the mean over seeds
+            length = min(len(r["curve"]) for r in runs)
+            x = np.mean([[p[key] * scale for p in r["curve"][:length]] for r in runs], axis=0)
+            y = 100 * np.array([[p["gain"]["overall"] for p in r["curve"][:length]] for r in runs])
+            line, = ax.plot(x, y.mean(0), marker="o", ms=3, label=f"{name} ({len(runs)} seeds)")
+            if len(runs) > 1:
+                spread = 1.96 * y.std(0, ddof=1) / np.sqrt(len(runs))
+                ax.fill_between(x, y.mean(0) - spread, y.mean(0) + spread, color=line.get_color(), alpha=0.15)
+    for ax, label in zip(axes, ("training minutes (2 CPU cores, eval excluded)", "training samples")):
+        ax.set_xlabel(label)
+        ax.set_ylabel("held-out accuracy gain (points, paired)")
+        for level in GAINS:
+            ax.axhline(100 * level, color="grey", lw=0.8, ls="--")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Time to quality on shapes: verifier reward, low-noise eval (mean over training seeds, 95% band)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--updates", type=int, default=None, help="every method's updates (default: UPDATES)")
+    parser.add_argument("--groups", type=int, default=8, help="prompts per update")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--eval-every", type=int, default=60)
+    parser.add_argument("--per-tag", type=int, default=192, help="eval images per tag (spread over its prompts)")
+    parser.add_argument("--eval-steps", type=int, default=10)
+    parser.add_argument("--minutes", type=float, default=20.0, help="the budget the table reads the gain at")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "time_to_quality")
+    parser.add_argument("--override", nargs="*", default=[], help="key=value applied to every run")
+    parser.add_argument("--fresh", action="store_true", help="rerun (method, seed) pairs already in results.json")
+    parser.add_argument("--replot", action="store_true", help="only rewrite table.md and curves.png")
+    args = parser.parse_args(argv)
+    args.method_names = [n.strip() for n in args.methods.split(",") if n.strip()]
+    unknown = [n for n in args.method_names if n not in METHODS]
+    if unknown:
+        parser.error(f"--methods: unknown {unknown}; known: {list(METHODS)}")
+    try:
+        args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    return args
+
+
+def main(argv=None, prompts: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(2)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_path = args.out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    evaluator = LowNoiseEval(args.per_tag, args.eval_steps, prompts)
+    for name in [] if args.replot else args.method_names:
+        for seed in args.seed_list:
+            key = f"{name}/seed{seed}"
+            if key in results and not args.fresh:
+                continue
+            print(f"{key}: {args.updates or UPDATES[name]} updates", flush=True)
+            results[key] = run_method(name, seed, args, evaluator)
+            results_path.write_text(json.dumps(results, indent=2) + "\n")  # nothing finished is lost
+    table = summarize(results, args.minutes) if results else {}
+    print(write_table(table, args.minutes, args.out / "table.md"))
+    if results:
+        plot(results, args.out / "curves.png")
+    print(f"written to {args.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""benchmarks/time_to_quality.py: a rerun with the same seeds reproduces every number but the clock; the table's
+times to a gain and gains at the budget read the curves as stated."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("time_to_quality", ROOT / "benchmarks" / "time_to_quality.py")
+ttq = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ttq)
+
+ONE_PER_TAG = ["a circle", "a blue triangle", "a circle and a square", "two circles",
+               "a red square and a yellow circle", "a square left of a yellow circle"]
+
+
+def strip_clock(results: dict) -> dict:
+    return {key: {"curve": [{k: v for k, v in p.items() if k != "train_seconds"} for p in run["curve"]],
+                  "train_rewards": run["train_rewards"]} for key, run in results.items()}
+
+
+def test_a_rerun_with_the_same_seeds_is_identical(tmp_path):
+    tiny = ["--methods", "grpo", "--seeds", "0", "--updates", "2", "--groups", "2", "--group-size", "2",
+            "--eval-every", "1", "--per-tag", "2", "--eval-steps", "3", "--override", "sampler.num_steps=4",
+            "sampler.sde_window_range=[0,2]"]
+    first = ttq.main(tiny + ["--out", str(tmp_path / "a")], prompts=ONE_PER_TAG)
+    again = ttq.main(tiny + ["--out", str(tmp_path / "b")], prompts=ONE_PER_TAG)
+    assert strip_clock(first) == strip_clock(again)
+    run = first["grpo/seed0"]
+    assert [p["update"] for p in run["curve"]] == [0, 1, 2] and len(run["train_rewards"]) == 2
+    assert run["curve"][0]["gain"]["overall"] == 0.0  # the base is its own reference
+    assert (tmp_path / "a" / "table.md").is_file() and (tmp_path / "a" / "curves.png").is_file()
+    other = ttq.main(tiny + ["--out", str(tmp_path / "c"), "--seeds", "1"], prompts=ONE_PER_TAG)
+    assert strip_clock(other)["grpo/seed1"]["train_rewards"] != run["train_rewards"]  # the seed matters
+
+
+def point(update, seconds, gain):
+    return {"update": update, "train_seconds": seconds, "samples": 64 * update, "gain": {"overall": gain}}
+
+
+def test_times_to_a_gain_and_the_gain_at_the_budget():
+    curve = [point(0, 0, 0.0), point(40, 300, 0.06), point(80, 600, 0.12), point(120, 900, 0.21),
+             point(160, 1300, 0.25)]
+    assert ttq.time_to_gain(curve, 0.10) == 600
+    assert ttq.time_to_gain(curve, 0.20, key="samples") == 64 * 120
+    assert ttq.time_to_gain(curve, 0.30) is None
+    assert ttq.gain_at(curve, 1200) == 0.21  # the last eval within 20 minutes, not the one after
+    assert ttq.mean_se([0.1, 0.2, 0.3]) == pytest.approx((0.2, 0.1 / 3 ** 0.5))
+
+
+def test_unknown_methods_are_refused():
+    with pytest.raises(SystemExit):
+        ttq.parse_args(["--methods", "grpo,nope"])
