@@ -95,8 +95,7 @@ def run_one(reward: str, seed: int, args, base: dict | None) -> dict:
     trainer.run(on_update)
     train_seconds = time.time() - started
     final = measure(trainer, args.eval_seeds, f"{reward} final")
-    return {"reward": reward, "seed": seed, "base": base, "weights": weights_fingerprint(config.pipeline.path),
-            "final": final, "history": history,
+    return {"reward": reward, "seed": seed, "base": base, "final": final, "history": history,
             "train_seconds": train_seconds, "seconds_per_update": float(np.mean([h["seconds"] for h in history])),
             "config": config_to_dict(config)}
 
@@ -153,7 +152,7 @@ def main():
     for reward in rewards:
         for seed in [int(s) for s in args.seeds.split(",")]:
             print(f"{reward} seed {seed}", flush=True)
-            run = run_one(reward, seed, args, base)
+            run = {**run_one(reward, seed, args, base), "weights": weights}
             base = run["base"]  # every LoRA starts at zero: one base for all
             runs = [r for r in runs if (r["reward"], r["seed"]) != (reward, seed)] + [run]
             results_path.write_text(json.dumps({"runs": runs}, indent=2) + "\n")  # nothing lost if a later run fails

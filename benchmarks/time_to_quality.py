@@ -93,7 +93,7 @@ class LowNoiseEval:
         counts = {t: -(-per_tag // tags.count(t)) for t in set(tags)}  # ceil: at least per_tag images per tag
         self.expanded = [p for p, t in zip(prompts, tags) for _ in range(counts[t])]
         self.seeds = [derived_seed(seed, i, k) for i, t in enumerate(tags) for k in range(counts[t])]
-        self.tags = [parse_prompt(p).tag for p in self.expanded]
+        self.tags = [t for t in tags for _ in range(counts[t])]
         self.base: dict[str, np.ndarray] = {}
 
     def verdicts(self, policy) -> np.ndarray:
