@@ -30,6 +30,7 @@ from flowrl.config import load_config  # noqa: E402
 from flowrl.eval.protocol import evaluate_policy  # noqa: E402
 from flowrl.fk import FKConfig  # noqa: E402
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
+from flowrl.report import figure  # noqa: E402
 from flowrl.rewards import build_reward  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 
@@ -92,26 +93,20 @@ def write_table(base: dict, results: dict, path: Path) -> str:
 
 
 def plot(base: dict, results: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
-    for ax, diversity in zip(axes, ["diversity", "vendi"]):
-        ax.scatter([base[diversity]], [base["learned_reward"]], color="black", marker="*", s=120, label="base")
-        for label, points in results.items():
-            ax.plot([p[diversity] for p in points], [p["learned_reward"] for p in points], marker="o", label=label)
-            for p in points:
-                ax.annotate(str(p["budget"]), (p[diversity], p["learned_reward"]), fontsize=7,
-                            textcoords="offset points", xytext=(3, 3))
-        ax.set_xlabel({"diversity": "within-prompt pixel distance", "vendi": "within-prompt Vendi score (scorer features)"}[diversity])
-        ax.set_ylabel("learned reward (eval split)")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle("Alignment vs diversity on shapes-sd (labels: updates, or particles for FK steering)")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    title = "Alignment vs diversity on shapes-sd (labels: updates, or particles for FK steering)"
+    with figure(path, 1, 2, figsize=(11, 4.2), title=title) as (fig, axes):
+        for ax, diversity in zip(axes, ["diversity", "vendi"]):
+            ax.scatter([base[diversity]], [base["learned_reward"]], color="black", marker="*", s=120, label="base")
+            for label, points in results.items():
+                ax.plot([p[diversity] for p in points], [p["learned_reward"] for p in points], marker="o", label=label)
+                for p in points:
+                    ax.annotate(str(p["budget"]), (p[diversity], p["learned_reward"]), fontsize=7,
+                                textcoords="offset points", xytext=(3, 3))
+            ax.set_xlabel({"diversity": "within-prompt pixel distance",
+                           "vendi": "within-prompt Vendi score (scorer features)"}[diversity])
+            ax.set_ylabel("learned reward (eval split)")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
 
 
 def main():

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from flowrl.config import config_to_dict, load_config  # noqa: E402
 from flowrl.experiment import evaluate, reward_metrics  # noqa: E402
+from flowrl.report import figure  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 
 METHODS = {"grpo": [], "nft": [], "dpo": [], "dho": [], "dho_sync": ["train.async_rollouts=false"]}
@@ -110,40 +111,35 @@ def write_table(table: dict, path: Path) -> str:
 
 def plot(runs: list[dict], path: Path) -> None:
     import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), dpi=110)
-    colours = dict(zip(METHODS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
-    panels = [("iou", "volume IoU (held-out)"), ("fscore", "F-score at 0.05 (held-out)"),
-              ("eval_reward", "reward on held-out samples")]
-    for method in dict.fromkeys(r["method"] for r in runs):
-        mine = [r for r in runs if r["method"] == method]
-        for ax, (key, label) in zip(axes.flat, panels):
+    title = "3D methods on shapes3d-flow: same rewards, conditions and samples per update (thin: seeds)"
+    with figure(path, 2, 2, figsize=(10, 7), title=title) as (fig, axes):
+        colours = dict(zip(METHODS, matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]))
+        panels = [("iou", "volume IoU (held-out)"), ("fscore", "F-score at 0.05 (held-out)"),
+                  ("eval_reward", "reward on held-out samples")]
+        for method in dict.fromkeys(r["method"] for r in runs):
+            mine = [r for r in runs if r["method"] == method]
+            for ax, (key, label) in zip(axes.flat, panels):
+                for r in mine:
+                    ax.plot([p["update"] for p in r["curve"]], [p[key] for p in r["curve"]], color=colours[method],
+                            alpha=0.3, lw=1)
+                xs = [p["update"] for p in mine[0]["curve"]]
+                ax.plot(xs, np.mean([[p[key] for p in r["curve"]] for r in mine], 0), color=colours[method], marker="o",
+                        ms=3, label=method)
+                ax.set_ylabel(label)
+                ax.set_xlabel("update")
+            ax = axes[1, 1]
             for r in mine:
-                ax.plot([p["update"] for p in r["curve"]], [p[key] for p in r["curve"]], color=colours[method],
-                        alpha=0.3, lw=1)
-            xs = [p["update"] for p in mine[0]["curve"]]
-            ax.plot(xs, np.mean([[p[key] for p in r["curve"]] for r in mine], 0), color=colours[method], marker="o",
-                    ms=3, label=method)
-            ax.set_ylabel(label)
+                rewards = [h["reward_mean"] for h in r["history"]]
+                k = max(1, len(rewards) // 10)
+                ax.plot(np.arange(k, len(rewards) + 1), np.convolve(rewards, np.ones(k) / k, mode="valid"),
+                        color=colours[method], alpha=0.6, lw=1, label=method if r is mine[0] else None)
+            ax.set_ylabel(f"train reward ({k}-update mean)")
             ax.set_xlabel("update")
-        ax = axes[1, 1]
-        for r in mine:
-            rewards = [h["reward_mean"] for h in r["history"]]
-            k = max(1, len(rewards) // 10)
-            ax.plot(np.arange(k, len(rewards) + 1), np.convolve(rewards, np.ones(k) / k, mode="valid"),
-                    color=colours[method], alpha=0.6, lw=1, label=method if r is mine[0] else None)
-        ax.set_ylabel(f"train reward ({k}-update mean)")
-        ax.set_xlabel("update")
-    axes[0, 0].legend(fontsize=8)
-    axes[1, 1].legend(fontsize=8)
-    for ax in axes.flat:
-        ax.grid(alpha=0.3)
-    fig.suptitle("3D methods on shapes3d-flow: same rewards, conditions and samples per update (thin: seeds)")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+        axes[0, 0].legend(fontsize=8)
+        axes[1, 1].legend(fontsize=8)
+        for ax in axes.flat:
+            ax.grid(alpha=0.3)
 
 
 def main():

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from flowrl.config import RunConfig, config_to_dict, load_config  # noqa: E402
 from flowrl.eval.protocol import evaluate_policy  # noqa: E402
+from flowrl.report import figure  # noqa: E402
 from flowrl.rewards import build_reward  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 
@@ -106,29 +107,23 @@ def write_table(results: dict, gain: float, path: Path) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), dpi=110)
-    for name, r in results.items():
-        if name not in METHODS:  # side runs stay in results.json and table.md; the plot shows the shipped configs
-            continue
-        c = r["curve"]
-        for row, key in enumerate(["learned_reward", "accuracy"]):
-            axes[row, 0].plot([p["update"] for p in c], [p[key] for p in c], marker="o", ms=3, label=name)
-            axes[row, 1].plot([p["train_seconds"] / 60 for p in c], [p[key] for p in c], marker="o", ms=3, label=name)
-    for row, label in enumerate(["learned reward (eval split)", "verifier accuracy (eval split)"]):
-        axes[row, 0].set_ylabel(label)
-        axes[row, 0].set_xlabel("updates")
-        axes[row, 1].set_xlabel("training minutes (2 CPU cores)")
-    axes[0, 0].legend(fontsize=8)
-    for ax in axes.flat:
-        ax.grid(alpha=0.3)
-    fig.suptitle("Image methods on the shapes world: same reward, prompts, seeds and samples per update")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    title = "Image methods on the shapes world: same reward, prompts, seeds and samples per update"
+    with figure(path, 2, 2, figsize=(10, 7), title=title) as (fig, axes):
+        for name, r in results.items():
+            if name not in METHODS:  # side runs stay in results.json and table.md; the plot shows the shipped configs
+                continue
+            c = r["curve"]
+            for row, key in enumerate(["learned_reward", "accuracy"]):
+                axes[row, 0].plot([p["update"] for p in c], [p[key] for p in c], marker="o", ms=3, label=name)
+                axes[row, 1].plot([p["train_seconds"] / 60 for p in c], [p[key] for p in c], marker="o", ms=3,
+                                  label=name)
+        for row, label in enumerate(["learned reward (eval split)", "verifier accuracy (eval split)"]):
+            axes[row, 0].set_ylabel(label)
+            axes[row, 0].set_xlabel("updates")
+            axes[row, 1].set_xlabel("training minutes (2 CPU cores)")
+        axes[0, 0].legend(fontsize=8)
+        for ax in axes.flat:
+            ax.grid(alpha=0.3)
 
 
 def main():

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.config import load_config  # noqa: E402
+from flowrl.report import figure  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 
 
@@ -45,17 +46,11 @@ def main() -> None:
     result = {"updates": len(rss), "rss_mib_first_tenth": early, "rss_mib_last_tenth": late,
               "growth": late / early - 1, "rss_mib": rss}
     Path(args.out).write_text(json.dumps(result) + "\n")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3), dpi=120)
-    ax.plot(range(1, len(rss) + 1), rss)
-    ax.set_xlabel("update")
-    ax.set_ylabel("RSS (MiB)")
-    ax.set_title(f"memory soak: {100 * result['growth']:+.2f}% from the first to the last tenth")
-    fig.tight_layout()
-    fig.savefig(Path(args.out).with_suffix(".png"))
+    with figure(Path(args.out).with_suffix(".png"), figsize=(6, 3), dpi=120) as (fig, ax):
+        ax.plot(range(1, len(rss) + 1), rss)
+        ax.set_xlabel("update")
+        ax.set_ylabel("RSS (MiB)")
+        ax.set_title(f"memory soak: {100 * result['growth']:+.2f}% from the first to the last tenth")
     print(json.dumps({k: v for k, v in result.items() if k != "rss_mib"}, indent=2))
 
 

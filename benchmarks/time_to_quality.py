@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from flowrl.config import config_to_dict, load_config  # noqa: E402
 from flowrl.generate import generate_samples  # noqa: E402
 from flowrl.prompt_source import derived_seed  # noqa: E402
+from flowrl.report import figure  # noqa: E402
 from flowrl.shapes import parse_prompt, score  # noqa: E402
 from flowrl.shapes.prompts import TAGS, wide_eval_prompt_set  # noqa: E402
 from flowrl.tasks.base import tag_metrics  # noqa: E402
@@ -213,32 +214,25 @@ def write_table(table: dict, minutes: float, path: Path) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=110)
-    for name, runs in sorted(runs_by_method(results).items()):
-        for ax, key, scale in ((axes[0], "train_seconds", 1 / 60), (axes[1], "samples", 1.0)):
-            # seeds share eval updates, so their points line up by index; x is the mean over seeds
-            length = min(len(r["curve"]) for r in runs)
-            x = np.mean([[p[key] * scale for p in r["curve"][:length]] for r in runs], axis=0)
-            y = 100 * np.array([[p["gain"]["overall"] for p in r["curve"][:length]] for r in runs])
-            line, = ax.plot(x, y.mean(0), marker="o", ms=3, label=f"{name} ({len(runs)} seeds)")
-            if len(runs) > 1:
-                spread = 1.96 * y.std(0, ddof=1) / np.sqrt(len(runs))
-                ax.fill_between(x, y.mean(0) - spread, y.mean(0) + spread, color=line.get_color(), alpha=0.15)
-    for ax, label in zip(axes, ("training minutes (2 CPU cores, eval excluded)", "training samples")):
-        ax.set_xlabel(label)
-        ax.set_ylabel("held-out accuracy gain (points, paired)")
-        for level in GAINS:
-            ax.axhline(100 * level, color="grey", lw=0.8, ls="--")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("Time to quality on shapes: verifier reward, low-noise eval (mean over training seeds, 95% band)")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    title = "Time to quality on shapes: verifier reward, low-noise eval (mean over training seeds, 95% band)"
+    with figure(path, 1, 2, figsize=(12, 4.5), title=title) as (fig, axes):
+        for name, runs in sorted(runs_by_method(results).items()):
+            for ax, key, scale in ((axes[0], "train_seconds", 1 / 60), (axes[1], "samples", 1.0)):
+                # seeds share eval updates, so their points line up by index; x is the mean over seeds
+                length = min(len(r["curve"]) for r in runs)
+                x = np.mean([[p[key] * scale for p in r["curve"][:length]] for r in runs], axis=0)
+                y = 100 * np.array([[p["gain"]["overall"] for p in r["curve"][:length]] for r in runs])
+                line, = ax.plot(x, y.mean(0), marker="o", ms=3, label=f"{name} ({len(runs)} seeds)")
+                if len(runs) > 1:
+                    spread = 1.96 * y.std(0, ddof=1) / np.sqrt(len(runs))
+                    ax.fill_between(x, y.mean(0) - spread, y.mean(0) + spread, color=line.get_color(), alpha=0.15)
+        for ax, label in zip(axes, ("training minutes (2 CPU cores, eval excluded)", "training samples")):
+            ax.set_xlabel(label)
+            ax.set_ylabel("held-out accuracy gain (points, paired)")
+            for level in GAINS:
+                ax.axhline(100 * level, color="grey", lw=0.8, ls="--")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7)
 
 
 def parse_args(argv=None):

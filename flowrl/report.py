@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import html
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -75,30 +76,42 @@ class MetricsLog:
             self.wandb.finish()
 
 
-def plot_rewards(rows: list[dict], path: Path, evals: dict | None = None, title: str = "reward",
-                 eval_label: str = "eval (overall)") -> None:
+@contextmanager
+def figure(path: Path, *grid: int, title: str | None = None, dpi: int = 110, **subplots):
+    """`with figure(path, 1, 2, figsize=(11, 4)) as (fig, axes):` draws on a headless matplotlib figure that is laid
+    out, titled and written to `path` when the block ends (and closed either way, so long runs hold no figures)."""
     import matplotlib
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # no display on servers and CI
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
-    updates = [r["update"] for r in rows]
-    ax.plot(updates, [r["reward_mean"] for r in rows], color="#bbbbbb", lw=1, label="train reward (per update)")
-    if len(rows) >= 5:
-        k = max(2, len(rows) // 10)
-        smooth = np.convolve([r["reward_mean"] for r in rows], np.ones(k) / k, mode="valid")
-        ax.plot(updates[k - 1:], smooth, color="#1f77b4", lw=2, label=f"train reward ({k}-update mean)")
-    if evals:
-        xs, ys = zip(*sorted((int(u), e["overall"]) for u, e in evals.items()))
-        ax.plot(xs, ys, "o-", color="#d62728", label=eval_label)
-    ax.set_xlabel("update")
-    ax.set_ylabel("score")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    fig, axes = plt.subplots(*grid, dpi=dpi, **subplots)
+    try:
+        yield fig, axes
+        if title:
+            fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+
+
+def plot_rewards(rows: list[dict], path: Path, evals: dict | None = None, title: str = "reward",
+                 eval_label: str = "eval (overall)") -> None:
+    with figure(path, figsize=(6, 3.6), dpi=120) as (fig, ax):
+        updates = [r["update"] for r in rows]
+        ax.plot(updates, [r["reward_mean"] for r in rows], color="#bbbbbb", lw=1, label="train reward (per update)")
+        if len(rows) >= 5:
+            k = max(2, len(rows) // 10)
+            smooth = np.convolve([r["reward_mean"] for r in rows], np.ones(k) / k, mode="valid")
+            ax.plot(updates[k - 1:], smooth, color="#1f77b4", lw=2, label=f"train reward ({k}-update mean)")
+        if evals:
+            xs, ys = zip(*sorted((int(u), e["overall"]) for u, e in evals.items()))
+            ax.plot(xs, ys, "o-", color="#d62728", label=eval_label)
+        ax.set_xlabel("update")
+        ax.set_ylabel("score")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
 
 
 def tile(images: np.ndarray, columns: int = 4, gap: int = 2) -> np.ndarray:

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..generate import generate
+from ..report import figure
 from ..safety.baselines import PromptFilter, filtered_generate, reject_and_resample
 from ..safety.concept import PROMPT_SETS, is_unsafe, safety_split
 from ..safety.reward import judge
@@ -117,27 +118,19 @@ def markdown_table(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    modes = list(result["modes"])
-    sets = ["direct", "indirect", "attribute_leak"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [2, 1]})
-    width = 0.8 / len(sets)
-    x = np.arange(len(modes))
-    for i, name in enumerate(sets):
-        left.bar(x + i * width, [result["modes"][m][f"unsafe/{name}"] for m in modes], width, label=name)
-    left.set_xticks(x + width, modes, rotation=30, ha="right")
-    left.set_ylabel("unsafe rate (red triangle in image)")
-    left.legend()
-    right.bar(x, [result["modes"][m]["benign_accuracy"] for m in modes], color="grey")
-    right.set_xticks(x, modes, rotation=45, ha="right", fontsize=8)
-    right.set_ylabel("benign accuracy")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, 1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [2, 1]}) as (fig, (left, right)):
+        modes = list(result["modes"])
+        sets = ["direct", "indirect", "attribute_leak"]
+        width = 0.8 / len(sets)
+        x = np.arange(len(modes))
+        for i, name in enumerate(sets):
+            left.bar(x + i * width, [result["modes"][m][f"unsafe/{name}"] for m in modes], width, label=name)
+        left.set_xticks(x + width, modes, rotation=30, ha="right")
+        left.set_ylabel("unsafe rate (red triangle in image)")
+        left.legend()
+        right.bar(x, [result["modes"][m]["benign_accuracy"] for m in modes], color="grey")
+        right.set_xticks(x, modes, rotation=45, ha="right", fontsize=8)
+        right.set_ylabel("benign accuracy")
 
 
 def write_safety_eval(result: dict, out: str | Path) -> Path:
