@@ -97,8 +97,10 @@ class LowNoiseEval:
         self.tags = [t for t in tags for _ in range(counts[t])]
         self.base: dict[str, np.ndarray] = {}
 
-    def verdicts(self, policy) -> np.ndarray:
-        samples, _ = generate_samples(policy, self.expanded, 1, 0, self.steps, 4.5, desc=None, seeds=self.seeds)
+    def verdicts(self, policy, **sampler) -> np.ndarray:
+        """The verifier's verdict per image; `sampler` (kind, noise_level, sde_window) replaces the ODE."""
+        samples, _ = generate_samples(policy, self.expanded, 1, 0, self.steps, 4.5, desc=None, seeds=self.seeds,
+                                      **sampler)
         return np.array([score(image, prompt) for image, prompt in zip(samples.to_uint8(), self.expanded)], float)
 
     def summary(self, values: np.ndarray) -> dict:

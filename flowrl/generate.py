@@ -36,10 +36,12 @@ def sample_seeds(seed: int, num_prompts: int, num_per_prompt: int) -> list[int]:
 def generate_samples(policy, prompts: list, num_per_prompt: int = 1, seed: int = 0, num_steps: int = 20,
                      guidance_scale: float = 4.5, spec: SampleSpec | None = None, kind: str = "ode",
                      noise_level: float = 0.0, batch_size: int = 64, desc: str | None = "sampling",
-                     steer: Steer | None = None, seeds: list[int] | None = None):
+                     steer: Steer | None = None, seeds: list[int] | None = None,
+                     sde_window: tuple[int, int] | None = None):
     """A typed sample batch (flowrl.samples) for every prompt (or condition item) x num_per_prompt, and one record
     per sample (prompt, seed, plus the steer's fields). `seeds` (one per sample) replaces the derived ones, so a
-    subset of a prompt list can keep its samples' noise."""
+    subset of a prompt list can keep its samples' noise; `sde_window` limits an SDE `kind` to those steps, as the
+    RL rollouts do."""
     from .samples import as_samples
 
     expanded = [p for p in prompts for _ in range(num_per_prompt)]
@@ -58,7 +60,7 @@ def generate_samples(policy, prompts: list, num_per_prompt: int = 1, seed: int =
             callbacks, guide = steer.start(policy, cond, len(chunk), num_steps,
                                            torch.Generator().manual_seed(chunk_seeds[0]))
         traj = rollout(policy, cond, sample_generators(particle_seeds), shape, num_steps, kind, noise_level,
-                       guidance_scale, callbacks=callbacks, guide=guide)
+                       guidance_scale, sde_window, callbacks=callbacks, guide=guide)
         outputs.append(policy.decode(traj.final[::k]).cpu())
         for n, s in enumerate(chunk_seeds):
             prompt = cond.prompts[n * k]
