@@ -51,3 +51,15 @@ def test_times_to_a_gain_and_the_gain_at_the_budget():
 def test_unknown_methods_are_refused():
     with pytest.raises(SystemExit):
         ttq.parse_args(["--methods", "grpo,nope"])
+
+
+def test_the_anchor_ratio_is_a_lower_bound_when_the_anchor_never_gets_there():
+    def row(minutes_to_10, trained):
+        return {"minutes_to_10": minutes_to_10, "reached_10": "1/1" if minutes_to_10 else "0/1",
+                "train_minutes": trained}
+
+    table = {"grpo": row(6.5, 26.0), "nft": row(None, 30.0), "grpo_anchor": row(None, 27.3)}
+    assert ttq.anchor_ratio(table).endswith("at least 4.2x faster.")
+    table["grpo_anchor"] = row(13.0, 27.3)
+    assert "grpo 6.5 min vs grpo_anchor 13.0 min: 2.0x faster" in ttq.anchor_ratio(table)
+    assert ttq.anchor_ratio({"grpo": row(6.5, 26.0)}) == ""  # no anchor run, no ratio
