@@ -13,7 +13,7 @@ from PIL import Image
 from flowrl.errors import ConfigError
 from flowrl.rewards import build_reward
 from flowrl.rewards.base import RewardUnavailable
-from tiny_vlm import PROMPTS, SPECIAL, WORDS, save_tiny_qwen25_vl
+from tiny_vlm import PROMPTS, SPECIAL, WORDS, save_tiny_qwen25_vl, send_json
 
 @pytest.fixture(scope="module")
 def judge_folder(tmp_path_factory):
@@ -71,12 +71,7 @@ class FakeOpenAI(BaseHTTPRequestHandler):
                                                                         zip(tokens, top.values.tolist())]}]}}]}
         if "nologprobs" in question:
             body = {"choices": [{"message": {"content": "Yes"}}]}
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, body)
 
     def log_message(self, *args):
         pass

@@ -1,5 +1,8 @@
 """A tiny random Qwen2.5-VL saved offline: the real transformers model, processor, image and video processor classes,
-a word-level tokenizer with Qwen's special tokens and a chat template with image and video slots."""
+a word-level tokenizer with Qwen's special tokens and a chat template with image and video slots; and the JSON reply
+of the stand-in OpenAI-compatible endpoints the judge tests serve."""
+import json
+
 import torch
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
@@ -48,3 +51,13 @@ def save_tiny_qwen25_vl(folder):
     Qwen2_5_VLForConditionalGeneration(config).save_pretrained(folder)
     processor.save_pretrained(folder)
     return vocab
+
+
+def send_json(handler, body: dict) -> None:
+    """Answer an HTTP request of a stand-in endpoint (a BaseHTTPRequestHandler) with `body` as JSON."""
+    data = json.dumps(body).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)

@@ -8,8 +8,9 @@ every candidate of a group (a group = the samples of one condition item in a rew
 the same rubric: R_i = sum_k w_k s_ik, s_ik in {0, 1}, the requested change weighted `requested_weight` and the rest
 sharing 1 - requested_weight equally (all of it to the requested change when nothing else is listed). The rubric is
 built once per group. `mode: sample` scores each candidate against its own verified issues only (the per-sample
-audit the issue compares against). The auditor here is rule-based on the shapes-editing world; a VLM auditor would
-implement the same `audit` / `requested` / `verify` methods. A group's rubric sees the samples of the group that are
+audit the issue compares against). The auditor is rule-based on the shapes-editing world, or a VLM
+(`params.judge`: a local folder or an OpenAI-compatible endpoint, flowrl/rewards/rubric_vlm.py) with the same
+`audit` / `requested` / `verify` methods and, optionally, one audit pass per group. A group's rubric sees the samples of the group that are
 in one call: keep train.reward_microbatch and train.rollout_microbatch at 0 or multiples of train.group_size, or a
 group split over calls gets a rubric per part.
 """
@@ -90,13 +91,18 @@ class ShapesEditAuditor:
 class EditRubricReward(Reward):
     name = "edit_rubric"
 
-    def __init__(self, mode: Literal["group", "sample"] = "group", requested_weight: float = 0.5, auditor=None):
+    def __init__(self, mode: Literal["group", "sample"] = "group", requested_weight: float = 0.5, auditor=None,
+                 judge: dict | None = None):
         if mode not in ("group", "sample"):
             raise ConfigError(f"reward edit_rubric: params.mode: expected group or sample, got {mode!r}")
         if not 0 < requested_weight <= 1:
             raise ConfigError(f"reward edit_rubric: params.requested_weight: expected a number in (0, 1], got "
                               f"{requested_weight}")
         self.mode, self.requested_weight = mode, requested_weight
+        if judge is not None:  # a VLM auditor (flowrl/rewards/rubric_vlm.py) instead of the shapes world's rules
+            from .rubric_vlm import build_vlm_auditor
+
+            auditor = build_vlm_auditor(judge)
         self.auditor = auditor or ShapesEditAuditor()
         self.rubrics_built = 0  # group rubrics built so far (one per group and call)
 
@@ -117,14 +123,19 @@ class EditRubricReward(Reward):
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
         items = condition_items(prompts, meta)
         images = to_uint8(samples)
-        audits = [self.auditor.audit(image, item) for image, item in zip(images, items)]
         scores, sizes = np.zeros(len(items)), np.zeros(len(items))
         groups: dict = {}
         for i, item in enumerate(items):
             groups.setdefault((item.prompt, repr(sorted(item.meta.items()))), []).append(i)
+        # one audit pass over a whole group when the judge offers it, else one per candidate
+        one_pass = self.mode == "group" and getattr(self.auditor, "group_audit", False)
+        audits = {} if one_pass else {i: self.auditor.audit(image, item) for i, (image, item) in
+                                      enumerate(zip(images, items))}
         for members in groups.values():
             if self.mode == "group":
-                rubric = self.rubric(items[members[0]], [c for i in members for c in audits[i]])
+                issues = (self.auditor.audit_group([images[i] for i in members], items[members[0]]) if one_pass
+                          else [c for i in members for c in audits[i]])
+                rubric = self.rubric(items[members[0]], issues)
                 self.rubrics_built += 1
                 for i in members:
                     scores[i], sizes[i] = self.score(images[i], rubric), len(rubric)

@@ -139,13 +139,18 @@ class VLMJudge(Reward):
                            "top_logprobs": self.top_logprobs}).encode()
         answer = json.loads(post_with_retries(self.url, "/chat/completions", body, "application/json", self.api_key,
                                               self.timeout, self.retries, 1.0))
-        try:
-            top = answer["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
-        except (KeyError, IndexError, TypeError):
-            raise UserError(f"reward vlm_judge: {self.url} answered without logprobs; it must support "
-                            f"'logprobs' and 'top_logprobs' in chat completions") from None
-        mass = {}
-        for entry in top:
-            word = entry["token"].strip()
-            mass[word] = mass.get(word, 0.0) + math.exp(entry["logprob"])
-        return sum(mass.get(w, 0.0) for w in self.yes), sum(mass.get(w, 0.0) for w in self.no)
+        return answer_mass(answer, self.yes, self.no, self.url, "vlm_judge")
+
+
+def answer_mass(answer: dict, yes, no, url: str, reward: str) -> tuple[float, float]:
+    """(P(yes), P(no)) from a one-token chat completion's top log-probabilities."""
+    try:
+        top = answer["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    except (KeyError, IndexError, TypeError):
+        raise UserError(f"reward {reward}: {url} answered without logprobs; it must support "
+                        f"'logprobs' and 'top_logprobs' in chat completions") from None
+    mass: dict[str, float] = {}
+    for entry in top:
+        word = entry["token"].strip()
+        mass[word] = mass.get(word, 0.0) + math.exp(entry["logprob"])
+    return sum(mass.get(w, 0.0) for w in yes), sum(mass.get(w, 0.0) for w in no)
