@@ -7,9 +7,9 @@ from diffusers import WanPipeline
 from flowrl.models.shapes_wan import ShapesWanSize, build_vae
 from flowrl.motion.world import sample_pairs
 from flowrl.pretrain.shapes_sd3 import save_pipeline
-from flowrl.pretrain.shapes_wan import (LatentPool, WanPretrainConfig, clips_to_tensor, encode_mean,
-                                        frames_independent, inflate_causal_convs, normalised_latents,
-                                        pretrain_shapes_wan)
+from flowrl.models.wan_vae import frame_convolutions, frames_independent
+from flowrl.pretrain.shapes_wan import (LatentPool, WanPretrainConfig, clips_to_tensor, decode_unclamped, encode_mean,
+                                        inflate_causal_convs, normalised_latents, pretrain_shapes_wan)
 
 TINY = ShapesWanSize(num_layers=1, num_heads=2, head_dim=12, ffn_dim=32, text_hidden=16, text_layers=1,
                      latent_channels=4, vae_base_dim=8)
@@ -23,6 +23,27 @@ def test_a_frame_independent_vae_encodes_frames_as_one_batch():
     assert frames_independent(vae)
     with torch.no_grad():
         torch.testing.assert_close(encode_mean(vae, clips), vae.encode(clips).latent_dist.mode(), atol=1e-5, rtol=0)
+
+
+def test_frame_convolutions_are_the_same_function_and_keep_past_taps_zero():
+    vae = build_vae(TINY, seed=0)
+    inflate_causal_convs(vae)
+    with torch.no_grad():  # a current tap that is not near zero, so a wrong padding or tap would show
+        vae.encoder.conv_in.weight[:, :, -1].normal_()
+    clips = clips_to_tensor(sample_pairs(2, np.random.default_rng(0))[0])
+    reference = decode_unclamped(vae, encode_mean(vae, clips))
+    with frame_convolutions(vae):
+        fast = decode_unclamped(vae, vae.encode(clips).latent_dist.mode())
+        fast.pow(2).mean().backward()
+    torch.testing.assert_close(fast, reference, atol=1e-5, rtol=1e-4)
+    taps = [m.weight for m in vae.modules() if type(m).__name__ == "WanCausalConv3d" and m.weight.shape[2] > 1]
+    assert all(w.grad is not None and not w.grad[:, :, :-1].any() for w in taps)
+    assert all(w.grad[:, :, -1].any() for w in taps)
+    assert all("forward" not in m.__dict__ for m in vae.modules())  # the context restores the modules
+    with torch.no_grad():
+        taps[0][:, :, 0] = 0.1  # frames now interact: the context must leave the 3-D path alone
+    with frame_convolutions(vae):
+        assert all("forward" not in m.__dict__ for m in vae.modules())
 
 
 def test_the_latent_pool_refreshes_its_oldest_clips_and_keeps_prompts_paired():
@@ -42,7 +63,7 @@ def test_the_latent_pool_refreshes_its_oldest_clips_and_keeps_prompts_paired():
 
 def test_a_tiny_run_writes_a_pipeline_diffusers_loads(tmp_path):
     cfg = WanPretrainConfig(vae_steps=2, vae_batch=9, flow_steps=2, flow_batch=2, flow_pool=4, flow_refresh=1,
-                            warmup_steps=1, threads=1)
+                            flow_image_batch=2, warmup_steps=1, threads=1)
     pipe, facts = pretrain_shapes_wan(cfg, TINY)
     assert np.isfinite(facts["flow_final_loss"]) and facts["flow_minutes"] > 0
     save_pipeline(pipe, tmp_path, facts)
