@@ -1,4 +1,4 @@
-"""The frame-independent Wan VAE as per-frame 2-D convolutions (flowrl/models/wan_vae.py) against diffusers' causal
+"""The frame-independent Wan VAE as per-frame 2-D convolutions (flowrl/policies/wan_vae.py) against diffusers' causal
 3-D path, side by side in one run: a stage-1 training step (64 frames, forward + backward), encoding 32 clips and
 decoding 32 clips (what the policy does after every rollout), on shapes-wan's VAE size. Interleaved repeats; the
 median of each and the ratio.
@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.models.shapes_wan import ShapesWanSize, build_vae  # noqa: E402
-from flowrl.models.wan_vae import frame_convolutions  # noqa: E402
 from flowrl.motion.world import sample_pairs  # noqa: E402
+from flowrl.policies.wan_vae import frame_convolutions  # noqa: E402
 from flowrl.pretrain.shapes_wan import clips_to_tensor, decode_unclamped, inflate_causal_convs  # noqa: E402
 
 

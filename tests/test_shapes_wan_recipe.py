@@ -7,7 +7,7 @@ from diffusers import WanPipeline
 from flowrl.models.shapes_wan import ShapesWanSize, build_vae
 from flowrl.motion.world import sample_pairs
 from flowrl.pretrain.shapes_sd3 import save_pipeline
-from flowrl.models.wan_vae import frame_convolutions, frames_independent
+from flowrl.policies.wan_vae import frame_convolutions, frames_independent
 from flowrl.pretrain.shapes_wan import (LatentPool, WanPretrainConfig, clips_to_tensor, decode_unclamped, encode_mean,
                                         inflate_causal_convs, normalised_latents, pretrain_shapes_wan)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models.wan_vae import frame_convolutions
+from .wan_vae import frame_convolutions
 from . import POLICIES
 from .base import Conditioning, FlowPolicy, SampleSpec
 

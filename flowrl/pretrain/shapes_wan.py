@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from ..models.shapes_wan import WAN_SEQUENCE_LENGTH, ShapesWanSize, build_pipeline
 from ..motion.world import sample_pairs
-from ..models.wan_vae import frame_convolutions, frames_independent, past_taps
+from ..policies.wan_vae import frame_convolutions, frames_independent, past_taps
 from ..schedules import cosine_decay
 from .shapes_sd3 import train_denoiser
 
