@@ -1,7 +1,8 @@
 """Wan's causal VAE when its frames do not interact: every causal 3-D convolution's past taps zero and no temporal
 compression (shapes-wan's VAE, trained frame by frame from an inflated per-frame autoencoder). Such a VAE is then
-the same function as per-frame 2-D convolutions, which `frame_convolutions` runs ~3x faster on CPU (training,
-encoding and the policy's decode). A VAE whose frames interact (any released Wan VAE) is left as it is.
+the same function as per-frame 2-D convolutions, which `frame_convolutions` runs faster on CPU (2.6x per training
+step, 2.7x per decode: benchmarks/wan_frame_convs.py). A VAE whose frames interact (any released Wan VAE) is left
+as it is.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _frame_conv(conv, x: torch.Tensor, cache_x=None) -> torch.Tensor:
 @contextlib.contextmanager
 def frame_convolutions(vae):
     """While the VAE is frame-independent (`frames_independent`), run its causal 3-D convolutions as per-frame 2-D
-    ones: the same function (tests/test_shapes_wan_recipe.py), ~3x faster on 2 cores (benchmarks/wan_frame_convs.py).
+    ones: the same function (tests/test_shapes_wan_recipe.py), faster (benchmarks/wan_frame_convs.py).
     Past taps get zero gradients through it, so AdamW without weight decay keeps them zero.
     Outside the context, and for a VAE whose frames interact, nothing changes."""
     convs = [m for m in vae.modules() if type(m).__name__ == "WanCausalConv3d"
