@@ -1,15 +1,19 @@
 """The shapes-wan pretraining recipe's parts: frame-batched encoding, the latent pool, and a whole tiny run that
 writes a WanPipeline diffusers loads unmodified."""
+import json
+
 import numpy as np
 import torch
 from diffusers import WanPipeline
 
 from flowrl.models.shapes_wan import ShapesWanSize, build_vae
+from flowrl.motion.prompts import eval_prompt_set
 from flowrl.motion.world import sample_pairs
 from flowrl.pretrain.shapes_sd3 import save_pipeline
 from flowrl.policies.wan_vae import frame_convolutions, frames_independent
 from flowrl.pretrain.shapes_wan import (LatentPool, WanPretrainConfig, clips_to_tensor, decode_unclamped, encode_mean,
-                                        inflate_causal_convs, normalised_latents, pretrain_shapes_wan)
+                                        evaluate_and_write_card, inflate_causal_convs, normalised_latents,
+                                        pretrain_shapes_wan)
 
 TINY = ShapesWanSize(num_layers=1, num_heads=2, head_dim=12, ffn_dim=32, text_hidden=16, text_layers=1,
                      latent_channels=4, vae_base_dim=8)
@@ -75,3 +79,9 @@ def test_a_tiny_run_writes_a_pipeline_diffusers_loads(tmp_path):
                     guidance_scale=4.5, max_sequence_length=16, output_type="np",
                     generator=torch.Generator().manual_seed(0)).frames
     assert frames.shape == (1, 9, 32, 32, 3) and np.isfinite(frames).all()
+    result = evaluate_and_write_card(tmp_path, num_per_prompt=2, seeds=2)  # the grid shows two clips per prompt
+    card = (tmp_path / "README.md").read_text()
+    stored = json.loads((tmp_path / "eval.json").read_text())
+    assert stored["protocol"]["seeds"] == [2024, 2025] and len(stored["protocol"]["overall_by_seed"]) == 2
+    assert sum(result["counts"].values()) == 4 * len(eval_prompt_set())  # both seeds' clips are judged
+    assert "seeds [2024, 2025]" in card and (tmp_path / "samples.png").is_file()
