@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from .wan_vae import frame_convolutions
 from . import POLICIES
 from .base import Conditioning, FlowPolicy, SampleSpec
+from .wan_vae import frame_convolutions
 
 WAN_LORA_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
                     "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"]

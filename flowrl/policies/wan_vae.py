@@ -43,11 +43,11 @@ def frame_convolutions(vae):
     ones: the same function (tests/test_shapes_wan_recipe.py), faster (benchmarks/wan_frame_convs.py).
     Past taps get zero gradients through it, so AdamW without weight decay keeps them zero.
     Outside the context, and for a VAE whose frames interact, nothing changes."""
-    convs = [m for m in vae.modules() if type(m).__name__ == "WanCausalConv3d"
-             and m.stride[0] == 1 and m._padding[4] == m.kernel_size[0] - 1]
     if not frames_independent(vae):
         yield
         return
+    convs = [m for m in vae.modules() if type(m).__name__ == "WanCausalConv3d"
+             and m.stride[0] == 1 and m._padding[4] == m.kernel_size[0] - 1]
     for conv in convs:
         conv.forward = functools.partial(_frame_conv, conv)
     try:

@@ -10,9 +10,9 @@ sharing 1 - requested_weight equally (all of it to the requested change when not
 built once per group. `mode: sample` scores each candidate against its own verified issues only (the per-sample
 audit the issue compares against). The auditor is rule-based on the shapes-editing world, or a VLM
 (`params.judge`: a local folder or an OpenAI-compatible endpoint, flowrl/rewards/rubric_vlm.py) with the same
-`audit` / `requested` / `verify` methods and, optionally, one audit pass per group. A group's rubric sees the samples of the group that are
-in one call: keep train.reward_microbatch and train.rollout_microbatch at 0 or multiples of train.group_size, or a
-group split over calls gets a rubric per part.
+`audit` / `requested` / `verify` methods and, optionally, one audit pass per group. A group's rubric sees the
+samples of the group that are in one call: keep train.reward_microbatch and train.rollout_microbatch at 0 or
+multiples of train.group_size, or a group split over calls gets a rubric per part.
 """
 from __future__ import annotations
 

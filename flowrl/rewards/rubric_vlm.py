@@ -96,15 +96,10 @@ class RemoteVLM:
         self.api_key = os.environ.get(api_key_env)
 
     def complete(self, images, text, **options) -> dict:
-        from .remote import post_with_retries
-        from .vlm import png_data_url
+        from .vlm import chat_completion
 
-        content = [{"type": "image_url", "image_url": {"url": png_data_url(image)}} for image in images]
-        content.append({"type": "text", "text": text})
-        body = json.dumps({"model": self.model_name, "messages": [{"role": "user", "content": content}],
-                           "temperature": 0, **options}).encode()
-        return json.loads(post_with_retries(self.url, "/chat/completions", body, "application/json", self.api_key,
-                                            self.timeout, self.retries, 1.0))
+        return chat_completion(self.url, self.model_name, images, text, self.api_key, self.timeout, self.retries,
+                               **options)
 
     def yes_no(self, images, text) -> tuple[float, float]:
         from .vlm import answer_mass
@@ -134,14 +129,18 @@ class VLMEditAuditor:
         self.source_input, self.world = source_input, world
         self.shuffle = random.Random(seed)
         self.unparsed = 0  # audit answers that were not a JSON list of strings
+        self._last_source = None  # (item, its source image): a group asks for one item's source many times
 
     def source(self, item):
+        """The item's source image (read or rendered once for consecutive calls on the same item)."""
         from PIL import Image
 
         from ..images import item_image, to_uint8
 
-        image = item_image(item, self.source_input, self.world, "the edit_rubric VLM auditor")
-        return Image.fromarray(to_uint8(image[None])[0])
+        if self._last_source is None or self._last_source[0] is not item:
+            image = item_image(item, self.source_input, self.world, "the edit_rubric VLM auditor")
+            self._last_source = (item, Image.fromarray(to_uint8(image[None])[0]))
+        return self._last_source[1]
 
     def passes(self, images, text) -> bool:
         p_yes, p_no = self.backend.yes_no(images, text)

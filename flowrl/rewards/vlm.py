@@ -130,16 +130,24 @@ class VLMJudge(Reward):
 
     def ask(self, image, prompt: str) -> tuple[float, float]:
         """One chat completion of one token; (P(yes), P(no)) from its top log-probabilities."""
-        from .remote import post_with_retries
-
-        content = [{"type": "image_url", "image_url": {"url": png_data_url(image)}},
-                   {"type": "text", "text": self.question.format(prompt=prompt)}]
-        body = json.dumps({"model": self.model_name, "messages": [{"role": "user", "content": content}],
-                           "max_tokens": 1, "temperature": 0, "logprobs": True,
-                           "top_logprobs": self.top_logprobs}).encode()
-        answer = json.loads(post_with_retries(self.url, "/chat/completions", body, "application/json", self.api_key,
-                                              self.timeout, self.retries, 1.0))
+        answer = chat_completion(self.url, self.model_name, [image], self.question.format(prompt=prompt), self.api_key,
+                                 self.timeout, self.retries, max_tokens=1, logprobs=True,
+                                 top_logprobs=self.top_logprobs)
         return answer_mass(answer, self.yes, self.no, self.url, "vlm_judge")
+
+
+def chat_completion(url: str, model: str, images, text: str, api_key: str | None, timeout: float, retries: int,
+                    **options) -> dict:
+    """One user turn (the PIL images, then the text) to an OpenAI-compatible /chat/completions at temperature 0;
+    `options` go into the request (max_tokens, logprobs, ...). The parsed JSON answer."""
+    from .remote import post_with_retries
+
+    content = [{"type": "image_url", "image_url": {"url": png_data_url(image)}} for image in images]
+    content.append({"type": "text", "text": text})
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0,
+                       **options}).encode()
+    return json.loads(post_with_retries(url, "/chat/completions", body, "application/json", api_key, timeout,
+                                        retries, 1.0))
 
 
 def answer_mass(answer: dict, yes, no, url: str, reward: str) -> tuple[float, float]:
