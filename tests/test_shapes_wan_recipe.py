@@ -60,6 +60,11 @@ def test_the_latent_pool_refreshes_its_oldest_clips_and_keeps_prompts_paired():
     assert latents.shape[0] == 3 and pool.prompts[2:] == first[2:] and pool.next == 2
     for z, prompt in zip(latents, prompts):
         assert any(torch.equal(z, pool.latents[i]) and pool.prompts[i] == prompt for i in range(6))
+    frames, prompts = pool.frames(4, np.random.default_rng(2))
+    assert frames.shape == (4, *pool.latents.shape[1:2], 1, *pool.latents.shape[3:])
+    for z, prompt in zip(frames, prompts):  # a frame of some pooled clip, paired with that clip's prompt
+        assert any(torch.equal(z[:, 0], pool.latents[i, :, f]) and pool.prompts[i] == prompt
+                   for i in range(6) for f in range(pool.latents.shape[2]))
     clips, prompts = sample_pairs(2, np.random.default_rng(3))
     torch.testing.assert_close(normalised_latents(vae, clips),
                                (encode_mean(vae, clips_to_tensor(clips)) - 0.1) / 2.0)
@@ -67,9 +72,9 @@ def test_the_latent_pool_refreshes_its_oldest_clips_and_keeps_prompts_paired():
 
 def test_a_tiny_run_writes_a_pipeline_diffusers_loads(tmp_path):
     cfg = WanPretrainConfig(vae_steps=2, vae_batch=9, flow_steps=2, flow_batch=2, flow_pool=4, flow_refresh=1,
-                            flow_image_batch=2, warmup_steps=1, threads=1)
+                            flow_image_batch=2, flow_image_steps=2, flow_image_stage_batch=3, warmup_steps=1, threads=1)
     pipe, facts = pretrain_shapes_wan(cfg, TINY)
-    assert np.isfinite(facts["flow_final_loss"]) and facts["flow_minutes"] > 0
+    assert np.isfinite(facts["flow_image_final_loss"]) and np.isfinite(facts["flow_final_loss"]) and facts["flow_minutes"] > 0
     save_pipeline(pipe, tmp_path, facts)
     loaded = WanPipeline.from_pretrained(tmp_path, torch_dtype=torch.float32)
     assert loaded.scheduler.config.shift == TINY.flow_shift
