@@ -26,6 +26,7 @@ from flowrl.motion.verifier import judge_clip  # noqa: E402
 from flowrl.motion.world import sample_pairs  # noqa: E402
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
 from flowrl.pretrain.shapes_wan import normalised_latents  # noqa: E402
+from flowrl.sampling import shifted_sigmas  # noqa: E402
 
 
 def main() -> None:
@@ -46,8 +47,7 @@ def main() -> None:
     embeds, negative = pipe.encode_prompt(prompts, negative_prompt=[""] * len(prompts),
                                           do_classifier_free_guidance=True, max_sequence_length=WAN_SEQUENCE_LENGTH,
                                           device=torch.device("cpu"))
-    shift = pipe.scheduler.config.shift
-    grid = [shift * u / (1 + (shift - 1) * u) for u in np.linspace(1, 0, args.steps + 1)]  # the sampler's sigmas
+    grid = shifted_sigmas(args.steps, pipe.scheduler.config.shift).tolist()  # the sampler's sigmas
     generator = torch.Generator().manual_seed(args.seed)
     rows = []
     for start in (float(s) for s in args.starts.split(",")):

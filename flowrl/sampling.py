@@ -140,7 +140,11 @@ def x0_prediction(velocity: torch.Tensor, sample: torch.Tensor, sigma) -> torch.
     return sample.float() - _batch_shaped(sigma, sample) * velocity.float()
 
 
-def shifted_sigmas(num_steps: int, shift: float = 1.0) -> torch.Tensor:
-    """linspace(1, 0, N + 1) under the SD3 time shift sigma' = s sigma / (1 + (s - 1) sigma) (DanceGRPO's grid)."""
-    sigmas = torch.linspace(1.0, 0.0, num_steps + 1)
+def time_shift(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
+    """The SD3 time shift sigma' = s sigma / (1 + (s - 1) sigma): more of the path at high noise for s > 1."""
     return shift * sigmas / (1 + (shift - 1) * sigmas)
+
+
+def shifted_sigmas(num_steps: int, shift: float = 1.0) -> torch.Tensor:
+    """linspace(1, 0, N + 1) under the SD3 time shift (`time_shift`; DanceGRPO's grid)."""
+    return time_shift(torch.linspace(1.0, 0.0, num_steps + 1), shift)

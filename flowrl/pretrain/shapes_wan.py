@@ -19,6 +19,7 @@ from tqdm import tqdm
 from ..models.shapes_wan import WAN_SEQUENCE_LENGTH, ShapesWanSize, build_pipeline
 from ..motion.world import sample_pairs
 from ..policies.wan_vae import frame_convolutions, frames_independent, past_taps
+from ..sampling import time_shift
 from ..schedules import cosine_decay
 from .shapes_sd3 import train_denoiser
 
@@ -214,7 +215,7 @@ def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, gen
 
     def denoising_loss(x0, embeds):
         t = torch.sigmoid(torch.randn(len(x0), generator=generator))  # logit-normal t, as SD3 and Wan train
-        t = shift * t / (1 + (shift - 1) * t)  # under the pipeline's own time shift (ShapesWanSize.flow_shift)
+        t = time_shift(t, shift)  # under the pipeline's own time shift (ShapesWanSize.flow_shift)
         noise = torch.randn(x0.shape, generator=generator)
         tt = t.view(-1, 1, 1, 1, 1)
         xt = (1 - tt) * x0 + tt * noise
@@ -330,8 +331,8 @@ def evaluate_and_write_card(out_dir, num_per_prompt: int = CARD_NUM_PER_PROMPT, 
 def card_text(facts: dict, protocol: dict, table: str, prompt_count: int) -> str:
     cfg, size = facts.get("config", {}), facts.get("size", {})
     patch = size.get("patch", 2)
-    image_stage = (f"first {cfg['flow_image_steps']} steps of {cfg.get('flow_image_stage_batch')} single frames (one-frame videos, "
-                   "their clips' prompts), then " if cfg.get("flow_image_steps") else "")
+    image_stage = (f"first {cfg['flow_image_steps']} steps of {cfg.get('flow_image_stage_batch')} single frames "
+                   "(one-frame videos, their clips' prompts), then " if cfg.get("flow_image_steps") else "")
     return f"""# shapes-wan: flowrl's embedded text-to-video pipeline
 
 A tiny `WanPipeline` (diffusers format, fp16 safetensors) trained from scratch on the moving-shapes world: 9-frame
