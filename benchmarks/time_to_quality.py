@@ -4,10 +4,11 @@ judged by the low-noise eval; held-out accuracy against training wall-clock and 
 Each method runs its shipped config (configs/shapes_<method>.yaml: shapes-sd3 for the flow methods, shapes-sd for
 DDPO) with the shared work: training prompts, samples per update (8 prompts x 8), LoRA r16, its own updates from
 UPDATES (sized so each run covers ~20 minutes of training on 2 CPU cores), and the reward: the verifier's dense
-score (`shapes`), except for the methods that need a differentiable reward (ReFL, DRaFT: the learned scorer
-`shapes_clip`, as shipped). `grpo_anchor` is Flow-GRPO at the anchors' defaults (flow_grpo's geneval_sd3: SDE on
-every step, noise 0.7, 99% of the steps trained, KL beta 0.04, global std, clip 1e-4, lr 3e-4 constant; their
-EMA of the weights is not used here): the reference the time-to-+10 ratio is taken against.
+score (`shapes`), except for the methods that need a differentiable reward (ReFL, DRaFT and MEND, whose proposals
+follow the reward's gradient: the learned scorer `shapes_clip`, as shipped). `grpo_anchor` is Flow-GRPO at the
+anchors' defaults (flow_grpo's geneval_sd3: SDE on every step, noise 0.7, 99% of the steps trained, KL beta 0.04,
+global std, clip 1e-4, lr 3e-4 constant; their EMA of the weights is not used here): the reference the time-to-+10
+ratio is taken against.
 
 The eval (update 0, every --eval-every updates and the last): the wide held-out set (shapes.prompts.
 wide_eval_prompt_set: 105 prompts, the eval split's 36 plus every held-out colors prompt and 42 each of the held-out
@@ -61,7 +62,7 @@ METHODS = {
     "dancegrpo": ("shapes_dancegrpo", [VERIFIER]),
     "fk_incremental": ("shapes_grpo", [VERIFIER, "algorithm.params.credit=incremental"]),
     "nft": ("shapes_nft", [VERIFIER]),
-    "mend": ("shapes_mend", [VERIFIER]),
+    "mend": ("shapes_mend", []),
     "ddpo": ("shapes_ddpo", [VERIFIER]),
     "refl": ("shapes_refl", []),
     "draft": ("shapes_draft", []),

@@ -63,3 +63,18 @@ def test_the_anchor_ratio_is_a_lower_bound_when_the_anchor_never_gets_there():
     table["grpo_anchor"] = row(13.0, 27.3)
     assert "grpo 6.5 min vs grpo_anchor 13.0 min: 2.0x faster" in ttq.anchor_ratio(table)
     assert ttq.anchor_ratio({"grpo": row(6.5, 26.0)}) == ""  # no anchor run, no ratio
+
+
+def test_every_method_builds_and_accepts_its_reward(tmp_path):
+    """Each entry's config passes the checks a Trainer makes before training: its algorithm builds with its sampler
+    and binds its reward (a method that backpropagates through the reward gets a differentiable one)."""
+    from flowrl.algorithms.base import build_algorithm
+    from flowrl.train import build_rewards
+
+    args = ttq.parse_args([])
+    for name in ttq.METHODS:
+        config = ttq.method_config(name, 0, tmp_path, args)
+        algorithm = build_algorithm(config.algorithm.name, config.algorithm.params, config.sampler)
+        algorithm.bind_reward(build_rewards(config))  # raises ConfigError on a reward the method cannot use
+        if name not in ("refl", "draft", "mend"):
+            assert [t.name for t in config.reward] == ["shapes"], name  # the verifier's reward, as the table says
