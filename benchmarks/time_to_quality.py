@@ -100,11 +100,18 @@ class LowNoiseEval:
         self.tags = [t for t in tags for _ in range(counts[t])]
         self.base: dict[str, np.ndarray] = {}
 
-    def verdicts(self, policy, **sampler) -> np.ndarray:
-        """The verifier's verdict per image; `sampler` (kind, noise_level, sde_window) replaces the ODE."""
-        samples, _ = generate_samples(policy, self.expanded, 1, 0, self.steps, 4.5, desc=None, seeds=self.seeds,
-                                      **sampler)
-        return np.array([score(image, prompt) for image, prompt in zip(samples.to_uint8(), self.expanded)], float)
+    def images(self, policy, guidance_scale: float = 4.5, **sampler) -> np.ndarray:
+        """One uint8 image per (prompt, seed); `sampler` (kind, noise_level, sde_window) replaces the ODE."""
+        samples, _ = generate_samples(policy, self.expanded, 1, 0, self.steps, guidance_scale, desc=None,
+                                      seeds=self.seeds, **sampler)
+        return samples.to_uint8()
+
+    def judge(self, images: np.ndarray) -> np.ndarray:
+        return np.array([score(image, prompt) for image, prompt in zip(images, self.expanded)], float)
+
+    def verdicts(self, policy, guidance_scale: float = 4.5, **sampler) -> np.ndarray:
+        """The verifier's verdict per image drawn by `images`."""
+        return self.judge(self.images(policy, guidance_scale, **sampler))
 
     def summary(self, values: np.ndarray) -> dict:
         r = tag_metrics(values.tolist(), self.tags, TAGS, clusters=self.expanded)
