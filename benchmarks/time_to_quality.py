@@ -178,7 +178,7 @@ def summarize(results: dict, minutes: float) -> dict:
     """Per method, over its seeds: final and at-`minutes` gains, times to each of GAINS, per-tag final gains."""
     table = {}
     for name, runs in runs_by_method(results).items():
-        row = {"seeds": sorted(r["seed"] for r in runs),
+        row = {"seeds": sorted(r["seed"] for r in runs), "pipeline": Path(runs[0]["pipeline"]).name,
                "seconds_per_update": float(np.mean([r["seconds_per_update"] for r in runs])),
                "base": float(np.mean([r["curve"][0]["accuracy"]["overall"] for r in runs])),
                "final_gain": mean_se([r["curve"][-1]["gain"]["overall"] for r in runs]),
@@ -197,18 +197,31 @@ def summarize(results: dict, minutes: float) -> dict:
 
 
 def anchor_ratio(table: dict) -> str:
-    """The best method's time to +10 points against grpo_anchor's; a lower bound when the anchor never got there."""
-    reached = {n: r["minutes_to_10"] for n, r in table.items() if r["minutes_to_10"] is not None}
+    """The best method's time to +10 points against grpo_anchor's (a lower bound when the anchor never got there);
+    when that method trains another base, also the best on the anchor's own pipeline."""
+    reached = {n: r["minutes_to_10"] for n, r in table.items()
+               if r["minutes_to_10"] is not None and n != "grpo_anchor"}
     if "grpo_anchor" not in table or not reached:
         return ""
-    best = min(reached, key=reached.get)
     anchor = table["grpo_anchor"]
-    if anchor["minutes_to_10"] is not None:
-        return (f"\nTime to +10 points: {best} {reached[best]:.1f} min vs grpo_anchor {anchor['minutes_to_10']:.1f} "
-                f"min: {anchor['minutes_to_10'] / reached[best]:.1f}x faster.")
-    return (f"\nTime to +10 points: {best} {reached[best]:.1f} min; grpo_anchor did not reach +10 in its "
-            f"{anchor['train_minutes']:.1f} minutes ({anchor['reached_10']} seeds): at least "
-            f"{anchor['train_minutes'] / reached[best]:.1f}x faster.")
+
+    def line(name: str) -> str:
+        minutes, pipeline = reached[name], table[name].get("pipeline")
+        label = name if pipeline == anchor.get("pipeline") else \
+            f"{name} (on {pipeline}, the anchor on {anchor.get('pipeline')})"
+        if anchor["minutes_to_10"] is not None:
+            return (f"\nTime to +10 points: {label} {minutes:.1f} min vs grpo_anchor {anchor['minutes_to_10']:.1f} "
+                    f"min: {anchor['minutes_to_10'] / minutes:.1f}x faster.")
+        return (f"\nTime to +10 points: {label} {minutes:.1f} min; grpo_anchor did not reach +10 in its "
+                f"{anchor['train_minutes']:.1f} minutes ({anchor['reached_10']} seeds): at least "
+                f"{anchor['train_minutes'] / minutes:.1f}x faster.")
+
+    best = min(reached, key=reached.get)
+    same_base = [n for n in reached if table[n].get("pipeline") == anchor.get("pipeline")]
+    text = line(best)
+    if same_base and best not in same_base:
+        text += line(min(same_base, key=reached.get))
+    return text
 
 
 def write_table(table: dict, minutes: float, path: Path) -> str:
@@ -219,12 +232,14 @@ def write_table(table: dict, minutes: float, path: Path) -> str:
         value = row[f"minutes_to_{gain}"]
         return f"{value:.1f} ({row[f'reached_{gain}']})" if value is not None else f"- ({row[f'reached_{gain}']})"
 
-    lines = [f"| method | seeds | base acc | final gain (pts) | final draw +- | gain at {minutes:g} min (pts) | "
+    lines = [f"| method | pipeline | seeds | base acc | final gain (pts) | final draw +- | "
+             f"gain at {minutes:g} min (pts) | "
              "min to +10 | min to +20 | minutes trained | s / update | "
              + " | ".join(f"{t} gain" for t in TAGS) + " |",
-             "|" + "---|" * (10 + len(TAGS))]
+             "|" + "---|" * (11 + len(TAGS))]
     for name, row in sorted(table.items(), key=lambda kv: -kv[1]["gain_at_budget"][0]):
-        lines.append(f"| {name} | {len(row['seeds'])} | {row['base']:.3f} | {pm(row['final_gain'], row['seeds'])} | "
+        lines.append(f"| {name} | {row['pipeline']} | {len(row['seeds'])} | {row['base']:.3f} | "
+                     f"{pm(row['final_gain'], row['seeds'])} | "
                      f"{196 * row['final_draw_se']:.1f} | {pm(row['gain_at_budget'], row['seeds'])} | "
                      f"{reach(row, 10)} | {reach(row, 20)} | {row['train_minutes']:.1f} | "
                      f"{row['seconds_per_update']:.1f} | "

@@ -65,6 +65,19 @@ def test_the_anchor_ratio_is_a_lower_bound_when_the_anchor_never_gets_there():
     assert ttq.anchor_ratio({"grpo": row(6.5, 26.0)}) == ""  # no anchor run, no ratio
 
 
+def test_the_anchor_ratio_names_another_base_and_adds_the_best_on_the_anchors():
+    def row(minutes_to_10, pipeline):
+        return {"minutes_to_10": minutes_to_10, "reached_10": "1/1", "train_minutes": 27.0, "pipeline": pipeline}
+
+    table = {"ddpo": row(6.0, "shapes-sd"), "grpo": row(6.6, "shapes-sd3"), "grpo_anchor": row(13.2, "shapes-sd3")}
+    lines = ttq.anchor_ratio(table).strip().splitlines()
+    assert lines == ["Time to +10 points: ddpo (on shapes-sd, the anchor on shapes-sd3) 6.0 min vs grpo_anchor "
+                     "13.2 min: 2.2x faster.",
+                     "Time to +10 points: grpo 6.6 min vs grpo_anchor 13.2 min: 2.0x faster."]
+    del table["grpo"]  # nothing else on the anchor's base reached +10: one line
+    assert len(ttq.anchor_ratio(table).strip().splitlines()) == 1
+
+
 def test_every_method_builds_and_accepts_its_reward(tmp_path):
     """Each entry's config passes the checks a Trainer makes before training: its algorithm builds with its sampler
     and binds its reward (a method that backpropagates through the reward gets a differentiable one)."""
