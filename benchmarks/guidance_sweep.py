@@ -26,13 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.checkpoint import load_trained_weights  # noqa: E402
+from flowrl.models.shapes_sd3 import T5_SEQUENCE_LENGTH  # noqa: E402
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
 from flowrl.shapes.verifier import detect  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from time_to_quality import LowNoiseEval  # noqa: E402
-
-EVAL_CFG = 4.5
+from time_to_quality import EVAL_CFG, LowNoiseEval  # noqa: E402
 
 
 def judge(evaluator: LowNoiseEval, policy, guidance_scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -61,7 +60,7 @@ def main(argv=None):
     results, reference = {"images": len(evaluator.expanded), "scales": scales, "models": {}}, None
     for model in ["base"] + args.checkpoints:
         torch.manual_seed(0)
-        policy = policy_for(load_pipeline(args.pipeline), max_sequence_length=16)
+        policy = policy_for(load_pipeline(args.pipeline), max_sequence_length=T5_SEQUENCE_LENGTH)
         if model != "base":
             load_trained_weights(policy, model)
         rows = {}

@@ -74,6 +74,7 @@ METHODS = {
 UPDATES = {"grpo": 240, "grpo_anchor": 100, "grpo_group_std": 240, "grpo_fast": 300, "dancegrpo": 150,
            "fk_incremental": 240, "nft": 200, "mend": 300, "ddpo": 200, "refl": 330, "draft": 95}
 GAINS = (0.10, 0.20)
+EVAL_CFG = 4.5  # the wide eval's guidance scale
 
 
 def method_config(name: str, seed: int, out: Path, args):
@@ -100,7 +101,7 @@ class LowNoiseEval:
         self.tags = [t for t in tags for _ in range(counts[t])]
         self.base: dict[str, np.ndarray] = {}
 
-    def images(self, policy, guidance_scale: float = 4.5, **sampler) -> np.ndarray:
+    def images(self, policy, guidance_scale: float = EVAL_CFG, **sampler) -> np.ndarray:
         """One uint8 image per (prompt, seed); `sampler` (kind, noise_level, sde_window) replaces the ODE."""
         samples, _ = generate_samples(policy, self.expanded, 1, 0, self.steps, guidance_scale, desc=None,
                                       seeds=self.seeds, **sampler)
@@ -109,7 +110,7 @@ class LowNoiseEval:
     def judge(self, images: np.ndarray) -> np.ndarray:
         return np.array([score(image, prompt) for image, prompt in zip(images, self.expanded)], float)
 
-    def verdicts(self, policy, guidance_scale: float = 4.5, **sampler) -> np.ndarray:
+    def verdicts(self, policy, guidance_scale: float = EVAL_CFG, **sampler) -> np.ndarray:
         """The verifier's verdict per image drawn by `images`."""
         return self.judge(self.images(policy, guidance_scale, **sampler))
 
