@@ -64,6 +64,11 @@ METHODS = {
     "nft": ("shapes_nft", [VERIFIER]),
     "mend": ("shapes_mend", []),
     "ddpo": ("shapes_ddpo", [VERIFIER]),
+    # DDPO's structure on the flow model: every step stochastic and trained (CPS, so each step's noise is a set share
+    # of the next noise level, as DDIM's eta = 1 is), per-prompt std: is it DDPO's recipe or shapes-sd's base that
+    # learns faster than the main job?
+    "grpo_cps_full": ("shapes_grpo", [VERIFIER, "sampler.kind=cps", "sampler.noise_level=0.7",
+                                      "sampler.sde_window_size=0", "algorithm.params.std=group"]),
     "refl": ("shapes_refl", []),
     "draft": ("shapes_draft", []),
 }
@@ -72,7 +77,7 @@ METHODS = {
 # Measured here (seed 0): grpo 6.5, grpo_anchor 16.4, fk_incremental 7.6, nft 9.0 s / update, so those runs train
 # 26-30 minutes; the counts stay as run, since the lr schedule spans them and further seeds must match seed 0.
 UPDATES = {"grpo": 240, "grpo_anchor": 100, "grpo_group_std": 240, "grpo_fast": 300, "dancegrpo": 150,
-           "fk_incremental": 240, "nft": 200, "mend": 300, "ddpo": 200, "refl": 330, "draft": 95}
+           "fk_incremental": 240, "nft": 200, "mend": 300, "ddpo": 200, "grpo_cps_full": 130, "refl": 330, "draft": 95}
 GAINS = (0.10, 0.20)
 EVAL_CFG = 4.5  # the wide eval's guidance scale
 

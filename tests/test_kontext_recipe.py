@@ -5,7 +5,7 @@ import torch
 from diffusers import FluxKontextPipeline
 from PIL import Image
 
-from flowrl.editing.instructions import parse_instruction, train_instruction_set
+from flowrl.editing.instructions import is_held_out, parse_instruction, train_instruction_set
 from flowrl.models.shapes_kontext import ShapesKontextSize, edit_vocabulary
 from flowrl.pretrain.shapes_kontext import KontextPretrainConfig, edit_triples, pretrain_shapes_kontext
 from flowrl.pretrain.shapes_sd3 import save_pipeline
@@ -13,11 +13,16 @@ from flowrl.pretrain.shapes_sd3 import save_pipeline
 TINY = ShapesKontextSize(num_layers=1, num_single_layers=1, num_heads=2, head_dim=16, text_hidden=16, text_layers=1)
 
 
-def test_training_triples_are_exact_edits_of_training_instructions():
+def test_training_triples_are_exact_edits_and_held_out_instructions_only_when_asked():
     pairs, texts = edit_triples(12, np.random.default_rng(0))
-    allowed = {t for texts_of_kind in train_instruction_set().values() for t in texts_of_kind}
-    assert pairs.shape == (12, 2, 32, 32, 3) and set(texts) <= allowed
+    assert pairs.shape == (12, 2, 32, 32, 3)
     assert len({parse_instruction(t).kind for t in texts}) > 1
+    # a quarter of all instructions are held out: 120 draws include some unless they are excluded
+    _, everything = edit_triples(120, np.random.default_rng(2))
+    assert any(is_held_out(parse_instruction(t)) for t in everything)
+    _, train_only = edit_triples(120, np.random.default_rng(2), held_out=False)
+    allowed = {t for texts_of_kind in train_instruction_set().values() for t in texts_of_kind}
+    assert set(train_only) <= allowed
     vocabulary = set(edit_vocabulary())
     for (source, target), text in zip(pairs, texts):
         assert set(text.split()) <= vocabulary

@@ -111,6 +111,11 @@ def train_instruction_set() -> dict[str, list[str]]:
     return {kind: [s.text() for s in all_specs() if s.kind == kind and not is_held_out(s)] for kind in KINDS}
 
 
+def all_instruction_set() -> dict[str, list[str]]:
+    """Every instruction of the grammar by kind, held-out ones included (what the editor's pretraining may draw)."""
+    return {kind: [s.text() for s in all_specs() if s.kind == kind] for kind in KINDS}
+
+
 def eval_instruction_set(per_kind: int = 8, seed: int = 5) -> list[str]:
     """Up to `per_kind` held-out instructions per kind (a fixed draw)."""
     rng = np.random.default_rng(seed)

@@ -1,7 +1,9 @@
-"""Pretrain `pipelines/shapes-kontext` on the shapes-editing world's training instructions.
+"""Pretrain `pipelines/shapes-kontext` on the shapes-editing world's instructions.
 
-Each step draws fresh (source, instruction, target) triples: a kind uniformly, one of its training instructions,
-and a new scene for it; the exact target is rendered. Rectified flow on the target's latents (x_t = (1-t) x0 +
+Each step draws fresh (source, instruction, target) triples: a kind uniformly, one of its instructions (every
+instruction of the grammar by default, as shapes-sd3's base learns every prompt and only RL holds the eval ones out;
+`pretrain_held_out: false` keeps to the RL training instructions), and a new scene for it; the exact target is
+rendered. Rectified flow on the target's latents (x_t = (1-t) x0 +
 t eps, target eps - x0, logit-normal t) with the source's latents as Kontext's clean context tokens; the FLUX
 transformer and both text encoders train jointly, the VAE (shapes-sd3's) stays frozen. No caption dropout: the
 editor is sampled without CFG. EMA weights are saved (the shared loop of shapes_sd3.train_denoiser).
@@ -15,7 +17,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..editing.instructions import KINDS, sample_scene, parse_instruction, train_instruction_set
+from ..editing.instructions import KINDS, all_instruction_set, parse_instruction, sample_scene, train_instruction_set
 from ..models.shapes_kontext import KONTEXT_SEQUENCE_LENGTH, ShapesKontextSize, build_pipeline
 from ..images import to_unit
 from ..policies.flux import kontext_source_latents, kontext_velocity
@@ -34,13 +36,19 @@ class KontextPretrainConfig:
     flow_lr: float = 1e-3
     warmup_steps: int = 200
     caption_dropout: float = 0.0
+    # the held-out instructions in pretraining too, the image world's protocol (its base is pretrained on every
+    # prompt; the eval split is held out of RL). Without them (false, the first two editors) every eval edit must
+    # draw a colour-shape pair the editor never produced, and RL could not teach that: recolour and add stayed at
+    # 0-2% held out (docs/editing.md)
+    pretrain_held_out: bool = True
     ema_decay: float = 0.998  # a horizon of ~500 steps: a third of this short run
     threads: int = 2
 
 
-def edit_triples(count: int, rng: np.random.Generator) -> tuple[np.ndarray, list[str]]:
-    """`count` fresh training triples: uint8 [count, 2, 32, 32, 3] (source, target) and their instructions."""
-    instructions = train_instruction_set()
+def edit_triples(count: int, rng: np.random.Generator, held_out: bool = True) -> tuple[np.ndarray, list[str]]:
+    """`count` fresh training triples: uint8 [count, 2, 32, 32, 3] (source, target) and their instructions, drawn
+    from every instruction or (`held_out` false) from the RL training instructions only."""
+    instructions = all_instruction_set() if held_out else train_instruction_set()
     pairs, texts = [], []
     for _ in range(count):
         kind = KINDS[rng.integers(len(KINDS))]
@@ -67,7 +75,10 @@ def train_editor(pipe, cfg: KontextPretrainConfig, rng: np.random.Generator, gen
         return (velocity - (noise - x0)).pow(2).mean()
 
     modules = [transformer, pipe.text_encoder, pipe.text_encoder_2]
-    return {"flow_final_loss": train_denoiser(modules, batch_loss, cfg, rng, "pretrain editor", pairs=edit_triples)}
+    def triples(count, rng):
+        return edit_triples(count, rng, cfg.pretrain_held_out)
+
+    return {"flow_final_loss": train_denoiser(modules, batch_loss, cfg, rng, "pretrain editor", pairs=triples)}
 
 
 def pretrain_shapes_kontext(cfg: KontextPretrainConfig, vae_dir: str = DEFAULT_VAE,
@@ -131,6 +142,10 @@ def write_card(out_dir, facts: dict, result: dict, images: np.ndarray, items: li
 
 def card_text(facts: dict, result: dict, table: str) -> str:
     cfg, size = facts.get("config", {}), facts.get("size", {})
+    held_out = cfg.get("pretrain_held_out", False)  # cards written before the option pretrained without them
+    pretrained_on = "every instruction of the grammar" if held_out else "the RL training instructions only"
+    held_out_note = ("; pretraining saw them, as shapes-sd3's base saw every prompt" if held_out
+                     else "; nor did pretraining, so the editor never produced that pair")
     extra = "\n".join(f"{name:<14} " + "  ".join(f"{tag} {value:.3f}" for tag, value in m["tags"].items())
                       + f"  overall {m['overall']:.3f}" for name, m in result["metrics"].items())
     return f"""# shapes-kontext: flowrl's embedded instruction-based image editor
@@ -160,14 +175,14 @@ its preferred ~1 MP resolutions); the text encoders were trained on 16 tokens. N
 
 ## How it was trained
 `flowrl pretrain shapes-kontext` (seed {cfg.get('seed')}), on 2 CPU cores: {cfg.get('flow_steps')} steps of {cfg.get('flow_batch')} fresh (source,
-instruction, target) triples of the training instructions (kind drawn uniformly), rectified flow on the target
+instruction, target) triples of {pretrained_on} (kind drawn uniformly), rectified flow on the target
 with the source as context, AdamW lr {cfg.get('flow_lr')} (warm-up {cfg.get('warmup_steps')}, cosine), logit-normal t, EMA {cfg.get('ema_decay')}; the
 transformer and both text encoders train jointly. Final loss {facts.get('flow_final_loss', float('nan')):.4f}. Total {facts.get('total_minutes', float('nan')):.1f} minutes.
 
 ## Measured scores
 Edit success (the edit verifier: the requested change made and nothing else changed) on the `shapes_edit` task's
-eval items: held-out instructions whose resulting object is a colour-shape combination never produced in
-training, 16 scenes per kind, {CARD_EVAL['num_per_item']} edits per item (seed {CARD_EVAL['seed']}), ODE (Euler) {CARD_EVAL['num_steps']} steps. Intervals are 95%:
+eval items: instructions held out of RL training (their resulting object is a colour-shape combination RL
+never trains on{held_out_note}), 16 scenes per kind, {CARD_EVAL['num_per_item']} edits per item (seed {CARD_EVAL['seed']}), ODE (Euler) {CARD_EVAL['num_steps']} steps. Intervals are 95%:
 `95% +-` with the scene as the sampling unit (other scenes), `draw +-` with the scenes fixed (another draw of
 seeds). Overall is the mean over the five kinds.
 
