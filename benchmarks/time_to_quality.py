@@ -64,6 +64,8 @@ METHODS = {
     "nft": ("shapes_nft", [VERIFIER]),
     "mend": ("shapes_mend", []),
     "ddpo": ("shapes_ddpo", [VERIFIER]),
+    # the main job's structure on DDPO's base: DDIM noise only in a window of 3 of the first steps, only those trained
+    "ddpo_window": ("shapes_ddpo", [VERIFIER, "sampler.sde_window_size=3", "sampler.sde_window_range=[0,3]"]),
     # DDPO's structure on the flow model: every step stochastic and trained (CPS, so each step's noise is a set share
     # of the next noise level, as DDIM's eta = 1 is), per-prompt std: is it DDPO's recipe or shapes-sd's base that
     # learns faster than the main job?
@@ -77,7 +79,7 @@ METHODS = {
 # Measured here (seed 0): grpo 6.5, grpo_anchor 16.4, fk_incremental 7.6, nft 9.0 s / update, so those runs train
 # 26-30 minutes; the counts stay as run, since the lr schedule spans them and further seeds must match seed 0.
 UPDATES = {"grpo": 240, "grpo_anchor": 100, "grpo_group_std": 240, "grpo_fast": 300, "dancegrpo": 150,
-           "fk_incremental": 240, "nft": 200, "mend": 300, "ddpo": 200, "grpo_cps_full": 130, "refl": 330, "draft": 95}
+           "fk_incremental": 240, "nft": 200, "mend": 300, "ddpo": 200, "ddpo_window": 300, "grpo_cps_full": 130, "refl": 330, "draft": 95}
 GAINS = (0.10, 0.20)
 EVAL_CFG = 4.5  # the wide eval's guidance scale
 

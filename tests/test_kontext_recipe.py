@@ -18,9 +18,9 @@ def test_training_triples_are_exact_edits_and_held_out_instructions_only_when_as
     assert pairs.shape == (12, 2, 32, 32, 3)
     assert len({parse_instruction(t).kind for t in texts}) > 1
     # a quarter of all instructions are held out: 120 draws include some unless they are excluded
-    _, everything = edit_triples(120, np.random.default_rng(2))
+    _, everything = edit_triples(120, np.random.default_rng(2), held_out=True)
     assert any(is_held_out(parse_instruction(t)) for t in everything)
-    _, train_only = edit_triples(120, np.random.default_rng(2), held_out=False)
+    _, train_only = edit_triples(120, np.random.default_rng(2))
     allowed = {t for texts_of_kind in train_instruction_set().values() for t in texts_of_kind}
     assert set(train_only) <= allowed
     vocabulary = set(edit_vocabulary())
