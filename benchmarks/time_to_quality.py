@@ -79,7 +79,8 @@ METHODS = {
 # Measured here (seed 0): grpo 6.5, grpo_anchor 16.4, fk_incremental 7.6, nft 9.0 s / update, so those runs train
 # 26-30 minutes; the counts stay as run, since the lr schedule spans them and further seeds must match seed 0.
 UPDATES = {"grpo": 240, "grpo_anchor": 100, "grpo_group_std": 240, "grpo_fast": 300, "dancegrpo": 150,
-           "fk_incremental": 240, "nft": 200, "mend": 300, "ddpo": 200, "ddpo_window": 300, "grpo_cps_full": 130, "refl": 330, "draft": 95}
+           "fk_incremental": 240, "nft": 200, "mend": 300, "ddpo": 200, "ddpo_window": 300, "grpo_cps_full": 130,
+           "refl": 330, "draft": 95}
 GAINS = (0.10, 0.20)
 EVAL_CFG = 4.5  # the wide eval's guidance scale
 

@@ -2,10 +2,10 @@
 
 Each step draws fresh (source, instruction, target) triples: a kind uniformly, one of its RL training instructions
 (or, with `pretrain_held_out`, any instruction of the grammar, as shapes-sd3's base learns every prompt and only RL
-holds the eval ones out), and a new scene for it; the exact target is rendered. Rectified flow on the target's latents (x_t = (1-t) x0 +
-t eps, target eps - x0, logit-normal t) with the source's latents as Kontext's clean context tokens; the FLUX
-transformer and both text encoders train jointly, the VAE (shapes-sd3's) stays frozen. No caption dropout: the
-editor is sampled without CFG. EMA weights are saved (the shared loop of shapes_sd3.train_denoiser).
+holds the eval ones out), and a new scene for it; the exact target is rendered. Rectified flow on the target's
+latents (x_t = (1-t) x0 + t eps, target eps - x0, logit-normal t) with the source's latents as Kontext's clean
+context tokens; the FLUX transformer and both text encoders train jointly, the VAE (shapes-sd3's) stays frozen. No
+caption dropout: the editor is sampled without CFG. EMA weights are saved (the shared loop of shapes_sd3.train_denoiser).
 """
 from __future__ import annotations
 
