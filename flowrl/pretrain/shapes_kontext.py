@@ -5,7 +5,8 @@ Each step draws fresh (source, instruction, target) triples: a kind uniformly, o
 holds the eval ones out), and a new scene for it; the exact target is rendered. Rectified flow on the target's
 latents (x_t = (1-t) x0 + t eps, target eps - x0, logit-normal t) with the source's latents as Kontext's clean
 context tokens; the FLUX transformer and both text encoders train jointly, the VAE (shapes-sd3's) stays frozen. No
-caption dropout: the editor is sampled without CFG. EMA weights are saved (the shared loop of shapes_sd3.train_denoiser).
+caption dropout: the editor is sampled without CFG. EMA weights are saved (the shared loop of
+shapes_sd3.train_denoiser).
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ class KontextPretrainConfig:
     caption_dropout: float = 0.0
     # the held-out instructions in pretraining too, the image world's protocol (its base is pretrained on every
     # prompt; the eval split is held out of RL only). Off, every eval edit draws a colour-shape pair the editor never
-    # produced, and edit GRPO left recolour and add at 0-2% held out. Measured on: held-out base 0.245 -> 0.300, but
-    # edit GRPO then learnt nothing in 150 updates (0.300 -> 0.276), so the shipped editor keeps it off
+    # produced, and edit GRPO left recolour and add at 0-2% held out. Measured with it on: held-out base 0.245 ->
+    # 0.300, but edit GRPO then learnt nothing in 150 updates (0.300 -> 0.276), so the shipped editor keeps it off
     # (docs/editing.md)
     pretrain_held_out: bool = False
     ema_decay: float = 0.998  # a horizon of ~500 steps: a third of this short run
