@@ -173,16 +173,15 @@ def sample_scene(spec: EditSpec, rng: np.random.Generator) -> tuple[list[ShapeOb
         if spec.kind == "move" and not _in_frame(_moved(ref, spec.direction)):
             continue
         objects = [ref]
-        placed = [ref] + ([added] if added else [])  # a bystander keeps clear of the object an add places too
+        keep_clear = [added] if added else []  # a bystander keeps clear of the object an add places too
         bystanders = int(rng.integers(1, 3))
         for _ in range(_TRIES):
             if len(objects) == 1 + bystanders:
                 break
             color, shape = COLORS[rng.integers(len(COLORS))], SHAPES[rng.integers(len(SHAPES))]
             obj = ShapeObject(shape, color, *random_box(rng))
-            if (color, shape) in taken or any(boxes_clash(obj, o) for o in placed):
+            if (color, shape) in taken or any(boxes_clash(obj, o) for o in objects + keep_clear):
                 continue
-            placed.append(obj)
             objects.append(obj)
             taken.add((color, shape))
         target = apply_edit(spec, objects, added)
