@@ -14,6 +14,7 @@ import torch
 
 from .errors import ConfigError
 from .prompt_source import derived_seed
+from .schedules import sample_noise_levels
 
 
 class DataLoss:
@@ -35,7 +36,7 @@ class DataLoss:
         with torch.no_grad():
             x0 = policy.encode_images(images, generator).to(policy.device)
             cond = policy.encode(prompts, 1.0)
-        t = torch.sigmoid(torch.randn(len(images), generator=generator)).to(policy.device)
+        t = sample_noise_levels("logit_normal", len(images), generator).to(policy.device)
         noise = torch.randn(x0.shape, generator=generator).to(policy.device)
         tt = t.reshape(-1, *[1] * (x0.ndim - 1))
         velocity = policy.velocity((1 - tt) * x0 + tt * noise, t, cond, 1.0)

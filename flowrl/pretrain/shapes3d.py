@@ -19,7 +19,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from tqdm import tqdm
 
 from ..models.shapes3d import ShapeAutoencoder, ShapeFlowTransformer, Shapes3DFlowPipeline
-from ..schedules import cosine_decay
+from ..schedules import cosine_decay, sample_noise_levels
 from ..shapes3d.prompts import parse_prompt, sample_solid, train_prompt_set
 from ..sdf import render
 from .shapes_sd3 import train_denoiser
@@ -149,7 +149,7 @@ def train_flow(transformer: ShapeFlowTransformer, latents, images, cfg, rng, gen
 
     def batch_loss(x0, conditions):
         image = torch.stack([torch.zeros_like(images[0]) if isinstance(c, str) else c for c in conditions])
-        t = torch.sigmoid(torch.randn(len(x0), generator=generator))
+        t = sample_noise_levels("logit_normal", len(x0), generator)
         noise = torch.randn(x0.shape, generator=generator)
         xt = (1 - t[:, None, None]) * x0 + t[:, None, None] * noise
         return (transformer(xt, t * 1000, image) - (noise - x0)).pow(2).mean()

@@ -22,6 +22,7 @@ from ..models.shapes_kontext import KONTEXT_SEQUENCE_LENGTH, ShapesKontextSize, 
 from ..images import to_unit
 from ..policies.flux import kontext_source_latents, kontext_velocity
 from ..policies.sd3 import encode_images
+from ..schedules import sample_noise_levels
 from ..shapes.world import render
 from .shapes_sd3 import train_denoiser
 
@@ -67,7 +68,7 @@ def train_editor(pipe, cfg: KontextPretrainConfig, rng: np.random.Generator, gen
         with torch.no_grad():
             context = kontext_source_latents(vae, to_unit(pairs[:, 0]))
             x0 = encode_images(vae, pairs[:, 1], generator)
-        t = torch.sigmoid(torch.randn(len(x0), generator=generator))
+        t = sample_noise_levels("logit_normal", len(x0), generator)
         noise = torch.randn(x0.shape, generator=generator)
         xt = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
         embeds, pooled, _ = pipe.encode_prompt(instructions, instructions, device="cpu",

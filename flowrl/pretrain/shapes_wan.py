@@ -20,7 +20,7 @@ from ..models.shapes_wan import WAN_SEQUENCE_LENGTH, ShapesWanSize, build_pipeli
 from ..motion.world import sample_pairs
 from ..policies.wan_vae import frame_convolutions, frames_independent, past_taps
 from ..sampling import time_shift
-from ..schedules import cosine_decay
+from ..schedules import cosine_decay, sample_noise_levels
 from .shapes_sd3 import train_denoiser
 
 
@@ -214,7 +214,7 @@ def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, gen
     shift = pipe.scheduler.config.shift
 
     def denoising_loss(x0, embeds):
-        t = torch.sigmoid(torch.randn(len(x0), generator=generator))  # logit-normal t, as SD3 and Wan train
+        t = sample_noise_levels("logit_normal", len(x0), generator)  # as SD3 and Wan train
         t = time_shift(t, shift)  # under the pipeline's own time shift (ShapesWanSize.flow_shift)
         noise = torch.randn(x0.shape, generator=generator)
         tt = t.view(-1, 1, 1, 1, 1)

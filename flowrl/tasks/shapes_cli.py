@@ -16,6 +16,8 @@ PRETRAIN_OUT = {"shapes": "pipelines/shapes-sd3", "shapes-sd": "pipelines/shapes
 def pretrain_arguments(pre) -> None:
     pre.add_argument("--vae-steps", type=int, default=None)
     pre.add_argument("--flow-steps", type=int, default=None)
+    pre.add_argument("--t-sampling", choices=["logit_normal", "uniform"], default=None,
+                     help="shapes: how flow matching draws noise levels (default: the recipe's, logit_normal)")
     pre.add_argument("--steps", type=int, default=None, help="scorer / safety-probe: training steps")
     pre.add_argument("--pipeline", default="pipelines/shapes-sd3", help="scorer / safety-probe: pipeline whose samples it trains on and is measured on")
     pre.add_argument("--adversarial-steps", type=int, default=0,
@@ -85,6 +87,8 @@ def pretrain(args) -> None:
         cfg.vae_steps = args.vae_steps
     if args.flow_steps is not None:
         cfg.flow_steps = args.flow_steps
+    if args.t_sampling is not None:
+        cfg.t_sampling = args.t_sampling
     if not args.card_only:
         pipe, facts = pretrain_shapes_sd3(cfg)
         save_pipeline(pipe, args.out, facts)
