@@ -71,6 +71,10 @@ METHODS = {
     # learns faster than the main job?
     "grpo_cps_full": ("shapes_grpo", [VERIFIER, "sampler.kind=cps", "sampler.noise_level=0.7",
                                       "sampler.sde_window_size=0", "algorithm.params.std=group"]),
+    # the main job with its window's SDE step made coefficients-preserving (CPS): the flow analogue of ddpo_window's
+    # DDIM step, each window step's fresh noise sin(0.3 pi) = 0.81 of the next noise level (DDIM eta 1: 0.73-0.79
+    # on shapes-sd's first steps), so the window's samples stay on the model's marginals
+    "grpo_cps_window": ("shapes_grpo", [VERIFIER, "sampler.kind=cps", "sampler.noise_level=0.6"]),
     "refl": ("shapes_refl", []),
     "draft": ("shapes_draft", []),
 }
@@ -80,6 +84,7 @@ METHODS = {
 # 26-30 minutes; the counts stay as run, since the lr schedule spans them and further seeds must match seed 0.
 UPDATES = {"grpo": 240, "grpo_anchor": 100, "grpo_group_std": 240, "grpo_fast": 300, "dancegrpo": 150,
            "fk_incremental": 240, "nft": 200, "mend": 300, "ddpo": 200, "ddpo_window": 300, "grpo_cps_full": 130,
+           "grpo_cps_window": 240,
            "refl": 330, "draft": 95}
 GAINS = (0.10, 0.20)
 EVAL_CFG = 4.5  # the wide eval's guidance scale
