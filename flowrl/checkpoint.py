@@ -103,4 +103,5 @@ def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True
         if adapter is None:
             raise UserError(f"checkpoint {path} holds LoRA weights but no adapter.json describing the adapter")
         policy.add_lora(adapter["rank"], adapter["alpha"], adapter["target_modules"])
+        policy.lora_active_from_sigma = adapter.get("active_from_sigma")
     policy.load_trainable_state_dict(weights)

@@ -62,6 +62,9 @@ class LoraSection:
     rank: int = 16
     alpha: float = 32.0
     target_modules: list[str] | None = None  # None: the family's attention projections
+    # the adapter acts only at noise levels sigma >= this (flow samplers; None: at every step). For an SDE window
+    # that trains only high-noise steps, so the LoRA leaves the low-noise steps it never learned on to the base.
+    active_from_sigma: float | None = None
 
 
 @dataclass
@@ -207,6 +210,12 @@ class RunConfig:
         self.pipeline.validate()
         self.sampler.validate()
         self.train.validate()
+        gate = self.lora.active_from_sigma if self.lora is not None else None
+        if gate is not None:
+            if not 0 < gate <= 1:
+                raise ConfigError(f"lora.active_from_sigma: expected a noise level in (0, 1], got {gate}")
+            if self.sampler.kind == "ddim":
+                raise ConfigError("lora.active_from_sigma: flow samplers only (sigma in [0, 1]); sampler.kind is ddim")
         from .tasks.base import build_task, check_source
 
         task = build_task(self.task.name, self.task.params)  # the task checks its own params

@@ -9,6 +9,7 @@ with: the EMA when the run keeps one.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from safetensors.torch import save_file
@@ -45,6 +46,9 @@ def export_pipeline(pipeline_dir, checkpoint, out) -> Path:
     pipeline = load_pipeline(pipeline_dir)
     policy = policy_for(pipeline)
     load_trained_weights(policy, checkpoint)
+    if policy.lora_active_from_sigma is not None:
+        print(f"warning: {checkpoint} was trained with lora.active_from_sigma={policy.lora_active_from_sigma}; the "
+              "exported pipeline applies the tuned weights at every step", file=sys.stderr)
     if policy.has_lora:
         policy.transformer.fuse_lora(lora_scale=1.0)
         policy.transformer.unload_lora()

@@ -62,6 +62,7 @@ def build_policy(config: RunConfig):
     if config.lora is not None:
         targets = config.lora.target_modules or policy.lora_targets
         policy.add_lora(config.lora.rank, config.lora.alpha, targets)
+        policy.lora_active_from_sigma = config.lora.active_from_sigma
     else:
         policy.transformer.requires_grad_(True)
     return policy
@@ -124,7 +125,8 @@ def adapter_description(config: RunConfig, policy) -> dict | None:
     if config.lora is None:
         return None
     return {"rank": config.lora.rank, "alpha": config.lora.alpha,
-            "target_modules": config.lora.target_modules or policy.lora_targets}
+            "target_modules": config.lora.target_modules or policy.lora_targets,
+            "active_from_sigma": config.lora.active_from_sigma}
 
 
 class Trainer:

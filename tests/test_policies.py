@@ -150,3 +150,25 @@ def test_shipped_schedulers_are_switched_to_the_sampler_flowrl_steps_with_a_note
     euler = FlowMatchEulerDiscreteScheduler(shift=3.0)
     euler.set_timesteps(6)
     torch.testing.assert_close(policy.sigmas(6), euler.sigmas.float())
+
+
+def test_a_gated_lora_acts_only_from_its_noise_level_and_per_sample():
+    policy = policy_for(tiny_shapes_sd3(), max_sequence_length=16)
+    x = torch.randn(2, *policy.noise_shape(SampleSpec(32, 32)), generator=torch.Generator().manual_seed(1))
+    cond = policy.encode(PROMPTS, 4.0)
+    policy.add_lora(4, 8, policy.lora_targets)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    sigmas = torch.tensor([0.8, 0.3])
+    tuned = policy.velocity(x, sigmas, cond, 4.0)
+    with policy.reference():
+        base = policy.velocity(x, sigmas, cond, 4.0)
+    policy.lora_active_from_sigma = 0.5
+    gated = policy.velocity(x, sigmas, cond, 4.0)
+    torch.testing.assert_close(gated[0], tuned[0])  # sigma 0.8 >= 0.5: the LoRA acts
+    torch.testing.assert_close(gated[1], base[1])  # sigma 0.3: the base network's output
+    assert not torch.allclose(tuned[1], base[1])
+    with policy.reference():  # nested: the gate's own reference pass must not switch the adapter back on
+        torch.testing.assert_close(policy.velocity(x, sigmas, cond, 4.0), base)
+    torch.testing.assert_close(policy.velocity(x, 0.8, cond, 4.0)[0], tuned[0])

@@ -64,6 +64,10 @@ class FlowPolicy:
     # Flow-GRPO trains the guided output with the unconditional branch detached; True keeps its gradient too
     # (at w = 4.5 the two gradients differ by ~70% relative). Set from train.cfg_uncond_grad by the loop.
     cfg_uncond_grad = False
+    # The LoRA acts only at sigma >= this (None: everywhere). Set from lora.active_from_sigma by the loop: a window-
+    # trained LoRA left on at the low-noise steps it was never trained on costs accuracy (docs/benchmarks.md).
+    lora_active_from_sigma: float | None = None
+    _adapters_off = False
 
     def __init__(self, pipeline, max_sequence_length: int | None = None):
         self.pipeline = pipeline
@@ -247,7 +251,23 @@ class FlowPolicy:
 
     def velocity(self, latents: torch.Tensor, sigma, cond: Conditioning, guidance_scale: float) -> torch.Tensor:
         """Velocity (eps - x0 convention) in fp32, guided as v_u + w (v_c - v_u) when CFG is on; the unconditional
-        branch carries no gradient unless `cfg_uncond_grad` (values are the same either way)."""
+        branch carries no gradient unless `cfg_uncond_grad` (values are the same either way). With
+        `lora_active_from_sigma`, samples below that noise level get the adapter-free network's output."""
+        threshold = self.lora_active_from_sigma
+        if threshold is None or not self.has_lora or self._adapters_off:
+            return self._guided_velocity(latents, sigma, cond, guidance_scale)
+        s = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1)
+        active = (s >= threshold).expand(latents.shape[0]) if s.numel() == 1 else s >= threshold
+        if bool(active.all()):
+            return self._guided_velocity(latents, sigma, cond, guidance_scale)
+        with self.reference():
+            base = self._guided_velocity(latents, sigma, cond, guidance_scale)
+        if not bool(active.any()):
+            return base
+        tuned = self._guided_velocity(latents, sigma, cond, guidance_scale)
+        return torch.where(active.reshape(-1, *[1] * (latents.ndim - 1)), tuned, base)
+
+    def _guided_velocity(self, latents, sigma, cond: Conditioning, guidance_scale: float) -> torch.Tensor:
         if not self.uses_cfg(guidance_scale):
             return self.branch_outputs(latents, sigma, [cond.tensors], guidance_scale)[0]
         uncond, text = self.branch_outputs(latents, sigma, [cond.negative, cond.tensors], guidance_scale)
@@ -306,10 +326,15 @@ class FlowPolicy:
         """The reference policy: the same network with its LoRA adapter switched off."""
         if not self.has_lora:
             raise RuntimeError("the reference policy needs a LoRA adapter (full fine-tuning keeps no reference)")
+        if self._adapters_off:  # nested (a gated velocity inside a reference pass): already off
+            yield self
+            return
         self.transformer.disable_adapters()
+        self._adapters_off = True
         try:
             yield self
         finally:
+            self._adapters_off = False
             self.transformer.enable_adapters()
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
