@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from flowrl.config import config_to_dict, load_config  # noqa: E402
 from flowrl.generate import generate_samples  # noqa: E402
 from flowrl.prompt_source import derived_seed  # noqa: E402
-from flowrl.report import figure  # noqa: E402
+from flowrl.report import cpu_model, figure  # noqa: E402
 from flowrl.shapes import parse_prompt, score  # noqa: E402
 from flowrl.shapes.prompts import TAGS, wide_eval_prompt_set  # noqa: E402
 from flowrl.tasks.base import tag_metrics  # noqa: E402
@@ -86,6 +86,8 @@ METHODS = {
 # prompts per update (x2 for 8; AMD EPYC, 2 cores); the table reads every method's gain at --minutes of its own clock.
 # Measured here (seed 0): grpo 6.5, grpo_anchor 16.4, fk_incremental 7.6, nft 9.0 s / update, so those runs train
 # 26-30 minutes; the counts stay as run, since the lr schedule spans them and further seeds must match seed 0.
+# runs from before the benchmark recorded its CPU all ran on the project's AMD EPYC machine (docs/benchmarks.md)
+UNRECORDED_CPU = "AMD EPYC"
 UPDATES = {"grpo": 240, "grpo_anchor": 100, "grpo_group_std": 240, "grpo_fast": 300, "dancegrpo": 150,
            "fk_incremental": 240, "nft": 200, "mend": 300, "ddpo": 200, "ddpo_window": 300, "grpo_cps_full": 130,
            "grpo_cps_window": 240, "grpo_gated_lora": 240,
@@ -167,7 +169,7 @@ def run_method(name: str, seed: int, args, evaluator: LowNoiseEval) -> dict:
 
     trainer.run(on_update)
     return {"method": name, "seed": seed, "pipeline": pipeline, "curve": curve, "train_rewards": rewards,
-            "seconds_per_update": clock["train"] / updates, "config": config_to_dict(config)}
+            "seconds_per_update": clock["train"] / updates, "cpu": cpu_model(), "config": config_to_dict(config)}
 
 
 def time_to_gain(curve: list[dict], gain: float, key: str = "train_seconds") -> float | None:
@@ -197,6 +199,7 @@ def summarize(results: dict, minutes: float) -> dict:
     table = {}
     for name, runs in runs_by_method(results).items():
         row = {"seeds": sorted(r["seed"] for r in runs), "pipeline": Path(runs[0]["pipeline"]).name,
+               "cpu": " / ".join(sorted({r.get("cpu", UNRECORDED_CPU) for r in runs})),
                "seconds_per_update": float(np.mean([r["seconds_per_update"] for r in runs])),
                "base": float(np.mean([r["curve"][0]["accuracy"]["overall"] for r in runs])),
                "final_gain": mean_se([r["curve"][-1]["gain"]["overall"] for r in runs]),
@@ -217,11 +220,14 @@ def summarize(results: dict, minutes: float) -> dict:
 def anchor_ratio(table: dict) -> str:
     """The best method's time to +10 points against grpo_anchor's (a lower bound when the anchor never got there);
     when that method trains another base, also the best on the anchor's own pipeline."""
-    reached = {n: r["minutes_to_10"] for n, r in table.items()
-               if r["minutes_to_10"] is not None and n != "grpo_anchor"}
-    if "grpo_anchor" not in table or not reached:
+    if "grpo_anchor" not in table:
         return ""
     anchor = table["grpo_anchor"]
+    # minutes on different CPUs are not comparable: only methods timed on the anchor's
+    reached = {n: r["minutes_to_10"] for n, r in table.items()
+               if r["minutes_to_10"] is not None and n != "grpo_anchor" and r.get("cpu") == anchor.get("cpu")}
+    if not reached:
+        return ""
 
     def line(name: str) -> str:
         minutes, pipeline = reached[name], table[name].get("pipeline")
@@ -252,15 +258,15 @@ def write_table(table: dict, minutes: float, path: Path) -> str:
 
     lines = [f"| method | pipeline | seeds | base acc | final gain (pts) | final draw +- | "
              f"gain at {minutes:g} min (pts) | "
-             "min to +10 | min to +20 | minutes trained | s / update | "
+             "min to +10 | min to +20 | minutes trained | s / update | cpu | "
              + " | ".join(f"{t} gain" for t in TAGS) + " |",
-             "|" + "---|" * (11 + len(TAGS))]
+             "|" + "---|" * (12 + len(TAGS))]
     for name, row in sorted(table.items(), key=lambda kv: -kv[1]["gain_at_budget"][0]):
         lines.append(f"| {name} | {row['pipeline']} | {len(row['seeds'])} | {row['base']:.3f} | "
                      f"{pm(row['final_gain'], row['seeds'])} | "
                      f"{196 * row['final_draw_se']:.1f} | {pm(row['gain_at_budget'], row['seeds'])} | "
                      f"{reach(row, 10)} | {reach(row, 20)} | {row['train_minutes']:.1f} | "
-                     f"{row['seconds_per_update']:.1f} | "
+                     f"{row['seconds_per_update']:.1f} | {row['cpu']} | "
                      + " | ".join(f"{100 * row['tag_gains'][t]:+.1f}" for t in TAGS) + " |")
     lines.append(anchor_ratio(table))
     lines.append("\nGains are paired (checkpoint minus base, same prompts and seeds); +- is 95% over training seeds "

@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,15 +26,8 @@ sys.path.insert(0, str(ROOT))
 from flowrl.models.shapes_wan import ShapesWanSize, build_vae  # noqa: E402
 from flowrl.motion.world import sample_pairs  # noqa: E402
 from flowrl.policies.wan_vae import frame_convolutions  # noqa: E402
+from flowrl.report import cpu_model  # noqa: E402
 from flowrl.pretrain.shapes_wan import clips_to_tensor, decode_unclamped, inflate_causal_convs  # noqa: E402
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def main() -> None:

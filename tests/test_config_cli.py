@@ -43,10 +43,13 @@ def test_overrides_are_typed(tmp_path):
     ("reward=[]", "reward: expected at least one reward term"),
     ("pipeline.height=0", "pipeline.height: expected a positive integer"),
     ("prompts.source=nowhere", "nowhere"),
+    ("lora.active_from_sigma=1.5", "lora.active_from_sigma: expected a noise level in (0, 1], got 1.5"),
+    ("lora.active_from_sigma=0", "lora.active_from_sigma: expected a noise level in (0, 1]"),
+    ("sampler.kind=ddim lora.active_from_sigma=0.5", "lora.active_from_sigma: flow samplers only"),
 ])
 def test_bad_fields_are_named(override, message):
     with pytest.raises(ConfigError) as error:
-        load_config(REPO / "configs/shapes_grpo.yaml", [override])
+        load_config(REPO / "configs/shapes_grpo.yaml", override.split(" "))
     assert message in str(error.value)
 
 

@@ -172,3 +172,17 @@ def test_a_gated_lora_acts_only_from_its_noise_level_and_per_sample():
     with policy.reference():  # nested: the gate's own reference pass must not switch the adapter back on
         torch.testing.assert_close(policy.velocity(x, sigmas, cond, 4.0), base)
     torch.testing.assert_close(policy.velocity(x, 0.8, cond, 4.0)[0], tuned[0])
+
+
+def test_a_checkpoint_brings_back_its_lora_gate(tmp_path):
+    from flowrl.checkpoint import load_trained_weights, save_checkpoint
+    from flowrl.policies import load_pipeline
+
+    tiny_shapes_sd3().save_pretrained(tmp_path / "pipe")
+    tuned = policy_for(load_pipeline(tmp_path / "pipe"), max_sequence_length=16)
+    tuned.add_lora(4, 8, tuned.lora_targets)
+    adapter = {"rank": 4, "alpha": 8, "target_modules": tuned.lora_targets, "active_from_sigma": 0.5}
+    checkpoint = save_checkpoint(tmp_path / "run", 1, tuned.trainable_state_dict(), {}, None, adapter)
+    loaded = policy_for(load_pipeline(tmp_path / "pipe"), max_sequence_length=16)
+    load_trained_weights(loaded, checkpoint)
+    assert loaded.has_lora and loaded.lora_active_from_sigma == 0.5

@@ -78,6 +78,17 @@ def test_the_anchor_ratio_names_another_base_and_adds_the_best_on_the_anchors():
     assert len(ttq.anchor_ratio(table).strip().splitlines()) == 1
 
 
+def test_the_anchor_ratio_leaves_out_methods_timed_on_another_cpu():
+    def row(minutes_to_10, cpu):
+        return {"minutes_to_10": minutes_to_10, "reached_10": "1/1", "train_minutes": 27.0, "pipeline": "shapes-sd3",
+                "cpu": cpu}
+
+    table = {"fast_box": row(3.0, "Intel Xeon"), "grpo": row(6.6, "AMD EPYC"), "grpo_anchor": row(13.2, "AMD EPYC")}
+    assert ttq.anchor_ratio(table).strip() == "Time to +10 points: grpo 6.6 min vs grpo_anchor 13.2 min: 2.0x faster."
+    del table["grpo"]
+    assert ttq.anchor_ratio(table) == ""  # only another machine's times: no ratio
+
+
 def test_every_method_builds_and_accepts_its_reward(tmp_path):
     """Each entry's config passes the checks a Trainer makes before training: its algorithm builds with its sampler
     and binds its reward (a method that backpropagates through the reward gets a differentiable one)."""
