@@ -37,7 +37,8 @@ class PretrainConfig:
     ema_decay: float = 0.999
     threads: int = 2
     # how the noise level t is drawn: "logit_normal" (SD3's, weighted to the middle of the path) or "uniform"
-    # (rectified flow's original, 1.5x the weight on t > 0.7, where layouts and object counts are decided)
+    # (rectified flow's original, 1.5x the weight on t > 0.7, where layouts and object counts are decided; it made a
+    # worse base here, 0.165 on the card, docs/benchmarks.md)
     t_sampling: str = "logit_normal"
 
 
