@@ -17,7 +17,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,8 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
-from flowrl.rollout import rollout, sample_generators  # noqa: E402
-from time_to_quality import EVAL_CFG, LowNoiseEval  # noqa: E402
+from time_to_quality import LowNoiseEval  # noqa: E402
 
 MODES = ("base", "every step", "high noise only", "low noise only")
 
@@ -39,18 +37,6 @@ def base_below(policy, sigma_min: float):
         with policy.reference():
             return policy.velocity(x, sigma, cond, guidance_scale)
     return guide
-
-
-def images(policy, evaluator: LowNoiseEval, guide=None, batch: int = 64):
-    shape = policy.noise_shape(policy.default_spec())
-    out = []
-    for start in range(0, len(evaluator.expanded), batch):
-        prompts, seeds = evaluator.expanded[start:start + batch], evaluator.seeds[start:start + batch]
-        with torch.no_grad():
-            traj = rollout(policy, policy.encode(prompts, EVAL_CFG), sample_generators(seeds), shape,
-                           evaluator.steps, "ode", 0.0, EVAL_CFG, None, guide=guide)
-        out.append(policy.decode_samples(traj.final).to_uint8())
-    return np.concatenate(out)
 
 
 def main(argv=None) -> dict:
@@ -70,14 +56,14 @@ def main(argv=None) -> dict:
     for mode in MODES:
         if mode == "base":
             with policy.reference():
-                verdicts = evaluator.judge(images(policy, evaluator))
+                verdicts = evaluator.verdicts(policy)
         elif mode == "high noise only":
             policy.lora_active_from_sigma = args.sigma
-            verdicts = evaluator.judge(images(policy, evaluator))
+            verdicts = evaluator.verdicts(policy)
             policy.lora_active_from_sigma = None
         else:
             guide = base_below(policy, args.sigma) if mode == "low noise only" else None
-            verdicts = evaluator.judge(images(policy, evaluator, guide))
+            verdicts = evaluator.verdicts(policy, guide=guide)
         base = verdicts if base is None else base
         results[mode] = {"accuracy": evaluator.summary(verdicts), "gain": evaluator.summary(verdicts - base)}
         r = results[mode]

@@ -37,11 +37,11 @@ def generate_samples(policy, prompts: list, num_per_prompt: int = 1, seed: int =
                      guidance_scale: float = 4.5, spec: SampleSpec | None = None, kind: str = "ode",
                      noise_level: float = 0.0, batch_size: int = 64, desc: str | None = "sampling",
                      steer: Steer | None = None, seeds: list[int] | None = None,
-                     sde_window: tuple[int, int] | None = None):
+                     sde_window: tuple[int, int] | None = None, guide=None):
     """A typed sample batch (flowrl.samples) for every prompt (or condition item) x num_per_prompt, and one record
     per sample (prompt, seed, plus the steer's fields). `seeds` (one per sample) replaces the derived ones, so a
     subset of a prompt list can keep its samples' noise; `sde_window` limits an SDE `kind` to those steps, as the
-    RL rollouts do."""
+    RL rollouts do; `guide` (see FlowPolicy.step) replaces the model output at every step (a steer brings its own)."""
     from .samples import as_samples
 
     expanded = [p for p in prompts for _ in range(num_per_prompt)]
@@ -55,12 +55,12 @@ def generate_samples(policy, prompts: list, num_per_prompt: int = 1, seed: int =
         chunk, chunk_seeds = expanded[start:start + per_batch], seeds[start:start + per_batch]
         particle_seeds = [derived_seed(s, j) for s in chunk_seeds for j in range(k)] if k > 1 else chunk_seeds
         cond = policy.encode([p for p in chunk for _ in range(k)], guidance_scale)
-        callbacks, guide = [], None
+        callbacks, step_guide = [], guide
         if steer is not None:
-            callbacks, guide = steer.start(policy, cond, len(chunk), num_steps,
+            callbacks, step_guide = steer.start(policy, cond, len(chunk), num_steps,
                                            torch.Generator().manual_seed(chunk_seeds[0]))
         traj = rollout(policy, cond, sample_generators(particle_seeds), shape, num_steps, kind, noise_level,
-                       guidance_scale, sde_window, callbacks=callbacks, guide=guide)
+                       guidance_scale, sde_window, callbacks=callbacks, guide=step_guide)
         outputs.append(policy.decode(traj.final[::k]).cpu())
         for n, s in enumerate(chunk_seeds):
             prompt = cond.prompts[n * k]
