@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flowrl.editing.instructions import (KINDS, all_specs, eval_instruction_set, is_held_out, parse_instruction,
-                                         sample_scene, train_instruction_set)
+                                         sample_scene, train_instruction_set, val_instruction_set)
 from flowrl.editing.verifier import judge_edit
 from flowrl.samples import ImageSamples
 from flowrl.shapes.world import ShapeObject, render
@@ -24,6 +24,23 @@ def test_grammar_round_trips_and_the_split_holds_out_result_objects():
     assert not any(is_held_out(parse_instruction(t)) for t in train)
     assert all(is_held_out(parse_instruction(t)) for t in evals)
     assert {parse_instruction(t).kind for t in evals} == set(KINDS)
+
+
+def test_the_validation_set_is_held_out_and_shares_no_item_with_eval():
+    from flowrl.tasks.shapes_edit import ShapesEditTask, scene_seed_of
+
+    vals, evals = val_instruction_set(), eval_instruction_set()
+    assert all(is_held_out(parse_instruction(t)) for t in vals)
+    assert {parse_instruction(t).kind for t in vals} == set(KINDS)
+    # other instructions wherever the kind has any left; remove's 3 and replace's 6 are all in eval
+    shared = {t for t in vals if t in evals}
+    assert {parse_instruction(t).kind for t in shared} == {"remove", "replace"}
+    task = ShapesEditTask()
+    val_items, eval_items = task.condition_set("val").items, task.condition_set("eval").items
+    assert len(val_items) == len(eval_items) == 16 * len(KINDS)
+    assert not ({(i.prompt, scene_seed_of(i)) for i in val_items} & {(i.prompt, scene_seed_of(i)) for i in eval_items})
+    val_scenes = {i.inputs["source_image"].tobytes() for i in val_items}
+    assert not val_scenes & {i.inputs["source_image"].tobytes() for i in eval_items}
 
 
 def test_an_adds_bystanders_keep_clear_of_the_added_object(monkeypatch):
@@ -92,6 +109,37 @@ def test_editscore_analogues_follow_semantics_and_pixel_quality():
     assert grey.editscore == pytest.approx(np.sqrt(grey.sc * grey.pq))  # EditScore's Overall = sqrt(SC x PQ)
     dropped = judge_edit(render(target[:1]), spec, source, target)
     assert dropped.pq == 10.0 and dropped.sc == 5.0  # the bystander lost: half of SC's preserved half
+
+
+def test_fidelity_grades_edits_by_their_agreement_with_the_exact_target():
+    from flowrl.rewards import build_reward
+    from flowrl.tasks.shapes_edit import edit_item
+
+    spec = parse_instruction("make the red circle blue")
+    source = [ShapeObject("circle", "red", 2, 2, 10), ShapeObject("square", "green", 18, 18, 10)]
+    target = [ShapeObject("circle", "blue", 2, 2, 10), source[1]]
+    assert judge_edit(render(target), spec, source, target).fidelity == 1.0
+    assert judge_edit(np.zeros((32, 32, 3), np.uint8), spec, source, target).fidelity == 0.0
+    # not recoloured: the circle's pixels are all wrong, the square's right; union = both masks
+    circle, square = (int(o.mask(32).sum()) for o in source)
+    assert judge_edit(render(source), spec, source, target).fidelity == pytest.approx(square / (circle + square))
+    # two failures the binary checks score alike (circle left red) differ in fidelity: the square kept or lost
+    lost = judge_edit(render(source[:1]), spec, source, target)
+    assert not lost.requested and lost.fidelity == 0.0
+    item = edit_item("make the red circle blue", 3)
+    reward = build_reward("shapes_edit", fidelity_weight=0.5)
+    from flowrl.tasks.shapes_edit import item_scene
+
+    _, item_source, item_target = item_scene(item)
+    images = torch.from_numpy(np.stack([render(item_target), render(item_source)])).permute(0, 3, 1, 2) / 255
+    out = reward(images, [item.prompt] * 2, {"conditions": [item, item]})
+    plain = build_reward("shapes_edit")(images, [item.prompt] * 2, {"conditions": [item, item]})
+    assert out.scores[0] == 1.0
+    assert out.scores[1] == pytest.approx(0.5 * plain.scores[1] + 0.5 * out.info["fidelity"][1])
+    from flowrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fidelity_weight"):
+        build_reward("shapes_edit", fidelity_weight=1.5)
 
 
 def test_task_items_carry_their_source_image_and_evaluate_the_verifier():

@@ -126,6 +126,20 @@ def eval_instruction_set(per_kind: int = 8, seed: int = 5) -> list[str]:
     return out
 
 
+def val_instruction_set(per_kind: int = 8, seed: int = 6) -> list[str]:
+    """Up to `per_kind` held-out instructions per kind that the eval set does not name (a fixed draw): where recipe
+    choices are made, so the eval split stays unused by any choice. A kind whose held-out instructions are all in
+    the eval set (remove has 3, replace 6) keeps them; its validation items differ from eval's by their scenes."""
+    rng = np.random.default_rng(seed)
+    in_eval = set(eval_instruction_set())
+    out = []
+    for kind in KINDS:
+        held = [s.text() for s in all_specs() if s.kind == kind and is_held_out(s)]
+        rest = [t for t in held if t not in in_eval] or held
+        out += [rest[i] for i in sorted(rng.permutation(len(rest))[:per_kind])]
+    return out
+
+
 def _moved(obj: ShapeObject, direction: str) -> ShapeObject:
     dx, dy = DIRECTIONS[direction]
     return replace(obj, x0=obj.x0 + dx * MOVE_PIXELS, y0=obj.y0 + dy * MOVE_PIXELS)

@@ -10,6 +10,10 @@ the exact source and target scenes, with the image world's detector.
 - off-target change: the share of pixels outside the edited region (the edited object's source and target masks,
   grown by 1 px) whose colour moved by more than `CHANGE` (max over channels) from the source: what the
   minimal-change principle says should stay 0.
+- fidelity: how much of the image matches the exact target render: 1 - (pixels off the target's colour by more
+  than `CHANGE`) / (pixels that are foreground in the target or in the edit); 1 for the exact target, 0 for an
+  empty image. A graded reward signal (`shapes_edit`'s `fidelity_weight`): two failed edits that the binary checks
+  score alike differ in how close they came.
 - EditScore's analogues (its scores are 0-10; Overall = sqrt(SC x PQ)): semantic consistency SC = 10 x dense (the
   instruction followed, nothing else touched) and perceptual quality PQ = 10 x the share of clean pixels (within
   `CHANGE` of the background or a palette colour: renders are flat colours, so blur, smears and mixed colours are
@@ -37,6 +41,7 @@ class EditJudgement:
     dense: float
     off_target: float
     quality: float  # share of clean pixels
+    fidelity: float = 0.0  # share of the foreground union matching the exact target render
 
     @property
     def success(self) -> bool:
@@ -96,6 +101,13 @@ def clean_share(image: np.ndarray) -> float:
     return float((distance <= CHANGE).mean())
 
 
+def fidelity(edited: np.ndarray, target_image: np.ndarray) -> float:
+    """1 - mismatched pixels / foreground union (target's or edit's): agreement with the exact target render."""
+    mismatch = changed_pixels(edited, target_image)
+    foreground = (target_image.max(-1) > CHANGE) | (edited.max(-1) > CHANGE)
+    return float(1.0 - (mismatch & foreground).sum() / max(1, foreground.sum()))
+
+
 def judge_edit(edited: np.ndarray, spec: EditSpec, source: list[ShapeObject],
                target: list[ShapeObject]) -> EditJudgement:
     """Judge an edited uint8 image [H, W, 3] of `source` under `spec` (target = the exact target scene)."""
@@ -113,4 +125,5 @@ def judge_edit(edited: np.ndarray, spec: EditSpec, source: list[ShapeObject],
     dense = 0.5 * float(requested) + 0.5 * max(0.0, share - extra / max(1, len(target)))
     outside = ~edit_region(spec, source, target, edited.shape[0])
     off_target = float(changed_pixels(edited, render(source))[outside].mean()) if outside.any() else 0.0
-    return EditJudgement(requested, preserved, dense, off_target, clean_share(edited))
+    return EditJudgement(requested, preserved, dense, off_target, clean_share(edited),
+                         fidelity(edited, render(target, edited.shape[0])))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..editing.instructions import KINDS, eval_instruction_set, parse_instruction, scene_for, train_instruction_set
+from ..editing.instructions import (KINDS, eval_instruction_set, parse_instruction, scene_for, train_instruction_set,
+                                   val_instruction_set)
 from ..prompt_source import text_seed
 from ..shapes.world import render
 from .base import TASKS, Condition, ConditionSet, GrammarTask, tag_metrics
@@ -13,6 +14,7 @@ from .base import TASKS, Condition, ConditionSet, GrammarTask, tag_metrics
 TRAIN_SCENES_PER_INSTRUCTION = 2
 EVAL_ITEMS_PER_KIND = 16  # kinds with few held-out instructions (remove) get more scenes per instruction
 EVAL_SEED = 2024
+VAL_SEED = 9024  # validation scenes: far from eval's (2024 + 1000 x kind + k) and training's (text seeds + 0 / 1)
 
 
 def edit_item(instruction: str, scene_seed: int) -> Condition:
@@ -32,9 +34,11 @@ def item_scene(item: Condition):
 
 @TASKS.register("shapes_edit")
 class ShapesEditTask(GrammarTask):
-    """Sets: `train` (every training instruction with 2 scenes, drawn kind first) and `eval` (16 items per kind of
-    the held-out instructions, each with its own scene)."""
+    """Sets: `train` (every training instruction with 2 scenes, drawn kind first), `eval` (16 items per kind of
+    the held-out instructions, each with its own scene) and `val` (as eval, on other held-out instructions and other
+    scenes: for choosing a recipe without touching eval)."""
     name = "shapes_edit"
+    set_names = ("train", "eval", "val")
     metric_name = "edit success"
     train_prompts, eval_prompts, parse = (staticmethod(train_instruction_set), staticmethod(eval_instruction_set),
                                           staticmethod(parse_instruction))
@@ -45,12 +49,12 @@ class ShapesEditTask(GrammarTask):
                              for k in range(TRAIN_SCENES_PER_INSTRUCTION)]
                       for kind, texts in train_instruction_set().items()}
             return ConditionSet([c for items in by_tag.values() for c in items], by_tag)
-        if name == "eval":
-            texts = eval_instruction_set()
+        if name in ("eval", "val"):
+            texts, seed = (eval_instruction_set(), EVAL_SEED) if name == "eval" else (val_instruction_set(), VAL_SEED)
             items = []
             for index, kind in enumerate(KINDS):
                 mine = [t for t in texts if parse_instruction(t).kind == kind]
-                items += [edit_item(mine[k % len(mine)], EVAL_SEED + 1000 * index + k) for k in range(EVAL_ITEMS_PER_KIND)]
+                items += [edit_item(mine[k % len(mine)], seed + 1000 * index + k) for k in range(EVAL_ITEMS_PER_KIND)]
             return ConditionSet(items)
         return super().condition_set(name)
 
