@@ -3,7 +3,8 @@ side by side, each sample labelled with its reward (3D pipelines: the meshes in 
 renders; editing pipelines: source | base edit | tuned edit, the source uploaded or the editing world's scene).
 
 LoRA checkpoints become named peft adapters on one network (switched per image, so memory grows by the adapters
-only); full-weight checkpoints are swapped in and out of the network's parameters.
+only), each sampled with its own `active_from_sigma` gate as training and `flowrl sample` apply it; full-weight
+checkpoints are swapped in and out of the network's parameters.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class CheckpointSet:
         self.policy = policy
         self.labels = ["base"]
         self.kinds: dict[str, tuple[str, object]] = {}
+        self.gates: dict[str, float | None] = {}  # a LoRA's lora.active_from_sigma, from its adapter.json
         params = dict(policy.transformer.named_parameters())
         for number, checkpoint in enumerate(checkpoints):
             path = Path(checkpoint)
@@ -40,7 +42,7 @@ class CheckpointSet:
             label = label if label not in self.labels else f"{label} ({number})"
             weights = load_file(weights_file)
             if any("lora_" in k for k in weights):
-                self._add_adapter(path, f"ckpt{number}", weights)
+                self.gates[label] = self._add_adapter(path, f"ckpt{number}", weights)
                 self.kinds[label] = ("lora", f"ckpt{number}")
             else:
                 unknown = [k for k in weights if k not in params]
@@ -51,7 +53,8 @@ class CheckpointSet:
         self.base_full = {k: params[k].detach().clone() for _, (kind, w) in self.kinds.items() if kind == "full" for k in w}
         self.activate("base")
 
-    def _add_adapter(self, path: Path, name: str, weights: dict) -> None:
+    def _add_adapter(self, path: Path, name: str, weights: dict) -> float | None:
+        """Add the checkpoint's LoRA as adapter `name`; returns its gate (active_from_sigma, None: every step)."""
         from peft import LoraConfig
 
         adapter_file = path / "adapter.json"
@@ -64,6 +67,7 @@ class CheckpointSet:
         with torch.no_grad():
             for key, value in weights.items():
                 params[key.replace(".default.", f".{name}.")].copy_(value)
+        return adapter.get("active_from_sigma")
 
     def activate(self, label: str) -> None:
         transformer = self.policy.transformer
@@ -73,6 +77,7 @@ class CheckpointSet:
                 params[key].copy_(value)
         if getattr(transformer, "_hf_peft_config_loaded", False):
             transformer.disable_adapters()
+        self.policy.lora_active_from_sigma = self.gates.get(label)
         if label == "base":
             return
         kind, payload = self.kinds[label]

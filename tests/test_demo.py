@@ -40,15 +40,42 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _lora_checkpoint(pipeline_dir, folder):
+def _lora_checkpoint(pipeline_dir, folder, gate=None, step=3):
     policy = policy_for(load_pipeline(pipeline_dir), max_sequence_length=16)
     policy.add_lora(4, 8, policy.lora_targets)
     with torch.no_grad():
         for name, p in policy.transformer.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
-    adapter = {"rank": 4, "alpha": 8, "target_modules": policy.lora_targets}
-    return save_checkpoint(folder / "tuned" / "checkpoints", 3, policy.trainable_state_dict(), {}, None, adapter)
+    adapter = {"rank": 4, "alpha": 8, "target_modules": policy.lora_targets, "active_from_sigma": gate}
+    return save_checkpoint(folder / "tuned" / "checkpoints", step, policy.trainable_state_dict(), {}, None, adapter)
+
+
+def test_the_demo_samples_each_lora_with_its_own_step_gate(tiny_sd3_dir, tmp_path):
+    from flowrl.checkpoint import load_trained_weights
+    from flowrl.demo import CheckpointSet
+    from flowrl.generate import generate_samples
+
+    gated = _lora_checkpoint(tiny_sd3_dir, tmp_path, gate=0.5, step=3)
+    plain = _lora_checkpoint(tiny_sd3_dir, tmp_path, step=4)
+    policy = policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)
+    demo = CheckpointSet(policy, [str(gated), str(plain)])
+
+    def draw(some_policy):
+        return generate_samples(some_policy, ["a red circle"], num_steps=4, guidance_scale=1.0, desc=None)[0].tensor
+
+    def image(label):
+        demo.activate(label)
+        return draw(policy)
+
+    gated_image, plain_image, base_image = image("tuned/update_000003"), image("tuned/update_000004"), image("base")
+    assert policy.lora_active_from_sigma is None  # the base and ungated adapters sample with no gate
+    # what training and `flowrl sample` draw from the gated checkpoint: its LoRA only at sigma >= 0.5
+    reference = policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)
+    load_trained_weights(reference, gated)
+    assert reference.lora_active_from_sigma == 0.5
+    assert torch.allclose(gated_image, draw(reference), atol=1e-5)
+    assert not torch.allclose(gated_image, plain_image, atol=1e-3) and not torch.allclose(gated_image, base_image, atol=1e-3)
 
 
 @pytest.fixture
