@@ -7,6 +7,7 @@ still acts at the low-noise steps it never learned on; `high noise only` is what
 `low noise only` its complement.
 
     python benchmarks/lora_step_gate.py --checkpoint runs/NAME/checkpoints/update_000240 [--sigma 0.6]
+        [--modes "every step,high noise only"]
 (any folder `pipe.load_lora_weights` reads: a flowrl checkpoint holds its LoRA in diffusers' format)
 Writes OUT (default benchmarks/results/lora_step_gate.json) and prints a table.
 """
@@ -45,15 +46,20 @@ def main(argv=None) -> dict:
     parser.add_argument("--pipeline", default=str(ROOT / "pipelines" / "shapes-sd3"))
     parser.add_argument("--sigma", type=float, default=0.6, help="the gate: high noise is sigma >= this")
     parser.add_argument("--per-tag", type=int, default=192)
+    parser.add_argument("--modes", default=",".join(MODES[1:]),
+                        help=f"comma-separated, of {MODES[1:]}; the base is always judged first (gains are paired)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "lora_step_gate.json")
     args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if unknown := [m for m in modes if m not in MODES[1:]]:
+        parser.error(f"--modes: unknown {unknown}; known: {list(MODES[1:])}")
     torch.set_num_threads(2)
     pipeline = load_pipeline(args.pipeline)
     pipeline.load_lora_weights(args.checkpoint)  # the checkpoint's diffusers LoRA file, as a diffusers user loads it
     policy = policy_for(pipeline, max_sequence_length=16)
     evaluator = LowNoiseEval(args.per_tag, 10)
     results, base = {}, None
-    for mode in MODES:
+    for mode in ["base", *modes]:
         if mode == "base":
             with policy.reference():
                 verdicts = evaluator.verdicts(policy)

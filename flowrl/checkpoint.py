@@ -91,8 +91,15 @@ def load_checkpoint(path: Path) -> dict:
     return saved
 
 
+def sampling_gate(adapter: dict) -> float | None:
+    """The noise level from which a LoRA acts when sampling (None: every step), from its adapter.json fields."""
+    gate = adapter.get("sample_from_sigma")
+    return adapter.get("active_from_sigma") if gate is None else gate
+
+
 def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True) -> None:
-    """Put a checkpoint's trained weights (EMA when present) into a policy, adding its LoRA adapter if needed."""
+    """Put a checkpoint's trained weights (EMA when present) into a policy, adding its LoRA adapter if needed (with
+    its sampling gate: what `flowrl sample`, `eval` and the demo draw from a checkpoint)."""
     path = Path(checkpoint)
     weights_file = path / ("ema.safetensors" if prefer_ema and (path / "ema.safetensors").is_file() else "trainable.safetensors")
     if not weights_file.is_file():
@@ -103,5 +110,5 @@ def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True
         if adapter is None:
             raise UserError(f"checkpoint {path} holds LoRA weights but no adapter.json describing the adapter")
         policy.add_lora(adapter["rank"], adapter["alpha"], adapter["target_modules"])
-        policy.lora_active_from_sigma = adapter.get("active_from_sigma")
+        policy.lora_active_from_sigma = sampling_gate(adapter)
     policy.load_trainable_state_dict(weights)

@@ -65,6 +65,10 @@ class LoraSection:
     # the adapter acts only at noise levels sigma >= this (flow samplers; None: at every step). For an SDE window
     # that trains only high-noise steps, so the LoRA leaves the low-noise steps it never learned on to the base.
     active_from_sigma: float | None = None
+    # sampling only (the run's evaluations, `flowrl sample`, `flowrl eval`, the demo): the adapter acts at sigma >= this
+    # there, while training rollouts use it as active_from_sigma says. For a LoRA trained at every step whose
+    # low-noise part costs accuracy (the main job: docs/benchmarks.md). None: sample as active_from_sigma.
+    sample_from_sigma: float | None = None
 
 
 @dataclass
@@ -210,12 +214,14 @@ class RunConfig:
         self.pipeline.validate()
         self.sampler.validate()
         self.train.validate()
-        gate = self.lora.active_from_sigma if self.lora is not None else None
-        if gate is not None:
+        for name in ("active_from_sigma", "sample_from_sigma"):
+            gate = getattr(self.lora, name) if self.lora is not None else None
+            if gate is None:
+                continue
             if not 0 < gate <= 1:
-                raise ConfigError(f"lora.active_from_sigma: expected a noise level in (0, 1], got {gate}")
+                raise ConfigError(f"lora.{name}: expected a noise level in (0, 1], got {gate}")
             if self.sampler.kind == "ddim":
-                raise ConfigError("lora.active_from_sigma: flow samplers only (sigma in [0, 1]); sampler.kind is ddim")
+                raise ConfigError(f"lora.{name}: flow samplers only (sigma in [0, 1]); sampler.kind is ddim")
         from .tasks.base import build_task, check_source
 
         task = build_task(self.task.name, self.task.params)  # the task checks its own params

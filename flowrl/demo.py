@@ -3,7 +3,7 @@ side by side, each sample labelled with its reward (3D pipelines: the meshes in 
 renders; editing pipelines: source | base edit | tuned edit, the source uploaded or the editing world's scene).
 
 LoRA checkpoints become named peft adapters on one network (switched per image, so memory grows by the adapters
-only), each sampled with its own `active_from_sigma` gate as training and `flowrl sample` apply it; full-weight
+only), each sampled with its own step gate as `flowrl sample` applies it (checkpoint.sampling_gate); full-weight
 checkpoints are swapped in and out of the network's parameters.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ class CheckpointSet:
         self.policy = policy
         self.labels = ["base"]
         self.kinds: dict[str, tuple[str, object]] = {}
-        self.gates: dict[str, float | None] = {}  # a LoRA's lora.active_from_sigma, from its adapter.json
+        self.gates: dict[str, float | None] = {}  # a LoRA's sampling gate, from its adapter.json
         params = dict(policy.transformer.named_parameters())
         for number, checkpoint in enumerate(checkpoints):
             path = Path(checkpoint)
@@ -54,8 +54,10 @@ class CheckpointSet:
         self.activate("base")
 
     def _add_adapter(self, path: Path, name: str, weights: dict) -> float | None:
-        """Add the checkpoint's LoRA as adapter `name`; returns its gate (active_from_sigma, None: every step)."""
+        """Add the checkpoint's LoRA as adapter `name`; returns its sampling gate (None: every step)."""
         from peft import LoraConfig
+
+        from .checkpoint import sampling_gate
 
         adapter_file = path / "adapter.json"
         if not adapter_file.is_file():
@@ -67,7 +69,7 @@ class CheckpointSet:
         with torch.no_grad():
             for key, value in weights.items():
                 params[key.replace(".default.", f".{name}.")].copy_(value)
-        return adapter.get("active_from_sigma")
+        return sampling_gate(adapter)
 
     def activate(self, label: str) -> None:
         transformer = self.policy.transformer

@@ -23,11 +23,19 @@ GRID_PROMPTS = 12
 def evaluate(trainer: Trainer, desc: str):
     """Sample the task's eval set with fixed seeds and measure it: (metrics, samples, condition per sample).
 
-    The task's own evaluation when it has one (e.g. the shapes verifier), else the run's reward per tag."""
+    The task's own evaluation when it has one (e.g. the shapes verifier), else the run's reward per tag. A LoRA
+    samples here with its sampling gate (lora.sample_from_sigma), as `flowrl sample` draws from the checkpoint."""
     c = trainer.config.eval
     conditions = eval_conditions(trainer)
-    samples, _ = generate_samples(trainer.policy, conditions, c.num_per_prompt, c.seed, c.num_steps,
-                                  c.guidance_scale, trainer.spec, desc=desc, steer=trainer.task.eval_steer(trainer.policy))
+    policy, lora = trainer.policy, trainer.config.lora
+    training_gate = policy.lora_active_from_sigma
+    if lora is not None and lora.sample_from_sigma is not None:
+        policy.lora_active_from_sigma = lora.sample_from_sigma
+    try:
+        samples, _ = generate_samples(policy, conditions, c.num_per_prompt, c.seed, c.num_steps, c.guidance_scale,
+                                      trainer.spec, desc=desc, steer=trainer.task.eval_steer(policy))
+    finally:
+        policy.lora_active_from_sigma = training_gate
     items = [item for item in conditions for _ in range(c.num_per_prompt)]
     result = trainer.task.evaluate(samples, items)
     if result is None:

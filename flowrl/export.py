@@ -47,8 +47,9 @@ def export_pipeline(pipeline_dir, checkpoint, out) -> Path:
     policy = policy_for(pipeline)
     load_trained_weights(policy, checkpoint)
     if policy.lora_active_from_sigma is not None:
-        print(f"warning: {checkpoint} was trained with lora.active_from_sigma={policy.lora_active_from_sigma}; the "
-              "exported pipeline applies the tuned weights at every step", file=sys.stderr)
+        print(f"warning: {checkpoint} samples with its LoRA only at sigma >= {policy.lora_active_from_sigma} "
+              "(lora.active_from_sigma / sample_from_sigma); the exported pipeline applies the tuned weights at every "
+              "step", file=sys.stderr)
     if policy.has_lora:
         policy.transformer.fuse_lora(lora_scale=1.0)
         policy.transformer.unload_lora()

@@ -126,7 +126,7 @@ def adapter_description(config: RunConfig, policy) -> dict | None:
         return None
     return {"rank": config.lora.rank, "alpha": config.lora.alpha,
             "target_modules": config.lora.target_modules or policy.lora_targets,
-            "active_from_sigma": config.lora.active_from_sigma}
+            "active_from_sigma": config.lora.active_from_sigma, "sample_from_sigma": config.lora.sample_from_sigma}
 
 
 class Trainer:

@@ -46,6 +46,7 @@ def test_overrides_are_typed(tmp_path):
     ("lora.active_from_sigma=1.5", "lora.active_from_sigma: expected a noise level in (0, 1], got 1.5"),
     ("lora.active_from_sigma=0", "lora.active_from_sigma: expected a noise level in (0, 1]"),
     ("sampler.kind=ddim lora.active_from_sigma=0.5", "lora.active_from_sigma: flow samplers only"),
+    ("lora.sample_from_sigma=2", "lora.sample_from_sigma: expected a noise level in (0, 1], got 2"),
 ])
 def test_bad_fields_are_named(override, message):
     with pytest.raises(ConfigError) as error:

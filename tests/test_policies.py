@@ -186,3 +186,36 @@ def test_a_checkpoint_brings_back_its_lora_gate(tmp_path):
     loaded = policy_for(load_pipeline(tmp_path / "pipe"), max_sequence_length=16)
     load_trained_weights(loaded, checkpoint)
     assert loaded.has_lora and loaded.lora_active_from_sigma == 0.5
+    # a sampling-only gate (lora.sample_from_sigma) is what a trained checkpoint is drawn with
+    sampled = save_checkpoint(tmp_path / "run", 2, tuned.trainable_state_dict(), {}, None,
+                              {**adapter, "active_from_sigma": None, "sample_from_sigma": 0.6})
+    loaded = policy_for(load_pipeline(tmp_path / "pipe"), max_sequence_length=16)
+    load_trained_weights(loaded, sampled)
+    assert loaded.lora_active_from_sigma == 0.6
+
+
+def test_the_runs_evaluation_samples_with_the_sampling_gate_and_training_keeps_its_own(monkeypatch):
+    from types import SimpleNamespace
+
+    import flowrl.experiment as experiment
+    from flowrl.config import LoraSection, EvalSection
+    from flowrl.samples import ImageSamples
+    from flowrl.tasks.base import build_task
+
+    policy = SimpleNamespace(lora_active_from_sigma=None)
+    seen = []
+
+    def fake_generate(sampled_policy, conditions, num_per_prompt, *args, **kwargs):
+        seen.append(sampled_policy.lora_active_from_sigma)
+        return ImageSamples(torch.zeros(len(conditions) * num_per_prompt, 3, 32, 32)), []
+
+    monkeypatch.setattr(experiment, "generate_samples", fake_generate)
+    trainer = SimpleNamespace(policy=policy, spec=None, task=build_task("shapes"),
+                              config=SimpleNamespace(eval=EvalSection(num_per_prompt=1),
+                                                     lora=LoraSection(sample_from_sigma=0.6)))
+    experiment.evaluate(trainer, None)
+    assert seen == [0.6] and policy.lora_active_from_sigma is None  # the rollouts' gate is back after the eval
+    trainer.config.lora = LoraSection(active_from_sigma=0.5)
+    policy.lora_active_from_sigma = 0.5
+    experiment.evaluate(trainer, None)
+    assert seen[-1] == 0.5 and policy.lora_active_from_sigma == 0.5
