@@ -1,6 +1,8 @@
 """`flowrl train`: a Trainer wrapped with what a run dir holds (config, metrics, evals, plots, report)."""
 from __future__ import annotations
 
+import contextlib
+
 import json
 from pathlib import Path
 
@@ -20,6 +22,19 @@ from .train import Trainer, write_config
 GRID_PROMPTS = 12
 
 
+@contextlib.contextmanager
+def sampling_gate(policy, lora):
+    """The policy with its LoRA gated as the run's samples are drawn (lora.sample_from_sigma, when set); the
+    training rollouts' gate is back afterwards."""
+    training_gate = policy.lora_active_from_sigma
+    if lora is not None and lora.sample_from_sigma is not None:
+        policy.lora_active_from_sigma = lora.sample_from_sigma
+    try:
+        yield policy
+    finally:
+        policy.lora_active_from_sigma = training_gate
+
+
 def evaluate(trainer: Trainer, desc: str):
     """Sample the task's eval set with fixed seeds and measure it: (metrics, samples, condition per sample).
 
@@ -27,15 +42,9 @@ def evaluate(trainer: Trainer, desc: str):
     samples here with its sampling gate (lora.sample_from_sigma), as `flowrl sample` draws from the checkpoint."""
     c = trainer.config.eval
     conditions = eval_conditions(trainer)
-    policy, lora = trainer.policy, trainer.config.lora
-    training_gate = policy.lora_active_from_sigma
-    if lora is not None and lora.sample_from_sigma is not None:
-        policy.lora_active_from_sigma = lora.sample_from_sigma
-    try:
+    with sampling_gate(trainer.policy, trainer.config.lora) as policy:
         samples, _ = generate_samples(policy, conditions, c.num_per_prompt, c.seed, c.num_steps, c.guidance_scale,
                                       trainer.spec, desc=desc, steer=trainer.task.eval_steer(policy))
-    finally:
-        policy.lora_active_from_sigma = training_gate
     items = [item for item in conditions for _ in range(c.num_per_prompt)]
     result = trainer.task.evaluate(samples, items)
     if result is None:
