@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-
 import json
 from pathlib import Path
 
