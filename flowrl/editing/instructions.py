@@ -118,25 +118,25 @@ def all_instruction_set() -> dict[str, list[str]]:
 
 def eval_instruction_set(per_kind: int = 8, seed: int = 5) -> list[str]:
     """Up to `per_kind` held-out instructions per kind (a fixed draw)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for kind in KINDS:
-        held = [s.text() for s in all_specs() if s.kind == kind and is_held_out(s)]
-        out += [held[i] for i in sorted(rng.permutation(len(held))[:per_kind])]
-    return out
+    return draw_held_out(per_kind, seed)
 
 
 def val_instruction_set(per_kind: int = 8, seed: int = 6) -> list[str]:
     """Up to `per_kind` held-out instructions per kind that the eval set does not name (a fixed draw): where recipe
     choices are made, so the eval split stays unused by any choice. A kind whose held-out instructions are all in
     the eval set (remove has 3, replace 6) keeps them; its validation items differ from eval's by their scenes."""
+    return draw_held_out(per_kind, seed, avoid=set(eval_instruction_set()))
+
+
+def draw_held_out(per_kind: int, seed: int, avoid: set[str] = frozenset()) -> list[str]:
+    """Up to `per_kind` held-out instructions per kind, drawn with `seed` among those not in `avoid` (among all of
+    the kind's when `avoid` holds every one)."""
     rng = np.random.default_rng(seed)
-    in_eval = set(eval_instruction_set())
     out = []
     for kind in KINDS:
         held = [s.text() for s in all_specs() if s.kind == kind and is_held_out(s)]
-        rest = [t for t in held if t not in in_eval] or held
-        out += [rest[i] for i in sorted(rng.permutation(len(rest))[:per_kind])]
+        pool = [t for t in held if t not in avoid] or held
+        out += [pool[i] for i in sorted(rng.permutation(len(pool))[:per_kind])]
     return out
 
 
