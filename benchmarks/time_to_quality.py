@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.config import config_to_dict, load_config  # noqa: E402
-from flowrl.experiment import sampling_gate  # noqa: E402
+from flowrl.experiment import sampled_as_checkpoint  # noqa: E402
 from flowrl.generate import generate_samples  # noqa: E402
 from flowrl.prompt_source import derived_seed  # noqa: E402
 from flowrl.report import cpu_model, figure  # noqa: E402
@@ -160,7 +160,7 @@ def run_method(name: str, seed: int, args, evaluator: LowNoiseEval) -> dict:
         clock["train"] += metrics["seconds"]
         rewards.append(float(metrics["reward_mean"]))
         if update % args.eval_every == 0 or update == updates:
-            with sampling_gate(trainer.policy, config.lora) as policy:  # as the run's own evaluations sample
+            with sampled_as_checkpoint(trainer) as policy:  # as the run's own evaluations sample
                 point = {"update": update, "train_seconds": clock["train"], "samples": update * samples_per_update,
                          **evaluator(policy, pipeline)}
             curve.append(point)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import yaml
 
+from .checkpoint import sampling_gate
 from .config import RunConfig, config_to_dict
 from .errors import ConfigError
 from .generate import generate_samples
@@ -16,18 +17,21 @@ from .prompt_source import PromptSource
 from .report import MetricsLog, image_grid, plot_rewards, save_json, tile, write_report
 from .samples import VideoSamples, side_by_side_clips
 from .tasks.base import format_metrics, tag_metrics
-from .train import Trainer, write_config
+from .train import Trainer, adapter_description, write_config
 
 GRID_PROMPTS = 12
 
 
 @contextlib.contextmanager
-def sampling_gate(policy, lora):
-    """The policy with its LoRA gated as the run's samples are drawn (lora.sample_from_sigma, when set); the
-    training rollouts' gate is back afterwards."""
+def sampled_as_checkpoint(trainer: Trainer):
+    """The trainer's policy with its LoRA gated as `flowrl sample` draws from the run's checkpoints (the gate that
+    checkpoint.sampling_gate reads from the run's adapter description); the training rollouts' gate is back
+    afterwards."""
+    policy = trainer.policy
     training_gate = policy.lora_active_from_sigma
-    if lora is not None and lora.sample_from_sigma is not None:
-        policy.lora_active_from_sigma = lora.sample_from_sigma
+    adapter = adapter_description(trainer.config, policy)
+    if adapter is not None:
+        policy.lora_active_from_sigma = sampling_gate(adapter)
     try:
         yield policy
     finally:
@@ -41,7 +45,7 @@ def evaluate(trainer: Trainer, desc: str):
     samples here with its sampling gate (lora.sample_from_sigma), as `flowrl sample` draws from the checkpoint."""
     c = trainer.config.eval
     conditions = eval_conditions(trainer)
-    with sampling_gate(trainer.policy, trainer.config.lora) as policy:
+    with sampled_as_checkpoint(trainer) as policy:
         samples, _ = generate_samples(policy, conditions, c.num_per_prompt, c.seed, c.num_steps, c.guidance_scale,
                                       trainer.spec, desc=desc, steer=trainer.task.eval_steer(policy))
     items = [item for item in conditions for _ in range(c.num_per_prompt)]

@@ -202,7 +202,7 @@ def test_the_runs_evaluation_samples_with_the_sampling_gate_and_training_keeps_i
     from flowrl.samples import ImageSamples
     from flowrl.tasks.base import build_task
 
-    policy = SimpleNamespace(lora_active_from_sigma=None)
+    policy = SimpleNamespace(lora_active_from_sigma=None, lora_targets=["attn.to_q"])
     seen = []
 
     def fake_generate(sampled_policy, conditions, num_per_prompt, *args, **kwargs):
