@@ -1,6 +1,7 @@
 """Where does a trained LoRA help? One checkpoint judged with its adapter at every step, only at high noise, only at
 low noise, and off (the base), on time_to_quality's low-noise eval (the wide held-out set, ~192 images per tag, ODE
-10 steps, CFG 4.5, the same seeds for every mode, gains paired per image).
+10 steps, CFG 4.5, the same seeds for every mode, gains paired per image), under GenEval's verdict and under the
+exact one (no objects beyond those the prompt names).
 
 A window-trained LoRA (the main job trains a 3-step window starting in steps 0-2 of 10: sigma 1.0 down to 0.556)
 still acts at the low-noise steps it never learned on; `high noise only` is what `lora.active_from_sigma` does,
@@ -62,20 +63,22 @@ def main(argv=None) -> dict:
     for mode in ["base", *modes]:
         if mode == "base":
             with policy.reference():
-                verdicts = evaluator.verdicts(policy)
+                verdicts = evaluator.both_verdicts(policy)
         elif mode == "high noise only":
             policy.lora_active_from_sigma = args.sigma
-            verdicts = evaluator.verdicts(policy)
+            verdicts = evaluator.both_verdicts(policy)
             policy.lora_active_from_sigma = None
         else:
             guide = base_below(policy, args.sigma) if mode == "low noise only" else None
-            verdicts = evaluator.verdicts(policy, guide=guide)
+            verdicts = evaluator.both_verdicts(policy, guide=guide)
         base = verdicts if base is None else base
-        results[mode] = {"accuracy": evaluator.summary(verdicts), "gain": evaluator.summary(verdicts - base)}
-        r = results[mode]
-        print(f"{mode:16s} accuracy {r['accuracy']['overall']:.3f}  gain {100 * r['gain']['overall']:+.1f} +- "
-              f"{196 * r['gain']['draw_se']:.1f}  " + "  ".join(f"{t} {v:.2f}" for t, v in r["accuracy"]["tags"].items()),
-              flush=True)
+        (lenient, exact), (base_lenient, base_exact) = verdicts, base
+        results[mode] = {"accuracy": evaluator.summary(lenient), "gain": evaluator.summary(lenient - base_lenient),
+                         "exact": {"accuracy": evaluator.summary(exact), "gain": evaluator.summary(exact - base_exact)}}
+        for label, r in (("", results[mode]), ("exact ", results[mode]["exact"])):
+            print(f"{label + mode:22s} accuracy {r['accuracy']['overall']:.3f}  gain {100 * r['gain']['overall']:+.1f} +- "
+                  f"{196 * r['gain']['draw_se']:.1f}  " + "  ".join(f"{t} {v:.2f}" for t, v in r["accuracy"]["tags"].items()),
+                  flush=True)
     args.out.write_text(json.dumps({"checkpoint": str(args.checkpoint), "sigma": args.sigma, "modes": results},
                                    indent=1) + "\n")
     return results

@@ -45,7 +45,7 @@ from flowrl.experiment import sampled_as_checkpoint  # noqa: E402
 from flowrl.generate import generate_samples  # noqa: E402
 from flowrl.prompt_source import derived_seed  # noqa: E402
 from flowrl.report import cpu_model, figure  # noqa: E402
-from flowrl.shapes import parse_prompt, score  # noqa: E402
+from flowrl.shapes import exact_score, parse_prompt, score  # noqa: E402
 from flowrl.shapes.prompts import TAGS, wide_eval_prompt_set  # noqa: E402
 from flowrl.tasks.base import tag_metrics  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
@@ -127,12 +127,18 @@ class LowNoiseEval:
                                       seeds=self.seeds, **sampler)
         return samples.to_uint8()
 
-    def judge(self, images: np.ndarray) -> np.ndarray:
-        return np.array([score(image, prompt) for image, prompt in zip(images, self.expanded)], float)
+    def judge(self, images: np.ndarray, verdict=score) -> np.ndarray:
+        """One verdict per image: GenEval's rule (`score`), or `exact_score`, which also refuses unnamed objects."""
+        return np.array([verdict(image, prompt) for image, prompt in zip(images, self.expanded)], float)
 
     def verdicts(self, policy, guidance_scale: float = EVAL_CFG, **sampler) -> np.ndarray:
         """The verifier's verdict per image drawn by `images`."""
         return self.judge(self.images(policy, guidance_scale, **sampler))
+
+    def both_verdicts(self, policy, guidance_scale: float = EVAL_CFG, **sampler) -> tuple[np.ndarray, np.ndarray]:
+        """(GenEval's verdicts, exact verdicts) of the same images."""
+        images = self.images(policy, guidance_scale, **sampler)
+        return self.judge(images), self.judge(images, exact_score)
 
     def summary(self, values: np.ndarray) -> dict:
         r = tag_metrics(values.tolist(), self.tags, TAGS, clusters=self.expanded)

@@ -40,11 +40,24 @@ def test_eval_shapes_scores_a_samples_folder(tmp_path):
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     scores = json.loads((tmp_path / "shapes_eval.json").read_text())
-    assert scores["overall"] == 1.0 and "overall" in result.stdout
+    assert scores["overall"] == 1.0 and scores["exact"]["overall"] == 1.0
+    assert "overall" in result.stdout and "exact" in result.stdout
     (tmp_path / "samples.jsonl").write_text('{"prompt": "a purple circle", "file": "0.png"}\n')
     bad = subprocess.run([sys.executable, "-m", "flowrl", "eval", "shapes", "--samples", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "line 1" in bad.stderr and "a purple circle" in bad.stderr
+
+
+def test_eval_shapes_reports_clutter_under_the_exact_verdict(tmp_path):
+    from flowrl.eval.shapes import evaluate_samples_dir
+    from flowrl.shapes.world import ShapeObject, render
+
+    clutter = render([ShapeObject("circle", "red", 2, 2, 9), ShapeObject("square", "blue", 18, 18, 9)])
+    single = render([ShapeObject("circle", "red", 2, 2, 9)])
+    _write_samples_dir(tmp_path, [clutter, single], ["a circle", "a circle"])
+    result = evaluate_samples_dir(tmp_path)
+    assert result["tags"]["single_object"] == 1.0  # GenEval's rule: a circle is there
+    assert result["exact"]["tags"]["single_object"] == 0.5  # the exact verdict refuses the extra square
 
 
 def test_sample_with_fk_steering_records_each_images_reward(tiny_sd3_dir, tmp_path):

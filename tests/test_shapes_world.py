@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from flowrl.shapes import TAGS, dense_score, detect, eval_prompt_set, parse_prompt, score, train_prompt_set
+from flowrl.shapes import TAGS, dense_score, detect, eval_prompt_set, exact_score, parse_prompt, score, train_prompt_set
 from flowrl.shapes.prompts import HELD_OUT_COMBOS, all_prompt_specs, wide_eval_prompt_set
 from flowrl.shapes.scenes import render_mixed_colors, sample_mixed_color_pairs, sample_pairs, scene_objects
 from flowrl.shapes.world import MAX_SIZE, MIN_GAP, MIN_SIZE, PALETTE, ShapeObject, boxes_clash, render
@@ -80,6 +80,16 @@ def test_exact_objects_charges_clutter_that_the_verdict_lets_pass():
     assert dense_score(pair, "a green square left of a blue triangle", exact_objects=True) == 1.0
     images, prompts = sample_pairs(200, np.random.default_rng(3))  # every render holds exactly its named objects
     assert all(dense_score(im, p, exact_objects=True) == 1.0 for im, p in zip(images, prompts))
+
+
+def test_the_exact_verdict_refuses_clutter_and_passes_every_render():
+    circles = render([ShapeObject("circle", "red", 2, 2, 9), ShapeObject("circle", "blue", 18, 18, 9)])
+    assert (score(circles, "a circle"), exact_score(circles, "a circle")) == (1.0, 0.0)
+    assert exact_score(circles, "two circles") == 1.0
+    assert exact_score(circles, "a red circle and a blue circle") == 1.0
+    assert exact_score(circles, "a red circle and a green circle") == 0.0  # unmet, whatever the count
+    images, prompts = sample_pairs(200, np.random.default_rng(4))
+    assert all(exact_score(im, p) == 1.0 for im, p in zip(images, prompts))
 
 
 def test_prompts_parse_back_and_bad_prompts_are_named():

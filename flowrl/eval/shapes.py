@@ -8,15 +8,21 @@ import numpy as np
 from PIL import Image
 
 from ..errors import UserError
-from ..shapes import TAGS, parse_prompt, score
+from ..shapes import TAGS, exact_score, parse_prompt, score
 from ..tasks.base import tag_metrics
 
 
 def shapes_accuracy(images: np.ndarray, prompts: list[str]) -> dict:
-    """{'overall': mean over tags, 'tags': {tag: accuracy}, 'counts': {tag: n}, 'stderr'} for uint8 images and
-    prompts (standard errors with the prompt as the sampling unit)."""
-    return tag_metrics([score(image, prompt) for image, prompt in zip(images, prompts)],
-                       [parse_prompt(prompt).tag for prompt in prompts], TAGS, clusters=prompts)
+    """{'overall': mean over tags, 'tags': {tag: accuracy}, 'counts': {tag: n}, 'stderr', 'exact'} for uint8 images
+    and prompts (standard errors with the prompt as the sampling unit). 'exact' ({'overall', 'tags'}) is the same
+    with the verdict that also refuses objects the prompt does not name (`exact_score`): GenEval's rule, the
+    headline, lets clutter pass, and RL finds that out."""
+    tags = [parse_prompt(prompt).tag for prompt in prompts]
+    result = tag_metrics([score(image, prompt) for image, prompt in zip(images, prompts)], tags, TAGS,
+                         clusters=prompts)
+    exact = tag_metrics([exact_score(image, prompt) for image, prompt in zip(images, prompts)], tags, TAGS)
+    result["exact"] = {"overall": exact["overall"], "tags": exact["tags"]}
+    return result
 
 
 def read_samples_dir(folder: str | Path) -> tuple[np.ndarray, list[str]]:

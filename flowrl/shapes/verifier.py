@@ -4,6 +4,8 @@ Detection: every bright pixel takes its nearest palette colour, each colour's pi
 components, and each component is classed by its silhouette (fill of the bounding box and how much narrower its
 top is than its bottom). The judgement follows GenEval's tag rules; `score` is the binary verdict used for
 evaluation and `dense_score` the fraction of the prompt's constraints met, a smoother training reward.
+`exact_score` is the stricter verdict that also refuses objects the prompt does not name: RL learns to pass
+GenEval's rule with clutter ("a circle" drawn as three circles and a square), which only this verdict sees.
 """
 from __future__ import annotations
 
@@ -109,6 +111,14 @@ def constraint_scores(spec: PromptSpec, found: list[Detection]) -> list[float]:
 def score(image: np.ndarray, prompt: str | PromptSpec) -> float:
     """1.0 when the image meets every constraint of the prompt, else 0.0 (the GenEval-style verdict)."""
     return verdict_and_dense(image, prompt)[0]
+
+
+def exact_score(image: np.ndarray, prompt: str | PromptSpec) -> float:
+    """1.0 when the image meets every constraint of the prompt and holds exactly the objects it names (as the
+    renderer draws the prompt: "three circles" is three objects), else 0.0."""
+    spec = parse_prompt(prompt) if isinstance(prompt, str) else prompt
+    found = detect(image)
+    return float(judge_detections(spec, found)[0] == 1.0 and len(found) == len(spec.named_objects()))
 
 
 def judge_detections(spec: PromptSpec, found: list[Detection], exact_objects: bool = False) -> tuple[float, float]:

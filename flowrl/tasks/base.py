@@ -216,8 +216,9 @@ def interval(result: dict, tag: str | None = None) -> float:
 
 def format_metrics(result: dict, label: str = "score") -> str:
     """The per-tag table, with 95% intervals (+-1.96 SE) where the result has standard errors: '95% +-' with the
-    prompt (cluster) as the sampling unit, and 'draw +-' with the prompts fixed (another draw of seeds), where given."""
-    show, draw = "stderr" in result, "draw_stderr" in result
+    prompt (cluster) as the sampling unit, and 'draw +-' with the prompts fixed (another draw of seeds), where given;
+    an 'exact' column where the result has a stricter verdict beside its headline (the shapes suite's)."""
+    show, draw, exact = "stderr" in result, "draw_stderr" in result, result.get("exact")
 
     def spread(tag=None):
         text = f" {interval(result, tag):>8.3f}" if show else ""
@@ -226,9 +227,12 @@ def format_metrics(result: dict, label: str = "score") -> str:
             text += f" {1.96 * (errors['overall'] if tag is None else errors['tags'][tag]):>8.3f}"
         return text
 
+    def strict(tag=None):
+        return "" if not exact else f" {exact['overall'] if tag is None else exact['tags'][tag]:>8.3f}"
+
     header = f"{'tag':<14} {label:>8}" + (f" {'95% +-':>8}" if show else "") + (f" {'draw +-':>8}" if draw else "")
-    lines = [header + f" {'n':>5}"]
+    lines = [header + (f" {'exact':>8}" if exact else "") + f" {'n':>5}"]
     for tag, value in result["tags"].items():
-        lines.append(f"{tag:<14} {value:>8.3f}{spread(tag)} {result['counts'][tag]:>5}")
-    lines.append(f"{'overall':<14} {result['overall']:>8.3f}{spread()}")
+        lines.append(f"{tag:<14} {value:>8.3f}{spread(tag)}{strict(tag)} {result['counts'][tag]:>5}")
+    lines.append(f"{'overall':<14} {result['overall']:>8.3f}{spread()}{strict()}")
     return "\n".join(lines)
