@@ -29,6 +29,9 @@ def test_a_rerun_with_the_same_seeds_is_identical(tmp_path):
     run = first["grpo/seed0"]
     assert [p["update"] for p in run["curve"]] == [0, 1, 2] and len(run["train_rewards"]) == 2
     assert run["curve"][0]["gain"]["overall"] == 0.0  # the base is its own reference
+    assert run["curve"][0]["exact"]["gain"]["overall"] == 0.0
+    for p in run["curve"]:  # the exact verdict refuses what GenEval's does, and more
+        assert p["exact"]["accuracy"]["overall"] <= p["accuracy"]["overall"]
     assert (tmp_path / "a" / "table.md").is_file() and (tmp_path / "a" / "curves.png").is_file()
     other = ttq.main(tiny + ["--out", str(tmp_path / "c"), "--seeds", "1"], prompts=ONE_PER_TAG)
     assert strip_clock(other)["grpo/seed1"]["train_rewards"] != run["train_rewards"]  # the seed matters
@@ -46,6 +49,12 @@ def test_times_to_a_gain_and_the_gain_at_the_budget():
     assert ttq.time_to_gain(curve, 0.30) is None
     assert ttq.gain_at(curve, 1200) == 0.21  # the last eval within 20 minutes, not the one after
     assert ttq.mean_se([0.1, 0.2, 0.3]) == pytest.approx((0.2, 0.1 / 3 ** 0.5))
+    assert ttq.gain_at(curve, 1200, "exact") is None  # a run recorded before the exact verdict
+    for p, exact in zip(curve, (0.0, -0.02, 0.03, 0.05, 0.08)):
+        p["exact"] = {"gain": {"overall": exact}}
+    assert ttq.gain_at(curve, 1200, "exact") == 0.05
+    assert ttq.exact_gain_at([{"curve": curve}, {"curve": curve[:3]}], 1200) == pytest.approx((0.04, 0.01))
+    assert ttq.exact_gain_at([{"curve": curve}, {"curve": [point(0, 0, 0.0)]}], 1200) is None
 
 
 def test_unknown_methods_are_refused():
