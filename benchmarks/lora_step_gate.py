@@ -72,9 +72,7 @@ def main(argv=None) -> dict:
             guide = base_below(policy, args.sigma) if mode == "low noise only" else None
             verdicts = evaluator.both_verdicts(policy, guide=guide)
         base = verdicts if base is None else base
-        (lenient, exact), (base_lenient, base_exact) = verdicts, base
-        results[mode] = {"accuracy": evaluator.summary(lenient), "gain": evaluator.summary(lenient - base_lenient),
-                         "exact": {"accuracy": evaluator.summary(exact), "gain": evaluator.summary(exact - base_exact)}}
+        results[mode] = evaluator.point(verdicts, base)
         for label, r in (("", results[mode]), ("exact ", results[mode]["exact"])):
             print(f"{label + mode:22s} accuracy {r['accuracy']['overall']:.3f}  gain {100 * r['gain']['overall']:+.1f} +- "
                   f"{196 * r['gain']['draw_se']:.1f}  " + "  ".join(f"{t} {v:.2f}" for t, v in r["accuracy"]["tags"].items()),

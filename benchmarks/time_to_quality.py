@@ -154,7 +154,10 @@ class LowNoiseEval:
         """The point of `policy` under GenEval's verdict, and under the exact one (`exact`: the same images, no
         objects beyond the named ones); `untrained` (a LoRA still at zero) reuses the pipeline's stored base."""
         verdicts = self.base[pipeline] if untrained and pipeline in self.base else self.both_verdicts(policy)
-        base = self.base.setdefault(pipeline, verdicts)
+        return self.point(verdicts, self.base.setdefault(pipeline, verdicts))
+
+    def point(self, verdicts: tuple[np.ndarray, np.ndarray], base: tuple[np.ndarray, np.ndarray]) -> dict:
+        """Accuracy and paired gain over `base` of `both_verdicts`' (GenEval's, exact) pair, the exact one as `exact`."""
         (lenient, exact), (base_lenient, base_exact) = verdicts, base
         return {"accuracy": self.summary(lenient), "gain": self.summary(lenient - base_lenient),
                 "exact": {"accuracy": self.summary(exact), "gain": self.summary(exact - base_exact)}}
@@ -292,7 +295,7 @@ def write_table(table: dict, minutes: float, path: Path) -> str:
         lines.append(f"| {name} | {row['pipeline']} | {len(row['seeds'])} | {row['base']:.3f} | "
                      f"{pm(row['final_gain'], row['seeds'])} | "
                      f"{196 * row['final_draw_se']:.1f} | {pm(row['gain_at_budget'], row['seeds'])} | "
-                     f"{pm(row['exact_gain_at_budget'], row['seeds']) if row.get('exact_gain_at_budget') else '-'} | "
+                     f"{pm(row['exact_gain_at_budget'], row['seeds']) if row['exact_gain_at_budget'] is not None else '-'} | "
                      f"{reach(row, 10)} | {reach(row, 20)} | {row['train_minutes']:.1f} | "
                      f"{row['seconds_per_update']:.1f} | {row['cpu']} | "
                      + " | ".join(f"{100 * row['tag_gains'][t]:+.1f}" for t in TAGS) + " |")
