@@ -1,19 +1,21 @@
 """The shapes-wan pretraining recipe's parts: frame-batched encoding, the latent pool, and a whole tiny run that
 writes a WanPipeline diffusers loads unmodified."""
 import json
+from dataclasses import replace
 
 import numpy as np
+import pytest
 import torch
 from diffusers import WanPipeline
 
-from flowrl.models.shapes_wan import ShapesWanSize, build_vae
+from flowrl.models.shapes_wan import ShapesWanSize, build_pipeline, build_vae
 from flowrl.motion.prompts import eval_prompt_set
 from flowrl.motion.world import sample_pairs
 from flowrl.pretrain.shapes_sd3 import save_pipeline
 from flowrl.policies.wan_vae import frame_convolutions, frames_independent
 from flowrl.pretrain.shapes_wan import (LatentPool, WanPretrainConfig, clips_to_tensor, decode_unclamped, encode_mean,
                                         evaluate_and_write_card, inflate_causal_convs, normalised_latents,
-                                        pretrain_shapes_wan)
+                                        object_mask, pretrain_shapes_wan)
 
 TINY = ShapesWanSize(num_layers=1, num_heads=2, head_dim=12, ffn_dim=32, text_hidden=16, text_layers=1,
                      latent_channels=4, vae_base_dim=8)
@@ -70,9 +72,33 @@ def test_the_latent_pool_refreshes_its_oldest_clips_and_keeps_prompts_paired():
                                (encode_mean(vae, clips_to_tensor(clips)) - 0.1) / 2.0)
 
 
+def test_the_object_mask_marks_latent_pixels_away_from_the_background():
+    background = torch.tensor([0.5, -0.2, 0.1, 0.0])
+    latents = background.view(1, 4, 1, 1, 1).repeat(2, 1, 9, 16, 16) + 0.3 * torch.randn(2, 4, 9, 16, 16).clamp(-1, 1)
+    latents[1, 2, 3:5, 4:7, 8:10] += 1.5  # an object in one channel of a few frames of the second clip
+    mask = object_mask(latents, background)
+    assert mask.shape == (2, 1, 9, 16, 16)
+    expected = torch.zeros_like(mask, dtype=torch.bool)
+    expected[1, 0, 3:5, 4:7, 8:10] = True
+    assert torch.equal(mask.bool(), expected)
+
+
+def test_a_temporal_patch_must_divide_the_latent_frames_and_sets_the_token_grid():
+    with pytest.raises(ValueError, match="temporal_patch 2"):
+        ShapesWanSize(temporal_patch=2)
+    size = ShapesWanSize(temporal_patch=3, patch=2)
+    assert size.tokens() == 3 * 8 * 8
+    pipe = build_pipeline(replace(TINY, temporal_patch=3, patch=2), seed=0)
+    assert pipe.transformer.config.patch_size == (3, 2, 2)
+    latents = torch.randn(1, TINY.latent_channels, 9, 16, 16)
+    out = pipe.transformer(latents, torch.tensor([500.0]), torch.randn(1, 16, TINY.text_hidden), return_dict=False)[0]
+    assert out.shape == latents.shape
+
+
 def test_a_tiny_run_writes_a_pipeline_diffusers_loads(tmp_path):
     cfg = WanPretrainConfig(vae_steps=2, vae_batch=9, flow_steps=2, flow_batch=2, flow_pool=4, flow_refresh=1,
-                            flow_image_batch=2, flow_image_steps=2, flow_image_stage_batch=3, warmup_steps=1, threads=1)
+                            flow_image_batch=2, flow_image_steps=2, flow_image_stage_batch=3, warmup_steps=1, threads=1,
+                            flow_object_weight=9.0)
     pipe, facts = pretrain_shapes_wan(cfg, TINY)
     assert np.isfinite(facts["flow_image_final_loss"]) and np.isfinite(facts["flow_final_loss"])
     assert facts["flow_minutes"] > 0

@@ -34,6 +34,7 @@ class ShapesWanSize:
     vae_base_dim: int = 16
     temporal_compression: int = 1  # 1: none (frames stay frames); 2: Wan's causal halving of the frame rate
     patch: int = 4  # the transformer's spatial patch: 16x16 latents -> (16 / patch)^2 tokens per frame
+    temporal_patch: int = 1  # latent frames per token (must divide the latent frame count)
     # SD3's time shift, for training t and the sampling schedule: nine frames of one scene are so redundant that
     # at shift 1 the structure is already fixed in the few high-noise steps the model hardly trained on (measured:
     # ODE from pure noise passed the verifier on no clip, from t = 0.6 with the clip's own signal on 22-31%);
@@ -41,8 +42,14 @@ class ShapesWanSize:
     flow_shift: float = 5.0
 
     def tokens(self) -> int:
-        frames = 1 + (FRAMES - 1) // self.temporal_compression
-        return frames * (SIZE // 2 // self.patch) ** 2
+        return self.latent_frames() // self.temporal_patch * (SIZE // 2 // self.patch) ** 2
+
+    def latent_frames(self) -> int:
+        return 1 + (FRAMES - 1) // self.temporal_compression
+
+    def __post_init__(self):
+        if self.latent_frames() % self.temporal_patch:
+            raise ValueError(f"temporal_patch {self.temporal_patch} must divide the {self.latent_frames()} latent frames")
 
 
 def build_text_encoder(size: ShapesWanSize, seed: int) -> UMT5EncoderModel:
@@ -66,7 +73,7 @@ def build_vae(size: ShapesWanSize, seed: int) -> AutoencoderKLWan:
 
 def build_transformer(size: ShapesWanSize, seed: int) -> WanTransformer3DModel:
     torch.manual_seed(seed)
-    return WanTransformer3DModel(patch_size=(1, size.patch, size.patch), num_attention_heads=size.num_heads,
+    return WanTransformer3DModel(patch_size=(size.temporal_patch, size.patch, size.patch), num_attention_heads=size.num_heads,
                                  attention_head_dim=size.head_dim, in_channels=size.latent_channels,
                                  out_channels=size.latent_channels, text_dim=size.text_hidden, freq_dim=64,
                                  ffn_dim=size.ffn_dim, num_layers=size.num_layers, cross_attn_norm=True,
