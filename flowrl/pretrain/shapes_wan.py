@@ -221,9 +221,9 @@ def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, gen
     clips became independent samples (objects jump between frames), so it is off by default (docs/video.md)."""
     with frame_convolutions(pipe.vae):
         pool = LatentPool(pipe.vae, cfg.flow_pool, cfg.flow_refresh, rng)
+        if cfg.flow_object_weight:  # the black background's latent, per channel
+            background = normalised_latents(pipe.vae, np.zeros((1, FRAMES, SIZE, SIZE, 3), np.uint8)).mean((0, 2, 3, 4))
     shift = pipe.scheduler.config.shift
-    with frame_convolutions(pipe.vae):
-        background = normalised_latents(pipe.vae, np.zeros((1, FRAMES, SIZE, SIZE, 3), np.uint8)).mean((0, 2, 3, 4))
 
     def denoising_loss(x0, embeds):
         t = sample_noise_levels("logit_normal", len(x0), generator)  # as SD3 and Wan train
