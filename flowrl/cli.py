@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,6 +257,8 @@ def cmd_demo(args) -> None:
 
     demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,
                       size=(args.height, args.width, args.num_frames))
+    # a server stopped by SIGTERM (a service manager, `kill`) exits as after Ctrl-C, so its files are cleaned up
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)
 
 

@@ -8,7 +8,9 @@ checkpoints are swapped in and out of the network's parameters.
 """
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import tempfile
 from argparse import Namespace
 from pathlib import Path
@@ -193,6 +195,7 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
                           f"{modality}")
     spec = sample_spec(Namespace(height=size[0], width=size[1], num_frames=size[2]), policy)
     folder = Path(tempfile.mkdtemp(prefix="flowrl_demo_"))  # GIFs and meshes are shown from files written here
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # served while the demo runs; gone when it exits
     compare = Comparison(policy, models, scorer, steps, guidance_scale, spec, folder)
 
     def run(prompt: str, seed: float, source=None, progress=gr.Progress()):  # source: editing pages only

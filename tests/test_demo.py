@@ -83,11 +83,13 @@ def demo_url(tiny_sd3_dir, tmp_path):
     _require_browser()
     checkpoint = _lora_checkpoint(tiny_sd3_dir, tmp_path)
     port = _free_port()
+    scratch = tmp_path / "scratch"  # the server's temporary files
+    scratch.mkdir()
     log = open(tmp_path / "demo.log", "w")
     server = subprocess.Popen([sys.executable, "-m", "flowrl", "demo", "--pipeline", str(tiny_sd3_dir),
                                "--checkpoint", str(checkpoint), "--reward", "shapes", "--port", str(port),
                                "--steps", "4"], stdout=log, stderr=subprocess.STDOUT,
-                              env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
+                              env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "TMPDIR": str(scratch)})
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -105,6 +107,8 @@ def demo_url(tiny_sd3_dir, tmp_path):
     server.terminate()
     server.wait(timeout=30)
     log.close()
+    # the folder the demo shows its files from goes with the server
+    assert list(scratch.glob("flowrl_demo_*")) == [], (tmp_path / "demo.log").read_text()[-2000:]
 
 
 def test_demo_generates_base_and_checkpoint_side_by_side_in_a_real_browser(demo_url, tmp_path):
