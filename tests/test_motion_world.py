@@ -6,8 +6,9 @@ import pytest
 from flowrl.motion.prompts import (HELD_OUT_SHAPE_DIRECTIONS, TAGS, ClipSpec, Mover, all_specs, eval_prompt_set,
                                    is_held_out, parse_prompt, train_prompt_set)
 from flowrl.motion.verifier import judge_clip
-from flowrl.motion.world import FRAMES, fits, render_clip, sample_clip, sample_pairs
+from flowrl.motion.world import FRAMES, fits, render_clip, sample_clip, sample_labelled_pairs, sample_pairs
 from flowrl.shapes.prompts import HELD_OUT_COMBOS
+from flowrl.shapes.world import SHAPES
 
 OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
 
@@ -85,6 +86,17 @@ def test_pretraining_pairs_are_clips_with_their_prompts():
     clips, prompts = sample_pairs(6, np.random.default_rng(3))
     assert clips.shape == (6, FRAMES, 32, 32, 3) and clips.dtype == np.uint8
     assert all(judge_clip(c, p)[0] == 1.0 for c, p in zip(clips, prompts))
+
+
+def test_shape_labels_cover_exactly_the_objects_with_their_shapes():
+    clips, prompts = sample_pairs(5, np.random.default_rng(4))
+    same, same_prompts, labels = sample_labelled_pairs(5, np.random.default_rng(4))
+    assert np.array_equal(clips, same) and prompts == same_prompts  # the same draws as sample_pairs
+    assert labels.shape == clips.shape[:-1]
+    assert np.array_equal(labels > 0, clips.max(-1) > 0)
+    for clip_labels, prompt in zip(labels, prompts):
+        named = {1 + SHAPES.index(m.shape) for m in parse_prompt(prompt).movers}
+        assert set(np.unique(clip_labels)) - {0} == named
 
 
 def test_sub_prompts_hold_on_renders_and_near_misses_are_judged_by_the_verifier():

@@ -9,13 +9,15 @@ import torch
 from diffusers import WanPipeline
 
 from flowrl.models.shapes_wan import ShapesWanSize, build_pipeline, build_vae
+from flowrl.models.tokenizer import SPECIAL_TOKENS, build_tokenizer, motion_vocabulary
 from flowrl.motion.prompts import eval_prompt_set
 from flowrl.motion.world import sample_pairs
 from flowrl.pretrain.shapes_sd3 import save_pipeline
 from flowrl.policies.wan_vae import frame_convolutions, frames_independent
-from flowrl.pretrain.shapes_wan import (LatentPool, WanPretrainConfig, clips_to_tensor, decode_unclamped, encode_mean,
-                                        evaluate_and_write_card, inflate_causal_convs, normalised_latents,
-                                        object_mask, pretrain_shapes_wan)
+from flowrl.pretrain.shapes_wan import (LatentPool, ShapeProbe, WanPretrainConfig, clips_to_tensor, decode_unclamped,
+                                        encode_mean, evaluate_and_write_card, inflate_causal_convs,
+                                        normalised_latents, object_mask, pretrain_shapes_wan, prompt_words_loss,
+                                        shape_targets)
 
 TINY = ShapesWanSize(num_layers=1, num_heads=2, head_dim=12, ffn_dim=32, text_hidden=16, text_layers=1,
                      latent_channels=4, vae_base_dim=8)
@@ -83,6 +85,56 @@ def test_the_object_mask_marks_latent_pixels_away_from_the_background():
     assert torch.equal(mask.bool(), expected)
 
 
+def test_shape_targets_are_each_latent_pixels_class_shares():
+    labels = np.zeros((1, 1, 4, 4), dtype=np.int64)
+    labels[0, 0, :2, :2] = 2  # a square fills the first latent pixel
+    labels[0, 0, 2, 2] = 1  # a circle covers a quarter of the last one
+    target = shape_targets(labels, 2, 4)
+    assert target.shape == (1, 4, 1, 2, 2)
+    assert torch.allclose(target.sum(1), torch.ones(1, 1, 2, 2))
+    assert target[0, :, 0, 0, 0].tolist() == [0.0, 0.0, 1.0, 0.0]
+    assert target[0, :, 0, 1, 1].tolist() == [0.75, 0.25, 0.0, 0.0]
+
+
+def test_the_shape_probe_reads_standardised_latents():
+    torch.manual_seed(0)
+    probe = ShapeProbe(channels=4, classes=4)
+    z = torch.randn(3, 4, 2, 5, 5)
+    scale, shift = torch.tensor([0.1, 3.0, 1.0, 20.0]), torch.tensor([5.0, -2.0, 0.0, 1.0])
+    rescaled = z * scale.view(1, 4, 1, 1, 1) + shift.view(1, 4, 1, 1, 1)
+    # a channel's size and offset do not change what the probe reads: the class must be as large as the latents' spread
+    assert torch.allclose(probe(z), probe(rescaled), atol=1e-4)
+    # the logits of one latent pixel are bounded by the scale times its standardised length
+    logits = probe(z) - probe.bias.view(1, -1, 1, 1, 1)
+    standardised = (z - z.mean((0, 2, 3, 4), keepdim=True)) / z.std((0, 2, 3, 4), keepdim=True)
+    assert (logits.abs() <= probe.scale * standardised.norm(dim=1, keepdim=True) + 1e-4).all()
+
+
+def test_the_words_loss_asks_every_real_token_for_the_whole_prompts_words():
+    tokenizer = build_tokenizer(words=motion_vocabulary())
+    prompts = ["a red circle moving left", "a blue square"]
+    ids = tokenizer(prompts, padding="max_length", max_length=16, return_tensors="pt").input_ids
+    real = ids != SPECIAL_TOKENS.index("<pad>")
+    vocabulary = len(tokenizer)
+    # the head is the identity, so the "embeddings" are the logits: +20 on the prompt's words, -20 elsewhere
+    logits = torch.full((2, 16, vocabulary), -20.0)
+    for b, prompt in enumerate(prompts):
+        for word in prompt.split():
+            logits[b, :, tokenizer.convert_tokens_to_ids(word)] = 20.0
+    logits[~real] = 20.0  # padding positions are wrong everywhere and must not count
+    head = torch.nn.Identity()
+    assert prompt_words_loss(tokenizer, head, prompts, logits) < 1e-6
+    # one real token missing one word of its prompt costs that token's share of the loss
+    missing = logits.clone()
+    missing[1, 1, tokenizer.convert_tokens_to_ids("square")] = -20.0
+    expected = torch.nn.functional.softplus(torch.tensor(20.0)) / vocabulary / real.sum()
+    assert torch.isclose(prompt_words_loss(tokenizer, head, prompts, missing), expected, rtol=1e-3)
+    # special tokens are never targets: a head that calls them present pays for it
+    special = logits.clone()
+    special[:, :, SPECIAL_TOKENS.index("<eos>")] = 20.0
+    assert prompt_words_loss(tokenizer, head, prompts, special) > 0.1
+
+
 def test_a_temporal_patch_must_divide_the_latent_frames_and_sets_the_token_grid():
     with pytest.raises(ValueError, match="temporal_patch 2"):
         ShapesWanSize(temporal_patch=2)
@@ -98,8 +150,10 @@ def test_a_temporal_patch_must_divide_the_latent_frames_and_sets_the_token_grid(
 def test_a_tiny_run_writes_a_pipeline_diffusers_loads(tmp_path):
     cfg = WanPretrainConfig(vae_steps=2, vae_batch=9, flow_steps=2, flow_batch=2, flow_pool=4, flow_refresh=1,
                             flow_image_batch=2, flow_image_steps=2, flow_image_stage_batch=3, warmup_steps=1, threads=1,
-                            flow_object_weight=9.0)
+                            flow_object_weight=9.0, vae_shape_weight=0.1, vae_clip_steps=1, vae_clip_batch=2,
+                            flow_text_words_weight=1.0)
     pipe, facts = pretrain_shapes_wan(cfg, TINY)
+    assert 0.0 <= facts["vae_shape_probe_accuracy"] <= 1.0
     assert np.isfinite(facts["flow_image_final_loss"]) and np.isfinite(facts["flow_final_loss"])
     assert facts["flow_minutes"] > 0
     save_pipeline(pipe, tmp_path, facts)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..shapes.world import COLORS, IMAGE_SIZE, PALETTE, ShapeObject, boxes_clash
+from ..shapes.world import COLORS, IMAGE_SIZE, PALETTE, SHAPES, ShapeObject, boxes_clash
 from .prompts import TAGS, VECTORS, ClipSpec, Mover, all_specs
 
 FRAMES = 9
@@ -54,6 +54,16 @@ def render_clip(tracks: list[Track], frames: int = FRAMES, image_size: int = IMA
             obj = track.shape_at(f, frames)
             clip[f][obj.mask(image_size)] = PALETTE[obj.color]
     return clip
+
+
+def render_shape_labels(tracks: list[Track], frames: int = FRAMES, image_size: int = IMAGE_SIZE) -> np.ndarray:
+    """int64 [F, H, W]: 0 on background, 1 + the object's index in SHAPES where an object covers the pixel."""
+    labels = np.zeros((frames, image_size, image_size), dtype=np.int64)
+    for f in range(frames):
+        for track in tracks:
+            obj = track.shape_at(f, frames)
+            labels[f][obj.mask(image_size)] = 1 + SHAPES.index(obj.shape)
+    return labels
 
 
 def fits(tracks: list[Track], frames: int, image_size: int = IMAGE_SIZE) -> bool:
@@ -109,5 +119,14 @@ def random_spec(rng: np.random.Generator) -> ClipSpec:
 
 def sample_pairs(n: int, rng: np.random.Generator, frames: int = FRAMES) -> tuple[np.ndarray, list[str]]:
     """n rendered (clip, prompt) pairs: uint8 [n, F, H, W, 3] and the prompts."""
+    clips, prompts, _ = sample_labelled_pairs(n, rng, frames)
+    return clips, prompts
+
+
+def sample_labelled_pairs(n: int, rng: np.random.Generator,
+                          frames: int = FRAMES) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """`sample_pairs` (the same draws) with each clip's shape labels [n, F, H, W] (`render_shape_labels`)."""
     specs = [random_spec(rng) for _ in range(n)]
-    return np.stack([render_clip(sample_clip(s, rng, frames), frames) for s in specs]), [s.text() for s in specs]
+    tracks = [sample_clip(s, rng, frames) for s in specs]
+    return (np.stack([render_clip(t, frames) for t in tracks]), [s.text() for s in specs],
+            np.stack([render_shape_labels(t, frames) for t in tracks]))

@@ -17,10 +17,12 @@ import torch
 from tqdm import tqdm
 
 from ..models.shapes_wan import FRAMES, SIZE, WAN_SEQUENCE_LENGTH, ShapesWanSize, build_pipeline
-from ..motion.world import sample_pairs
+from ..models.tokenizer import SPECIAL_TOKENS
+from ..motion.world import sample_labelled_pairs, sample_pairs
 from ..policies.wan_vae import frame_convolutions, frames_independent, past_taps
 from ..sampling import time_shift
 from ..schedules import cosine_decay, sample_noise_levels
+from ..shapes.world import SHAPES
 from .shapes_sd3 import train_denoiser
 
 
@@ -36,6 +38,10 @@ class WanPretrainConfig:
     # pixels the object weight reaches past an object's edge; 1 made reconstructions exact but samples worse (below)
     vae_weight_dilation: int = 0
     vae_kl_weight: float = 1e-6
+    # weight of a shape-class loss on the latents (`ShapeProbe`): each latent pixel's shape (background, circle,
+    # square, triangle) read linearly from the standardised latents, so shape is a feature of the latents' own size,
+    # as colour is; the flow stage drew the prompt's colour but rounded blobs whatever the shape word (docs/video.md)
+    vae_shape_weight: float = 0.0
     flow_steps: int = 2500
     flow_batch: int = 32
     flow_pool: int = 2048  # clips whose latents are kept (LatentPool)
@@ -50,6 +56,10 @@ class WanPretrainConfig:
     # extra flow-loss weight on latent pixels that differ from the black background's latent (objects and a one-pixel
     # halo, ~14% of a clip): the shape word barely acted with the plain loss, where object pixels are ~8% of it
     flow_object_weight: float = 0.0
+    # weight of a bag-of-words loss on the text encoder's outputs: every prompt token's output predicts (a linear head,
+    # discarded after training) which words the whole prompt holds. Measured without it: a colour word moved the
+    # outputs of every position, a shape word only its own, and the samples followed the colour but not the shape
+    flow_text_words_weight: float = 0.0
     warmup_steps: int = 100
     caption_dropout: float = 0.1
     ema_decay: float = 0.995
@@ -87,11 +97,41 @@ def inflate_causal_convs(vae) -> None:
             taps.zero_()
 
 
+class ShapeProbe(torch.nn.Module):
+    """Per-latent-pixel shape class from latents [N, C, F, h, w], standardised per channel over the batch, along
+    unit-length class directions at a fixed scale. A free linear probe could read the class from a latent feature
+    far smaller than the error a flow model leaves; with unit directions over standardised latents, a confident
+    answer needs the classes to sit about a channel's spread apart."""
+
+    def __init__(self, channels: int, classes: int, scale: float = 4.0):
+        super().__init__()
+        self.directions = torch.nn.Parameter(torch.randn(classes, channels) / channels ** 0.5)
+        self.bias = torch.nn.Parameter(torch.zeros(classes))
+        self.scale = scale
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        mean = z.mean((0, 2, 3, 4), keepdim=True)
+        std = z.std((0, 2, 3, 4), keepdim=True) + 1e-6
+        w = torch.nn.functional.normalize(self.directions, dim=1) * self.scale
+        return torch.einsum("kc,ncfhw->nkfhw", w, (z - mean) / std) + self.bias.view(1, -1, 1, 1, 1)
+
+
+def shape_targets(labels: np.ndarray, latent_size: int, classes: int) -> torch.Tensor:
+    """Shape labels [N, F, H, W] -> each latent pixel's share of every class [N, classes, F, h, w]."""
+    one_hot = torch.nn.functional.one_hot(torch.from_numpy(labels), classes).permute(0, 4, 1, 2, 3).float()
+    k = labels.shape[-1] // latent_size
+    return torch.nn.functional.avg_pool3d(one_hot, (1, k, k))
+
+
 def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> dict:
     """Stage 1: frames as one-frame videos (batch `vae_batch` frames), on the inflated VAE; stage 2 (optional):
     whole clips, where the past taps may learn."""
     inflate_causal_convs(vae)
-    optimizer = torch.optim.AdamW(vae.parameters(), lr=cfg.vae_lr, weight_decay=0.0)
+    classes = 1 + len(SHAPES)
+    probe = ShapeProbe(vae.config.z_dim, classes) if cfg.vae_shape_weight else None
+    params = list(vae.parameters()) + (list(probe.parameters()) if probe is not None else [])
+    optimizer = torch.optim.AdamW(params, lr=cfg.vae_lr, weight_decay=0.0)
+    shape_accuracy = None
     vae.train()
     total = cfg.vae_steps + cfg.vae_clip_steps
     # constant, then a cosine over the last fifth: the frame loss plateaus for ~200 steps before it drops, and a
@@ -100,10 +140,12 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
     bar = tqdm(range(total), desc="pretrain video vae", mininterval=5)
     for step in bar:
         if step < cfg.vae_steps:
-            clips = clips_to_tensor(sample_pairs(-(-cfg.vae_batch // 9), rng)[0])
-            clips = clips.permute(0, 2, 1, 3, 4).flatten(0, 1)[:cfg.vae_batch, :, None]  # frames: [N, 3, 1, H, W]
+            rendered, _, labels = sample_labelled_pairs(-(-cfg.vae_batch // 9), rng)
+            clips = clips_to_tensor(rendered).permute(0, 2, 1, 3, 4).flatten(0, 1)[:cfg.vae_batch, :, None]
+            labels = labels.reshape(-1, 1, *labels.shape[2:])[:cfg.vae_batch]  # frames: [N, 3, 1, H, W], [N, 1, H, W]
         else:
-            clips = clips_to_tensor(sample_pairs(cfg.vae_clip_batch, rng)[0])
+            rendered, _, labels = sample_labelled_pairs(cfg.vae_clip_batch, rng)
+            clips = clips_to_tensor(rendered)
         # frame steps run the causal convolutions as 2-D ones (same function, 2.6x faster; clip steps may move the
         # past taps, so they take the full path)
         with frame_convolutions(vae) if step < cfg.vae_steps else contextlib.nullcontext():
@@ -126,13 +168,22 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
             objects = torch.nn.functional.max_pool3d(objects, (1, k, k), stride=1,
                                                      padding=(0, cfg.vae_weight_dilation, cfg.vae_weight_dilation))
         loss = (error * (1 + cfg.vae_object_weight * objects)).mean() + cfg.vae_kl_weight * posterior.kl().mean()
+        if probe is not None:
+            z = posterior.mode()
+            target = shape_targets(labels, z.shape[-1], classes)
+            log_p = torch.log_softmax(probe(z), 1)
+            # object latent pixels weighted as object pixels are in the L1 term (background is ~85% of them)
+            weight = 1 + cfg.vae_object_weight * (1 - target[:, :1])
+            loss = loss + cfg.vae_shape_weight * (-(target * log_p).sum(1, keepdim=True) * weight).mean()
+            objects_there = target[:, 0] < 0.5
+            shape_accuracy = (log_p.argmax(1) == target.argmax(1))[objects_there].float().mean().item()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         for group in optimizer.param_groups:
             group["lr"] = cfg.vae_lr * cosine_decay(max(0, step - (total - tail)), tail)
         optimizer.step()
         if step % 20 == 0:
-            bar.set_postfix(l1=f"{l1.item():.4f}")
+            bar.set_postfix(l1=f"{l1.item():.4f}", **({} if shape_accuracy is None else {"shape": f"{shape_accuracy:.2f}"}))
     vae.eval()
     with torch.no_grad(), frame_convolutions(vae):
         latents = torch.cat([vae.encode(clips_to_tensor(sample_pairs(32, rng)[0])).latent_dist.mode()
@@ -140,8 +191,11 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
     channels = latents.transpose(0, 1).flatten(1)
     mean, std = channels.mean(1).tolist(), channels.std(1).tolist()
     vae.register_to_config(latents_mean=mean, latents_std=std)
-    return {"vae_final_l1": l1.item(), "latents_mean": mean, "latents_std": std,
-            "vae_reconstruction_accuracy": reconstruction_accuracy(vae, np.random.default_rng(cfg.seed + 99))}
+    facts = {"vae_final_l1": l1.item(), "latents_mean": mean, "latents_std": std,
+             "vae_reconstruction_accuracy": reconstruction_accuracy(vae, np.random.default_rng(cfg.seed + 99))}
+    if shape_accuracy is not None:  # the probe's accuracy on the object latent pixels of the last batch
+        facts["vae_shape_probe_accuracy"] = shape_accuracy
+    return facts
 
 
 @torch.no_grad()
@@ -214,6 +268,20 @@ class LatentPool:
         return clips[torch.arange(n), :, frame][:, :, None], prompts
 
 
+def prompt_words_loss(tokenizer, head: torch.nn.Module, prompts: list[str], embeds: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy of `head`'s prediction, from each real token's text-encoder output (embeds [B, L, D],
+    L = WAN_SEQUENCE_LENGTH), of which words the whole prompt holds (special tokens excluded), averaged over real
+    tokens."""
+    ids = tokenizer(prompts, padding="max_length", max_length=embeds.shape[1], truncation=True,
+                    return_tensors="pt").input_ids
+    words = torch.zeros(len(prompts), len(tokenizer)).scatter_(1, ids, 1.0)
+    words[:, :len(SPECIAL_TOKENS)] = 0.0
+    real = (ids != SPECIAL_TOKENS.index("<pad>")).float()
+    per_token = torch.nn.functional.binary_cross_entropy_with_logits(
+        head(embeds), words[:, None].expand(-1, ids.shape[1], -1), reduction="none").mean(-1)
+    return (per_token * real).sum() / real.sum()
+
+
 def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, generator: torch.Generator) -> dict:
     """Rectified flow on pooled clip latents; optionally (joint image-video training, as real video models train) a
     batch of `flow_image_batch` first frames as one-frame videos with their clips' prompts, since a frame costs the
@@ -224,6 +292,8 @@ def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, gen
         if cfg.flow_object_weight:  # the black background's latent, per channel
             background = normalised_latents(pipe.vae, np.zeros((1, FRAMES, SIZE, SIZE, 3), np.uint8)).mean((0, 2, 3, 4))
     shift = pipe.scheduler.config.shift
+    words_head = (torch.nn.Linear(pipe.text_encoder.config.d_model, len(pipe.tokenizer))
+                  if cfg.flow_text_words_weight else None)
 
     def denoising_loss(x0, embeds):
         t = sample_noise_levels("logit_normal", len(x0), generator)  # as SD3 and Wan train
@@ -244,6 +314,8 @@ def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, gen
         embeds, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False,
                                        max_sequence_length=WAN_SEQUENCE_LENGTH, device=torch.device("cpu"))
         loss = denoising_loss(clips, embeds[:len(clips)])
+        if words_head is not None:
+            loss = loss + cfg.flow_text_words_weight * prompt_words_loss(pipe.tokenizer, words_head, prompts, embeds)
         if len(frames):
             loss = loss + cfg.flow_image_weight * denoising_loss(frames, embeds[len(clips):])
         return loss
@@ -259,7 +331,7 @@ def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, gen
             frames, prompts = pool.frames(n, rng)
         return (frames, frames[:0]), prompts
 
-    modules = [pipe.transformer, pipe.text_encoder]
+    modules = [pipe.transformer, pipe.text_encoder] + ([words_head] if words_head is not None else [])
     facts = {}
     if cfg.flow_image_steps:
         # real video models learn appearance from images first; here nine times the samples per step go to the

@@ -1,4 +1,4 @@
-"""Stage 1 once (saved), then the flow stage of a size variant on it, save + card."""
+"""Stage 1 once per VAE setting (saved under /tmp/wan), then the flow stage of a size variant on it, save + card."""
 import json, sys, time, copy
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -15,7 +15,8 @@ cfg = WanPretrainConfig(**cfg_extra)
 size = ShapesWanSize(temporal_patch=tp, patch=patch, **size_extra)
 torch.set_num_threads(2); torch.manual_seed(cfg.seed)
 pipe = build_pipeline(size, seed=cfg.seed)
-vae_path = Path("/tmp/wan/vae_stage1.pt")
+vae_keys = {k: v for k, v in sorted(cfg_extra.items()) if k.startswith("vae_")}  # a stage-1 VAE per VAE setting
+vae_path = Path("/tmp/wan/" + ("_".join(f"{k}{v}" for k, v in vae_keys.items()) if vae_keys else "vae_stage1") + ".pt")
 facts = {"config": asdict(cfg), "size": asdict(size)}
 if vae_path.exists():
     saved = torch.load(vae_path)
