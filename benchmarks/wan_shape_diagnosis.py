@@ -103,8 +103,10 @@ def main() -> None:
     result = {
         "pipeline": args.pipeline, "seed": args.seed, "clips": len(asked),
         "constraints_by_tag": {tag: {"clips": len(rows), "each_holds": np.mean(rows, 0).round(3).tolist(),
-                                     "all_hold": float(np.mean([all(r) for r in rows]))} for tag, rows in checks.items()},
-        "tracked_by_named_shape": {s: {"objects": len(v), "share": float(np.mean(v))} for s, v in sorted(tracked.items())},
+                                     "all_hold": float(np.mean([all(r) for r in rows]))}
+                               for tag, rows in checks.items()},
+        "tracked_by_named_shape": {shape: {"objects": len(v), "share": float(np.mean(v))}
+                                   for shape, v in sorted(tracked.items())},
         "silhouette_fill": {"generated": fills_by_shape(clips[single], single_prompts),
                             "rendered": fills_by_shape(rendered, single_prompts),
                             "vae_reconstructed": fills_by_shape(reconstructed, single_prompts)},

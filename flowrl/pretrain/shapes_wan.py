@@ -142,7 +142,7 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
         if step < cfg.vae_steps:
             rendered, _, labels = sample_labelled_pairs(-(-cfg.vae_batch // 9), rng)
             clips = clips_to_tensor(rendered).permute(0, 2, 1, 3, 4).flatten(0, 1)[:cfg.vae_batch, :, None]
-            labels = labels.reshape(-1, 1, *labels.shape[2:])[:cfg.vae_batch]  # frames: [N, 3, 1, H, W], [N, 1, H, W]
+            labels = labels.reshape(-1, 1, *labels.shape[2:])[:cfg.vae_batch]  # [N, 1, H, W], as the frames
         else:
             rendered, _, labels = sample_labelled_pairs(cfg.vae_clip_batch, rng)
             clips = clips_to_tensor(rendered)
@@ -183,7 +183,8 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
             group["lr"] = cfg.vae_lr * cosine_decay(max(0, step - (total - tail)), tail)
         optimizer.step()
         if step % 20 == 0:
-            bar.set_postfix(l1=f"{l1.item():.4f}", **({} if shape_accuracy is None else {"shape": f"{shape_accuracy:.2f}"}))
+            shown = {} if shape_accuracy is None else {"shape": f"{shape_accuracy:.2f}"}
+            bar.set_postfix(l1=f"{l1.item():.4f}", **shown)
     vae.eval()
     with torch.no_grad(), frame_convolutions(vae):
         latents = torch.cat([vae.encode(clips_to_tensor(sample_pairs(32, rng)[0])).latent_dist.mode()
