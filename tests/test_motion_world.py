@@ -6,7 +6,8 @@ import pytest
 from flowrl.motion.prompts import (HELD_OUT_SHAPE_DIRECTIONS, TAGS, ClipSpec, Mover, all_specs, eval_prompt_set,
                                    is_held_out, parse_prompt, train_prompt_set)
 from flowrl.motion.verifier import judge_clip
-from flowrl.motion.world import FRAMES, fits, render_clip, sample_clip, sample_labelled_pairs, sample_pairs
+from flowrl.motion.world import (FRAMES, fits, render_clip, render_shape_labels, sample_clip, sample_pairs,
+                                 sample_tracks)
 from flowrl.shapes.prompts import HELD_OUT_COMBOS
 from flowrl.shapes.world import SHAPES
 
@@ -90,8 +91,9 @@ def test_pretraining_pairs_are_clips_with_their_prompts():
 
 def test_shape_labels_cover_exactly_the_objects_with_their_shapes():
     clips, prompts = sample_pairs(5, np.random.default_rng(4))
-    same, same_prompts, labels = sample_labelled_pairs(5, np.random.default_rng(4))
-    assert np.array_equal(clips, same) and prompts == same_prompts  # the same draws as sample_pairs
+    tracks, same_prompts = sample_tracks(5, np.random.default_rng(4))
+    labels = np.stack([render_shape_labels(t) for t in tracks])
+    assert np.array_equal(clips, np.stack([render_clip(t) for t in tracks])) and prompts == same_prompts  # same draws
     assert labels.shape == clips.shape[:-1]
     assert np.array_equal(labels > 0, clips.max(-1) > 0)
     for clip_labels, prompt in zip(labels, prompts):

@@ -46,23 +46,27 @@ class Track:
         return ShapeObject(self.mover.shape, self.mover.color_at(frame, frames), x, y, self.size)
 
 
-def render_clip(tracks: list[Track], frames: int = FRAMES, image_size: int = IMAGE_SIZE) -> np.ndarray:
-    """uint8 [F, H, W, 3]."""
-    clip = np.zeros((frames, image_size, image_size, 3), dtype=np.uint8)
+def placed_objects(tracks: list[Track], frames: int, image_size: int):
+    """(frame, object, its pixel mask) for every object of every frame, in drawing order."""
     for f in range(frames):
         for track in tracks:
             obj = track.shape_at(f, frames)
-            clip[f][obj.mask(image_size)] = PALETTE[obj.color]
+            yield f, obj, obj.mask(image_size)
+
+
+def render_clip(tracks: list[Track], frames: int = FRAMES, image_size: int = IMAGE_SIZE) -> np.ndarray:
+    """uint8 [F, H, W, 3]."""
+    clip = np.zeros((frames, image_size, image_size, 3), dtype=np.uint8)
+    for f, obj, mask in placed_objects(tracks, frames, image_size):
+        clip[f][mask] = PALETTE[obj.color]
     return clip
 
 
 def render_shape_labels(tracks: list[Track], frames: int = FRAMES, image_size: int = IMAGE_SIZE) -> np.ndarray:
     """int64 [F, H, W]: 0 on background, 1 + the object's index in SHAPES where an object covers the pixel."""
     labels = np.zeros((frames, image_size, image_size), dtype=np.int64)
-    for f in range(frames):
-        for track in tracks:
-            obj = track.shape_at(f, frames)
-            labels[f][obj.mask(image_size)] = 1 + SHAPES.index(obj.shape)
+    for f, obj, mask in placed_objects(tracks, frames, image_size):
+        labels[f][mask] = 1 + SHAPES.index(obj.shape)
     return labels
 
 
@@ -117,16 +121,13 @@ def random_spec(rng: np.random.Generator) -> ClipSpec:
     return specs[rng.integers(len(specs))]
 
 
+def sample_tracks(n: int, rng: np.random.Generator, frames: int = FRAMES) -> tuple[list[list[Track]], list[str]]:
+    """n clips' tracks (to render with `render_clip`, or `render_shape_labels`) and their prompts."""
+    specs = [random_spec(rng) for _ in range(n)]
+    return [sample_clip(s, rng, frames) for s in specs], [s.text() for s in specs]
+
+
 def sample_pairs(n: int, rng: np.random.Generator, frames: int = FRAMES) -> tuple[np.ndarray, list[str]]:
     """n rendered (clip, prompt) pairs: uint8 [n, F, H, W, 3] and the prompts."""
-    clips, prompts, _ = sample_labelled_pairs(n, rng, frames)
-    return clips, prompts
-
-
-def sample_labelled_pairs(n: int, rng: np.random.Generator,
-                          frames: int = FRAMES) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """`sample_pairs` (the same draws) with each clip's shape labels [n, F, H, W] (`render_shape_labels`)."""
-    specs = [random_spec(rng) for _ in range(n)]
-    tracks = [sample_clip(s, rng, frames) for s in specs]
-    return (np.stack([render_clip(t, frames) for t in tracks]), [s.text() for s in specs],
-            np.stack([render_shape_labels(t, frames) for t in tracks]))
+    tracks, prompts = sample_tracks(n, rng, frames)
+    return np.stack([render_clip(t, frames) for t in tracks]), prompts

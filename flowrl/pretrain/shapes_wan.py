@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from ..models.shapes_wan import FRAMES, SIZE, WAN_SEQUENCE_LENGTH, ShapesWanSize, build_pipeline
 from ..models.tokenizer import SPECIAL_TOKENS
-from ..motion.world import sample_labelled_pairs, sample_pairs
+from ..motion.world import render_clip, render_shape_labels, sample_pairs, sample_tracks
 from ..policies.wan_vae import frame_convolutions, frames_independent, past_taps
 from ..sampling import time_shift
 from ..schedules import cosine_decay, sample_noise_levels
@@ -139,13 +139,12 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
     tail = max(1, total // 5)
     bar = tqdm(range(total), desc="pretrain video vae", mininterval=5)
     for step in bar:
-        if step < cfg.vae_steps:
-            rendered, _, labels = sample_labelled_pairs(-(-cfg.vae_batch // 9), rng)
-            clips = clips_to_tensor(rendered).permute(0, 2, 1, 3, 4).flatten(0, 1)[:cfg.vae_batch, :, None]
-            labels = labels.reshape(-1, 1, *labels.shape[2:])[:cfg.vae_batch]  # [N, 1, H, W], as the frames
-        else:
-            rendered, _, labels = sample_labelled_pairs(cfg.vae_clip_batch, rng)
-            clips = clips_to_tensor(rendered)
+        tracks, _ = sample_tracks(-(-cfg.vae_batch // 9) if step < cfg.vae_steps else cfg.vae_clip_batch, rng)
+        clips = clips_to_tensor(np.stack([render_clip(t) for t in tracks]))
+        labels = np.stack([render_shape_labels(t) for t in tracks]) if probe is not None else None
+        if step < cfg.vae_steps:  # frames: [N, 3, 1, H, W] (labels [N, 1, H, W])
+            clips = clips.permute(0, 2, 1, 3, 4).flatten(0, 1)[:cfg.vae_batch, :, None]
+            labels = None if labels is None else labels.reshape(-1, 1, *labels.shape[2:])[:cfg.vae_batch]
         # frame steps run the causal convolutions as 2-D ones (same function, 2.6x faster; clip steps may move the
         # past taps, so they take the full path)
         with frame_convolutions(vae) if step < cfg.vae_steps else contextlib.nullcontext():
