@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from ..models.shapes_wan import FRAMES, SIZE, WAN_SEQUENCE_LENGTH, ShapesWanSize, build_pipeline
 from ..models.tokenizer import SPECIAL_TOKENS
-from ..motion.world import render_clip, render_shape_labels, sample_pairs, sample_tracks
+from ..motion.world import MAX_SIZE, MIN_SIZE, render_clip, render_shape_labels, sample_pairs, sample_tracks
 from ..policies.wan_vae import frame_convolutions, frames_independent, past_taps
 from ..sampling import time_shift
 from ..schedules import cosine_decay, sample_noise_levels
@@ -42,7 +42,7 @@ class WanPretrainConfig:
     # square, triangle) read linearly from the standardised latents, so shape is a feature of the latents' own size,
     # as colour is; the flow stage drew the prompt's colour but rounded blobs whatever the shape word (docs/video.md)
     vae_shape_weight: float = 0.0
-    flow_steps: int = 2500
+    flow_steps: int = 5000
     flow_batch: int = 32
     flow_pool: int = 2048  # clips whose latents are kept (LatentPool)
     flow_refresh: int = 8  # clips re-rendered and encoded per step
@@ -424,9 +424,9 @@ def card_text(facts: dict, protocol: dict, table: str, prompt_count: int) -> str
     return f"""# shapes-wan: flowrl's embedded text-to-video pipeline
 
 A tiny `WanPipeline` (diffusers format, fp16 safetensors) trained from scratch on the moving-shapes world: 9-frame
-32x32 clips of coloured circles, squares and triangles that move, stay still or change colour, with prompts whose
-tags mirror VBench dimensions. It exists so that video RL (GRPO, TVRL) runs and is measured on a laptop CPU with no
-downloads; it follows prompts imperfectly on purpose, which is the room RL has.
+32x32 clips of coloured circles, squares and triangles ({MIN_SIZE}-{MAX_SIZE} px) that move, stay still or change
+colour, with prompts whose tags mirror VBench dimensions. It exists so that video RL (GRPO, TVRL) runs and is
+measured on a laptop CPU with no downloads; it follows prompts imperfectly on purpose, which is the room RL has.
 
 ```python
 from diffusers import WanPipeline
