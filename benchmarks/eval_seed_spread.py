@@ -29,6 +29,7 @@ from flowrl.eval.protocol import PROTOCOL  # noqa: E402
 from flowrl.generate import generate_samples  # noqa: E402
 from flowrl.models.shapes_sd3 import T5_SEQUENCE_LENGTH  # noqa: E402
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
+from flowrl.policies.base import SampleSpec  # noqa: E402
 from flowrl.tasks.base import build_task  # noqa: E402
 
 TRAIN_PROMPTS_PER_TAG = 12
@@ -49,7 +50,12 @@ def overall_by_seed(checkpoint: str | None, seeds: list[int], pipeline: str, spl
     """The task's overall accuracy on the split, per eval seed (the runs' protocol: ODE, 20 steps, CFG 4.5, 4 per
     prompt, the pipeline's own size)."""
     task = build_task(task_name)
-    policy = policy_for(load_pipeline(pipeline), max_sequence_length=T5_SEQUENCE_LENGTH)
+    size = task.defaults.get("pipeline", {})  # the task's sample size and text length (video: frames too)
+    text_length = size.get("max_sequence_length", T5_SEQUENCE_LENGTH)
+    policy = policy_for(load_pipeline(pipeline), max_sequence_length=text_length)
+    default = policy.default_spec()
+    spec = SampleSpec(size.get("height", default.height), size.get("width", default.width),
+                      size.get("num_frames", default.num_frames))
     if checkpoint is not None:
         load_trained_weights(policy, checkpoint)
     items = split_items(task, split)
@@ -57,7 +63,7 @@ def overall_by_seed(checkpoint: str | None, seeds: list[int], pipeline: str, spl
     out = []
     for seed in seeds:
         samples, _ = generate_samples(policy, [c.prompt for c in items], PROTOCOL["num_per_prompt"], seed,
-                                      PROTOCOL["num_steps"], PROTOCOL["guidance_scale"], desc=None)
+                                      PROTOCOL["num_steps"], PROTOCOL["guidance_scale"], spec, desc=None)
         out.append(task.evaluate(samples, expanded)["overall"])
     return out
 
