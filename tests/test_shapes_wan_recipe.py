@@ -8,10 +8,13 @@ import pytest
 import torch
 from diffusers import WanPipeline
 
+from flowrl.generate import generate_samples
 from flowrl.models.shapes_wan import ShapesWanSize, build_pipeline, build_vae
 from flowrl.models.tokenizer import SPECIAL_TOKENS, build_tokenizer, motion_vocabulary
 from flowrl.motion.prompts import eval_prompt_set
 from flowrl.motion.world import sample_pairs
+from flowrl.policies import policy_for
+from flowrl.policies.base import SampleSpec
 from flowrl.pretrain.shapes_sd3 import save_pipeline
 from flowrl.policies.wan_vae import frame_convolutions, frames_independent
 from flowrl.pretrain.shapes_wan import (LatentPool, ShapeProbe, WanPretrainConfig, clips_to_tensor, decode_unclamped,
@@ -147,12 +150,24 @@ def test_a_temporal_patch_must_divide_the_latent_frames_and_sets_the_token_grid(
     assert out.shape == latents.shape
 
 
+def test_a_tiny_run_of_the_default_structure_samples_clips():
+    cfg = WanPretrainConfig(vae_steps=1, vae_batch=9, flow_steps=2, flow_batch=2, flow_pool=4, flow_refresh=1,
+                            warmup_steps=1, threads=1)
+    pipe, facts = pretrain_shapes_wan(cfg, TINY)
+    assert pipe.transformer.config.patch_size == (9, 2, 2) and np.isfinite(facts["flow_final_loss"])
+    policy = policy_for(pipe.to(torch.float32), max_sequence_length=16)
+    samples, _ = generate_samples(policy, ["a red circle moving left"], 1, 0, 2, 4.5, SampleSpec(32, 32, 9), desc=None)
+    assert samples.to_uint8().shape == (1, 9, 32, 32, 3)
+
+
 def test_a_tiny_run_writes_a_pipeline_diffusers_loads(tmp_path):
     cfg = WanPretrainConfig(vae_steps=2, vae_batch=9, flow_steps=2, flow_batch=2, flow_pool=4, flow_refresh=1,
                             flow_image_batch=2, flow_image_steps=2, flow_image_stage_batch=3, warmup_steps=1, threads=1,
                             flow_object_weight=9.0, vae_shape_weight=0.1, vae_clip_steps=1, vae_clip_batch=2,
                             flow_text_words_weight=1.0)
-    pipe, facts = pretrain_shapes_wan(cfg, TINY)
+    with pytest.raises(ValueError, match="temporal_patch 9 cannot patchify"):  # the default (9, 2, 2) structure
+        pretrain_shapes_wan(cfg, TINY)
+    pipe, facts = pretrain_shapes_wan(cfg, replace(TINY, temporal_patch=1, patch=4))  # one-frame videos need 1
     assert 0.0 <= facts["vae_shape_probe_accuracy"] <= 1.0
     assert np.isfinite(facts["flow_image_final_loss"]) and np.isfinite(facts["flow_final_loss"])
     assert facts["flow_minutes"] > 0

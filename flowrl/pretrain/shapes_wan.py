@@ -350,6 +350,9 @@ def pretrain_shapes_wan(cfg: WanPretrainConfig, size: ShapesWanSize | None = Non
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     size = size or ShapesWanSize()
+    if (cfg.flow_image_steps or cfg.flow_image_batch) and size.temporal_patch != 1:
+        raise ValueError(f"flow_image_steps / flow_image_batch train one-frame videos, which a transformer with "
+                         f"temporal_patch {size.temporal_patch} cannot patchify: use temporal_patch 1")
     pipe = build_pipeline(size, seed=cfg.seed)
     start = time.time()
     facts = {"config": asdict(cfg), "size": asdict(size)}
