@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.checkpoint import load_trained_weights  # noqa: E402
+from flowrl.cli import sample_spec  # noqa: E402
 from flowrl.eval.protocol import PROTOCOL  # noqa: E402
 from flowrl.generate import generate_samples  # noqa: E402
 from flowrl.models.shapes_sd3 import T5_SEQUENCE_LENGTH  # noqa: E402
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
-from flowrl.policies.base import SampleSpec  # noqa: E402
 from flowrl.tasks.base import build_task  # noqa: E402
 
 TRAIN_PROMPTS_PER_TAG = 12
@@ -53,9 +54,7 @@ def overall_by_seed(checkpoint: str | None, seeds: list[int], pipeline: str, spl
     size = task.defaults.get("pipeline", {})  # the task's sample size and text length (video: frames too)
     text_length = size.get("max_sequence_length", T5_SEQUENCE_LENGTH)
     policy = policy_for(load_pipeline(pipeline), max_sequence_length=text_length)
-    default = policy.default_spec()
-    spec = SampleSpec(size.get("height", default.height), size.get("width", default.width),
-                      size.get("num_frames", default.num_frames))
+    spec = sample_spec(Namespace(**{k: size.get(k) for k in ("height", "width", "num_frames")}), policy)
     if checkpoint is not None:
         load_trained_weights(policy, checkpoint)
     items = split_items(task, split)

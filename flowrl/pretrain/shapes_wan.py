@@ -139,7 +139,7 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
     tail = max(1, total // 5)
     bar = tqdm(range(total), desc="pretrain video vae", mininterval=5)
     for step in bar:
-        tracks, _ = sample_tracks(-(-cfg.vae_batch // 9) if step < cfg.vae_steps else cfg.vae_clip_batch, rng)
+        tracks, _ = sample_tracks(-(-cfg.vae_batch // FRAMES) if step < cfg.vae_steps else cfg.vae_clip_batch, rng)
         clips = clips_to_tensor(np.stack([render_clip(t) for t in tracks]))
         labels = np.stack([render_shape_labels(t) for t in tracks]) if probe is not None else None
         if step < cfg.vae_steps:  # frames: [N, 3, 1, H, W] (labels [N, 1, H, W])
