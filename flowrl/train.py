@@ -367,6 +367,9 @@ class Trainer:
                         data = self.data_loss(update, chunk_index, self.rank)
                         loss = loss + c.data_loss.weight * data
                         sums["data_loss"] = sums.get("data_loss", 0.0) + data.item()
+                    if not loss.requires_grad:  # every item sits below lora.active_from_sigma, where the adapter
+                        # is off: no gradient, but each process still runs its backward (DDP counts them)
+                        loss = loss + 0.0 * sum(p.sum() for p in self.params)
                     self.accelerator.backward(loss)
                 real = part.weight > 0
                 for key, value in diagnostics.items():
