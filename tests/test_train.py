@@ -83,10 +83,10 @@ def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unc
     """A window of low-noise steps under lora.active_from_sigma: every trained item sits where the adapter is off.
     The loop still runs each backward (DDP counts them) and the adapter's output stays the base's (lora_B zero)."""
     config = tiny_run_config(tmp_path / "g.yaml", tiny_sd3_dir, tmp_path / "runs", "gated", updates=2)
-    trained = train_and_collect(config, ["lora.active_from_sigma=0.9", "sampler.sde_window_size=1",
-                                         "sampler.sde_window_range=[2, 4]"])
+    low_window = ["sampler.sde_window_size=1", "sampler.sde_window_range=[2, 4]"]  # sigma 0.5 or 0.25
+    trained = train_and_collect(config, ["lora.active_from_sigma=0.9", *low_window])
     up = [name for name in trained if "lora_B" in name]
     assert up and all(not trained[name].any() for name in up)
     # the same window without the gate does train the adapter
-    ungated = train_and_collect(config, ["run.name=ungated", "sampler.sde_window_size=1", "sampler.sde_window_range=[2, 4]"])
+    ungated = train_and_collect(config, ["run.name=ungated", *low_window])
     assert any(ungated[name].any() for name in up)
