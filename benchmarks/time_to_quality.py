@@ -58,6 +58,13 @@ EXACT_VERIFIER = "reward=[{name: shapes, weight: 1.0, params: {dense: true, exac
 ANCHOR = ["sampler.sde_window_size=0", "sampler.noise_level=0.7", "algorithm.params.timestep_fraction=0.99",
           "algorithm.params.kl_beta=0.04", "algorithm.params.std=global", "algorithm.params.clip_range=1.0e-4",
           "train.lr=3.0e-4", "train.lr_schedule=constant"]
+# DiffusionNFT at the paper's geneval setting (DiffusionNFT config/nft.py): CFG-free rollouts, training and evaluation
+# (the gain is still against the base at CFG 4.5), every step trained, the reference's C x loss, A = 0 items kept,
+# lr 3e-4 constant; their KL beta 1e-4 and EMA old policy (decay <= 0.16 over these updates) are left out. The
+# shipped recipe trains the guided velocity at CFG 4.5 and collapses on the verifier's reward.
+NFT_CFG_FREE = ["sampler.guidance_scale=1.0", "eval.guidance_scale=1.0", "algorithm.params.timestep_fraction=0.99",
+                "algorithm.params.scale_by_adv_clip=true", "algorithm.params.drop_zero_advantage=false",
+                "train.lr=3.0e-4", "train.lr_schedule=constant"]
 # name: (shipped config, overrides); the reward is the verifier's unless the method needs gradients of it
 METHODS = {
     "grpo": ("shapes_grpo", [VERIFIER]),
@@ -68,6 +75,9 @@ METHODS = {
     "dancegrpo": ("shapes_dancegrpo", [VERIFIER]),
     "fk_incremental": ("shapes_grpo", [VERIFIER, "algorithm.params.credit=incremental"]),
     "nft": ("shapes_nft", [VERIFIER]),
+    "nft_cfg_free": ("shapes_nft", [VERIFIER] + NFT_CFG_FREE),
+    # the same with the exact verdict as reward: on GenEval's verdict, CFG-free NFT learns clutter (exact accuracy 0)
+    "nft_cfg_free_exact": ("shapes_nft", [EXACT_VERIFIER] + NFT_CFG_FREE),
     "mend": ("shapes_mend", []),
     "ddpo": ("shapes_ddpo", [VERIFIER]),
     # the main job's structure on DDPO's base: DDIM noise only in a window of 3 of the first steps, only those trained
@@ -95,7 +105,7 @@ METHODS = {
 # runs from before the benchmark recorded its CPU all ran on the project's AMD EPYC machine (docs/benchmarks.md)
 UNRECORDED_CPU = "AMD EPYC"
 UPDATES = {"grpo": 240, "grpo_exact": 240, "grpo_anchor": 100, "grpo_group_std": 240, "grpo_fast": 300, "dancegrpo": 150,
-           "fk_incremental": 240, "nft": 200, "mend": 300, "ddpo": 200, "ddpo_window": 300, "grpo_cps_full": 130,
+           "fk_incremental": 240, "nft": 200, "nft_cfg_free": 160, "nft_cfg_free_exact": 160, "mend": 300, "ddpo": 200, "ddpo_window": 300, "grpo_cps_full": 130,
            "grpo_cps_window": 240, "grpo_gated_lora": 240,
            "refl": 330, "draft": 95}
 GAINS = (0.10, 0.20)
@@ -124,7 +134,7 @@ class LowNoiseEval:
         self.expanded = [p for p, t in zip(prompts, tags) for _ in range(counts[t])]
         self.seeds = [derived_seed(seed, i, k) for i, t in enumerate(tags) for k in range(counts[t])]
         self.tags = [t for t in tags for _ in range(counts[t])]
-        self.base: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.base: dict[tuple[str, float], tuple[np.ndarray, np.ndarray]] = {}  # (pipeline, CFG): verdicts
 
     def images(self, policy, guidance_scale: float = EVAL_CFG, **sampler) -> np.ndarray:
         """One uint8 image per (prompt, seed); `sampler` (kind, noise_level, sde_window) replaces the ODE."""
@@ -150,11 +160,20 @@ class LowNoiseEval:
         return {"overall": r["overall"], "tags": r["tags"], "draw_se": r["draw_stderr"]["overall"],
                 "prompt_se": r["stderr"]["overall"], "tag_draw_se": r["draw_stderr"]["tags"]}
 
-    def __call__(self, policy, pipeline: str, untrained: bool = False) -> dict:
-        """The point of `policy` under GenEval's verdict, and under the exact one (`exact`: the same images, no
-        objects beyond the named ones); `untrained` (a LoRA still at zero) reuses the pipeline's stored base."""
-        verdicts = self.base[pipeline] if untrained and pipeline in self.base else self.both_verdicts(policy)
-        return self.point(verdicts, self.base.setdefault(pipeline, verdicts))
+    def __call__(self, policy, pipeline: str, untrained: bool = False, guidance_scale: float = EVAL_CFG) -> dict:
+        """The point of `policy` sampled at `guidance_scale`, under GenEval's verdict and under the exact one
+        (`exact`: the same images, no objects beyond the named ones). The gain is always against the base at
+        EVAL_CFG, the base as the project evaluates it, so a method that samples without guidance (CFG-free NFT)
+        is compared with the base users sample, not with a base handicapped by its own scale. `untrained` (a LoRA
+        still at zero) is the base itself: its verdicts are stored per (pipeline, scale) and reused."""
+        if untrained:
+            for scale in dict.fromkeys((EVAL_CFG, guidance_scale)):
+                if (pipeline, scale) not in self.base:
+                    self.base[(pipeline, scale)] = self.both_verdicts(policy, scale)
+            verdicts = self.base[(pipeline, guidance_scale)]
+        else:
+            verdicts = self.both_verdicts(policy, guidance_scale)
+        return self.point(verdicts, self.base.setdefault((pipeline, EVAL_CFG), verdicts))
 
     def point(self, verdicts: tuple[np.ndarray, np.ndarray], base: tuple[np.ndarray, np.ndarray]) -> dict:
         """Accuracy and paired gain over `base` of `both_verdicts`' (GenEval's, exact) pair, the exact one as `exact`."""
@@ -169,7 +188,9 @@ def run_method(name: str, seed: int, args, evaluator: LowNoiseEval) -> dict:
     trainer = Trainer(config, log=False)
     pipeline, updates = config.pipeline.path, config.train.updates
     samples_per_update = config.train.groups_per_update * config.train.group_size
-    curve = [{"update": 0, "train_seconds": 0.0, "samples": 0, **evaluator(trainer.policy, pipeline, untrained=True)}]
+    cfg = config.eval.guidance_scale  # the method's own sampling scale (4.5 but for CFG-free methods)
+    curve = [{"update": 0, "train_seconds": 0.0, "samples": 0,
+              **evaluator(trainer.policy, pipeline, untrained=True, guidance_scale=cfg)}]
     clock = {"train": 0.0}
     rewards = []
 
@@ -179,7 +200,7 @@ def run_method(name: str, seed: int, args, evaluator: LowNoiseEval) -> dict:
         if update % args.eval_every == 0 or update == updates:
             with sampled_as_checkpoint(trainer) as policy:  # as the run's own evaluations sample
                 point = {"update": update, "train_seconds": clock["train"], "samples": update * samples_per_update,
-                         **evaluator(policy, pipeline)}
+                         **evaluator(policy, pipeline, guidance_scale=cfg)}
             curve.append(point)
             g = point["gain"]
             print(f"  {name} seed {seed} update {update:4d}: accuracy {point['accuracy']['overall']:.3f}  gain "

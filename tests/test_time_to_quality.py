@@ -111,3 +111,27 @@ def test_every_method_builds_and_accepts_its_reward(tmp_path):
         algorithm.bind_reward(build_rewards(config))  # raises ConfigError on a reward the method cannot use
         if not algorithm.needs_reward_gradient:  # the rest train on the verifier's reward, as the table says
             assert [t.name for t in config.reward] == ["shapes"], name
+
+
+def test_a_method_sampled_at_another_scale_gains_against_the_base_at_the_eval_scale():
+    class Scripted(ttq.LowNoiseEval):  # verdicts by (model, scale) instead of sampling
+        def __init__(self):
+            super().__init__(per_tag=1, steps=1, prompts=ONE_PER_TAG)
+            self.calls = []
+
+        def both_verdicts(self, policy, guidance_scale=ttq.EVAL_CFG, **sampler):
+            self.calls.append((policy, guidance_scale))
+            value = {("base", ttq.EVAL_CFG): 0.25, ("base", 1.0): 0.5, ("tuned", 1.0): 0.75}[(policy, guidance_scale)]
+            verdicts = ttq.np.full(len(self.expanded), value)
+            return verdicts, verdicts / 2
+
+    evaluator = Scripted()
+    start = evaluator("base", "pipe", untrained=True, guidance_scale=1.0)
+    assert start["accuracy"]["overall"] == 0.5 and start["gain"]["overall"] == pytest.approx(0.25)
+    assert start["exact"]["gain"]["overall"] == pytest.approx(0.125)
+    later = evaluator("tuned", "pipe", guidance_scale=1.0)
+    assert later["gain"]["overall"] == pytest.approx(0.5)  # 0.75 against the base at the eval's 4.5, not at 1.0
+    evaluator("base", "pipe", untrained=True, guidance_scale=1.0)  # the stored base: nothing sampled again
+    same_scale = evaluator("base", "pipe", untrained=True)
+    assert same_scale["gain"]["overall"] == 0.0
+    assert evaluator.calls == [("base", ttq.EVAL_CFG), ("base", 1.0), ("tuned", 1.0)]
