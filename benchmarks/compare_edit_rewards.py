@@ -1,7 +1,8 @@
 """Edit RL rewards on the same work: the edit verifier's dense reward vs a per-sample audit vs the ARRO group rubric.
 
 Every variant trains configs/shapes_edit_grpo.yaml (Flow-GRPO on pipelines/shapes-kontext; same training
-instructions, LoRA, learning rate, 8 items x 8 edits per update) with each training seed; only the reward differs:
+instructions, LoRA, learning rate, 8 items x 8 edits per update), or the edit config --config names (e.g.
+configs/shapes_edit_nft.yaml), with each training seed; only the reward differs:
 
 - verifier: `shapes_edit` (dense: 0.5 requested change made + 0.5 the share of the other objects kept);
 - audit: `edit_rubric` with mode sample (each candidate scored against its own verified issues);
@@ -50,7 +51,7 @@ def config_for(reward: str, seed: int, args):
                  f"reward={REWARDS[reward]}", "train.checkpoint_every=0", "eval.every=0", *args.override]
     if args.updates is not None:
         overrides.append(f"train.updates={args.updates}")
-    return load_config(ROOT / "configs" / "shapes_edit_grpo.yaml", overrides)
+    return load_config(args.config, overrides)
 
 
 def measure(trainer: Trainer, eval_seeds: list[int], desc: str) -> dict:
@@ -129,7 +130,9 @@ def main():
     parser.add_argument("--rewards", default=",".join(REWARDS))
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--eval-seeds", default="2024,2025,2026")
-    parser.add_argument("--updates", type=int, default=None, help="default: the shipped config's")
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "shapes_edit_grpo.yaml",
+                        help="the edit RL config every variant trains (e.g. configs/shapes_edit_nft.yaml)")
+    parser.add_argument("--updates", type=int, default=None, help="default: the config's")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "compare_edit_rewards")
     parser.add_argument("--override", nargs="*", default=[], help="key=value applied to every run")
     args = parser.parse_args()
