@@ -105,7 +105,7 @@ def test_edit_nft_trains_the_editor_through_the_loop(tmp_path):
     assert len(metrics) == 2 and all(np.isfinite(float(m["loss"])) for m in metrics)
     assert all(m["trained_items"] == 2 * 4 * 3 for m in metrics)  # every step of every edit (fraction 0.99 of 3)
     saved = load_file(next((tmp_path / "runs").rglob("trainable.safetensors")))
-    assert any(name.endswith("lora_B.weight") and v.abs().sum() > 0 for name, v in saved.items())
+    assert any("lora_B" in name and v.abs().sum() > 0 for name, v in saved.items())  # B starts at zero
 
 def test_the_demo_shows_source_base_and_tuned_edits(tmp_path):
     """An editing pipeline's page: the world's scene for the instruction (or an uploaded source) first, then each
