@@ -47,9 +47,9 @@ def split_items(task, split: str) -> list:
 
 
 def overall_by_seed(checkpoint: str | None, seeds: list[int], pipeline: str, split: str = "eval",
-                    task_name: str = "shapes") -> list[float]:
-    """The task's overall accuracy on the split, per eval seed (the runs' protocol: ODE, 20 steps, CFG 4.5, 4 per
-    prompt, the pipeline's own size)."""
+                    task_name: str = "shapes", guidance_scale: float = PROTOCOL["guidance_scale"]) -> list[float]:
+    """The task's overall accuracy on the split, per eval seed (the runs' protocol: ODE, 20 steps, CFG 4.5 unless
+    `guidance_scale` says otherwise, e.g. 1.0 for a CFG-free policy, 4 per prompt, the pipeline's own size)."""
     task = build_task(task_name)
     size = task.defaults.get("pipeline", {})  # the task's sample size and text length (video: frames too)
     text_length = size.get("max_sequence_length", T5_SEQUENCE_LENGTH)
@@ -62,7 +62,7 @@ def overall_by_seed(checkpoint: str | None, seeds: list[int], pipeline: str, spl
     out = []
     for seed in seeds:
         samples, _ = generate_samples(policy, [c.prompt for c in items], PROTOCOL["num_per_prompt"], seed,
-                                      PROTOCOL["num_steps"], PROTOCOL["guidance_scale"], spec, desc=None)
+                                      PROTOCOL["num_steps"], guidance_scale, spec, desc=None)
         out.append(task.evaluate(samples, expanded)["overall"])
     return out
 
@@ -75,16 +75,19 @@ def main() -> None:
     parser.add_argument("--task", default="shapes", help="shapes, moving_shapes, ...: whose splits and evaluation")
     parser.add_argument("--split", choices=("eval", "train"), default="eval",
                         help="eval: the held-out eval prompts; train: up to 12 training prompts per tag")
+    parser.add_argument("--guidance-scale", type=float, default=PROTOCOL["guidance_scale"],
+                        help="CFG for base and checkpoints alike (1.0 judges a CFG-free policy at its own scale)")
     parser.add_argument("--save", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "eval_seed_spread.json"))
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    base = overall_by_seed(None, seeds, args.pipeline, args.split, args.task)
-    results = {"task": args.task, "split": args.split, "seeds": seeds, "base": base, "checkpoints": {}}
+    base = overall_by_seed(None, seeds, args.pipeline, args.split, args.task, args.guidance_scale)
+    results = {"task": args.task, "split": args.split, "seeds": seeds, "guidance_scale": args.guidance_scale,
+               "base": base, "checkpoints": {}}
     print("seed      " + "  ".join(f"{s:>6}" for s in seeds) + "    mean    std")
     print("base      " + "  ".join(f"{a:6.3f}" for a in base) + f"  {np.mean(base):6.3f} {np.std(base, ddof=1):6.3f}")
     for checkpoint in args.checkpoints:
-        tuned = overall_by_seed(checkpoint, seeds, args.pipeline, args.split, args.task)
+        tuned = overall_by_seed(checkpoint, seeds, args.pipeline, args.split, args.task, args.guidance_scale)
         gain = 100 * (np.array(tuned) - np.array(base))
         results["checkpoints"][checkpoint] = {"overall": tuned, "gain_points": gain.tolist()}
         print(f"{checkpoint}\n  tuned   " + "  ".join(f"{a:6.3f}" for a in tuned)
