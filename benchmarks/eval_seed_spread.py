@@ -1,10 +1,10 @@
 """How much of a run's measured gain is the eval's own sampling noise?
 
-A task's eval (shapes: 36 held-out prompts x 4 images; moving_shapes: 46 x 4 clips) draws from fixed seeds. This samples the same protocol (ODE 20 steps,
-CFG 4.5) under several other eval seeds, for the base pipeline and for trained checkpoints, and prints per seed
-the overall accuracy of each and the gain, with the mean and standard deviation over seeds. With `--split train`
-it samples training prompts instead (up to 12 per tag, a fixed draw): whether a checkpoint's gain on the held-out
-split shows on the prompts it trained on.
+A task's eval (shapes: 36 held-out prompts x 4 images; moving_shapes: 46 x 4 clips) draws from fixed seeds.
+This samples the same protocol (ODE 20 steps, CFG 4.5) under several other eval seeds, for the base pipeline and
+for trained checkpoints, and prints per seed the overall accuracy of each and the gain, with the mean and standard
+deviation over seeds. With `--split train` it samples training prompts instead (up to 12 per tag, a fixed draw):
+whether a checkpoint's gain on the held-out split shows on the prompts it trained on.
 
     python benchmarks/eval_seed_spread.py runs/shapes_grpo/checkpoints/update_000200 --seeds 2024,1,2,3,4
     python benchmarks/eval_seed_spread.py runs/moving_shapes_grpo/checkpoints/update_000060 --task moving_shapes \
@@ -81,18 +81,22 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "eval_seed_spread.json"))
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
+
+    def spread(values, digits: int = 3) -> str:  # the standard deviation over seeds; one seed has none
+        return f"{np.std(values, ddof=1):6.{digits}f}" if len(values) > 1 else "     -"
+
     base = overall_by_seed(None, seeds, args.pipeline, args.split, args.task, args.guidance_scale)
     results = {"task": args.task, "split": args.split, "seeds": seeds, "guidance_scale": args.guidance_scale,
                "base": base, "checkpoints": {}}
     print("seed      " + "  ".join(f"{s:>6}" for s in seeds) + "    mean    std")
-    print("base      " + "  ".join(f"{a:6.3f}" for a in base) + f"  {np.mean(base):6.3f} {np.std(base, ddof=1):6.3f}")
+    print("base      " + "  ".join(f"{a:6.3f}" for a in base) + f"  {np.mean(base):6.3f} {spread(base)}")
     for checkpoint in args.checkpoints:
         tuned = overall_by_seed(checkpoint, seeds, args.pipeline, args.split, args.task, args.guidance_scale)
         gain = 100 * (np.array(tuned) - np.array(base))
         results["checkpoints"][checkpoint] = {"overall": tuned, "gain_points": gain.tolist()}
         print(f"{checkpoint}\n  tuned   " + "  ".join(f"{a:6.3f}" for a in tuned)
-              + f"  {np.mean(tuned):6.3f} {np.std(tuned, ddof=1):6.3f}")
-        print("  gain    " + "  ".join(f"{g:+6.1f}" for g in gain) + f"  {gain.mean():+6.1f} {gain.std(ddof=1):6.1f}")
+              + f"  {np.mean(tuned):6.3f} {spread(tuned)}")
+        print("  gain    " + "  ".join(f"{g:+6.1f}" for g in gain) + f"  {gain.mean():+6.1f} {spread(gain, 1)}")
     if args.save:
         out = Path(args.out)
         out.write_text(json.dumps(results, indent=2) + "\n")
