@@ -15,6 +15,10 @@ off-target pixel change and its ratio to the base's, and the EditScore analogues
 
     python benchmarks/compare_edit_rewards.py                 # 3 rewards x 2 seeds, shipped config
     python benchmarks/compare_edit_rewards.py --rewards verifier --seeds 0 --updates 2 --eval-seeds 0 --out /tmp/e
+    python benchmarks/compare_edit_rewards.py --checkpoint RUN/checkpoints/update_000150 --out OUT   # judge, no training
+
+`--checkpoint` judges a trained checkpoint against the base on the same protocol without training (e.g. a run
+chosen on the val split, judged on the eval split), into OUT/checkpoint_eval.json.
 
 Writes OUT/results.json and OUT/table.md (OUT = benchmarks/results/compare_edit_rewards).
 """
@@ -101,6 +105,23 @@ def run_one(reward: str, seed: int, args, base: dict | None) -> dict:
             "config": config_to_dict(config)}
 
 
+def judge_checkpoint(args) -> None:
+    """The base, then the checkpoint's trained weights, under each eval seed: the same `measure` a run ends with."""
+    from flowrl.checkpoint import load_trained_weights
+
+    trainer = Trainer(config_for("verifier", 0, args), log=False)
+    base = measure(trainer, args.eval_seeds, "base")
+    load_trained_weights(trainer.policy, args.checkpoint)
+    final = measure(trainer, args.eval_seeds, "checkpoint")
+    result = {"checkpoint": str(args.checkpoint), "eval_prompts": trainer.config.eval.prompts, "base": base,
+              "final": final}
+    (args.out / "checkpoint_eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    for key in ("success", "off_target"):
+        print(f"{key}: base {mean_over_seeds(base, key):.4f} -> {mean_over_seeds(final, key):.4f} (mean of eval "
+              f"seeds {', '.join(map(str, args.eval_seeds))})")
+    print(f"written to {args.out / 'checkpoint_eval.json'}")
+
+
 def write_table(runs: list[dict], path: Path) -> str:
     lines = ["| reward | training seeds | edit success (base -> final, 95% +-) | per seed | off-target (x base) | "
              "SC | PQ | Overall | s / update |", "|---|---|---|---|---|---|---|---|---|"]
@@ -135,6 +156,8 @@ def main():
     parser.add_argument("--updates", type=int, default=None, help="default: the config's")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "compare_edit_rewards")
     parser.add_argument("--override", nargs="*", default=[], help="key=value applied to every run")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="judge this checkpoint against the base (no training) into OUT/checkpoint_eval.json")
     args = parser.parse_args()
     torch.set_num_threads(2)
     rewards = [r.strip() for r in args.rewards.split(",") if r.strip()]
@@ -143,6 +166,8 @@ def main():
         parser.error(f"--rewards: unknown {unknown}; known: {list(REWARDS)}")
     args.eval_seeds = [int(s) for s in args.eval_seeds.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.checkpoint is not None:
+        return judge_checkpoint(args)
     results_path = args.out / "results.json"
     runs = json.loads(results_path.read_text())["runs"] if results_path.is_file() else []
     # runs of other weights (an earlier editor) or eval seeds are dropped: their base and gains are not this one's
