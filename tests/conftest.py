@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -5,9 +6,22 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-torch.set_num_threads(2)
+# pytest runs on two xdist workers (pyproject's addopts), one per core of the project's 2-core machine: each worker,
+# and every process a test starts, keeps to one thread, since two workers with two threads each oversubscribe the
+# cores and OpenMP's waiting threads then made single tests up to 9x slower
+XDIST_WORKER = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+if XDIST_WORKER:
+    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # inherited by subprocesses
+torch.set_num_threads(1 if XDIST_WORKER else 2)
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def one_thread_per_worker(monkeypatch):
+    """Code under test that sets its own thread count (benchmark scripts, recipes' `threads`) keeps one per worker."""
+    if XDIST_WORKER:
+        monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
 
 
 @pytest.fixture(scope="session")
