@@ -68,8 +68,7 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     sample.add_argument("--steps", type=int, default=20)
     sample.add_argument("--guidance", type=float, default=4.5)
     size_arguments(sample)
-    sample.add_argument("--max-sequence-length", type=int, default=16, help="text tokens (16: the embedded "
-                        "shapes pipelines' T5 length)")
+    placement_arguments(sample)
     sample.add_argument("--kind", default=None, help="sampler: ode (default) or a stochastic kind (flow, dance, "
                         "sage, cps; ddim for epsilon pipelines; the default with --fk-particles)")
     sample.add_argument("--noise-level", type=float, default=None, help="SDE noise level / DDIM eta")
@@ -115,6 +114,7 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=20)
     demo.add_argument("--guidance", type=float, default=4.5)
     size_arguments(demo)
+    placement_arguments(demo)
 
     suites = sorted(s for e in extensions for s in e.eval_suites)
     ev = sub.add_parser("eval", help="score a samples folder with a task's evaluation or a reward, or run a task's "
@@ -162,13 +162,14 @@ def cmd_train(args) -> None:
 def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     from .checkpoint import load_trained_weights
     from .generate import generate_samples
-    from .policies import load_pipeline, policy_for
+    from .policies import load_pipeline, place_for_sampling, policy_for, sampling_placement
     from .samples import write_samples
     from .tasks.base import read_prompt_file
 
     if args.num_per_prompt < 1:
         raise UserError(f"--num-per-prompt: expected an integer >= 1, got {args.num_per_prompt}")
     conditions = read_prompt_file(args.prompts)
+    placement = sampling_placement(args.device, args.weight_dtype)
     policy = policy_for(load_pipeline(args.pipeline), max_sequence_length=args.max_sequence_length)
     if args.checkpoint:
         load_trained_weights(policy, args.checkpoint)
@@ -189,9 +190,12 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
         steers.append(FKSteer(fk, build_reward(args.fk_reward, where="--fk-reward")))
     if len(steers) > 1:
         raise UserError("--fk-particles and a task's steering flag: choose one kind of steering")
+    precision = place_for_sampling(policy, placement)  # with any adapter a steer loaded
     spec = sample_spec(args, policy)
-    samples, records = generate_samples(policy, conditions, args.num_per_prompt, args.seed, args.steps, args.guidance,
-                                        spec, kind=kind, noise_level=noise_level, steer=steers[0] if steers else None)
+    with precision():
+        samples, records = generate_samples(policy, conditions, args.num_per_prompt, args.seed, args.steps,
+                                            args.guidance, spec, kind=kind, noise_level=noise_level,
+                                            steer=steers[0] if steers else None)
     metas = [item.meta for item in conditions for _ in range(args.num_per_prompt)]
     index = write_samples(args.out, samples, [{**meta, **record} for meta, record in zip(metas, records)])
     print(f"wrote {len(records)} {samples.modality} samples and {index.name} to {args.out}")
@@ -240,6 +244,16 @@ def size_arguments(parser) -> None:
     parser.add_argument("--num-frames", type=int, default=None, help="video pipelines (default: the pipeline's own)")
 
 
+def placement_arguments(parser) -> None:
+    """Where a sampling command runs the model, and its text length: as a run would, unless told otherwise."""
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the GPU when there is one)")
+    parser.add_argument("--weight-dtype", default=None, choices=["fp32", "fp16", "bf16"],
+                        help="frozen weights' precision (default: bf16 on a GPU, fp32 on the CPU)")
+    parser.add_argument("--max-sequence-length", type=int, default=None, help="text tokens (default: the "
+                        "pipeline's own, or the shorter length its tokenizers declare: 16 for the embedded ones); "
+                        "pass what the run's pipeline.max_sequence_length was")
+
+
 def sample_spec(args, policy):
     """The sample size from --height / --width / --num-frames, each defaulting to the pipeline's own."""
     from .policies.base import SampleSpec
@@ -256,7 +270,8 @@ def cmd_demo(args) -> None:
     from .demo import build_demo
 
     demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,
-                      size=(args.height, args.width, args.num_frames))
+                      args.max_sequence_length, (args.height, args.width, args.num_frames), args.device,
+                      args.weight_dtype)
     # a server stopped by SIGTERM (a service manager, `kill`) exits as after Ctrl-C, so its files are cleaned up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)
@@ -340,10 +355,13 @@ def cmd_eval_vbench(args) -> None:
 
 
 def cmd_eval(args, extensions: list[TaskCommands]) -> None:
-    for extension in extensions:
-        if args.suite in extension.eval_suites:
-            return extension.eval_suites[args.suite](args)
     from .tasks.base import TASKS
+
+    # `safety` names a task and a suite: with --samples it is the task's evaluation of that folder
+    samples_of_a_task = args.samples is not None and args.suite in TASKS.names()
+    for extension in extensions:
+        if args.suite in extension.eval_suites and not samples_of_a_task:
+            return extension.eval_suites[args.suite](args)
 
     if args.suite == "vbench":
         return cmd_eval_vbench(args)

@@ -9,6 +9,7 @@ checkpoints are swapped in and out of the network's parameters.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import shutil
 import tempfile
@@ -132,9 +133,11 @@ class Comparison:
     """One prompt and seed through the base model and every checkpoint: (label, reward, what to show) per model.
     Images are shown upscaled, videos as GIFs, 3D shapes as turntable strips plus a GLB for gr.Model3D."""
 
-    def __init__(self, policy, models: CheckpointSet, scorer, steps: int, guidance_scale: float, spec, folder: Path):
+    def __init__(self, policy, models: CheckpointSet, scorer, steps: int, guidance_scale: float, spec, folder: Path,
+                 precision=contextlib.nullcontext):
         self.policy, self.models, self.scorer = policy, models, scorer
         self.steps, self.guidance_scale, self.spec, self.folder = steps, guidance_scale, spec, folder
+        self.precision = precision  # a new context per generation (autocast for half-precision weights)
 
     def __call__(self, prompt: str, seed: int, progress=None, source: np.ndarray | None = None) -> list[dict]:
         """Editing pipelines take the instruction as `prompt` and `source` (else the world's scene); the first
@@ -153,8 +156,9 @@ class Comparison:
             if progress is not None:
                 progress(number / len(self.models.labels), desc=f"generating with {label}")
             self.models.activate(label)
-            samples, _ = generate_samples(self.policy, [condition], 1, seed, self.steps, self.guidance_scale,
-                                          self.spec, desc=None)
+            with self.precision():
+                samples, _ = generate_samples(self.policy, [condition], 1, seed, self.steps, self.guidance_scale,
+                                              self.spec, desc=None)
             with torch.no_grad():  # the reward sees what the file would hold (uint8 for pixels), the page a preview
                 decoded = samples.decoded() if modality == "3d" else torch.round(samples.decoded() * 255) / 255
                 score = None
@@ -174,17 +178,21 @@ class Comparison:
 
 
 def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = None, steps: int = 20,
-               guidance_scale: float = 4.5, max_sequence_length: int = 16, size: tuple = (None, None, None)):
+               guidance_scale: float = 4.5, max_sequence_length: int | None = None, size: tuple = (None, None, None),
+               device: str | None = None, weight_dtype: str | None = None):
     """The page; `size` (height, width, frames) overrides the pipeline's default sample size where given; `reward`
-    defaults to the modality's (shapes_clip; silhouette_iou for 3D)."""
+    defaults to the modality's (shapes_clip; silhouette_iou for 3D); `device` and `weight_dtype` as `flowrl sample`
+    places the model (policies.sampling_placement)."""
     import gradio as gr
 
     from .cli import sample_spec
-    from .policies import load_pipeline, policy_for
+    from .policies import load_pipeline, place_for_sampling, policy_for, sampling_placement
     from .rewards import build_reward
 
+    placement = sampling_placement(device, weight_dtype)
     policy = policy_for(load_pipeline(pipeline_dir), max_sequence_length=max_sequence_length)
     models = CheckpointSet(policy, checkpoints)
+    precision = place_for_sampling(policy, placement)  # every checkpoint's adapter, and the base weights kept aside
     modality, kind = policy.modality, page_kind(policy)
     reward = reward or DEFAULT_REWARD.get(kind, "shapes_clip")
     scorer = build_reward(reward, where="--reward")
@@ -196,7 +204,7 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
     spec = sample_spec(Namespace(height=size[0], width=size[1], num_frames=size[2]), policy)
     folder = Path(tempfile.mkdtemp(prefix="flowrl_demo_"))  # GIFs and meshes are shown from files written here
     atexit.register(shutil.rmtree, folder, ignore_errors=True)  # served while the demo runs; gone when it exits
-    compare = Comparison(policy, models, scorer, steps, guidance_scale, spec, folder)
+    compare = Comparison(policy, models, scorer, steps, guidance_scale, spec, folder, precision)
 
     def run(prompt: str, seed: float, source=None, progress=gr.Progress()):  # source: editing pages only
         prompt = (prompt or "").strip()

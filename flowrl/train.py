@@ -25,7 +25,7 @@ from .checkpoint import CorruptCheckpoint, list_checkpoints, load_checkpoint, sa
 from .config import RunConfig, config_to_dict
 from .errors import ConfigError, UserError
 from .export import write_lora_files
-from .policies import load_pipeline, policy_for
+from .policies import WEIGHT_DTYPES, load_pipeline, policy_for
 from .policies.base import SampleSpec
 from .prompt_source import PromptSource, derived_seed
 from .rewards import WeightedSum, build_reward, latent_scorer
@@ -45,9 +45,6 @@ def fault_point(phase: str, update: int) -> None:
 
 class RewardFailure(Exception):
     """Too many samples of an update got no finite reward (train.max_failed_reward_share)."""
-
-
-WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass

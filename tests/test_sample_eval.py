@@ -33,6 +33,17 @@ def _write_samples_dir(folder, images, prompts):
             index.write(json.dumps({"prompt": prompt, "seed": n, "file": f"{n}.png"}) + "\n")
 
 
+def test_eval_safety_with_samples_is_the_tasks_evaluation_not_the_suite(tmp_path):
+    """`safety` names a task and a benchmark suite; given --samples it scores that folder (the suite would sample
+    the shapes pipeline for 14 minutes and ignore the folder)."""
+    images, prompts = sample_pairs(6, np.random.default_rng(5))
+    _write_samples_dir(tmp_path, images, prompts)
+    result = subprocess.run([sys.executable, "-m", "flowrl", "eval", "safety", "--samples", str(tmp_path)],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((tmp_path / "safety_eval.json").read_text())["overall"] == 1.0
+
+
 def test_eval_shapes_scores_a_samples_folder(tmp_path):
     images, prompts = sample_pairs(24, np.random.default_rng(3))
     _write_samples_dir(tmp_path, images, prompts)

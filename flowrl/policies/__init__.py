@@ -1,8 +1,12 @@
 """Policy adapters: one per diffusers pipeline family, chosen from the pipeline's class (or named in the config)."""
 from __future__ import annotations
 
+import torch
+
 from ..registry import Registry
 from .base import Conditioning, FlowPolicy
+
+WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # train.weight_dtype's names
 
 # pipeline class name -> adapter module; a config's `pipeline.policy: package.module:Class` overrides the choice
 POLICIES = Registry("policy", {
@@ -54,4 +58,33 @@ def load_pipeline(path, dtype=None):
     return pipe
 
 
-__all__ = ["Conditioning", "FlowPolicy", "POLICIES", "load_pipeline", "policy_for", "register_policy"]
+def sampling_placement(device: str | None = None, weight_dtype: str | None = None) -> tuple[torch.device, torch.dtype]:
+    """Where a policy that only samples (`flowrl sample`, the demo) runs, as a run would place it: `device` (None:
+    the GPU when there is one, else the CPU), frozen weights in `weight_dtype` (None: bf16 on a GPU, as the real
+    configs train; fp32 on the CPU, where half-precision matmuls are slow). Checked before any weights load."""
+    from ..errors import UserError
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        target = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"--device: expected cpu, cuda or cuda:N, got {device!r}") from None
+    if target.type == "cuda" and (target.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA devices")
+    if weight_dtype is not None and weight_dtype not in WEIGHT_DTYPES:
+        raise UserError(f"--weight-dtype: expected one of {list(WEIGHT_DTYPES)}, got {weight_dtype!r}")
+    return target, WEIGHT_DTYPES[weight_dtype or ("bf16" if target.type == "cuda" else "fp32")]
+
+
+def place_for_sampling(policy: FlowPolicy, placement: tuple[torch.device, torch.dtype]):
+    """Place the policy (after any checkpoint or adapter is loaded) and return what to sample under: a new autocast
+    context per call, since half-precision weights run under autocast, as in a run."""
+    import functools
+
+    device, dtype = placement
+    policy.place(device, dtype)
+    return functools.partial(torch.autocast, device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+
+__all__ = ["Conditioning", "FlowPolicy", "POLICIES", "WEIGHT_DTYPES", "load_pipeline", "place_for_sampling",
+           "policy_for", "register_policy", "sampling_placement"]

@@ -49,6 +49,22 @@ class SampleSpec:
     num_frames: int | None = None
 
 
+def declared_text_length(pipeline) -> int | None:
+    """The text length a pipeline's tokenizers declare (the longest `model_max_length`) where it is below the
+    pipeline's own default, else None (the default stands). The embedded pipelines' tokenizers declare the 16 tokens
+    their text encoders were trained on, where SD3's default would pad every prompt to 256; real T5 / umT5
+    tokenizers declare 512, above every default."""
+    import inspect
+
+    default = inspect.signature(type(pipeline).__call__).parameters.get("max_sequence_length")
+    lengths = [getattr(module, "model_max_length", None) for name, module in pipeline.components.items()
+               if name.startswith("tokenizer")]
+    lengths = [n for n in lengths if isinstance(n, int)]
+    if default is None or not isinstance(default.default, int) or not lengths:
+        return None
+    return max(lengths) if max(lengths) < default.default else None
+
+
 class FlowPolicy:
     """Base adapter. Subclasses implement `encode`, `_forward`, `noise_shape`, `decode` and `_raw_sigmas`.
 
@@ -73,7 +89,7 @@ class FlowPolicy:
         self.pipeline = pipeline
         self.transformer = getattr(pipeline, "transformer", None) or pipeline.unet
         self.model = self.transformer  # what is called: the transformer, or its distributed wrapper
-        self.max_sequence_length = max_sequence_length
+        self.max_sequence_length = max_sequence_length or declared_text_length(pipeline)  # None: the pipeline's own
         self.scheduler = self.sampling_scheduler(pipeline.scheduler)
         self._sigma_cache: dict[int, torch.Tensor] = {}
         for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3"):

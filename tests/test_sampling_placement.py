@@ -1,0 +1,62 @@
+"""Sampling commands place a model as a run does: the text length its tokenizers declare, the device and the
+frozen weights' precision (flowrl.policies.sampling_placement, used by `flowrl sample` and the demo)."""
+import pytest
+import torch
+
+from flowrl.errors import UserError
+from flowrl.generate import generate_samples
+from flowrl.policies import place_for_sampling, policy_for, sampling_placement
+from tiny_pipelines import tiny_shapes_sd3
+
+
+def test_the_text_length_defaults_to_what_the_tokenizers_declare():
+    pipe = tiny_shapes_sd3()  # its tokenizers declare 16 tokens, as the embedded pipelines' do
+    policy = policy_for(pipe)
+    assert policy.max_sequence_length == 16
+    default = policy.encode(["a red circle"], 1.0).tensors["embeds"]
+    explicit = policy_for(pipe, max_sequence_length=16).encode(["a red circle"], 1.0).tensors["embeds"]
+    assert torch.equal(default, explicit)
+    assert policy_for(pipe, max_sequence_length=8).max_sequence_length == 8  # a given length wins
+    for name in ("tokenizer", "tokenizer_2", "tokenizer_3"):
+        getattr(pipe, name).model_max_length = 512  # a real T5's: above SD3's 256, so the pipeline's own stands
+    assert policy_for(pipe).max_sequence_length is None
+
+
+def test_half_precision_sampling_keeps_the_lora_fp32_and_draws_what_fp32_draws():
+    def sample(weight_dtype):
+        policy = policy_for(tiny_shapes_sd3())
+        policy.add_lora(4, 8, policy.lora_targets)
+        for param in policy.trainable_parameters():  # a trained-looking adapter, the same in both runs
+            param.data = torch.linspace(-0.05, 0.05, param.numel()).reshape(param.shape)
+        precision = place_for_sampling(policy, sampling_placement("cpu", weight_dtype))
+        with precision():
+            images = generate_samples(policy, ["a red circle", "two squares"], 2, 0, 4, 2.0, desc=None)[0].decoded()
+        return policy, images
+
+    half, half_images = sample("bf16")
+    full, full_images = sample("fp32")
+    frozen = [p for p in half.transformer.parameters() if not p.requires_grad]
+    assert {p.dtype for p in frozen} == {torch.bfloat16}
+    assert {p.dtype for p in half.trainable_parameters()} == {torch.float32}
+    assert {p.dtype for p in full.transformer.parameters()} == {torch.float32}
+    assert torch.isfinite(half_images).all()
+    assert (half_images.float() - full_images).abs().mean() < 0.02  # pixels in [0, 1]
+
+
+@pytest.mark.parametrize("device,dtype,message", [
+    ("gpu0", None, "--device: expected cpu, cuda or cuda:N, got 'gpu0'"),
+    ("cpu", "int8", "--weight-dtype: expected one of"),
+])
+def test_a_bad_placement_is_named(device, dtype, message):
+    with pytest.raises(UserError, match=message):
+        sampling_placement(device, dtype)
+
+
+def test_the_default_placement_is_the_gpu_in_bf16_when_there_is_one():
+    device, dtype = sampling_placement()
+    if torch.cuda.is_available():
+        assert (device.type, dtype) == ("cuda", torch.bfloat16)
+    else:
+        assert (device.type, dtype) == ("cpu", torch.float32)
+        with pytest.raises(UserError, match="0 CUDA devices"):
+            sampling_placement("cuda")
