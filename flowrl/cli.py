@@ -65,10 +65,7 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     sample.add_argument("--out", required=True)
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--num-per-prompt", type=int, default=1)
-    sample.add_argument("--steps", type=int, default=20)
-    sample.add_argument("--guidance", type=float, default=4.5)
-    size_arguments(sample)
-    placement_arguments(sample)
+    sampling_arguments(sample)
     sample.add_argument("--kind", default=None, help="sampler: ode (default) or a stochastic kind (flow, dance, "
                         "sage, cps; ddim for epsilon pipelines; the default with --fk-particles)")
     sample.add_argument("--noise-level", type=float, default=None, help="SDE noise level / DDIM eta")
@@ -111,10 +108,7 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
                       "silhouette_iou for 3D pipelines)")
     demo.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
     demo.add_argument("--port", type=int, default=7860)
-    demo.add_argument("--steps", type=int, default=20)
-    demo.add_argument("--guidance", type=float, default=4.5)
-    size_arguments(demo)
-    placement_arguments(demo)
+    sampling_arguments(demo)
 
     suites = sorted(s for e in extensions for s in e.eval_suites)
     ev = sub.add_parser("eval", help="score a samples folder with a task's evaluation or a reward, or run a task's "
@@ -169,6 +163,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     if args.num_per_prompt < 1:
         raise UserError(f"--num-per-prompt: expected an integer >= 1, got {args.num_per_prompt}")
     conditions = read_prompt_file(args.prompts)
+    fill_sampling_settings(args, args.checkpoint)
     placement = sampling_placement(args.device, args.weight_dtype)
     policy = policy_for(load_pipeline(args.pipeline), max_sequence_length=args.max_sequence_length)
     if args.checkpoint:
@@ -244,14 +239,54 @@ def size_arguments(parser) -> None:
     parser.add_argument("--num-frames", type=int, default=None, help="video pipelines (default: the pipeline's own)")
 
 
-def placement_arguments(parser) -> None:
-    """Where a sampling command runs the model, and its text length: as a run would, unless told otherwise."""
+SAMPLING_DEFAULTS = {"steps": 20, "guidance": 4.5}  # where neither the command line nor a run's config says
+
+
+def sampling_arguments(parser) -> None:
+    """How a sampling command (`sample`, `demo`) draws: given flags win, then what the checkpoint's run evaluated
+    with (its config.yaml), then SAMPLING_DEFAULTS and the pipeline's own; placed as a run would place the model."""
+    parser.add_argument("--steps", type=int, default=None, help="sampler steps (default: the checkpoint's run's "
+                        f"eval.num_steps, else {SAMPLING_DEFAULTS['steps']})")
+    parser.add_argument("--guidance", type=float, default=None, help="CFG scale (default: the checkpoint's run's "
+                        f"eval.guidance_scale, else {SAMPLING_DEFAULTS['guidance']})")
+    size_arguments(parser)
+    parser.add_argument("--max-sequence-length", type=int, default=None, help="text tokens (default: the "
+                        "checkpoint's run's pipeline.max_sequence_length, else the pipeline's own or the shorter "
+                        "length its tokenizers declare: 16 for the embedded ones)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the GPU when there is one)")
     parser.add_argument("--weight-dtype", default=None, choices=["fp32", "fp16", "bf16"],
                         help="frozen weights' precision (default: bf16 on a GPU, fp32 on the CPU)")
-    parser.add_argument("--max-sequence-length", type=int, default=None, help="text tokens (default: the "
-                        "pipeline's own, or the shorter length its tokenizers declare: 16 for the embedded ones); "
-                        "pass what the run's pipeline.max_sequence_length was")
+
+
+def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
+    """What the run a checkpoint belongs to (runs/<name>/checkpoints/update_N) evaluated with, from its config.yaml:
+    eval steps and guidance, the pipeline's size and text length; ({}, None) for a folder outside a run."""
+    import yaml
+
+    if not checkpoint or Path(checkpoint).parent.name != "checkpoints":
+        return {}, None
+    config_file = Path(checkpoint).parent.parent / "config.yaml"
+    try:
+        config = yaml.safe_load(config_file.read_text())
+    except (OSError, yaml.YAMLError):
+        return {}, None
+    ev, pipe = config.get("eval") or {}, config.get("pipeline") or {}
+    settings = {"steps": ev.get("num_steps"), "guidance": ev.get("guidance_scale"), "height": pipe.get("height"),
+                "width": pipe.get("width"), "num_frames": pipe.get("num_frames"),
+                "max_sequence_length": pipe.get("max_sequence_length")}
+    return {k: v for k, v in settings.items() if v is not None}, config_file
+
+
+def fill_sampling_settings(args, checkpoint: str | None) -> None:
+    """Fill the sampling flags not given: from the checkpoint's run (said on stdout), then SAMPLING_DEFAULTS."""
+    settings, source = run_sampling_settings(checkpoint)
+    taken = {k: v for k, v in settings.items() if getattr(args, k) is None}
+    for key, value in {**SAMPLING_DEFAULTS, **taken}.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if taken:
+        flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in taken.items())
+        print(f"sampling as the run evaluated ({source}): {flags}")
 
 
 def sample_spec(args, policy):
@@ -269,6 +304,7 @@ def cmd_demo(args) -> None:
         raise UserError("the demo needs gradio: pip install -e \".[demo]\"") from None
     from .demo import build_demo
 
+    fill_sampling_settings(args, args.checkpoint[0] if args.checkpoint else None)
     demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,
                       args.max_sequence_length, (args.height, args.width, args.num_frames), args.device,
                       args.weight_dtype)

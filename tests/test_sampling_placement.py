@@ -1,8 +1,12 @@
-"""Sampling commands place a model as a run does: the text length its tokenizers declare, the device and the
-frozen weights' precision (flowrl.policies.sampling_placement, used by `flowrl sample` and the demo)."""
+"""Sampling commands (`flowrl sample`, the demo) draw as a run does: with the checkpoint's run's eval settings, the
+text length the tokenizers declare, the device and the frozen weights' precision (policies.sampling_placement)."""
+from argparse import Namespace
+
 import pytest
 import torch
+import yaml
 
+from flowrl.cli import fill_sampling_settings
 from flowrl.errors import UserError
 from flowrl.generate import generate_samples
 from flowrl.policies import place_for_sampling, policy_for, sampling_placement
@@ -60,3 +64,19 @@ def test_the_default_placement_is_the_gpu_in_bf16_when_there_is_one():
         assert (device.type, dtype) == ("cpu", torch.float32)
         with pytest.raises(UserError, match="0 CUDA devices"):
             sampling_placement("cuda")
+
+
+def test_a_runs_checkpoint_samples_with_the_runs_eval_settings_unless_flags_say_otherwise(tmp_path, capsys):
+    run = tmp_path / "runs" / "r"
+    (run / "checkpoints" / "update_000010").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({
+        "pipeline": {"path": "p", "height": 48, "width": 64, "num_frames": None, "max_sequence_length": 128},
+        "eval": {"num_steps": 40, "guidance_scale": 3.5}}))
+    given = Namespace(steps=None, guidance=1.0, height=None, width=None, num_frames=None, max_sequence_length=None)
+    fill_sampling_settings(given, str(run / "checkpoints" / "update_000010"))
+    assert vars(given) == {"steps": 40, "guidance": 1.0, "height": 48, "width": 64, "num_frames": None,
+                           "max_sequence_length": 128}  # the flag given wins; the run's null frames stay unset
+    assert "--steps 40, --height 48, --width 64, --max-sequence-length 128" in capsys.readouterr().out
+    outside = Namespace(steps=None, guidance=None, height=None, width=None, num_frames=None, max_sequence_length=None)
+    fill_sampling_settings(outside, str(tmp_path))  # a folder outside a run: the built-in defaults
+    assert (outside.steps, outside.guidance, outside.height, outside.max_sequence_length) == (20, 4.5, None, None)
