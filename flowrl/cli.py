@@ -21,6 +21,7 @@ from .errors import UserError
 class TaskCommands:
     """What a task adds to the CLI. Handlers take the parsed arguments."""
     pretrain: dict[str, Callable] = field(default_factory=dict)  # recipe name -> handler
+    card_only: tuple[str, ...] = ()  # the recipes that honour --card-only (re-measure a folder, no training)
     pretrain_help: str = ""
     pretrain_arguments: Callable | None = None  # (parser) -> None
     eval_suites: dict[str, Callable] = field(default_factory=dict)  # suite name -> handler
@@ -138,8 +139,13 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
 
 
 def cmd_pretrain(args, extensions: list[TaskCommands]) -> None:
-    handler = next(e.pretrain[args.recipe] for e in extensions if args.recipe in e.pretrain)
-    handler(args)
+    extension = next(e for e in extensions if args.recipe in e.pretrain)
+    if getattr(args, "card_only", False) and args.recipe not in extension.card_only:
+        # a recipe that ignored the flag would train anew and overwrite the folder it was asked to re-measure
+        honoured = sorted(r for e in extensions for r in e.card_only)
+        raise UserError(f"--card-only: the {args.recipe} recipe cannot re-measure a folder without training; "
+                        f"recipes that can: {', '.join(honoured)}")
+    extension.pretrain[args.recipe](args)
 
 
 def cmd_train(args) -> None:

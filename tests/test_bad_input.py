@@ -30,6 +30,8 @@ CONFIG_CASES = [  # (overrides, expected text)
     (["reward=[{name: shapez}]"], "reward[0].name: unknown reward 'shapez'"),
     (["reward=[{name: shapes, params: {dense: true, sharpness: 2}}]"], "reward[0].params:"),
     (["algorithm.name=ppo"], "algorithm.name: unknown algorithm 'ppo'"),
+    (["algorithm.name=tvrl", "algorithm.params.credit_batch=0"],
+     "algorithm.params.credit_batch: expected an integer >= 1, got 0"),
     (["algorithm.params.clip=0.1"], "algorithm.params.clip: unknown field"),
     (["algorithm.params.timestep_fraction=2"], "algorithm.params.timestep_fraction: expected a number in (0, 1]"),
     (["task.name=worlds"], "task.name: unknown task 'worlds'"),

@@ -65,8 +65,10 @@ def test_safety_checker_margin_matches_the_checkers_own_verdict(tmp_path):
     _, flagged = model.forward_onnx((images - CLIP_MEAN) / CLIP_STD, images.clone())
     assert 0 < int(flagged.sum()) < 64, "the tiny instance should flag some images and pass others"
     assert torch.equal(margins > 0, flagged)
-    reward = build_reward("safety_checker", path=str(tmp_path / "checker"))(images, [""] * 64)
-    assert torch.equal(reward.scores, (~flagged).float())
+    reward = build_reward("safety_checker", path=str(tmp_path / "checker"))
+    assert torch.equal(reward(images, [""] * 64).scores, (~flagged).float())
+    reward.to("meta")  # the checker is a helper object of the reward's: Reward.to reaches its model
+    assert {p.device.type for p in reward.checker.model.parameters()} == {"meta"}
 
 
 def test_safety_checker_names_a_missing_folder(tmp_path):

@@ -44,6 +44,9 @@ def test_half_precision_sampling_keeps_the_lora_fp32_and_draws_what_fp32_draws()
     assert {p.dtype for p in half.trainable_parameters()} == {torch.float32}
     assert {p.dtype for p in full.transformer.parameters()} == {torch.float32}
     assert torch.isfinite(half_images).all()
+    base = policy_for(tiny_shapes_sd3())  # no adapter: the whole denoiser is frozen, so all of it in bf16
+    place_for_sampling(base, sampling_placement("cpu", "bf16"))
+    assert {p.dtype for p in base.transformer.parameters()} == {torch.bfloat16}
     assert (half_images.float() - full_images).abs().mean() < 0.02  # pixels in [0, 1]
 
 

@@ -38,6 +38,8 @@ class TVRLParams(GRPOParams):
         if not 0 <= self.gamma <= 1 or not 0 < self.w_min <= 1 <= self.w_max:
             raise ConfigError("algorithm.params: expected 0 <= gamma <= 1 and 0 < w_min <= 1 <= w_max, got "
                               f"gamma {self.gamma}, w_min {self.w_min}, w_max {self.w_max}")
+        if self.credit_batch < 1:
+            raise ConfigError(f"algorithm.params.credit_batch: expected an integer >= 1, got {self.credit_batch}")
         if self.kl_beta or self.credit != "terminal":
             raise ConfigError("algorithm.params: tvrl keeps GRPO's terminal credit without a KL term "
                               "(kl_beta: 0, credit: terminal)")

@@ -82,6 +82,10 @@ def place_for_sampling(policy: FlowPolicy, placement: tuple[torch.device, torch.
     import functools
 
     device, dtype = placement
+    for name, param in policy.transformer.named_parameters():
+        # diffusers loads a denoiser trainable; sampling trains nothing, so all but an adapter take the frozen dtype
+        if "lora_" not in name:
+            param.requires_grad_(False)
     policy.place(device, dtype)
     return functools.partial(torch.autocast, device.type, dtype=dtype, enabled=dtype != torch.float32)
 

@@ -33,11 +33,22 @@ class Reward:
         raise NotImplementedError
 
     def to(self, device) -> "Reward":
-        """Move the reward's models (its torch modules) to `device`; rewards without models ignore it."""
-        for value in vars(self).values():
-            if isinstance(value, (torch.nn.Module, Reward)):
-                value.to(device)
+        """Move the reward's models to `device`: its torch modules, its rewards, and the modules of flowrl objects it
+        holds (a safety checker, a rubric's VLM judge); rewards without models ignore it."""
+        move_modules(self, device)
         return self
+
+
+def move_modules(holder, device, seen: set | None = None) -> None:
+    """`.to(device)` on every torch module and reward among `holder`'s attributes, looking into the flowrl-defined
+    objects it holds (not into a tokenizer's or processor's insides)."""
+    seen = set() if seen is None else seen
+    seen.add(id(holder))
+    for value in vars(holder).values():
+        if isinstance(value, torch.nn.Module) or (isinstance(value, Reward) and value is not holder):
+            value.to(device)
+        elif id(value) not in seen and hasattr(value, "__dict__") and type(value).__module__.startswith("flowrl."):
+            move_modules(value, device, seen)
 
 
 REWARDS = Registry("reward", {

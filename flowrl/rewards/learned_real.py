@@ -83,7 +83,9 @@ class AestheticReward(Reward):
         self.mlp = load_mlp(folder, self.clip.config.projection_dim, "aesthetic")
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
-        features = self.clip.get_image_features(pixel_values=clip_pixels(samples, self.size, self.mean, self.std))
+        device = next(self.clip.parameters()).device  # the reward model's (Reward.to), not the samples'
+        pixels = clip_pixels(samples.to(device), self.size, self.mean, self.std)
+        features = self.clip.get_image_features(pixel_values=pixels)
         features = getattr(features, "pooler_output", features)
         return RewardOutput(self.mlp(torch.nn.functional.normalize(features, dim=-1)))
 
@@ -113,15 +115,19 @@ class ImageRewardReward(Reward):
         self.mlp = load_mlp(folder, blip.config.text_config.hidden_size, "imagereward")
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
-        image = self.vision(pixel_values=clip_pixels(samples, self.size, self.mean, self.std)).last_hidden_state
+        device = next(self.vision.parameters()).device  # the reward model's (Reward.to), not the samples'
+        pixels = clip_pixels(samples.to(device), self.size, self.mean, self.std)
+        image = self.vision(pixel_values=pixels).last_hidden_state
         tokens = self.tokenizer(prompts, padding="max_length", truncation=True,
-                                max_length=min(35, self.tokenizer.model_max_length), return_tensors="pt")
+                                max_length=min(35, self.tokenizer.model_max_length), return_tensors="pt").to(device)
         text = self.text(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, encoder_hidden_states=image,
-                         encoder_attention_mask=torch.ones(image.shape[:2], dtype=torch.long)).last_hidden_state
+                         encoder_attention_mask=torch.ones(image.shape[:2], dtype=torch.long, device=device)
+                         ).last_hidden_state
         return RewardOutput((self.mlp(text[:, 0]) - IMAGEREWARD_MEAN) / IMAGEREWARD_STD)
 
 
 @register_reward("imagereward")
 def imagereward(path: str | None = None) -> ImageRewardReward:
     return ImageRewardReward(require_local_folder(
-        path, "imagereward", "convert THUDM ImageReward.pt into PATH/blip (BlipForImageTextRetrieval) and PATH/mlp.pth"))
+        path, "imagereward", "`flowrl convert-reward imagereward ImageReward.pt PATH --tokenizer BERT_TOKENIZER_DIR` "
+        "writes PATH/blip and PATH/mlp.safetensors"))

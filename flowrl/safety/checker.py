@@ -35,7 +35,8 @@ class SafetyChecker:
     def margins(self, images: torch.Tensor) -> torch.Tensor:
         """Images [B, 3, H, W] in [0, 1] -> [B] largest (cosine - threshold) over the concepts."""
         m = self.model
-        pixels = clip_pixels(images, self.size, self.mean, self.std).to(next(m.parameters()).dtype)
+        weight = next(m.parameters())  # on the device Reward.to put the checker on
+        pixels = clip_pixels(images.to(weight.device), self.size, self.mean, self.std).to(weight.dtype)
         embeds = torch.nn.functional.normalize(m.visual_projection(m.vision_model(pixels)[1]).float(), dim=-1)
         special = embeds @ torch.nn.functional.normalize(m.special_care_embeds.float(), dim=-1).T
         concepts = embeds @ torch.nn.functional.normalize(m.concept_embeds.float(), dim=-1).T

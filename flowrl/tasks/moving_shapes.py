@@ -83,6 +83,7 @@ def _commands():
     from ..cli import TaskCommands
 
     return TaskCommands(pretrain={"shapes-wan": pretrain_shapes_wan, "motion-qa": pretrain_motion_qa},
+                        card_only=("shapes-wan",),
                         pretrain_help="shapes-wan -> pipelines/shapes-wan (text-to-video, WanPipeline); motion-qa -> "
                                       "pipelines/shapes-motion-qa (the question scorer TVRL credits from)")
 

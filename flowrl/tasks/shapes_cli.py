@@ -201,6 +201,7 @@ def default_out(recipe):
 COMMANDS = TaskCommands(
     pretrain={"shapes": default_out(pretrain), "shapes-sd": default_out(pretrain_shapes_sd),
               "scorer": default_out(pretrain_scorer), "safety-probe": default_out(pretrain_safety_probe)},
+    card_only=("shapes", "shapes-sd", "scorer"),
     pretrain_help="shapes -> pipelines/shapes-sd3 (flow); shapes-sd -> pipelines/shapes-sd (epsilon, DDIM); "
                   "scorer -> pipelines/shapes-scorer (the learned reward); safety-probe -> "
                   "pipelines/shapes-safety-probe (the red-triangle probe on intermediate states)",

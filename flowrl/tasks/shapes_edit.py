@@ -82,7 +82,7 @@ class ShapesEditTask(GrammarTask):
     def commands(cls):
         from ..cli import TaskCommands
 
-        return TaskCommands(pretrain={"shapes-kontext": pretrain_shapes_kontext},
+        return TaskCommands(pretrain={"shapes-kontext": pretrain_shapes_kontext}, card_only=("shapes-kontext",),
                             pretrain_help="shapes-kontext -> pipelines/shapes-kontext (instruction-based image editor)",
                             eval_suites={"editscore": eval_editscore}, eval_arguments=editscore_arguments)
 
