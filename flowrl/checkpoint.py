@@ -79,7 +79,7 @@ def load_checkpoint(path: Path) -> dict:
         saved = {"update": state["update"],
                  "trainable": load_file(path / "trainable.safetensors"),
                  "ema": load_file(path / "ema.safetensors") if (path / "ema.safetensors").is_file() else None,
-                 "optimizer": torch.load(path / "optimizer.pt", weights_only=True)}
+                 "optimizer": torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")}
         rng = (torch.tensor(state["torch_rng"], dtype=torch.uint8), np.array(state["numpy_rng"], dtype=np.uint32),
                ast.literal_eval(state["python_rng"]))
     except Exception as error:  # truncated or garbled files: whatever the reader raised

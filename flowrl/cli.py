@@ -66,6 +66,8 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     sample.add_argument("--out", required=True)
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--num-per-prompt", type=int, default=1)
+    sample.add_argument("--batch-size", type=int, default=64, help="samples per sampler call (lower it for large "
+                        "images or long videos)")
     sampling_arguments(sample)
     sample.add_argument("--kind", default=None, help="sampler: ode (default) or a stochastic kind (flow, dance, "
                         "sage, cps; ddim for epsilon pipelines; the default with --fk-particles)")
@@ -75,6 +77,8 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     sample.add_argument("--fk-potential", default="diff", choices=["diff", "max", "add", "rt"])
     sample.add_argument("--fk-every", type=int, default=2, help="steps between scheduled resamplings")
     sample.add_argument("--fk-reward", default="shapes_clip", help="reward the particles are steered towards")
+    sample.add_argument("--fk-reward-params", default="{}", help="the FK reward's parameters as JSON (e.g. "
+                        "'{\"path\": \"models/PickScore_v1\"}')")
 
     export = sub.add_parser("export", help="write a checkpoint's model as a plain diffusers pipeline folder")
     export.add_argument("--pipeline", required=True, help="the pipeline folder the run trained")
@@ -106,7 +110,8 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     demo.add_argument("--pipeline", required=True)
     demo.add_argument("--checkpoint", action="append", default=[], help="a checkpoint folder; repeat for several")
     demo.add_argument("--reward", default=None, help="reward shown under each sample (default: shapes_clip; "
-                      "silhouette_iou for 3D pipelines)")
+                      "silhouette_iou for 3D pipelines, shapes_edit for editing ones)")
+    demo.add_argument("--reward-params", default="{}", help="the reward's parameters as JSON")
     demo.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
     demo.add_argument("--port", type=int, default=7860)
     sampling_arguments(demo)
@@ -125,7 +130,7 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
                     "$FLOWRL_VBENCH_PYTHON)")
     ev.add_argument("--vbench-cache", default=None, help="vbench: folder of VBench's model weights (default: "
                     "$VBENCH_CACHE_DIR or ~/.cache/vbench)")
-    ev.add_argument("--device", default="cpu", help="vbench: cpu or cuda")
+    ev.add_argument("--device", default=None, help="vbench: cpu or cuda (default: cuda when there is a GPU)")
     ev.add_argument("--make-env", default=None, metavar="DIR", help="vbench: create VBench's own environment in DIR")
     ev.add_argument("--results", default=None, metavar="FILE", help="vbench: aggregate an existing VBench or "
                     "VBench-2.0 *_eval_results.json (Quality / Semantic / Total, or the five category means)")
@@ -166,8 +171,9 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     from .samples import write_samples
     from .tasks.base import read_prompt_file
 
-    if args.num_per_prompt < 1:
-        raise UserError(f"--num-per-prompt: expected an integer >= 1, got {args.num_per_prompt}")
+    for flag, value in (("--num-per-prompt", args.num_per_prompt), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise UserError(f"{flag}: expected an integer >= 1, got {value}")
     conditions = read_prompt_file(args.prompts)
     fill_sampling_settings(args, args.checkpoint)
     placement = sampling_placement(args.device, args.weight_dtype)
@@ -188,7 +194,8 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
         fk = FKConfig(num_particles=args.fk_particles, lam=args.fk_lambda, potential=args.fk_potential,
                       resample_every=args.fk_every)
         fk.validate("--fk")
-        steers.append(FKSteer(fk, build_reward(args.fk_reward, where="--fk-reward")))
+        params = json_object(args.fk_reward_params, "--fk-reward-params")
+        steers.append(FKSteer(fk, build_reward(args.fk_reward, where="--fk-reward", **params).to(placement[0])))
     if len(steers) > 1:
         raise UserError("--fk-particles and a task's steering flag: choose one kind of steering")
     precision = place_for_sampling(policy, placement)  # with any adapter a steer loaded
@@ -196,7 +203,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     with precision():
         samples, records = generate_samples(policy, conditions, args.num_per_prompt, args.seed, args.steps,
                                             args.guidance, spec, kind=kind, noise_level=noise_level,
-                                            steer=steers[0] if steers else None)
+                                            batch_size=args.batch_size, steer=steers[0] if steers else None)
     metas = [item.meta for item in conditions for _ in range(args.num_per_prompt)]
     index = write_samples(args.out, samples, [{**meta, **record} for meta, record in zip(metas, records)])
     print(f"wrote {len(records)} {samples.modality} samples and {index.name} to {args.out}")
@@ -313,7 +320,7 @@ def cmd_demo(args) -> None:
     fill_sampling_settings(args, args.checkpoint[0] if args.checkpoint else None)
     demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,
                       args.max_sequence_length, (args.height, args.width, args.num_frames), args.device,
-                      args.weight_dtype)
+                      args.weight_dtype, json_object(args.reward_params, "--reward-params"))
     # a server stopped by SIGTERM (a service manager, `kill`) exits as after Ctrl-C, so its files are cleaned up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)
@@ -389,7 +396,10 @@ def cmd_eval_vbench(args) -> None:
             raise UserError("eval vbench: expected --samples DIR (clips written by `flowrl sample`), --results FILE "
                             "or --make-env DIR")
         dimensions = [d.strip() for d in args.dimensions.split(",") if d.strip()]
-        result = vbench.run_vbench(args.samples, dimensions, args.python, args.vbench_cache, args.device)
+        import torch
+
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        result = vbench.run_vbench(args.samples, dimensions, args.python, args.vbench_cache, device)
         out = Path(args.samples) / "vbench_eval.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(vbench.format_scores(result))

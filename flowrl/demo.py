@@ -179,10 +179,10 @@ class Comparison:
 
 def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = None, steps: int = 20,
                guidance_scale: float = 4.5, max_sequence_length: int | None = None, size: tuple = (None, None, None),
-               device: str | None = None, weight_dtype: str | None = None):
+               device: str | None = None, weight_dtype: str | None = None, reward_params: dict | None = None):
     """The page; `size` (height, width, frames) overrides the pipeline's default sample size where given; `reward`
-    defaults to the modality's (shapes_clip; silhouette_iou for 3D); `device` and `weight_dtype` as `flowrl sample`
-    places the model (policies.sampling_placement)."""
+    defaults to the page kind's (shapes_clip; silhouette_iou for 3D, shapes_edit for editing), built with
+    `reward_params`; `device` and `weight_dtype` as `flowrl sample` places the model (policies.sampling_placement)."""
     import gradio as gr
 
     from .cli import sample_spec
@@ -195,7 +195,7 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
     precision = place_for_sampling(policy, placement)  # every checkpoint's adapter, and the base weights kept aside
     modality, kind = policy.modality, page_kind(policy)
     reward = reward or DEFAULT_REWARD.get(kind, "shapes_clip")
-    scorer = build_reward(reward, where="--reward")
+    scorer = build_reward(reward, where="--reward", **(reward_params or {})).to(placement[0])
     if modality not in scorer.modalities:
         from .errors import ConfigError
 

@@ -46,8 +46,10 @@ def evaluate(trainer: Trainer, desc: str):
     c = trainer.config.eval
     conditions = eval_conditions(trainer)
     with sampled_as_checkpoint(trainer) as policy:
+        # as many samples per call as a rollout takes (train.rollout_microbatch), or 64 where that is unbounded
+        batch = trainer.config.train.rollout_microbatch or 64
         samples, _ = generate_samples(policy, conditions, c.num_per_prompt, c.seed, c.num_steps, c.guidance_scale,
-                                      trainer.spec, desc=desc, steer=trainer.task.eval_steer(policy))
+                                      trainer.spec, batch_size=batch, desc=desc, steer=trainer.task.eval_steer(policy))
     items = [item for item in conditions for _ in range(c.num_per_prompt)]
     result = trainer.task.evaluate(samples, items)
     if result is None:

@@ -61,7 +61,7 @@ def generate_samples(policy, prompts: list, num_per_prompt: int = 1, seed: int =
                                            torch.Generator().manual_seed(chunk_seeds[0]))
         traj = rollout(policy, cond, sample_generators(particle_seeds), shape, num_steps, kind, noise_level,
                        guidance_scale, sde_window, callbacks=callbacks, guide=step_guide)
-        outputs.append(policy.decode(traj.final[::k]).cpu())
+        outputs.append(policy.decode_in_chunks(traj.final[::k]).cpu())  # train.decode_microbatch at a time
         for n, s in enumerate(chunk_seeds):
             prompt = cond.prompts[n * k]
             records.append({"prompt": prompt, "seed": s, **(steer.record(n) if steer is not None else {})})

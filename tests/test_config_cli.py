@@ -74,6 +74,8 @@ def test_cli_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path):
     (["eval", "shapes", "--samples", "/nonexistent"], "/nonexistent/samples.jsonl does not exist"),
     (["sample", "--pipeline", "pipelines/shapes-sd3", "--prompts", "/nonexistent.txt", "--out", "/tmp/x"],
      "prompt file /nonexistent.txt does not exist"),
+    (["sample", "--pipeline", "pipelines/shapes-sd3", "--prompts", "assets/shapes/eval_prompts.txt", "--out",
+      "/tmp/never_written", "--batch-size", "0"], "--batch-size: expected an integer >= 1, got 0"),
     (["pretrain", "shapes3d", "--card-only", "--out", "/tmp/never_written"],
      "--card-only: the shapes3d recipe cannot re-measure a folder without training"),
 ])

@@ -198,7 +198,7 @@ def test_the_runs_evaluation_samples_with_the_sampling_gate_and_training_keeps_i
     from types import SimpleNamespace
 
     import flowrl.experiment as experiment
-    from flowrl.config import LoraSection, EvalSection
+    from flowrl.config import EvalSection, LoraSection, TrainSection
     from flowrl.samples import ImageSamples
     from flowrl.tasks.base import build_task
 
@@ -211,7 +211,7 @@ def test_the_runs_evaluation_samples_with_the_sampling_gate_and_training_keeps_i
 
     monkeypatch.setattr(experiment, "generate_samples", fake_generate)
     trainer = SimpleNamespace(policy=policy, spec=None, task=build_task("shapes"),
-                              config=SimpleNamespace(eval=EvalSection(num_per_prompt=1),
+                              config=SimpleNamespace(eval=EvalSection(num_per_prompt=1), train=TrainSection(),
                                                      lora=LoraSection(sample_from_sigma=0.6)))
     experiment.evaluate(trainer, None)
     assert seen == [0.6] and policy.lora_active_from_sigma is None  # the rollouts' gate is back after the eval

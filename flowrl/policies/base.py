@@ -37,6 +37,10 @@ class Conditioning:
         return Conditioning(pick, neg, [self.prompts[i] for i in rows] if self.prompts else [],
                             [self.items[i] for i in rows] if self.items else [])
 
+    def to(self, device) -> "Conditioning":
+        return Conditioning({k: v.to(device) for k, v in self.tensors.items()},
+                            {k: v.to(device) for k, v in self.negative.items()}, self.prompts, self.items)
+
     def __len__(self) -> int:
         return next(iter(self.tensors.values())).shape[0]
 
@@ -195,11 +199,12 @@ class FlowPolicy:
                         module.to("cpu")
         if cache is None:
             return fresh
-        for row, prompt in enumerate(missing):
-            cache[(prompt, key)] = fresh.select([row])
+        for row, prompt in enumerate(missing):  # kept in host memory: a real prompt file's T5 embeddings grow
+            cache[(prompt, key)] = fresh.select([row]).to("cpu")  # without bound, 1-4 MB a prompt
         rows = [cache[(p, key)] for p in prompts]
         return Conditioning({k: torch.cat([r.tensors[k] for r in rows]) for k in rows[0].tensors},
-                            {k: torch.cat([r.negative[k] for r in rows]) for k in rows[0].negative}, list(prompts))
+                            {k: torch.cat([r.negative[k] for r in rows]) for k in rows[0].negative},
+                            list(prompts)).to(self.device)
 
     def decode_in_chunks(self, latents: torch.Tensor) -> torch.Tensor:
         """`decode` over `decode_microbatch` samples at a time (0: all at once)."""
