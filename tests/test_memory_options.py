@@ -37,6 +37,16 @@ def test_split_work_gives_the_same_rollout_rewards_and_gradients(tiny_sd3_dir, t
     assert trainer.policy.transformer.is_gradient_checkpointing
 
 
+def test_nfts_old_velocities_take_a_rollout_calls_items_at_a_time(tiny_sd3_dir, tmp_path):
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "nft", updates=1)
+    nft = ["algorithm={name: nft, params: {}}", "sampler.kind=ode"]
+    whole_trainer, _, whole = _one_update(path, nft)
+    split_trainer, _, split = _one_update(path, nft + ["train.rollout_microbatch=3"])
+    assert (whole_trainer.algorithm.chunk, split_trainer.algorithm.chunk) == (64, 3)
+    assert whole["grads"].abs().sum() > 0
+    torch.testing.assert_close(split["grads"], whole["grads"], atol=1e-5, rtol=1e-4)
+
+
 def test_optimizers_by_name(tiny_sd3_dir, tmp_path):
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "opt", updates=1)
     trainer = Trainer(load_config(path, ["train.optimizer=sgd"]), log=False)
