@@ -136,11 +136,15 @@ def tile(images: np.ndarray, columns: int = 4, gap: int = 2) -> np.ndarray:
     return canvas
 
 
-def image_grid(columns: list[np.ndarray], labels: list[str], row_titles: list[str], path: Path, scale: int = 4) -> None:
-    """A labelled grid: columns[c][r] is the uint8 image at row r, column c."""
+def image_grid(columns: list[np.ndarray], labels: list[str], row_titles: list[str], path: Path, scale: int = 4,
+               max_cell: int = 256) -> None:
+    """A labelled grid: columns[c][r] is the uint8 image at row r, column c; small images are enlarged `scale`
+    times, and no cell's longer side exceeds `max_cell` pixels (a 1024 px run's grid stays a few MB)."""
     rows = len(row_titles)
     h, w = columns[0][0].shape[:2]
-    cell_w, cell_h, title_w, head_h = w * scale, h * scale, 260, 20
+    factor = min(scale, max_cell / max(h, w))
+    cell_w, cell_h, title_w, head_h = max(1, round(w * factor)), max(1, round(h * factor)), 260, 20
+    resample = Image.NEAREST if factor >= 1 else Image.LANCZOS
     canvas = Image.new("RGB", (title_w + len(columns) * (cell_w + 4), head_h + rows * (cell_h + 4)), "white")
     draw = ImageDraw.Draw(canvas)
     for c, label in enumerate(labels):
@@ -148,7 +152,7 @@ def image_grid(columns: list[np.ndarray], labels: list[str], row_titles: list[st
     for r, title in enumerate(row_titles):
         draw.text((4, head_h + r * (cell_h + 4) + cell_h // 2 - 6), title[:42], fill="black")
         for c in range(len(columns)):
-            tile = Image.fromarray(columns[c][r]).resize((cell_w, cell_h), Image.NEAREST)
+            tile = Image.fromarray(columns[c][r]).resize((cell_w, cell_h), resample)
             canvas.paste(tile, (title_w + c * (cell_w + 4), head_h + r * (cell_h + 4)))
     canvas.save(path)
 

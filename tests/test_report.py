@@ -4,7 +4,7 @@ import matplotlib.pyplot as plt
 import pytest
 from PIL import Image
 
-from flowrl.report import figure
+from flowrl.report import figure, image_grid
 
 
 def test_figure_writes_the_png_and_closes_it(tmp_path):
@@ -25,3 +25,16 @@ def test_figure_closes_but_writes_nothing_when_drawing_fails(tmp_path):
             ax.plot([0, 1], [{}["missing"], 0])
     assert not path.exists()
     assert plt.get_fignums() == []
+
+
+@pytest.mark.parametrize("side,cell", [(32, 128), (1024, 256)])
+def test_grid_cells_enlarge_small_samples_and_shrink_large_ones(tmp_path, side, cell):
+    import numpy as np
+
+    image = np.zeros((side, side, 3), np.uint8)
+    image[: side // 2] = 255  # top half white: still there after resizing
+    image_grid([[image, image], [image, image]], ["base", "tuned"], ["a", "b"], tmp_path / "g.png")
+    grid = np.asarray(Image.open(tmp_path / "g.png"))
+    assert grid.shape[:2] == (20 + 2 * (cell + 4), 260 + 2 * (cell + 4))  # title column, header row, 4 px gaps
+    first = grid[20:20 + cell, 260:260 + cell]
+    assert first[: cell // 2 - 4].min() >= 250 and first[cell // 2 + 4:].max() <= 5  # (Lanczos rings at the edge)
