@@ -47,6 +47,21 @@ def test_every_weight_is_placed_with_its_dtype(tiny_sd3_dir, tmp_path, weight_dt
     assert len(rows) == 1 and math.isfinite(rows[0]["loss"]) and math.isfinite(rows[0]["grad_norm"])
 
 
+def test_a_fully_trained_denoiser_keeps_its_fp32_values_under_half_precision_frozen_weights():
+    """Only frozen weights take the half-precision dtype; trainable ones keep their fp32 values exactly (casting the
+    whole module and back rounded a full fine-tune's starting weights to bf16)."""
+    from flowrl.policies import policy_for
+    from tiny_pipelines import tiny_shapes_sd3
+
+    policy = policy_for(tiny_shapes_sd3())
+    policy.transformer.requires_grad_(True)  # a full fine-tune (lora: null)
+    before = {name: param.detach().clone() for name, param in policy.transformer.named_parameters()}
+    policy.place(torch.device("cpu"), torch.bfloat16)
+    for name, param in policy.transformer.named_parameters():
+        assert param.dtype == torch.float32 and torch.equal(param.detach(), before[name]), name
+    assert {p.dtype for p in policy.pipeline.vae.parameters()} == {torch.bfloat16}
+
+
 def test_reduced_precision_weights_need_autocast(tiny_sd3_dir, tmp_path):
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "x", weight_dtype="bf16")
     with pytest.raises(ConfigError, match="train.weight_dtype: bf16 weights run under autocast"):

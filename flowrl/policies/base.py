@@ -108,12 +108,14 @@ class FlowPolicy:
     def place(self, device, frozen_dtype: torch.dtype = torch.float32) -> None:
         """Every component on `device`; frozen weights in `frozen_dtype` (bf16 / fp16 halve their memory), trainable
         ones (LoRA, or the whole denoiser) kept fp32 as the optimizer and the log-prob maths need."""
+        trainable = self.trainable_parameters()
+        kept = [param.data for param in trainable]  # their fp32 values, not rounded through half precision
         for module in self.components().values():
-            module.to(device)
             if frozen_dtype != torch.float32:  # loaded in fp32; casting it again only makes diffusers warn
-                module.to(dtype=frozen_dtype)
-        for param in self.trainable_parameters():
-            param.data = param.data.float()
+                module.to(dtype=frozen_dtype)  # on the host first, so no fp32 copy of a frozen weight reaches the device
+            module.to(device)
+        for param, data in zip(trainable, kept):
+            param.data = data.to(device=device, dtype=torch.float32)
 
     def text_encoders(self) -> list[torch.nn.Module]:
         return [m for name, m in self.components().items() if name.startswith("text_encoder")]
