@@ -161,10 +161,14 @@ class TrainSection:
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     threads: int = 0  # torch CPU threads; 0 keeps torch's default
+    # several processes: how long a collective waits for the others. The run's evaluations sample on the main
+    # process only while the others wait in the next update's gather, longer than torch's 10-minute NCCL default
+    collective_timeout_minutes: int = 180
     data_loss: DataLossSection | None = None  # regularize with the pretraining data's loss (ImageReward's ReFL)
 
     def validate(self):
-        for name in ("updates", "groups_per_update", "optimizer_steps_per_update", "microbatch_size"):
+        for name in ("updates", "groups_per_update", "optimizer_steps_per_update", "microbatch_size",
+                     "collective_timeout_minutes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}: expected an integer >= 1, got {getattr(self, name)}")
         if self.staleness < 0:

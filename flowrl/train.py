@@ -128,15 +128,23 @@ def adapter_description(config: RunConfig, policy) -> dict | None:
 
 class Trainer:
     def __init__(self, config: RunConfig, accelerator=None, run_dir: Path | None = None, log=True):
+        from datetime import timedelta
+
         from accelerate import Accelerator
+        from accelerate.utils import InitProcessGroupKwargs
 
         self.config = config
         if config.train.threads:
             torch.set_num_threads(config.train.threads)
-        self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available(),
+        wait = InitProcessGroupKwargs(timeout=timedelta(minutes=config.train.collective_timeout_minutes))
+        self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[wait],
                                                       mixed_precision=config.train.mixed_precision)
         self.world = self.accelerator.num_processes
         self.rank = self.accelerator.process_index
+        if self.world > 1 and self.accelerator.distributed_type == "FSDP" and config.eval.enabled:
+            raise ConfigError("eval.enabled: a run's evaluations sample on the main process alone, which FSDP's "
+                              "sharded denoiser cannot do; set eval.enabled=false and evaluate checkpoints with "
+                              "`flowrl sample` and `flowrl eval`")
         self.is_main = self.accelerator.is_main_process
         self.run_dir = Path(run_dir or Path(config.run.out_dir) / config.run.name)
         self.log = log and self.is_main

@@ -30,6 +30,7 @@ CONFIG_CASES = [  # (overrides, expected text)
     (["reward=[{name: shapez}]"], "reward[0].name: unknown reward 'shapez'"),
     (["reward=[{name: shapes, params: {dense: true, sharpness: 2}}]"], "reward[0].params:"),
     (["algorithm.name=ppo"], "algorithm.name: unknown algorithm 'ppo'"),
+    (["train.collective_timeout_minutes=0"], "train.collective_timeout_minutes: expected an integer >= 1, got 0"),
     (["algorithm.name=tvrl", "algorithm.params.credit_batch=0"],
      "algorithm.params.credit_batch: expected an integer >= 1, got 0"),
     (["algorithm.params.clip=0.1"], "algorithm.params.clip: unknown field"),

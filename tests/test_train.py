@@ -90,3 +90,16 @@ def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unc
     # the same window without the gate does train the adapter
     ungated = train_and_collect(config, ["run.name=ungated", *low_window])
     assert any(ungated[name].any() for name in up)
+
+
+def test_collectives_wait_as_long_as_the_config_says(tiny_sd3_dir, tmp_path):
+    """The main process evaluates alone while the others wait in a collective: the process group gets the config's
+    timeout, not torch's 10-minute NCCL default (2 real processes start with it in test_two_processes_match_one)."""
+    from datetime import timedelta
+
+    from flowrl.config import load_config
+    from flowrl.train import Trainer
+
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "wait", updates=1)
+    trainer = Trainer(load_config(path, ["train.collective_timeout_minutes=45"]), log=False)
+    assert trainer.accelerator.init_handler.timeout == timedelta(minutes=45)
