@@ -110,7 +110,7 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     demo.add_argument("--pipeline", required=True)
     demo.add_argument("--checkpoint", action="append", default=[], help="a checkpoint folder; repeat for several")
     demo.add_argument("--reward", default=None, help="reward shown under each sample (default: shapes_clip; "
-                      "silhouette_iou for 3D pipelines, shapes_edit for editing ones)")
+                      "silhouette_iou for 3D pipelines, shapes_edit for editing ones, frame_consistency for video)")
     demo.add_argument("--reward-params", default="{}", help="the reward's parameters as JSON")
     demo.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
     demo.add_argument("--port", type=int, default=7860)

@@ -100,7 +100,8 @@ def upscale(image: np.ndarray, size: int = DISPLAY_SIZE) -> np.ndarray:
     return image.repeat(factor, 0).repeat(factor, 1)
 
 
-DEFAULT_REWARD = {"3d": "silhouette_iou", "edit": "shapes_edit"}  # shown by default per kind (else shapes_clip)
+# shown by default per page kind (else shapes_clip); frame_consistency scores any clip, whatever its prompt
+DEFAULT_REWARD = {"3d": "silhouette_iou", "edit": "shapes_edit", "video": "frame_consistency"}
 DEFAULT_PROMPT = {"video": "a red circle moving left", "3d": "a sphere on top of a cylinder",
                   "edit": "make the red circle blue"}
 
@@ -181,8 +182,9 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
                guidance_scale: float = 4.5, max_sequence_length: int | None = None, size: tuple = (None, None, None),
                device: str | None = None, weight_dtype: str | None = None, reward_params: dict | None = None):
     """The page; `size` (height, width, frames) overrides the pipeline's default sample size where given; `reward`
-    defaults to the page kind's (shapes_clip; silhouette_iou for 3D, shapes_edit for editing), built with
-    `reward_params`; `device` and `weight_dtype` as `flowrl sample` places the model (policies.sampling_placement)."""
+    defaults to the page kind's (shapes_clip; silhouette_iou for 3D, shapes_edit for editing, frame_consistency
+    for video), built with `reward_params`; `device` and `weight_dtype` as `flowrl sample` places the model
+    (policies.sampling_placement)."""
     import gradio as gr
 
     from .cli import sample_spec

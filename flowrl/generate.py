@@ -67,7 +67,7 @@ def generate_samples(policy, prompts: list, num_per_prompt: int = 1, seed: int =
             records.append({"prompt": prompt, "seed": s, **(steer.record(n) if steer is not None else {})})
         bar.update(len(chunk))
     bar.close()
-    return as_samples(torch.cat(outputs), modality=policy.modality), records
+    return as_samples(torch.cat(outputs), fps=policy.fps, modality=policy.modality), records
 
 
 def generate(policy, prompts: list, num_per_prompt: int = 1, seed: int = 0, num_steps: int = 20,

@@ -161,3 +161,6 @@ def test_the_demo_shows_a_video_pipeline_as_animated_clips(tmp_path):
     with Image.open(path) as gif:
         assert gif.format == "GIF" and gif.n_frames == 9
     assert caption.startswith("base | moving_shapes") and "| base |" in table
+    default = build_demo(str(tmp_path / "wan"), [], steps=2, size=(32, 32, 9))  # no --reward: one for any clip
+    (_, caption), = next(iter(default.fns.values())).fn("a cat walking", 0, progress=lambda *a, **k: None)[0]
+    assert caption.startswith("base | frame_consistency")

@@ -128,3 +128,4 @@ def test_sample_writes_video_batches_from_a_wan_pipeline(tiny_wan_dir, tmp_path)
     assert records[0]["tag"] == "motion"  # a .jsonl prompt's fields are kept with its samples
     samples, _ = read_samples(out)
     assert isinstance(samples, VideoSamples) and tuple(samples.tensor.shape) == (2, 5, 3, 16, 16)
+    assert samples.fps == 16 and all(r["fps"] == 16 for r in records)  # Wan's own frame rate, not the default 8

@@ -79,6 +79,7 @@ class FlowPolicy:
     prediction = "flow"  # "flow": velocity v = eps - x0; "epsilon": noise (DDIM sampling)
     kinds = SDE_KINDS  # sampler kinds this family's `step` understands
     modality = "image"  # what `decode` returns: image or video
+    fps = 8  # video families: frames per second their clips play at (MP4s, GIFs, VBench's frame intervals)
     source_input: str | None = None  # the per-sample input an editing pipeline needs (e.g. "source_image")
     source_world: str | None = None  # the task (registered name) that makes a source for a prompt of its grammar
     # Flow-GRPO trains the guided output with the unconditional branch detached; True keeps its gradient too
@@ -236,7 +237,7 @@ class FlowPolicy:
     def decode_samples(self, latents: torch.Tensor):
         from ..samples import as_samples
 
-        return as_samples(self.decode(latents), modality=self.modality)
+        return as_samples(self.decode(latents), fps=self.fps, modality=self.modality)
 
     def _raw_sigmas(self, scheduler, num_steps: int, noise_shape: tuple[int, ...]) -> None:
         scheduler.set_timesteps(num_steps)

@@ -15,6 +15,7 @@ WAN_LORA_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
 class WanPolicy(FlowPolicy):
     family = "wan"
     modality = "video"
+    fps = 16  # Wan 2.1 / 2.2 generate 16 frames a second (diffusers' Wan examples export at 16)
     lora_targets = WAN_LORA_TARGETS
 
     @torch.no_grad()
