@@ -54,7 +54,10 @@ class RunState:
 
 
 def build_policy(config: RunConfig):
-    policy = policy_for(load_pipeline(config.pipeline.path), config.pipeline.policy,
+    # under LoRA every loaded weight stays frozen: load it in its final dtype, so a large model never sits in host
+    # memory in fp32 (FLUX with T5-XXL: ~67 GB per process); a full fine-tune loads fp32 for its trainable denoiser
+    dtype = WEIGHT_DTYPES[config.train.weight_dtype] if config.lora is not None else None
+    policy = policy_for(load_pipeline(config.pipeline.path, dtype), config.pipeline.policy,
                         max_sequence_length=config.pipeline.max_sequence_length)
     if config.lora is not None:
         targets = config.lora.target_modules or policy.lora_targets

@@ -62,6 +62,26 @@ def test_a_fully_trained_denoiser_keeps_its_fp32_values_under_half_precision_fro
     assert {p.dtype for p in policy.pipeline.vae.parameters()} == {torch.bfloat16}
 
 
+@pytest.mark.usefixtures("fresh_accelerator_state")
+def test_a_lora_run_loads_its_frozen_weights_in_their_final_dtype(tiny_sd3_dir, tmp_path, monkeypatch):
+    """No fp32 copy of a large model in host memory under LoRA; a full fine-tune loads fp32 for its denoiser."""
+    import flowrl.train as train
+
+    loaded = []
+
+    def recording_load(path, dtype=None):
+        loaded.append(dtype)
+        return load_pipeline(path, dtype)
+
+    load_pipeline = train.load_pipeline
+    monkeypatch.setattr(train, "load_pipeline", recording_load)
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "dtype", updates=1,
+                           weight_dtype="bf16", mixed_precision="bf16")
+    Trainer(load_config(path), log=False)
+    Trainer(load_config(path, ["lora=null", "train.lr=1.0e-5"]), log=False)
+    assert loaded == [torch.bfloat16, None]
+
+
 def test_reduced_precision_weights_need_autocast(tiny_sd3_dir, tmp_path):
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "x", weight_dtype="bf16")
     with pytest.raises(ConfigError, match="train.weight_dtype: bf16 weights run under autocast"):
