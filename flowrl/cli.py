@@ -90,6 +90,8 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     serve.add_argument("--params", default="{}", help="the reward's parameters as JSON")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--device", default=None, help="where the reward's models run (default: the GPU of "
+                       "LOCAL_RANK when there is one, else cpu)")
     serve.add_argument("--token", default=os.environ.get("FLOWRL_REWARD_TOKEN"),
                        help="require `Authorization: Bearer TOKEN` on every request (default: $FLOWRL_REWARD_TOKEN, "
                             "which keeps it out of the process list)")
@@ -243,7 +245,7 @@ def cmd_serve_reward(args) -> None:
     from .rewards.remote import serve_reward
 
     print(f"serving reward {args.name} at http://{args.host}:{args.port} (POST /score, GET /health)", flush=True)
-    serve_reward(args.name, json_object(args.params, "--params"), args.host, args.port, args.token)
+    serve_reward(args.name, json_object(args.params, "--params"), args.host, args.port, args.token, args.device)
 
 
 def size_arguments(parser) -> None:
