@@ -79,10 +79,20 @@ def reward_metrics(reward, samples, items, batch_size: int = 64) -> dict:
     return tag_metrics(scores, [str(i.meta.get("tag", "all")) for i in items], clusters=[i.prompt for i in items])
 
 
-def log_samples(log: MetricsLog, samples, update: int, per_prompt: int, prompts: int = 16) -> None:
-    """The first sample of up to `prompts` eval prompts as one grid (video: frame strips), to TensorBoard / wandb."""
+def log_samples(log: MetricsLog, samples, update: int, per_prompt: int, prompts: int = 16,
+                longest: int = 4096) -> None:
+    """The first sample of up to `prompts` eval prompts as one grid (video: frame strips), to TensorBoard / wandb,
+    shrunk so its longer side is at most `longest` pixels (16 samples at 1024 px, or 81-frame strips, would put tens
+    of MB into every event)."""
+    from PIL import Image
+
     rows = list(range(0, len(samples), per_prompt))[:prompts]
-    log.add_image("eval/samples", tile(samples.select(rows).preview()), update)
+    grid = tile(samples.select(rows).preview())
+    factor = longest / max(grid.shape[:2])
+    if factor < 1:
+        size = (max(1, round(grid.shape[1] * factor)), max(1, round(grid.shape[0] * factor)))
+        grid = np.asarray(Image.fromarray(grid).resize(size, Image.LANCZOS))
+    log.add_image("eval/samples", grid, update)
 
 
 def run_experiment(config: RunConfig) -> Path:

@@ -38,3 +38,17 @@ def test_grid_cells_enlarge_small_samples_and_shrink_large_ones(tmp_path, side, 
     assert grid.shape[:2] == (20 + 2 * (cell + 4), 260 + 2 * (cell + 4))  # title column, header row, 4 px gaps
     first = grid[20:20 + cell, 260:260 + cell]
     assert first[: cell // 2 - 4].min() >= 250 and first[cell // 2 + 4:].max() <= 5  # (Lanczos rings at the edge)
+
+
+def test_logged_sample_grids_are_shrunk_to_a_bounded_size():
+    import torch
+
+    from flowrl.experiment import log_samples
+    from flowrl.samples import ImageSamples
+
+    logged = []
+    log = type("Log", (), {"add_image": lambda self, tag, image, step: logged.append(image)})()
+    log_samples(log, ImageSamples(torch.rand(8, 3, 32, 32)), 0, per_prompt=2)  # 4 prompts: one row, untouched
+    log_samples(log, ImageSamples(torch.rand(8, 3, 1024, 1024)), 0, per_prompt=1, longest=1024)
+    assert logged[0].shape == (32, 4 * 32 + 3 * 2, 3)
+    assert max(logged[1].shape[:2]) == 1024 and logged[1].dtype.name == "uint8"
