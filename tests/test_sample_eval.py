@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -129,3 +130,16 @@ def test_sample_writes_video_batches_from_a_wan_pipeline(tiny_wan_dir, tmp_path)
     samples, _ = read_samples(out)
     assert isinstance(samples, VideoSamples) and tuple(samples.tensor.shape) == (2, 5, 3, 16, 16)
     assert samples.fps == 16 and all(r["fps"] == 16 for r in records)  # Wan's own frame rate, not the default 8
+
+
+def test_a_prompt_files_relative_image_paths_are_taken_from_its_folder(tmp_path, monkeypatch):
+    from flowrl.tasks.base import read_prompt_file
+
+    folder = tmp_path / "edits"
+    folder.mkdir()
+    (folder / "edits.jsonl").write_text('{"prompt": "make the red circle blue", "image": "sources/a.png"}\n'
+                                        f'{{"prompt": "remove the square", "image": "{tmp_path / "b.png"}"}}\n')
+    monkeypatch.chdir(tmp_path)  # another working directory than the file's
+    relative, absolute = read_prompt_file("edits/edits.jsonl")
+    assert Path(relative.meta["image"]).resolve() == folder / "sources" / "a.png"
+    assert absolute.meta["image"] == str(tmp_path / "b.png")

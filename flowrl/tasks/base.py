@@ -110,7 +110,8 @@ class PromptFileTask(Task):
 
 def read_prompt_file(path: str | Path) -> list[Condition]:
     """Conditions from a .txt file (one prompt per line; blank and # lines skipped) or a .jsonl file (one object per
-    line with a 'prompt' string; its other fields become the condition's metadata)."""
+    line with a 'prompt' string; its other fields become the condition's metadata, a relative 'image' path taken
+    from the file's folder)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"prompt file {path} does not exist; expected a .txt file with one prompt per line or a "
@@ -128,6 +129,8 @@ def read_prompt_file(path: str | Path) -> list[Condition]:
             record = None
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
             raise UserError(f"{path} line {number}: expected a JSON object with a 'prompt' string")
+        if isinstance(record.get("image"), str):  # a source image named relative to the prompt file, not the cwd
+            record["image"] = str(path.parent / record["image"])
         items.append(Condition(record.pop("prompt"), meta=record))
     if not items:
         raise UserError(f"prompt file {path} has no prompts")
