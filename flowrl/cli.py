@@ -249,9 +249,10 @@ def cmd_serve_reward(args) -> None:
 
 
 def size_arguments(parser) -> None:
-    parser.add_argument("--height", type=int, default=None, help="default: the pipeline's own")
-    parser.add_argument("--width", type=int, default=None, help="default: the pipeline's own")
-    parser.add_argument("--num-frames", type=int, default=None, help="video pipelines (default: the pipeline's own)")
+    run_or_own = "the checkpoint's run's pipeline section, else the pipeline's own"
+    parser.add_argument("--height", type=int, default=None, help=f"default: {run_or_own}")
+    parser.add_argument("--width", type=int, default=None, help=f"default: {run_or_own}")
+    parser.add_argument("--num-frames", type=int, default=None, help=f"video pipelines (default: {run_or_own})")
 
 
 SAMPLING_DEFAULTS = {"steps": 20, "guidance": 4.5}  # where neither the command line nor a run's config says

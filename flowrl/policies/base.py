@@ -112,8 +112,8 @@ class FlowPolicy:
         trainable = self.trainable_parameters()
         kept = [param.data for param in trainable]  # their fp32 values, not rounded through half precision
         for module in self.components().values():
-            if frozen_dtype != torch.float32:  # loaded in fp32; casting it again only makes diffusers warn
-                module.to(dtype=frozen_dtype)  # on the host first, so no fp32 copy of a frozen weight reaches the device
+            if frozen_dtype != torch.float32:  # (casting an fp32 module to fp32 only makes diffusers warn)
+                module.to(dtype=frozen_dtype)  # on the host first: no fp32 copy of a frozen weight reaches the device
             module.to(device)
         for param, data in zip(trainable, kept):
             param.data = data.to(device=device, dtype=torch.float32)
