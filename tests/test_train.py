@@ -67,6 +67,24 @@ def test_two_processes_match_one(tiny_sd3_dir, tmp_path):
     assert moved <= 1e-4 * scale, (moved, scale)
 
 
+@pytest.mark.slow
+def test_a_two_process_run_evaluates_on_the_main_process_while_the_other_waits(tiny_sd3_dir, tmp_path):
+    """`flowrl train` under torchrun with its evaluations on: the main process samples and judges the eval set
+    alone (base and tuned), the other waits in the next collective, and the run ends with its eval.json."""
+    import json
+
+    config = tiny_run_config(tmp_path / "e.yaml", tiny_sd3_dir, tmp_path / "runs", "dist_eval", updates=2,
+                             checkpoint_every=0)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                             "--master_port=29532", "-m", "flowrl", "train", str(config), "eval.enabled=true",
+                             "eval.every=1", "eval.num_per_prompt=1", "eval.num_steps=2"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    evals = json.loads((tmp_path / "runs" / "dist_eval" / "eval.json").read_text())
+    assert sorted(evals, key=int) == ["0", "1", "2"] and all("overall" in e for e in evals.values())
+
+
 def test_wandb_logs_offline_beside_csv_and_tensorboard(tiny_sd3_dir, tmp_path):
     pytest.importorskip("wandb")  # the test extra installs it; a plain install runs without it
     config = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "wb", updates=1)
@@ -94,7 +112,7 @@ def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unc
 
 def test_collectives_wait_as_long_as_the_config_says(tiny_sd3_dir, tmp_path):
     """The main process evaluates alone while the others wait in a collective: the process group gets the config's
-    timeout, not torch's 10-minute NCCL default (2 real processes start with it in test_two_processes_match_one)."""
+    timeout, not torch's 10-minute NCCL default."""
     from datetime import timedelta
 
     from flowrl.config import load_config
