@@ -84,6 +84,8 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     export.add_argument("--pipeline", required=True, help="the pipeline folder the run trained")
     export.add_argument("--checkpoint", required=True, help="a run's checkpoint folder (LoRA or full weights)")
     export.add_argument("--out", required=True, help="the new pipeline folder (save_pretrained layout)")
+    export.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"], help="the written weights' "
+                        "precision (the LoRA is fused in fp32 first); bf16 halves a real model's folder")
 
     serve = sub.add_parser("serve-reward", help="serve a registered reward over HTTP (for the `remote` reward)")
     serve.add_argument("name", help="a registered reward or package.module:Name")
@@ -214,7 +216,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
 def cmd_export(args) -> None:
     from .export import export_pipeline
 
-    out = export_pipeline(args.pipeline, args.checkpoint, args.out)
+    out = export_pipeline(args.pipeline, args.checkpoint, args.out, args.dtype)
     print(f"wrote the tuned pipeline to {out} (load it with DiffusionPipeline.from_pretrained)")
 
 

@@ -37,11 +37,12 @@ def write_lora_files(policy, weights: dict, folder: Path) -> None:
     save_file({f"base_model.model.{k}": v for k, v in state.items()}, Path(folder) / PEFT_WEIGHTS_FILE)
 
 
-def export_pipeline(pipeline_dir, checkpoint, out) -> Path:
-    """The pipeline with a checkpoint's weights (EMA when present; a LoRA fused into the base weights), saved with
-    `save_pretrained` so `DiffusionPipeline.from_pretrained(out)` loads the tuned model without flowrl."""
+def export_pipeline(pipeline_dir, checkpoint, out, dtype: str = "fp32") -> Path:
+    """The pipeline with a checkpoint's weights (EMA when present; a LoRA fused into the base weights in fp32), saved
+    in `dtype` with `save_pretrained` so `DiffusionPipeline.from_pretrained(out)` loads the tuned model without
+    flowrl."""
     from .checkpoint import load_trained_weights
-    from .policies import load_pipeline, policy_for
+    from .policies import WEIGHT_DTYPES, load_pipeline, policy_for
 
     pipeline = load_pipeline(pipeline_dir)
     policy = policy_for(pipeline)
@@ -53,5 +54,7 @@ def export_pipeline(pipeline_dir, checkpoint, out) -> Path:
     if policy.has_lora:
         policy.transformer.fuse_lora(lora_scale=1.0)
         policy.transformer.unload_lora()
+    if dtype != "fp32":
+        pipeline.to(dtype=WEIGHT_DTYPES[dtype])
     pipeline.save_pretrained(out)
     return Path(out)

@@ -83,3 +83,14 @@ def test_flowrl_export_writes_a_plain_pipeline_folder(tiny_sd3_dir, tmp_path, lo
     exported = policy_for(load_pipeline(tmp_path / "tuned"), max_sequence_length=16)
     assert not exported.has_lora
     torch.testing.assert_close(_velocity(exported), expected, atol=1e-5, rtol=1e-4)
+    if lora:  # the same fused weights written in bf16: half the folder, loading as the same model to bf16 rounding
+        from safetensors import safe_open
+
+        from flowrl.export import export_pipeline
+
+        export_pipeline(tiny_sd3_dir, checkpoint, tmp_path / "half", "bf16")
+        weights = next((tmp_path / "half" / "transformer").glob("*.safetensors"))
+        with safe_open(weights, "pt") as f:
+            assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+        half = policy_for(load_pipeline(tmp_path / "half"), max_sequence_length=16)
+        torch.testing.assert_close(_velocity(half), expected, atol=0.05, rtol=0.05)
