@@ -10,7 +10,9 @@ copy holds the same weights and runs the same code). Algorithms see the learner'
 velocities from the current policy).
 
 One process only (the worker's reward gathering would interleave with the learner's collectives). The worker's copy
-doubles the memory of the denoiser: a LoRA run shares nothing with the learner's module.
+is a second placed pipeline (denoiser, VAE, text encoders), so it doubles the model's memory: nothing is shared with
+the learner's modules, which keeps the two threads from racing on one module (a large model wants synchronous
+training, or a worker that shares the frozen components: not built).
 """
 from __future__ import annotations
 
