@@ -181,7 +181,8 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     conditions = read_prompt_file(args.prompts)
     fill_sampling_settings(args, args.checkpoint)
     placement = sampling_placement(args.device, args.weight_dtype)
-    policy = policy_for(load_pipeline(args.pipeline), max_sequence_length=args.max_sequence_length)
+    # loaded in the dtype it samples in: no fp32 copy of a large model in host memory (an adapter is kept fp32)
+    policy = policy_for(load_pipeline(args.pipeline, placement[1]), max_sequence_length=args.max_sequence_length)
     if args.checkpoint:
         load_trained_weights(policy, args.checkpoint)
     stochastic = "ddim" if policy.prediction == "epsilon" else "flow"
@@ -287,6 +288,8 @@ def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
     try:
         config = yaml.safe_load(config_file.read_text())
     except (OSError, yaml.YAMLError):
+        return {}, None
+    if not isinstance(config, dict):  # an empty or truncated file: the built-in defaults
         return {}, None
     ev, pipe = config.get("eval") or {}, config.get("pipeline") or {}
     settings = {"steps": ev.get("num_steps"), "guidance": ev.get("guidance_scale"), "height": pipe.get("height"),

@@ -71,7 +71,8 @@ class CheckpointSet:
         params = dict(self.policy.transformer.named_parameters())
         with torch.no_grad():
             for key, value in weights.items():
-                params[key.replace(".default.", f".{name}.")].copy_(value)
+                param = params[key.replace(".default.", f".{name}.")]
+                param.data = value.to(device=param.device, dtype=torch.float32)  # fp32 over a half-precision base
         return sampling_gate(adapter)
 
     def activate(self, label: str) -> None:
@@ -192,7 +193,7 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
     from .rewards import build_reward
 
     placement = sampling_placement(device, weight_dtype)
-    policy = policy_for(load_pipeline(pipeline_dir), max_sequence_length=max_sequence_length)
+    policy = policy_for(load_pipeline(pipeline_dir, placement[1]), max_sequence_length=max_sequence_length)
     models = CheckpointSet(policy, checkpoints)
     precision = place_for_sampling(policy, placement)  # every checkpoint's adapter, and the base weights kept aside
     modality, kind = policy.modality, page_kind(policy)

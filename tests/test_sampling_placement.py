@@ -21,9 +21,17 @@ def test_the_text_length_defaults_to_what_the_tokenizers_declare():
     explicit = policy_for(pipe, max_sequence_length=16).encode(["a red circle"], 1.0).tensors["embeds"]
     assert torch.equal(default, explicit)
     assert policy_for(pipe, max_sequence_length=8).max_sequence_length == 8  # a given length wins
-    for name in ("tokenizer", "tokenizer_2", "tokenizer_3"):
-        getattr(pipe, name).model_max_length = 512  # a real T5's: above SD3's 256, so the pipeline's own stands
+    pipe.tokenizer_3.model_max_length = 512  # a real T5's: above SD3's 256, so the pipeline's own stands
     assert policy_for(pipe).max_sequence_length is None
+    pipe.tokenizer_3 = None  # SD3 without T5: the CLIP tokenizers' 16 do not govern the T5 padding length
+    assert policy_for(pipe).max_sequence_length is None
+
+
+def test_an_adapter_on_a_half_precision_base_is_fp32():
+    """peft makes an adapter in its base's dtype; a checkpoint's fp32 weights must load into it exactly."""
+    policy = policy_for(tiny_shapes_sd3().to(torch.bfloat16))
+    policy.add_lora(4, 8, policy.lora_targets)
+    assert {p.dtype for p in policy.trainable_parameters()} == {torch.float32}
 
 
 def test_half_precision_sampling_keeps_the_lora_fp32_and_draws_what_fp32_draws():

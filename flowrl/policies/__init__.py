@@ -83,9 +83,9 @@ def place_for_sampling(policy: FlowPolicy, placement: tuple[torch.device, torch.
 
     device, dtype = placement
     for name, param in policy.transformer.named_parameters():
-        # diffusers loads a denoiser trainable; sampling trains nothing, so all but an adapter take the frozen dtype
-        if "lora_" not in name:
-            param.requires_grad_(False)
+        # place() keeps trainable weights fp32 and casts the rest: every adapter (the demo holds one per checkpoint,
+        # all but the active one frozen by peft) stays fp32; the denoiser, loaded trainable by diffusers, is cast
+        param.requires_grad_("lora_" in name)
     policy.place(device, dtype)
     return functools.partial(torch.autocast, device.type, dtype=dtype, enabled=dtype != torch.float32)
 

@@ -53,20 +53,18 @@ class SampleSpec:
     num_frames: int | None = None
 
 
-def declared_text_length(pipeline) -> int | None:
-    """The text length a pipeline's tokenizers declare (the longest `model_max_length`) where it is below the
-    pipeline's own default, else None (the default stands). The embedded pipelines' tokenizers declare the 16 tokens
-    their text encoders were trained on, where SD3's default would pad every prompt to 256; real T5 / umT5
-    tokenizers declare 512, above every default."""
+def declared_text_length(pipeline, tokenizer: str) -> int | None:
+    """The text length the tokenizer that `max_sequence_length` governs (`tokenizer`: SD3's T5 is tokenizer_3) declares
+    (`model_max_length`) where it is below the pipeline's own default, else None (the default stands; also without
+    that tokenizer). The embedded pipelines' tokenizers declare the 16 tokens their text encoders were trained on,
+    where SD3's default would pad every prompt to 256; real T5 / umT5 tokenizers declare 512, above every default."""
     import inspect
 
     default = inspect.signature(type(pipeline).__call__).parameters.get("max_sequence_length")
-    lengths = [getattr(module, "model_max_length", None) for name, module in pipeline.components.items()
-               if name.startswith("tokenizer")]
-    lengths = [n for n in lengths if isinstance(n, int)]
-    if default is None or not isinstance(default.default, int) or not lengths:
+    length = getattr(getattr(pipeline, tokenizer, None), "model_max_length", None)
+    if default is None or not isinstance(default.default, int) or not isinstance(length, int):
         return None
-    return max(lengths) if max(lengths) < default.default else None
+    return length if length < default.default else None
 
 
 class FlowPolicy:
@@ -80,6 +78,7 @@ class FlowPolicy:
     kinds = SDE_KINDS  # sampler kinds this family's `step` understands
     modality = "image"  # what `decode` returns: image or video
     fps = 8  # video families: frames per second their clips play at (MP4s, GIFs, VBench's frame intervals)
+    text_length_tokenizer = "tokenizer"  # the tokenizer `max_sequence_length` governs (T5 / umT5)
     source_input: str | None = None  # the per-sample input an editing pipeline needs (e.g. "source_image")
     source_world: str | None = None  # the task (registered name) that makes a source for a prompt of its grammar
     # Flow-GRPO trains the guided output with the unconditional branch detached; True keeps its gradient too
@@ -94,7 +93,7 @@ class FlowPolicy:
         self.pipeline = pipeline
         self.transformer = getattr(pipeline, "transformer", None) or pipeline.unet
         self.model = self.transformer  # what is called: the transformer, or its distributed wrapper
-        self.max_sequence_length = max_sequence_length or declared_text_length(pipeline)  # None: the pipeline's own
+        self.max_sequence_length = max_sequence_length or declared_text_length(pipeline, self.text_length_tokenizer)
         self.scheduler = self.sampling_scheduler(pipeline.scheduler)
         self._sigma_cache: dict[int, torch.Tensor] = {}
         for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
@@ -340,6 +339,8 @@ class FlowPolicy:
         self.transformer.requires_grad_(False)
         self.transformer.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules,
                                                 init_lora_weights=init))
+        for param in self.trainable_parameters():  # peft makes the adapter in the base's dtype: keep it fp32, so
+            param.data = param.data.float()        # a checkpoint's weights load exactly into a half-precision base
 
     @property
     def has_lora(self) -> bool:

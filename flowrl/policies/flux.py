@@ -20,6 +20,7 @@ FLUX_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
 class FluxPolicy(FlowPolicy):
     family = "flux"
     lora_targets = FLUX_LORA_TARGETS
+    text_length_tokenizer = "tokenizer_2"  # T5
 
     def uses_cfg(self, guidance_scale: float) -> bool:
         return False  # FLUX-dev is guidance-distilled: the scale enters as an embedding

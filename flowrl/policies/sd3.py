@@ -24,6 +24,7 @@ def encode_images(vae, images, generator: torch.Generator | None = None) -> torc
 class SD3Policy(FlowPolicy):
     family = "sd3"
     lora_targets = SD3_LORA_TARGETS
+    text_length_tokenizer = "tokenizer_3"  # T5
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
