@@ -83,9 +83,10 @@ def place_for_sampling(policy: FlowPolicy, placement: tuple[torch.device, torch.
 
     device, dtype = placement
     for name, param in policy.transformer.named_parameters():
-        # place() keeps trainable weights fp32 and casts the rest: every adapter (the demo holds one per checkpoint,
-        # all but the active one frozen by peft) stays fp32; the denoiser, loaded trainable by diffusers, is cast
-        param.requires_grad_("lora_" in name)
+        # place() keeps trainable weights fp32: so does every adapter (the demo holds one per checkpoint, all but
+        # the active one frozen by peft), while the frozen denoiser takes the sampling dtype
+        if "lora_" in name:
+            param.requires_grad_(True)
     policy.place(device, dtype)
     return functools.partial(torch.autocast, device.type, dtype=dtype, enabled=dtype != torch.float32)
 

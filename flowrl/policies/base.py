@@ -96,6 +96,9 @@ class FlowPolicy:
         self.max_sequence_length = max_sequence_length or declared_text_length(pipeline, self.text_length_tokenizer)
         self.scheduler = self.sampling_scheduler(pipeline.scheduler)
         self._sigma_cache: dict[int, torch.Tensor] = {}
+        # nothing trains until asked (diffusers loads every module trainable): `add_lora` makes an adapter trainable,
+        # a full fine-tune (train.build_policy) the denoiser, and place() keeps just those in fp32
+        self.transformer.requires_grad_(False)
         for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
             module = getattr(pipeline, name, None)
             if module is not None:
