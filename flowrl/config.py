@@ -161,8 +161,9 @@ class TrainSection:
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     threads: int = 0  # torch CPU threads; 0 keeps torch's default
-    # several processes: how long a collective waits for the others. The run's evaluations sample on the main
-    # process only while the others wait in the next update's gather, longer than torch's 10-minute NCCL default
+    # several processes: how long a collective waits for the others. The main process judges each evaluation's
+    # samples (a VLM reward can take long) and writes checkpoints and reports while the others wait in the next
+    # collective, which may take longer than torch's 10-minute NCCL default
     collective_timeout_minutes: int = 180
     data_loss: DataLossSection | None = None  # regularize with the pretraining data's loss (ImageReward's ReFL)
 

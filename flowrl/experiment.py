@@ -12,7 +12,7 @@ import yaml
 from .checkpoint import sampling_gate
 from .config import RunConfig, config_to_dict
 from .errors import ConfigError
-from .generate import generate_samples
+from .generate import contiguous_share, generate_samples, sample_seeds
 from .prompt_source import PromptSource
 from .report import MetricsLog, image_grid, plot_rewards, save_json, tile, write_report
 from .samples import VideoSamples, side_by_side_clips
@@ -42,19 +42,47 @@ def evaluate(trainer: Trainer, desc: str):
     """Sample the task's eval set with fixed seeds and measure it: (metrics, samples, condition per sample).
 
     The task's own evaluation when it has one (e.g. the shapes verifier), else the run's reward per tag. A LoRA
-    samples here with its sampling gate (lora.sample_from_sigma), as `flowrl sample` draws from the checkpoint."""
+    samples here with its sampling gate (lora.sample_from_sigma), as `flowrl sample` draws from the checkpoint.
+    Every process samples an equal, contiguous share of the eval set; each sample keeps the seed it has in a
+    one-process run, so the split changes no sample's noise. The main process gathers the samples and judges them
+    alone: it returns (metrics, samples, items), the others (None, None, items)."""
     c = trainer.config.eval
     conditions = eval_conditions(trainer)
+    items = [item for item in conditions for _ in range(c.num_per_prompt)]
+    seeds = sample_seeds(c.seed, len(conditions), c.num_per_prompt)
+    mine, real = eval_share(len(items), trainer.rank, trainer.world)
     with sampled_as_checkpoint(trainer) as policy:
         # as many samples per call as a rollout takes (train.rollout_microbatch), or 64 where that is unbounded
         batch = trainer.config.train.rollout_microbatch or 64
-        samples, _ = generate_samples(policy, conditions, c.num_per_prompt, c.seed, c.num_steps, c.guidance_scale,
-                                      trainer.spec, batch_size=batch, desc=desc, steer=trainer.task.eval_steer(policy))
-    items = [item for item in conditions for _ in range(c.num_per_prompt)]
+        samples, _ = generate_samples(policy, [items[i] for i in mine], 1, c.seed, c.num_steps, c.guidance_scale,
+                                      trainer.spec, batch_size=batch, desc=desc if trainer.is_main else None,
+                                      steer=trainer.task.eval_steer(policy), seeds=[seeds[i] for i in mine])
+    samples = gathered_on_main(samples.select(list(range(real))), trainer.world)
+    if not trainer.is_main:
+        return None, None, items
     result = trainer.task.evaluate(samples, items)
     if result is None:
         result = reward_metrics(trainer.reward, samples, items)
     return result, samples, items
+
+
+def eval_share(count: int, rank: int, world: int) -> tuple[list[int], int]:
+    """Process `rank`'s contiguous share of `count` eval samples, and how many of them are its own: shares are padded
+    (with a repeat of a sample) to one length, so every process runs the same number of batches and forward passes
+    (a sharded denoiser needs every process in each), and the padding is dropped before gathering."""
+    own = list(contiguous_share(count, rank, world))
+    return own + [own[-1] if own else 0] * (-(-count // world) - len(own)), len(own)
+
+
+def gathered_on_main(samples, world: int):
+    """The processes' sample shares, concatenated in rank order on the main process (None elsewhere)."""
+    if world == 1:
+        return samples
+    import torch.distributed as dist
+
+    parts = [None] * world if dist.get_rank() == 0 else None
+    dist.gather_object(samples.tensor.cpu(), parts, dst=0)
+    return samples.like(torch.cat(parts)) if parts is not None else None
 
 
 def eval_conditions(trainer: Trainer) -> list:
@@ -107,36 +135,43 @@ def run_experiment(config: RunConfig) -> Path:
     wandb = {"project": config.run.wandb_project, "name": config.run.name, "config": config_to_dict(config)}
     log = MetricsLog(run_dir, wandb=wandb if config.run.wandb else None) if trainer.is_main else None
     base_samples = None
-    do_eval = config.eval.enabled and trainer.is_main
-
-    if do_eval and "0" not in evals and not trainer.resume_path():
+    do_eval = config.eval.enabled  # every process samples its share of each evaluation; the main one judges
+    # every process read eval.json above, before the main one can write it (it waits for the others' samples
+    # first), so all of them take the same branch here
+    base_evaluated = do_eval and "0" not in evals and not trainer.resume_path()
+    if base_evaluated:
         result, base_samples, items = evaluate(trainer, "eval base")
-        evals["0"] = result
-        save_json(evals_path, evals)
-        log_samples(log, base_samples, 0, config.eval.num_per_prompt)
-        print(f"base model, eval set ({trainer.task.metric_name}):\n" + format_metrics(result))
+        if trainer.is_main:
+            evals["0"] = result
+            save_json(evals_path, evals)
+            log_samples(log, base_samples, 0, config.eval.num_per_prompt)
+            print(f"base model, eval set ({trainer.task.metric_name}):\n" + format_metrics(result))
 
-    def on_update(update: int, metrics: dict) -> None:
-        log.append(update, metrics)
+    def on_update(update: int, metrics: dict) -> None:  # on every process
+        if log is not None:
+            log.append(update, metrics)
         if do_eval and config.eval.every and update % config.eval.every == 0 and update < config.train.updates:
             with trainer.swap_in_ema():
-                evals[str(update)], samples, _ = evaluate(trainer, f"eval {update}")
-            save_json(evals_path, evals)
-            log_samples(log, samples, update, config.eval.num_per_prompt)
+                result, samples, _ = evaluate(trainer, f"eval {update}")
+            if trainer.is_main:
+                evals[str(update)] = result
+                save_json(evals_path, evals)
+                log_samples(log, samples, update, config.eval.num_per_prompt)
 
-    trainer.run(on_update)
+    trainer.run(on_update, every_process=True)
+    if do_eval:
+        with trainer.swap_in_ema():
+            result, tuned_samples, items = evaluate(trainer, "eval tuned")
+        if not base_evaluated:  # resumed: regenerate the base samples for the grid with the adapter off
+            base_samples = _base_samples(trainer)
     if not trainer.is_main:
         return run_dir
     clips = []
     if do_eval:
-        with trainer.swap_in_ema():
-            result, tuned_samples, items = evaluate(trainer, "eval tuned")
         evals[str(config.train.updates)] = result
         save_json(evals_path, evals)
         log_samples(log, tuned_samples, config.train.updates, config.eval.num_per_prompt)
         print(f"tuned model, eval set ({trainer.task.metric_name}):\n" + format_metrics(result))
-        if base_samples is None:  # resumed: regenerate the base samples for the grid with the adapter off
-            base_samples = _base_samples(trainer)
         step = max(1, len(items) // (GRID_PROMPTS * config.eval.num_per_prompt)) * config.eval.num_per_prompt
         rows = list(range(0, len(items), step))[:GRID_PROMPTS]
         columns, labels = [base_samples.select(rows).preview(), tuned_samples.select(rows).preview()], ["base", "tuned"]

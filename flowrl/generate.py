@@ -28,11 +28,17 @@ class Steer:
         return {}
 
 
+def contiguous_share(count: int, rank: int, world: int) -> range:
+    """Process `rank`'s part of `count` samples: contiguous, in rank order, each of ceil(count / world) but the
+    last ones (fewer, or none)."""
+    per = -(-count // world)
+    return range(min(rank * per, count), min((rank + 1) * per, count))
+
+
 def sample_seeds(seed: int, num_prompts: int, num_per_prompt: int) -> list[int]:
     return [derived_seed(seed, p, k) for p in range(num_prompts) for k in range(num_per_prompt)]
 
 
-@torch.no_grad()
 def generate_samples(policy, prompts: list, num_per_prompt: int = 1, seed: int = 0, num_steps: int = 20,
                      guidance_scale: float = 4.5, spec: SampleSpec | None = None, kind: str = "ode",
                      noise_level: float = 0.0, batch_size: int = 64, desc: str | None = "sampling",
@@ -44,12 +50,27 @@ def generate_samples(policy, prompts: list, num_per_prompt: int = 1, seed: int =
     RL rollouts do; `guide` (see FlowPolicy.step) replaces the model output at every step (a steer brings its own)."""
     from .samples import as_samples
 
+    outputs, records = [], []
+    for chunk, chunk_records in sample_chunks(policy, prompts, num_per_prompt, seed, num_steps, guidance_scale, spec,
+                                              kind, noise_level, batch_size, desc, steer, seeds, sde_window, guide):
+        outputs.append(chunk)
+        records += chunk_records
+    return as_samples(torch.cat(outputs), fps=policy.fps, modality=policy.modality), records
+
+
+@torch.no_grad()
+def sample_chunks(policy, prompts: list, num_per_prompt: int = 1, seed: int = 0, num_steps: int = 20,
+                  guidance_scale: float = 4.5, spec: SampleSpec | None = None, kind: str = "ode",
+                  noise_level: float = 0.0, batch_size: int = 64, desc: str | None = "sampling",
+                  steer: Steer | None = None, seeds: list[int] | None = None,
+                  sde_window: tuple[int, int] | None = None, guide=None):
+    """`generate_samples` one batch at a time: yields (decoded tensor on the CPU, records) per batch of at most
+    `batch_size` samples, so a caller can write each batch before the next is drawn."""
     expanded = [p for p in prompts for _ in range(num_per_prompt)]
     seeds = sample_seeds(seed, len(prompts), num_per_prompt) if seeds is None else list(seeds)
     shape = policy.noise_shape(spec or policy.default_spec())
     k = steer.particles if steer is not None else 1
     per_batch = max(1, batch_size // k)
-    outputs, records = [], []
     bar = tqdm(total=len(expanded), desc=desc, disable=desc is None, mininterval=2)
     for start in range(0, len(expanded), per_batch):
         chunk, chunk_seeds = expanded[start:start + per_batch], seeds[start:start + per_batch]
@@ -61,13 +82,12 @@ def generate_samples(policy, prompts: list, num_per_prompt: int = 1, seed: int =
                                            torch.Generator().manual_seed(chunk_seeds[0]))
         traj = rollout(policy, cond, sample_generators(particle_seeds), shape, num_steps, kind, noise_level,
                        guidance_scale, sde_window, callbacks=callbacks, guide=step_guide)
-        outputs.append(policy.decode_in_chunks(traj.final[::k]).cpu())  # train.decode_microbatch at a time
-        for n, s in enumerate(chunk_seeds):
-            prompt = cond.prompts[n * k]
-            records.append({"prompt": prompt, "seed": s, **(steer.record(n) if steer is not None else {})})
+        decoded = policy.decode_in_chunks(traj.final[::k]).cpu()  # train.decode_microbatch at a time
+        records = [{"prompt": cond.prompts[n * k], "seed": s, **(steer.record(n) if steer is not None else {})}
+                   for n, s in enumerate(chunk_seeds)]
         bar.update(len(chunk))
+        yield decoded, records
     bar.close()
-    return as_samples(torch.cat(outputs), fps=policy.fps, modality=policy.modality), records
 
 
 def generate(policy, prompts: list, num_per_prompt: int = 1, seed: int = 0, num_steps: int = 20,

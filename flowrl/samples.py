@@ -54,10 +54,10 @@ class Samples:
 
     def select(self, index) -> "Samples":
         index = torch.as_tensor(index, dtype=torch.long, device=self.tensor.device)
-        return self._like(self.tensor[index])
+        return self.like(self.tensor[index])
 
-    def _like(self, tensor: torch.Tensor) -> "Samples":
-        # Subclasses carrying extra fields (fps) override this to keep them.
+    def like(self, tensor: torch.Tensor) -> "Samples":
+        """A batch of the same kind holding `tensor`; subclasses with extra fields (fps) keep them."""
         return type(self)(tensor)
 
     def to_uint8(self) -> np.ndarray:
@@ -104,7 +104,7 @@ class VideoSamples(Samples):
         super().__init__(tensor)
         self.fps = fps
 
-    def _like(self, tensor: torch.Tensor) -> "VideoSamples":
+    def like(self, tensor: torch.Tensor) -> "VideoSamples":
         return VideoSamples(tensor, fps=self.fps)
 
     def decoded(self) -> torch.Tensor:
@@ -261,18 +261,21 @@ def write_samples(folder, samples: Samples, records: list[dict]) -> Path:
         raise ValueError(f"{len(records)} records for {len(samples)} samples")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    height, width = samples.size()
-    lines = []
-    for i, record in enumerate(records):
-        files = samples.write(folder, f"{i:05d}", i)
-        line = {**record, "file": files[0], "modality": samples.modality, "extra_files": files[1:],
-                "height": height, "width": width}
-        if isinstance(samples, VideoSamples):
-            line["fps"] = samples.fps
-        lines.append(json.dumps(line))
+    lines = [json.dumps(index_line(samples, record, samples.write(folder, f"{i:05d}", i)))
+             for i, record in enumerate(records)]
     path = folder / INDEX_FILE
     path.write_text("".join(line + "\n" for line in lines))
     return path
+
+
+def index_line(samples: Samples, record: dict, files: list[str]) -> dict:
+    """A sample's samples.jsonl line: its record, the files it was written to, and what reading it back needs."""
+    height, width = samples.size()
+    line = {**record, "file": files[0], "modality": samples.modality, "extra_files": files[1:],
+            "height": height, "width": width}
+    if isinstance(samples, VideoSamples):
+        line["fps"] = samples.fps
+    return line
 
 
 def read_records(folder) -> list[dict]:

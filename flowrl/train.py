@@ -144,10 +144,6 @@ class Trainer:
                                                       mixed_precision=config.train.mixed_precision)
         self.world = self.accelerator.num_processes
         self.rank = self.accelerator.process_index
-        if self.world > 1 and self.accelerator.distributed_type == "FSDP" and config.eval.enabled:
-            raise ConfigError("eval.enabled: a run's evaluations sample on the main process alone, which FSDP's "
-                              "sharded denoiser cannot do; set eval.enabled=false and evaluate checkpoints with "
-                              "`flowrl sample` and `flowrl eval`")
         self.is_main = self.accelerator.is_main_process
         self.run_dir = Path(run_dir or Path(config.run.out_dir) / config.run.name)
         self.log = log and self.is_main
@@ -478,8 +474,9 @@ class Trainer:
         self.saved_snapshots = read_snapshots(path)
 
     # ---- main loop ----------------------------------------------------------------------------------------
-    def run(self, on_update=None) -> RunState:
-        """Train until config.train.updates; `on_update(update, metrics)` runs on the main process after each."""
+    def run(self, on_update=None, every_process: bool = False) -> RunState:
+        """Train until config.train.updates; `on_update(update, metrics)` runs after each, on the main process, or
+        on every process with `every_process` (for work they share, such as a sharded evaluation)."""
         c = self.config
         self.resumed_from = self.resume()
         if self.resumed_from is not None and self.log:
@@ -513,7 +510,7 @@ class Trainer:
                 if self.worker is not None:
                     self.worker.trained(update, c.train.updates)
                 metrics["seconds"] = time.time() - started
-                if self.is_main and on_update is not None:
+                if on_update is not None and (self.is_main or every_process):
                     on_update(self.state.update, metrics)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}")

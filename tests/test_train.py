@@ -67,22 +67,46 @@ def test_two_processes_match_one(tiny_sd3_dir, tmp_path):
     assert moved <= 1e-4 * scale, (moved, scale)
 
 
+def test_eval_shares_cover_the_set_in_order_with_one_length_on_every_process():
+    from flowrl.experiment import eval_share
+
+    for count, world in [(4, 2), (3, 2), (7, 3), (1, 4), (0, 2)]:
+        shares = [eval_share(count, rank, world) for rank in range(world)]
+        assert len({len(indices) for indices, _ in shares}) == 1  # the same number of forward passes everywhere
+        assert [i for indices, own in shares for i in indices[:own]] == list(range(count))
+        assert all(set(indices) <= set(range(max(count, 1))) for indices, _ in shares)
+    assert eval_share(3, 1, 2) == ([2, 2], 1)
+
+
 @pytest.mark.slow
-def test_a_two_process_run_evaluates_on_the_main_process_while_the_other_waits(tiny_sd3_dir, tmp_path):
-    """`flowrl train` under torchrun with its evaluations on: the main process samples and judges the eval set
-    alone (base and tuned), the other waits in the next collective, and the run ends with its eval.json."""
+def test_a_two_process_run_shares_its_evaluations_and_judges_them_as_one_process_does(tiny_sd3_dir, tmp_path):
+    """`flowrl train` under torchrun with its evaluations on: each process samples half of the eval set, the main one
+    gathers and judges them, and the base evaluation equals a one-process run's for every tag (each eval prompt its
+    own tag, so a sample with the wrong seed or in the wrong place changes a number)."""
     import json
 
+    from flowrl.config import load_config
+    from flowrl.experiment import run_experiment
+
+    (tmp_path / "train.txt").write_text("a red circle\na blue square\n")
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"prompt": p, "tag": p}) + "\n" for p in
+                                                 ["a red circle", "a green triangle", "a blue square", "two circles"]))
     config = tiny_run_config(tmp_path / "e.yaml", tiny_sd3_dir, tmp_path / "runs", "dist_eval", updates=2,
-                             checkpoint_every=0)
+                             checkpoint_every=0, rollout_microbatch=2)
+    # batches of 2 in both runs: the same samples share a forward pass, so the numbers match to the last digit
+    overrides = ["task.name=prompt_file", f"prompts.source={tmp_path / 'train.txt'}", "eval.enabled=true",
+                 f"eval.prompts={tmp_path / 'eval.jsonl'}", "eval.every=1", "eval.num_per_prompt=1", "eval.num_steps=2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                             "--master_port=29532", "-m", "flowrl", "train", str(config), "eval.enabled=true",
-                             "eval.every=1", "eval.num_per_prompt=1", "eval.num_steps=2"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=600)
+                             "--master_port=29532", "-m", "flowrl", "train", str(config), *overrides], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     evals = json.loads((tmp_path / "runs" / "dist_eval" / "eval.json").read_text())
-    assert sorted(evals, key=int) == ["0", "1", "2"] and all("overall" in e for e in evals.values())
+    assert sorted(evals, key=int) == ["0", "1", "2"] and all(len(e["tags"]) == 4 for e in evals.values())
+    assert (tmp_path / "runs" / "dist_eval" / "before_after.png").is_file()
+    one = run_experiment(load_config(config, [*overrides, "run.name=one", "train.updates=1"]))
+    alone = json.loads((one / "eval.json").read_text())["0"]
+    assert evals["0"]["tags"] == alone["tags"] and len(set(alone["tags"].values())) > 1, (evals["0"], alone)
 
 
 def test_wandb_logs_offline_beside_csv_and_tensorboard(tiny_sd3_dir, tmp_path):

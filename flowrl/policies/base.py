@@ -155,7 +155,7 @@ class FlowPolicy:
 
     def net(self):
         """The network to call: the distributed wrapper when gradients flow, the bare module otherwise (rollouts
-        and evaluation need no gradient synchronisation, and may run on one process alone)."""
+        and evaluation need no gradient synchronisation)."""
         return self.model if torch.is_grad_enabled() else self.transformer
 
     @property
