@@ -169,10 +169,12 @@ def cmd_train(args) -> None:
 
 
 def cmd_sample(args, extensions: list[TaskCommands]) -> None:
+    import torch
+    from accelerate import PartialState
+
     from .checkpoint import load_trained_weights
-    from .generate import generate_samples
     from .policies import load_pipeline, place_for_sampling, policy_for, sampling_placement
-    from .samples import write_samples
+    from .sample_job import draw_samples
     from .tasks.base import read_prompt_file
 
     for flag, value in (("--num-per-prompt", args.num_per_prompt), ("--batch-size", args.batch_size)):
@@ -180,7 +182,10 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
             raise UserError(f"{flag}: expected an integer >= 1, got {value}")
     conditions = read_prompt_file(args.prompts)
     fill_sampling_settings(args, args.checkpoint)
-    placement = sampling_placement(args.device, args.weight_dtype)
+    # under torchrun / accelerate launch: one share of the samples per process, each on its own GPU
+    state = PartialState(cpu=not torch.cuda.is_available())
+    device = args.device or (str(state.device) if state.num_processes > 1 else None)
+    placement = sampling_placement(device, args.weight_dtype)
     # loaded in the dtype it samples in: no fp32 copy of a large model in host memory (an adapter is kept fp32)
     policy = policy_for(load_pipeline(args.pipeline, placement[1]), max_sequence_length=args.max_sequence_length)
     if args.checkpoint:
@@ -205,13 +210,15 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
         raise UserError("--fk-particles and a task's steering flag: choose one kind of steering")
     precision = place_for_sampling(policy, placement)  # with any adapter a steer loaded
     spec = sample_spec(args, policy)
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "batch_size", "device")
+                and isinstance(v, (str, int, float, bool, type(None), list))}
+    settings.update(device_type=placement[0].type, weight_dtype=str(placement[1]).removeprefix("torch."),
+                    kind=kind, noise_level=noise_level, height=spec.height, width=spec.width,
+                    num_frames=spec.num_frames)
     with precision():
-        samples, records = generate_samples(policy, conditions, args.num_per_prompt, args.seed, args.steps,
-                                            args.guidance, spec, kind=kind, noise_level=noise_level,
-                                            batch_size=args.batch_size, steer=steers[0] if steers else None)
-    metas = [item.meta for item in conditions for _ in range(args.num_per_prompt)]
-    index = write_samples(args.out, samples, [{**meta, **record} for meta, record in zip(metas, records)])
-    print(f"wrote {len(records)} {samples.modality} samples and {index.name} to {args.out}")
+        draw_samples(policy, conditions, args.num_per_prompt, args.seed, Path(args.out), settings, state,
+                     num_steps=args.steps, guidance_scale=args.guidance, spec=spec, kind=kind,
+                     noise_level=noise_level, batch_size=args.batch_size, steer=steers[0] if steers else None)
 
 
 def cmd_export(args) -> None:

@@ -37,8 +37,8 @@ from .tasks.base import build_task
 
 
 def fault_point(phase: str, update: int) -> None:
-    """Fault injection for the kill tests: FLOWRL_KILL_AT=phase@update (rollout, update, checkpoint) kills this
-    process with SIGKILL there, as a crash or an OOM killer would."""
+    """Fault injection for the kill tests: FLOWRL_KILL_AT=phase@update (rollout, update, checkpoint; sample@N after
+    `flowrl sample`'s N-th batch) kills this process with SIGKILL there, as a crash or an OOM killer would."""
     if os.environ.get("FLOWRL_KILL_AT") == f"{phase}@{update}":
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -1,10 +1,12 @@
 """`flowrl sample` and `flowrl eval shapes` end to end."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from conftest import REPO
@@ -143,3 +145,52 @@ def test_a_prompt_files_relative_image_paths_are_taken_from_its_folder(tmp_path,
     relative, absolute = read_prompt_file("edits/edits.jsonl")
     assert Path(relative.meta["image"]).resolve() == folder / "sources" / "a.png"
     assert absolute.meta["image"] == str(tmp_path / "b.png")
+
+
+def _sample(pipeline, prompts, out, *flags, env=None, torchrun=False):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"] \
+        if torchrun else [sys.executable]
+    return subprocess.run([*launcher, "-m", "flowrl", "sample", "--pipeline", str(pipeline), "--prompts", str(prompts),
+                           "--out", str(out), "--num-per-prompt", "2", "--seed", "3", "--steps", "2",
+                           "--batch-size", "1", *flags], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def _pixels(folder):
+    records = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines()]
+    return records, [np.asarray(Image.open(folder / r["file"])) for r in records]
+
+
+def test_sample_killed_midway_resumes_without_redrawing_and_refuses_other_settings(tiny_sd3_dir, tmp_path):
+    """Samples reach the disk batch by batch: after a SIGKILL past the second batch, the same command draws only the
+    rest, and the folder equals an uninterrupted run's; other settings into the same folder are an error."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\ntwo squares\n")
+    straight = _sample(tiny_sd3_dir, prompts, tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    out = tmp_path / "resumed"
+    killed = _sample(tiny_sd3_dir, prompts, out, env={"FLOWRL_KILL_AT": "sample@2"})
+    assert killed.returncode == -9 and not (out / "samples.jsonl").exists()
+    first = (out / "00000.png").stat().st_mtime_ns
+    resumed = _sample(tiny_sd3_dir, prompts, out)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "2 of 4 samples already" in resumed.stdout
+    assert (out / "00000.png").stat().st_mtime_ns == first  # kept, not drawn again
+    assert not list(out.glob(".progress-*"))
+    (expected, want), (records, got) = _pixels(tmp_path / "straight"), _pixels(out)
+    assert records == expected and all(np.array_equal(a, b) for a, b in zip(want, got))
+    other = _sample(tiny_sd3_dir, prompts, out, "--guidance", "2.5")
+    assert other.returncode == 2 and "guidance" in other.stderr and "Traceback" not in other.stderr
+
+
+@pytest.mark.slow
+def test_sample_under_torchrun_shares_the_prompts_and_writes_one_index(tiny_sd3_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\ntwo squares\n")
+    one = _sample(tiny_sd3_dir, prompts, tmp_path / "one")
+    two = _sample(tiny_sd3_dir, prompts, tmp_path / "two", torchrun=True)
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
+    (expected, want), (records, got) = _pixels(tmp_path / "one"), _pixels(tmp_path / "two")
+    assert records == expected and all(np.array_equal(a, b) for a, b in zip(want, got))
+    assert "process 0 of 2: drawing 2 samples" in two.stdout and "process 1 of 2: drawing 2 samples" in two.stdout
+    assert two.stdout.count("wrote 4 image samples") == 1  # the main process writes the index

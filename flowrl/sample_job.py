@@ -1,0 +1,142 @@
+"""`flowrl sample` as a job that survives its size: samples go to disk batch by batch (a VBench or GenEval set at
+full resolution does not fit in host memory), a rerun with the same settings resumes where an interrupted one
+stopped, and under torchrun / accelerate launch every process draws a contiguous share of what is left.
+
+The folder holds `sampling.json` (the settings that fix every sample: pipeline, checkpoint, steps, ...), each
+process's progress lines (`.progress-RANK.jsonl`, one per written sample, flushed per batch) and, once every
+sample is written, `samples.jsonl` in sample order (what `flowrl eval` reads); the progress files then go.
+Sample k of prompt p keeps its seed whatever is resumed or shared, so its noise never changes; which samples
+share a batch does, and with it the last bits of float rounding (and an FK steer's resampling draws).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import UserError
+from .generate import contiguous_share, sample_chunks, sample_seeds
+from .samples import INDEX_FILE, index_line
+
+SETTINGS_FILE = "sampling.json"
+PROGRESS_GLOB = ".progress-*.jsonl"
+
+
+def draw_samples(policy, conditions: list, num_per_prompt: int, seed: int, folder: Path, settings: dict, state,
+                 **sampling) -> Path:
+    """Draw num_per_prompt samples of every condition into `folder` (what is not there yet, this process's share
+    of it; `state`: accelerate's PartialState) and, on the main process, write the index once all are there.
+    `sampling`: generate.sample_chunks's settings (steps, guidance, spec, kind, noise, batch size, steer)."""
+    items = [item for item in conditions for _ in range(num_per_prompt)]
+    seeds = sample_seeds(seed, len(conditions), num_per_prompt)
+    planned = [{"prompt": item.prompt, "seed": s} for item, s in zip(items, seeds)]
+    main = state.is_main_process
+    if main:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not check_settings(folder, settings):  # a new folder, or one from before sampling.json: start over
+            for stale in [folder / INDEX_FILE, *folder.glob(PROGRESS_GLOB)]:
+                stale.unlink(missing_ok=True)
+            (folder / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+    state.wait_for_everyone()
+    done = written_samples(folder, planned)
+    state.wait_for_everyone()  # every process has read what is done before any writes more
+    todo = [n for n in range(len(planned)) if n not in done]
+    mine = [todo[i] for i in contiguous_share(len(todo), state.process_index, state.num_processes)]
+    if done and main:
+        print(f"{len(done)} of {len(planned)} samples already in {folder}; drawing the other {len(todo)}")
+    if state.num_processes > 1:
+        print(f"process {state.process_index} of {state.num_processes}: drawing {len(mine)} samples", flush=True)
+    chunks = sample_chunks(policy, [items[n] for n in mine], 1, seeds=[seeds[n] for n in mine],
+                           desc="sampling" if main else None, **sampling)
+    draw_into(folder, chunks, mine, [items[n].meta for n in mine], state.process_index, policy.fps,
+              policy.modality)
+    state.wait_for_everyone()
+    if not main:
+        return folder / INDEX_FILE
+    index = finish(folder, planned)
+    print(f"wrote {len(planned)} {policy.modality} samples and {index.name} to {folder}")
+    return index
+
+
+def check_settings(folder: Path, settings: dict) -> bool:
+    """Whether `folder` already holds samples drawn with `settings` (so a rerun resumes); a folder drawn with other
+    settings is an error rather than a mix."""
+    path = folder / SETTINGS_FILE
+    if not path.is_file():
+        return False
+    try:
+        old = json.loads(path.read_text())
+    except ValueError:
+        raise UserError(f"{path} is not readable as JSON; delete the folder or choose another --out") from None
+    changed = sorted(k for k in old.keys() | settings.keys() if old.get(k) != settings.get(k))
+    if changed:
+        raise UserError(f"--out {folder}: holds samples drawn with other settings ("
+                        + "; ".join(f"{k}: {old.get(k)!r}, now {settings.get(k)!r}" for k in changed)
+                        + "); delete it or choose another --out")
+    return True
+
+
+def written_samples(folder: Path, planned: list[dict]) -> dict[int, dict]:
+    """The index lines of samples already on disk that are the planned ones (same prompt and seed at that index,
+    every file present): from a finished samples.jsonl and from any process's progress lines (a line cut short by
+    an interruption is skipped)."""
+    lines = []
+    index = folder / INDEX_FILE
+    if index.is_file():
+        lines += [{**json.loads(line), "index": n} for n, line in enumerate(index.read_text().splitlines())
+                  if line.strip()]
+    for progress in sorted(folder.glob(PROGRESS_GLOB)):
+        for line in progress.read_text().splitlines():
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                continue
+    done = {}
+    for line in lines:
+        n = line.get("index")
+        if not isinstance(n, int) or not 0 <= n < len(planned):
+            continue
+        files = [line.get("file"), *line.get("extra_files", [])]
+        if (line.get("prompt"), line.get("seed")) == (planned[n]["prompt"], planned[n]["seed"]) and \
+                all(isinstance(f, str) and (folder / f).is_file() for f in files):
+            done[n] = line
+    return done
+
+
+def draw_into(folder: Path, chunks, indices: list[int], metas: list[dict], rank: int, fps: int,
+              modality: str) -> None:
+    """Write what `chunks` (generate.sample_chunks over the samples `indices`, in order) yields: each sample's files
+    as `{index:05d}.*`, then its line (the condition's `metas` fields and the sample's record) in this process's
+    progress file, flushed after every batch."""
+    from .samples import as_samples
+    from .train import fault_point
+
+    position = batches = 0
+    with (folder / f".progress-{rank}.jsonl").open("a") as progress:
+        for decoded, records in chunks:
+            samples = as_samples(decoded, fps=fps, modality=modality)
+            for j, record in enumerate(records):
+                n = indices[position]
+                files = samples.write(folder, f"{n:05d}", j)
+                line = index_line(samples, {**metas[position], **record}, files)
+                progress.write(json.dumps({**line, "index": n}) + "\n")
+                position += 1
+            progress.flush()
+            batches += 1
+            fault_point("sample", batches)
+
+
+def finish(folder: Path, planned: list[dict]) -> Path:
+    """samples.jsonl in sample order once every planned sample is on disk; the progress files are removed."""
+    done = written_samples(folder, planned)
+    missing = [n for n in range(len(planned)) if n not in done]
+    if missing:
+        raise UserError(f"--out {folder}: {len(missing)} of {len(planned)} samples were not written (first: "
+                        f"{missing[0]}); run the same command again to draw them")
+    index = folder / INDEX_FILE
+    partial = index.with_suffix(".jsonl.tmp")
+    partial.write_text("".join(json.dumps({k: v for k, v in done[n].items() if k != "index"}) + "\n"
+                               for n in range(len(planned))))
+    partial.replace(index)  # all at once: a reader never sees half an index
+    for progress in folder.glob(PROGRESS_GLOB):
+        progress.unlink()
+    return index
