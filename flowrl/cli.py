@@ -134,7 +134,9 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
                     "$FLOWRL_VBENCH_PYTHON)")
     ev.add_argument("--vbench-cache", default=None, help="vbench: folder of VBench's model weights (default: "
                     "$VBENCH_CACHE_DIR or ~/.cache/vbench)")
-    ev.add_argument("--device", default=None, help="vbench: cpu or cuda (default: cuda when there is a GPU)")
+    ev.add_argument("--device", default=None, help="rewards, vbench: where the models run, cpu, cuda or cuda:N "
+                    "(default: cuda when there is a GPU)")
+    ev.add_argument("--batch-size", type=int, default=32, help="rewards: samples read and scored at a time")
     ev.add_argument("--make-env", default=None, metavar="DIR", help="vbench: create VBench's own environment in DIR")
     ev.add_argument("--results", default=None, metavar="FILE", help="vbench: aggregate an existing VBench or "
                     "VBench-2.0 *_eval_results.json (Quality / Semantic / Total, or the five category means)")
@@ -182,10 +184,9 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
             raise UserError(f"{flag}: expected an integer >= 1, got {value}")
     conditions = read_prompt_file(args.prompts)
     fill_sampling_settings(args, args.checkpoint)
-    # under torchrun / accelerate launch: one share of the samples per process, each on its own GPU
+    # under torchrun / accelerate launch: one share of the samples per process, each on its own GPU (LOCAL_RANK's)
     state = PartialState(cpu=not torch.cuda.is_available())
-    device = args.device or (str(state.device) if state.num_processes > 1 else None)
-    placement = sampling_placement(device, args.weight_dtype)
+    placement = sampling_placement(args.device, args.weight_dtype)
     # loaded in the dtype it samples in: no fp32 copy of a large model in host memory (an adapter is kept fp32)
     policy = policy_for(load_pipeline(args.pipeline, placement[1]), max_sequence_length=args.max_sequence_length)
     if args.checkpoint:
@@ -378,16 +379,27 @@ def cmd_eval_task(args) -> None:
 
 def cmd_eval_rewards(args) -> None:
     """`flowrl eval rewards --samples DIR --reward NAME`: the mean reward per tag, to DIR/rewards_eval.json."""
+    from tqdm import tqdm
+
+    from .devices import default_device
     from .experiment import reward_metrics
     from .rewards import build_reward
-    from .samples import read_samples
+    from .samples import load_samples, read_records
     from .tasks.base import format_metrics
 
     if args.reward is None:
         raise UserError("eval rewards: expected --reward NAME (a registered reward or package.module:Name)")
-    reward = build_reward(args.reward, where="--reward", **json_object(args.reward_params, "--reward-params"))
-    samples, records = read_samples(args.samples)
-    result = {"reward": args.reward, **reward_metrics(reward, samples, read_conditions(args.samples, records))}
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size: expected an integer >= 1, got {args.batch_size}")
+    params = json_object(args.reward_params, "--reward-params")
+    reward = build_reward(args.reward, where="--reward", **params).to(args.device or default_device())
+    records = read_records(args.samples)
+    items = read_conditions(args.samples, records)
+    # a batch of files at a time: a large folder (thousands of 1024 px images or of clips) never sits in memory whole
+    batches = ((load_samples(args.samples, records[a:a + args.batch_size]), items[a:a + args.batch_size])
+               for a in range(0, len(records), args.batch_size))
+    result = {"reward": args.reward, **reward_metrics(reward, tqdm(batches, total=-(-len(records) // args.batch_size),
+                                                                   desc="scoring", mininterval=2))}
     out = Path(args.samples) / "rewards_eval.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(format_metrics(result))
@@ -411,10 +423,10 @@ def cmd_eval_vbench(args) -> None:
             raise UserError("eval vbench: expected --samples DIR (clips written by `flowrl sample`), --results FILE "
                             "or --make-env DIR")
         dimensions = [d.strip() for d in args.dimensions.split(",") if d.strip()]
-        import torch
+        from .devices import default_device
 
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        result = vbench.run_vbench(args.samples, dimensions, args.python, args.vbench_cache, device)
+        result = vbench.run_vbench(args.samples, dimensions, args.python, args.vbench_cache,
+                                   args.device or default_device())
         out = Path(args.samples) / "vbench_eval.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(vbench.format_scores(result))

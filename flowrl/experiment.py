@@ -62,7 +62,7 @@ def evaluate(trainer: Trainer, desc: str):
         return None, None, items
     result = trainer.task.evaluate(samples, items)
     if result is None:
-        result = reward_metrics(trainer.reward, samples, items)
+        result = reward_metrics(trainer.reward, in_batches(samples, items, 64))
     return result, samples, items
 
 
@@ -97,14 +97,20 @@ def eval_conditions(trainer: Trainer) -> list:
 
 
 @torch.no_grad()
-def reward_metrics(reward, samples, items, batch_size: int = 64) -> dict:
-    """The mean reward per tag (an item's meta 'tag', else 'all') and over tags."""
-    scores = []
-    for start in range(0, len(items), batch_size):
-        part = samples.select(list(range(start, min(start + batch_size, len(items)))))
-        chunk = items[start:start + batch_size]
-        scores += reward(part.decoded(), [i.prompt for i in chunk], {"conditions": chunk}).scores.tolist()
+def reward_metrics(reward, batches) -> dict:
+    """The mean reward per tag (an item's meta 'tag', else 'all') and over tags, scoring `batches` of (samples,
+    their condition items) one at a time."""
+    scores, items = [], []
+    for samples, chunk in batches:
+        scores += reward(samples.decoded(), [i.prompt for i in chunk], {"conditions": chunk}).scores.tolist()
+        items += chunk
     return tag_metrics(scores, [str(i.meta.get("tag", "all")) for i in items], clusters=[i.prompt for i in items])
+
+
+def in_batches(samples, items: list, size: int):
+    """(samples, items) `size` at a time."""
+    for start in range(0, len(items), size):
+        yield samples.select(list(range(start, min(start + size, len(items))))), items[start:start + size]
 
 
 def log_samples(log: MetricsLog, samples, update: int, per_prompt: int, prompts: int = 16,

@@ -303,9 +303,15 @@ def read_records(folder) -> list[dict]:
 
 def read_samples(folder) -> tuple[Samples, list[dict]]:
     """Read back what `write_samples` wrote: the samples and their jsonl records."""
+    records = read_records(folder)
+    return load_samples(folder, records), records
+
+
+def load_samples(folder, records: list[dict]) -> Samples:
+    """The samples `records` (lines of the folder's index) name, read from their files; a caller can read a large
+    folder a batch of records at a time."""
     folder = Path(folder)
     index = folder / INDEX_FILE
-    records = read_records(folder)
     arrays = []
     for record in records:
         video = record["modality"] == "video"
@@ -332,12 +338,10 @@ def read_samples(folder) -> tuple[Samples, list[dict]]:
         raise UserError(f"samples in {folder} differ in size or frame count: {e}") from e
 
     if records[0]["modality"] == "3d":
-        samples = ShapeSamples(torch.from_numpy(pixels))
-    elif records[0]["modality"] == "video":
+        return ShapeSamples(torch.from_numpy(pixels))
+    if records[0]["modality"] == "video":
         b, f = pixels.shape[:2]
         frames = to_unit(pixels.reshape(b * f, *pixels.shape[2:]))  # [B*F, 3, H, W]
         fps = records[0].get("fps", 8)
-        samples = VideoSamples(frames.reshape(b, f, *frames.shape[1:]), fps=fps)
-    else:
-        samples = ImageSamples(to_unit(pixels))
-    return samples, records
+        return VideoSamples(frames.reshape(b, f, *frames.shape[1:]), fps=fps)
+    return ImageSamples(to_unit(pixels))

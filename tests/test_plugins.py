@@ -78,3 +78,9 @@ def test_a_plugin_task_evaluates_a_samples_folder(tmp_path):
     assert rewards.returncode == 0, rewards.stderr[-2000:]
     scored = json.loads((tmp_path / "rewards_eval.json").read_text())
     assert scored["tags"] == {"green": 0.0, "red": 1.0}  # mean red minus green per tag: (-1 + 1) / 2 and 1
+    # read and scored two files at a time (batches [red, green], [green]): the same per-tag means
+    paired = subprocess.run([sys.executable, "-m", "flowrl", "eval", "rewards", "--samples", str(tmp_path), "--reward",
+                             "toy_plugin:Redness", "--batch-size", "2"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert paired.returncode == 0, paired.stderr[-2000:]
+    assert json.loads((tmp_path / "rewards_eval.json").read_text())["tags"] == scored["tags"]

@@ -194,3 +194,23 @@ def test_sample_under_torchrun_shares_the_prompts_and_writes_one_index(tiny_sd3_
     assert records == expected and all(np.array_equal(a, b) for a, b in zip(want, got))
     assert "process 0 of 2: drawing 2 samples" in two.stdout and "process 1 of 2: drawing 2 samples" in two.stdout
     assert two.stdout.count("wrote 4 image samples") == 1  # the main process writes the index
+
+
+def test_eval_rewards_reads_a_folder_a_batch_at_a_time(tmp_path, monkeypatch):
+    import torch
+
+    import flowrl.samples
+    from flowrl.cli import main
+    from flowrl.samples import ImageSamples, write_samples
+
+    images = torch.rand(5, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    write_samples(tmp_path, ImageSamples(images), [{"prompt": f"p{i}", "tag": "ab"[i % 2]} for i in range(5)])
+    loaded, load = [], flowrl.samples.load_samples
+    monkeypatch.setattr(flowrl.samples, "load_samples", lambda folder, records: loaded.append(len(records)) or
+                        load(folder, records))
+    assert main(["eval", "rewards", "--samples", str(tmp_path), "--reward", "jpeg_compressibility",
+                 "--batch-size", "2", "--device", "cpu"]) == 0
+    assert loaded == [2, 2, 1]
+    batched = json.loads((tmp_path / "rewards_eval.json").read_text())
+    assert main(["eval", "rewards", "--samples", str(tmp_path), "--reward", "jpeg_compressibility"]) == 0
+    assert loaded[3:] == [5] and json.loads((tmp_path / "rewards_eval.json").read_text()) == batched

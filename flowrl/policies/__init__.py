@@ -64,7 +64,9 @@ def sampling_placement(device: str | None = None, weight_dtype: str | None = Non
     configs train; fp32 on the CPU, where half-precision matmuls are slow). Checked before any weights load."""
     from ..errors import UserError
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    from ..devices import default_device
+
+    device = device or default_device()
     try:
         target = torch.device(device)
     except RuntimeError:

@@ -54,14 +54,12 @@ def serve_reward(name: str, params: dict, host: str = "127.0.0.1", port: int = 8
                  device: str | None = None):
     """Serve reward `name` (built with `params`) until interrupted, its models on `device` (None: the GPU of this
     process's LOCAL_RANK, as a run's `process: true` child inherits it, when there is one; else the CPU)."""
-    import os
-
     import uvicorn
     from fastapi import FastAPI, HTTPException, Request, Response
 
-    if device is None:
-        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
-    reward = build_reward(name, where="serve-reward", **params).to(device)
+    from ..devices import default_device
+
+    reward = build_reward(name, where="serve-reward", **params).to(device or default_device())
     app = FastAPI(title=f"flowrl reward {name}")
 
     def check(request: Request) -> None:
