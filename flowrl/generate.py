@@ -68,14 +68,15 @@ def sample_chunks(policy, prompts: list, num_per_prompt: int = 1, seed: int = 0,
     `batch_size` samples, so a caller can write each batch before the next is drawn."""
     expanded = [p for p in prompts for _ in range(num_per_prompt)]
     seeds = sample_seeds(seed, len(prompts), num_per_prompt) if seeds is None else list(seeds)
-    shape = policy.noise_shape(spec or policy.default_spec())
+    spec = spec or policy.default_spec()
+    shape = policy.noise_shape(spec)
     k = steer.particles if steer is not None else 1
     per_batch = max(1, batch_size // k)
     bar = tqdm(total=len(expanded), desc=desc, disable=desc is None, mininterval=2)
     for start in range(0, len(expanded), per_batch):
         chunk, chunk_seeds = expanded[start:start + per_batch], seeds[start:start + per_batch]
         particle_seeds = [derived_seed(s, j) for s in chunk_seeds for j in range(k)] if k > 1 else chunk_seeds
-        cond = policy.encode([p for p in chunk for _ in range(k)], guidance_scale)
+        cond = policy.encode([p for p in chunk for _ in range(k)], guidance_scale, spec)
         callbacks, step_guide = [], guide
         if steer is not None:
             callbacks, step_guide = steer.start(policy, cond, len(chunk), num_steps,

@@ -60,3 +60,13 @@ def item_image(item, key: str, world: str, needed_by: str, size: int | None = No
     if size is not None and batch.shape[-2:] != (size, size):
         raise UserError(f"condition image of {item.prompt!r} is {tuple(batch.shape[-2:])}; expected {size}x{size}")
     return batch[0]
+
+
+def resized(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """A float image [3, H, W] in [0, 1] at height x width (bicubic, antialiased when shrinking); unchanged, not
+    resampled, when it already has that size."""
+    if tuple(image.shape[-2:]) == (height, width):
+        return image
+    out = torch.nn.functional.interpolate(image[None].float(), size=(height, width), mode="bicubic",
+                                          antialias=True, align_corners=False)
+    return out[0].clamp(0, 1).to(image.dtype)

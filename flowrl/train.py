@@ -233,7 +233,7 @@ class Trainer:
             lo, hi = c.sampler.sde_window_range
             start = int(torch.randint(lo, hi, (1,), generator=torch.Generator().manual_seed(derived_seed(seed, update, 29))))
             window = (start, start + c.sampler.sde_window_size)
-        cond = policy.encode(local_items, c.sampler.guidance_scale)
+        cond = policy.encode(local_items, c.sampler.guidance_scale, self.spec)
         callbacks, steering = [], None
         if c.sampler.fk is not None:
             from .fk import FKSteering

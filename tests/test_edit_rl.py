@@ -165,3 +165,32 @@ def test_sample_cli_edits_world_scenes_and_image_files_and_eval_reads_them_back(
     assert main(["eval", "shapes_edit", "--samples", str(tmp_path / "world")]) == 0
     result = json.loads((tmp_path / "world" / "shapes_edit_eval.json").read_text())
     assert result["counts"]["recolour"] == 1 and "off_target" in result["metrics"]
+
+
+def test_kontext_sources_take_the_sample_size_so_any_sizes_share_a_batch():
+    """Sources of two sizes in one batch (an error before): each is resized to the sample size, a sample equals the
+    one its source pre-resized gives, and does not depend on its batch-mate."""
+    from flowrl.images import resized
+
+    policy = policy_for(tiny_flux_kontext(), max_sequence_length=16)
+    rng = np.random.default_rng(1)
+    small, large = rng.integers(0, 255, (8, 8, 3), dtype=np.uint8), rng.integers(0, 255, (24, 40, 3), dtype=np.uint8)
+    spec = SampleSpec(16, 16)
+    shape = policy.noise_shape(spec)
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+
+    def edit(sources, first=0):
+        items = [Condition(PROMPTS[0], inputs={"source_image": s}) for s in sources]
+        return rollout(policy, policy.encode(items, 3.5, spec), sample_generators([1, 2][:len(items)]), shape, 2,
+                       "ode", 0.0, 3.5, initial_noise=noise[first:first + len(items)]).final
+
+    both = edit([small, large])
+    with pytest.raises(UserError, match="differ in size"):
+        policy.encode([Condition(PROMPTS[0], inputs={"source_image": s}) for s in (small, large)], 3.5)
+    alone = edit([large], first=1)
+    torch.testing.assert_close(both[1:], alone, atol=1e-5, rtol=1e-5)
+    from flowrl.images import as_image_batch
+
+    pre = resized(as_image_batch(large)[0], 16, 16)
+    torch.testing.assert_close(edit([pre], first=1), alone, atol=0, rtol=0)
+    assert resized(pre, 16, 16) is pre  # the sample size already: untouched

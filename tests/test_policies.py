@@ -107,7 +107,7 @@ def test_condition_inputs_travel_through_encode_and_follow_selection():
     from flowrl.tasks import Condition
 
     class SourcePolicy(SD3Policy):
-        def encode_inputs(self, cond, items):
+        def encode_inputs(self, cond, items, spec=None):
             cond.tensors["source"] = torch.stack([torch.as_tensor(item.inputs["source"]) for item in items])
             return cond
 
@@ -210,7 +210,7 @@ def test_the_runs_evaluation_samples_with_the_sampling_gate_and_training_keeps_i
         return ImageSamples(torch.zeros(len(conditions) * num_per_prompt, 3, 32, 32)), []
 
     monkeypatch.setattr(experiment, "generate_samples", fake_generate)
-    trainer = SimpleNamespace(policy=policy, spec=None, task=build_task("shapes"),
+    trainer = SimpleNamespace(policy=policy, spec=None, task=build_task("shapes"), rank=0, world=1, is_main=True,
                               config=SimpleNamespace(eval=EvalSection(num_per_prompt=1), train=TrainSection(),
                                                      lora=LoraSection(sample_from_sigma=0.6)))
     experiment.evaluate(trainer, None)

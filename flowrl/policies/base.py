@@ -170,19 +170,20 @@ class FlowPolicy:
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
         raise NotImplementedError
 
-    def encode_inputs(self, cond: Conditioning, items: list) -> Conditioning:
-        """Add encoded per-sample inputs (a source image, control maps) to `cond`; families that take none ignore
-        them."""
+    def encode_inputs(self, cond: Conditioning, items: list, spec: SampleSpec | None = None) -> Conditioning:
+        """Add encoded per-sample inputs (a source image, control maps) to `cond`, for samples of size `spec` when
+        the caller knows it; families that take none ignore them."""
         return cond
 
-    def encode(self, conditions: list, guidance_scale: float) -> Conditioning:
-        """Encode condition items (tasks.Condition, or plain prompt strings) for sampling at `guidance_scale`."""
+    def encode(self, conditions: list, guidance_scale: float, spec: SampleSpec | None = None) -> Conditioning:
+        """Encode condition items (tasks.Condition, or plain prompt strings) for sampling at `guidance_scale`, for
+        samples of size `spec` (an editor's sources take that size)."""
         from ..tasks.base import Condition
 
         items = [c if isinstance(c, Condition) else Condition(c) for c in conditions]
         cond = self._encode_prompts_cached([c.prompt for c in items], guidance_scale)
         cond.items = items
-        return self.encode_inputs(cond, items)
+        return self.encode_inputs(cond, items, spec)
 
     def _encode_prompts_cached(self, prompts: list[str], guidance_scale: float) -> Conditioning:
         """encode_prompts, with the text encoders on the device only while they run (offload) and each distinct

@@ -80,16 +80,23 @@ class FluxKontextPolicy(FluxPolicy):
     source_world = "shapes_edit"
 
     @torch.no_grad()
-    def encode_inputs(self, cond: Conditioning, items: list) -> Conditioning:
+    def encode_inputs(self, cond: Conditioning, items: list, spec: SampleSpec | None = None) -> Conditioning:
         """Each item's source: inputs["source_image"], meta["image"] (a file, e.g. from a .jsonl prompt file) or
-        the shapes-editing world's scene for an instruction of its grammar (meta "scene_seed")."""
+        the shapes-editing world's scene for an instruction of its grammar (meta "scene_seed"); resized to the
+        sample size `spec` when given. FluxKontextPipeline makes its output the size of its (resized) source; here
+        the source takes the run's sample size instead, so sources of any size share a batch, memory follows the
+        size a run sets, and no sample depends on its batch-mates (deviation: bicubic with antialiasing, not
+        Kontext's snap to its preferred resolutions with Lanczos)."""
         from ..errors import UserError
-        from ..images import item_image
+        from ..images import item_image, resized
 
         sources = [item_image(item, self.source_input, self.source_world, "an editing pipeline") for item in items]
+        if spec is not None:
+            sources = [resized(source, spec.height, spec.width) for source in sources]
         sizes = {tuple(source.shape[-2:]) for source in sources}
         if len(sizes) > 1:
-            raise UserError(f"source images of one batch differ in size ({sorted(sizes)}); give sources of one size")
+            raise UserError(f"source images of one batch differ in size ({sorted(sizes)}); give sources of one size "
+                            "or the sample size to resize them to")
         cond.tensors["image_latents"] = kontext_source_latents(self.pipeline.vae, torch.stack(sources).to(self.device))
         return cond
 

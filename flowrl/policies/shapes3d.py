@@ -38,7 +38,8 @@ class Shapes3DPolicy(FlowPolicy):
     def text_encoders(self) -> list[torch.nn.Module]:
         return []
 
-    def encode(self, conditions: list, guidance_scale: float) -> Conditioning:
+    def encode(self, conditions: list, guidance_scale: float, spec: SampleSpec | None = None) -> Conditioning:
+        """The condition images at the model's own image size (a shape field's grid `spec` does not change them)."""
         from ..tasks.base import Condition
 
         items = [c if isinstance(c, Condition) else Condition(c) for c in conditions]
