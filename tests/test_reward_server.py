@@ -80,3 +80,46 @@ def test_a_dying_reward_server_stops_the_run_cleanly(server, tiny_sd3_dir, tmp_p
                                         "at update 1"):
         trainer.run(kill_after_first)
     assert (trainer.checkpoint_dir / "update_000001" / "state.json").is_file()
+
+
+def test_a_request_carries_each_items_inputs_and_metadata_as_they_were():
+    import numpy as np
+
+    from safetensors.torch import load
+
+    from flowrl.rewards.remote import decode_request, encode_request
+    from flowrl.tasks.base import Condition
+
+    source = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
+    image = torch.rand(3, 5, 5)
+    edit = Condition("edit me", inputs={"source_image": source}, meta={"tag": "a", "scene_seed": 3})
+    items = [edit, Condition("shape me", inputs={"image": image}), Condition("bare"), edit]  # a group shares `edit`
+    body = encode_request(torch.rand(4, 3, 8, 8), [i.prompt for i in items], {"conditions": items, "step": [1, 2, 3, 4]})
+    assert sorted(k for k in load(body) if k.startswith("input/")) == ["input/0/source_image", "input/1/image"]
+    samples, prompts, meta = decode_request(body)
+    got = meta["conditions"]
+    assert prompts == ["edit me", "shape me", "bare", "edit me"] and meta["step"] == [1, 2, 3, 4]
+    assert samples.shape == (4, 3, 8, 8) and got[3] is got[0]
+    assert [c.prompt for c in got] == prompts and [c.meta for c in got] == [i.meta for i in items]
+    assert isinstance(got[0].inputs["source_image"], np.ndarray) and np.array_equal(got[0].inputs["source_image"], source)
+    assert isinstance(got[1].inputs["image"], torch.Tensor) and torch.equal(got[1].inputs["image"], image)
+    assert got[2].inputs == {}
+
+
+def test_a_served_3d_reward_reads_the_condition_image_the_item_carries():
+    """silhouette_iou behind serve-reward on an item outside the 3D world's grammar: its condition image comes only
+    from the item's inputs, so the served score equals the in-process one."""
+    from flowrl.shapes3d.conditions import condition_item, world_image
+    from flowrl.tasks.base import Condition
+
+    item = Condition("my own object", inputs={"image": world_image(condition_item("a sphere on top of a cylinder", 5))})
+    grids = torch.rand(2, 32, 32, 32) - 0.3
+    local = build_reward("silhouette_iou")(grids, [item.prompt] * 2, {"conditions": [item] * 2}).scores
+    process, url, health = start_reward_server("silhouette_iou", {})
+    try:
+        assert health["modalities"] == ["3d"]
+        remote = build_reward("remote", url=url)(grids, [item.prompt] * 2, {"conditions": [item] * 2}).scores
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+    assert torch.equal(remote, local)

@@ -84,16 +84,14 @@ def build_reward(name: str, where: str = "reward", **params) -> Reward:
 
 
 def condition_items(prompts: list[str], meta: dict | None) -> list:
-    """The condition items of a reward call: meta['conditions'] as the loop passes them; rebuilt from
-    meta['condition_meta'] (each item's metadata, its per-sample arrays left behind) when the call came from another
-    process or a server; else bare prompts. Rewards that read a world's scene from an item's metadata need this."""
+    """The condition items of a reward call: meta['conditions'] as the loop passes them (a reward server rebuilds
+    them, inputs and metadata, from the request); else bare prompts. Rewards that read a world's scene from an
+    item's metadata, or a source image from its inputs, need this."""
     from ..tasks.base import Condition
 
     meta = meta or {}
     if meta.get("conditions") is not None:
         return list(meta["conditions"])
-    if meta.get("condition_meta") is not None:
-        return [Condition(p, meta=dict(m)) for p, m in zip(prompts, meta["condition_meta"])]
     return [Condition(p) for p in prompts]
 
 

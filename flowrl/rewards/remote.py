@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 import weakref
 
+import numpy as np
 import torch
 from safetensors.torch import load, save
 
@@ -31,17 +32,47 @@ from .base import Reward, RewardOutput, RewardUnavailable, build_reward, registe
 
 
 def encode_request(samples: torch.Tensor, prompts: list[str], meta: dict | None) -> bytes:
+    """A reward call as one safetensors body: the samples and the condition items' per-sample inputs (a source or
+    condition image) as tensors, once per distinct item (a group's samples share theirs), the prompts and the other
+    metadata (each item's included) as JSON in its header."""
     shareable = {k: v for k, v in (meta or {}).items() if k != "conditions"}  # conditions hold arrays: sent apart
+    tensors = {"samples": samples.detach().float().cpu().contiguous()}
+    kinds = {}  # which inputs were numpy arrays (a uint8 [H, W, 3] image), so the server gets them as they were
     if meta and "conditions" in meta:
+        first = {}
+        shareable["condition_refs"] = [first.setdefault(id(item), i) for i, item in enumerate(meta["conditions"])]
         shareable["condition_meta"] = [c.meta for c in meta["conditions"]]
-    header = {"prompts": json.dumps(prompts), "meta": json.dumps(shareable, default=str)}
-    return save({"samples": samples.detach().float().cpu().contiguous()}, metadata=header)
+        for i, item in enumerate(meta["conditions"]):
+            if shareable["condition_refs"][i] != i:
+                continue
+            for key, value in item.inputs.items():
+                numpy = not isinstance(value, torch.Tensor)
+                kinds[f"{i}/{key}"] = "numpy" if numpy else "tensor"
+                tensors[f"input/{i}/{key}"] = torch.tensor(np.asarray(value)) if numpy else value.detach().cpu().clone()
+    header = {"prompts": json.dumps(prompts), "meta": json.dumps(shareable, default=str),
+              "input_kinds": json.dumps(kinds)}
+    return save(tensors, metadata=header)
 
 
 def decode_request(body: bytes) -> tuple[torch.Tensor, list[str], dict]:
+    """The reward call `encode_request` sent: samples, prompts and metadata, with the condition items rebuilt (their
+    inputs included; samples that shared an item share it again) when the call carried them."""
+    from ..tasks.base import Condition
+
     tensors = load(body)
     header = json.loads(_metadata(body))
-    return tensors["samples"].float(), json.loads(header["prompts"]), json.loads(header["meta"])
+    prompts, meta = json.loads(header["prompts"]), json.loads(header["meta"])
+    if meta.get("condition_meta") is not None:
+        inputs = {}
+        for name, kind in json.loads(header["input_kinds"]).items():
+            i, key = name.split("/", 1)
+            value = tensors[f"input/{name}"]
+            inputs.setdefault(int(i), {})[key] = value.numpy() if kind == "numpy" else value
+        refs, metas, items = meta.pop("condition_refs"), meta.pop("condition_meta"), []
+        for i, (prompt, ref) in enumerate(zip(prompts, refs)):
+            items.append(items[ref] if ref != i else Condition(prompt, inputs=inputs.get(i, {}), meta=dict(metas[i])))
+        meta["conditions"] = items
+    return tensors["samples"].float(), prompts, meta
 
 
 def _metadata(body: bytes) -> str:
@@ -111,7 +142,7 @@ def post_with_retries(server: str, route: str, body: bytes, content_type: str, t
 @register_reward("remote")
 class RemoteReward(Reward):
     """A reward computed by `flowrl serve-reward` at `url` (e.g. http://127.0.0.1:8765)."""
-    modalities = ("image", "video")  # whatever the served reward takes; the server answers for it
+    modalities = ("image", "video", "3d")  # whatever the served reward takes; the server answers for it
 
     def __init__(self, url: str, name: str = "remote", timeout: float = 60.0, retries: int = 3, backoff: float = 1.0,
                  token: str | None = None, batch_size: int = 0):
