@@ -79,4 +79,12 @@ def sd15(seed: int = 0) -> StableDiffusionPipeline:
                                    requires_safety_checker=False)
 
 
-LAYOUTS = {"sd35_medium": sd35_medium, "flux_dev": flux_dev, "wan21": wan21, "sd15": sd15}
+def flux_kontext_dev(seed: int = 0):
+    """FLUX.1 Kontext-dev's layout: FLUX.1-dev's components in a FluxKontextPipeline."""
+    from diffusers import FluxKontextPipeline
+
+    return FluxKontextPipeline(**flux_dev(seed).components)
+
+
+LAYOUTS = {"sd35_medium": sd35_medium, "flux_dev": flux_dev, "flux_kontext_dev": flux_kontext_dev, "wan21": wan21,
+           "sd15": sd15}
