@@ -9,10 +9,11 @@ copy holds the same weights and runs the same code). Algorithms see the learner'
 (GRPO's ratio is against the stored behaviour log-probs, so it corrects for the lag; NFT and DHO take their old
 velocities from the current policy).
 
-One process only (the worker's reward gathering would interleave with the learner's collectives). The worker's copy
-is a second placed pipeline (denoiser, VAE, text encoders), so it doubles the model's memory: nothing is shared with
-the learner's modules, which keeps the two threads from racing on one module (a large model wants synchronous
-training, or a worker that shares the frozen components: not built).
+One process only (the worker's reward gathering would interleave with the learner's collectives). The worker's policy
+is the learner's `sharing_copy`: under LoRA it shares every frozen weight (the denoiser's base weights, the VAE, the
+text encoders), which the two threads only read in no-grad passes, and owns its adapter, so the worker costs one
+adapter's memory, not a second model (a full fine-tune copies its trainable denoiser). Prompt encoding is serialised
+by a lock the two share, since offloading text encoders moves them between devices.
 """
 from __future__ import annotations
 
@@ -47,11 +48,8 @@ def snapshot_version(update: int, staleness: int) -> int:
 
 class RolloutWorker:
     def __init__(self, trainer):
-        from .train import placed_policy
-
         self.trainer, self.staleness = trainer, trainer.config.train.staleness
-        with torch.random.fork_rng():  # building a second LoRA draws from the global generator: keep it untouched
-            self.policy = placed_policy(trainer.config, trainer.accelerator.device)
+        self.policy = trainer.policy.sharing_copy()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowrl-rollouts")
         self.pending: dict[int, Future] = {}
         self.snapshots: dict[int, dict] = {}  # version -> trainable weights (CPU), the ones pending batches need

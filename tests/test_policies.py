@@ -219,3 +219,31 @@ def test_the_runs_evaluation_samples_with_the_sampling_gate_and_training_keeps_i
     policy.lora_active_from_sigma = 0.5
     experiment.evaluate(trainer, None)
     assert seen[-1] == 0.5 and policy.lora_active_from_sigma == 0.5
+
+
+def test_a_sharing_copy_shares_frozen_weights_and_owns_its_adapter():
+    """The asynchronous rollout worker's policy: the same frozen tensors as the learner's (no second model in memory),
+    its own LoRA, so loading a snapshot into it leaves the learner's outputs alone; one encoding lock for both."""
+    policy = policy_for(tiny_shapes_sd3(), max_sequence_length=16)
+    policy.add_lora(4, 8, policy.lora_targets)
+    policy.set_memory_options(offload_text_encoders=True, embedding_cache=False)
+    copy = policy.sharing_copy()
+    learner, worker = dict(policy.transformer.named_parameters()), dict(copy.transformer.named_parameters())
+    assert learner.keys() == worker.keys()
+    frozen = [name for name, p in learner.items() if not p.requires_grad]
+    adapter = [name for name, p in learner.items() if p.requires_grad]
+    assert frozen and adapter and all(learner[n] is worker[n] for n in frozen)
+    assert all(learner[n].data_ptr() != worker[n].data_ptr() for n in adapter)
+    assert all(a is b for a, b in zip(policy.pipeline.vae.parameters(), copy.pipeline.vae.parameters()))
+    assert all(a is b for a, b in zip(policy.text_encoders()[0].parameters(), copy.text_encoders()[0].parameters()))
+
+    x = torch.randn(2, *policy.noise_shape(policy.default_spec()), generator=torch.Generator().manual_seed(0))
+    prompts = ["a red circle", "two squares"]
+    with torch.no_grad():
+        before = policy.velocity(x, 0.6, policy.encode(prompts, 2.0), 2.0)
+        for name in adapter:
+            worker[name].data.normal_(0, 0.5)  # a snapshot of other weights in the worker only
+        assert torch.equal(policy.velocity(x, 0.6, policy.encode(prompts, 2.0), 2.0), before)
+        assert not torch.allclose(copy.velocity(x, 0.6, copy.encode(prompts, 2.0), 2.0), before)
+    # offloading moves the shared text encoders between devices (a no-op on this CPU machine): one lock for both
+    assert copy._encode_lock is policy._encode_lock

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -96,6 +97,7 @@ class FlowPolicy:
         self.max_sequence_length = max_sequence_length or declared_text_length(pipeline, self.text_length_tokenizer)
         self.scheduler = self.sampling_scheduler(pipeline.scheduler)
         self._sigma_cache: dict[int, torch.Tensor] = {}
+        self._encode_lock = threading.Lock()  # shared with a sharing_copy: offloading moves the shared text encoders
         # nothing trains until asked (diffusers loads every module trainable): `add_lora` makes an adapter trainable,
         # a full fine-tune (train.build_policy) the denoiser, and place() keeps just those in fp32
         self.transformer.requires_grad_(False)
@@ -122,6 +124,18 @@ class FlowPolicy:
 
     def text_encoders(self) -> list[torch.nn.Module]:
         return [m for name, m in self.components().items() if name.startswith("text_encoder")]
+
+    def sharing_copy(self) -> "FlowPolicy":
+        """A second policy for another thread (the asynchronous rollout worker) that shares this one's frozen weights
+        and buffers (under LoRA the denoiser's base weights, and the VAE and text encoders: only read, by no-grad
+        passes), its embedding cache and its encoding lock, and owns copies of the trainable weights, so a snapshot
+        loads into it while this one trains. A full fine-tune's denoiser is trainable, so it is copied."""
+        shared = {id(t): t for module in self.components().values() for t in [*module.parameters(), *module.buffers()]
+                  if not t.requires_grad}
+        for value in (getattr(self, "embedding_cache", None), self._encode_lock):
+            if value is not None:
+                shared[id(value)] = value
+        return copy.deepcopy(self, shared)
 
     def set_memory_options(self, gradient_checkpointing=False, vae_slicing=False, vae_tiling=False,
                            offload_text_encoders=False, embedding_cache=False, decode_microbatch=0,
@@ -190,24 +204,25 @@ class FlowPolicy:
         prompt encoded once per (prompt, CFG) (embedding cache)."""
         cache = getattr(self, "embedding_cache", None)
         key = self.uses_cfg(guidance_scale)
-        missing = list(dict.fromkeys(p for p in prompts if cache is None or (p, key) not in cache))
-        fresh = None
-        if missing:
-            offload = getattr(self, "offload_text_encoders", False)
-            if offload:
-                for module in self.text_encoders():
-                    module.to(self.device)
-            try:
-                fresh = self.encode_prompts(missing if cache is not None else prompts, guidance_scale)
-            finally:
+        with self._encode_lock:
+            missing = list(dict.fromkeys(p for p in prompts if cache is None or (p, key) not in cache))
+            fresh = None
+            if missing:
+                offload = getattr(self, "offload_text_encoders", False)
                 if offload:
                     for module in self.text_encoders():
-                        module.to("cpu")
-        if cache is None:
-            return fresh
-        for row, prompt in enumerate(missing):  # kept in host memory: a real prompt file's T5 embeddings grow
-            cache[(prompt, key)] = fresh.select([row]).to("cpu")  # without bound, 1-4 MB a prompt
-        rows = [cache[(p, key)] for p in prompts]
+                        module.to(self.device)
+                try:
+                    fresh = self.encode_prompts(missing if cache is not None else prompts, guidance_scale)
+                finally:
+                    if offload:
+                        for module in self.text_encoders():
+                            module.to("cpu")
+            if cache is None:
+                return fresh
+            for row, prompt in enumerate(missing):  # kept in host memory: a real prompt file's T5 embeddings grow
+                cache[(prompt, key)] = fresh.select([row]).to("cpu")  # without bound, 1-4 MB a prompt
+            rows = [cache[(p, key)] for p in prompts]
         return Conditioning({k: torch.cat([r.tensors[k] for r in rows]) for k in rows[0].tensors},
                             {k: torch.cat([r.negative[k] for r in rows]) for k in rows[0].negative},
                             list(prompts)).to(self.device)
