@@ -1,9 +1,13 @@
-"""Where work runs when a command is not told: this process's GPU when there is one, else the CPU."""
+"""Where work runs, and how much of it at once, when a command or a config does not say."""
 from __future__ import annotations
 
 import os
 
 import torch
+
+# samples (or states) per no-grad call where no memory setting bounds it: sampling, evaluation batches, the old
+# velocities NFT, DHO and DPO regress around (a run's train.rollout_microbatch / reward_microbatch replace it)
+DEFAULT_BATCH_SIZE = 64
 
 
 def default_device() -> str:

@@ -11,6 +11,7 @@ import yaml
 
 from .checkpoint import sampling_gate
 from .config import RunConfig, config_to_dict
+from .devices import DEFAULT_BATCH_SIZE
 from .errors import ConfigError
 from .generate import contiguous_share, generate_samples, sample_seeds
 from .prompt_source import PromptSource
@@ -52,8 +53,8 @@ def evaluate(trainer: Trainer, desc: str):
     seeds = sample_seeds(c.seed, len(conditions), c.num_per_prompt)
     mine, real = eval_share(len(items), trainer.rank, trainer.world)
     with sampled_as_checkpoint(trainer) as policy:
-        # as many samples per call as a rollout takes (train.rollout_microbatch), or 64 where that is unbounded
-        batch = trainer.config.train.rollout_microbatch or 64
+        # as many samples per call as a rollout takes (train.rollout_microbatch), or the default where that is unbounded
+        batch = trainer.config.train.rollout_microbatch or DEFAULT_BATCH_SIZE
         samples, _ = generate_samples(policy, [items[i] for i in mine], 1, c.seed, c.num_steps, c.guidance_scale,
                                       trainer.spec, batch_size=batch, desc=desc if trainer.is_main else None,
                                       steer=trainer.task.eval_steer(policy), seeds=[seeds[i] for i in mine])
@@ -62,7 +63,8 @@ def evaluate(trainer: Trainer, desc: str):
         return None, None, items
     result = trainer.task.evaluate(samples, items)
     if result is None:
-        result = reward_metrics(trainer.reward, in_batches(samples, items, 64))
+        result = reward_metrics(trainer.reward, in_batches(samples, items, trainer.config.train.reward_microbatch
+                                                           or DEFAULT_BATCH_SIZE))
     return result, samples, items
 
 

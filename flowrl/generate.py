@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .devices import DEFAULT_BATCH_SIZE
 from .policies.base import SampleSpec
 from .prompt_source import derived_seed
 from .rollout import rollout, sample_generators
@@ -41,7 +42,7 @@ def sample_seeds(seed: int, num_prompts: int, num_per_prompt: int) -> list[int]:
 
 def generate_samples(policy, prompts: list, num_per_prompt: int = 1, seed: int = 0, num_steps: int = 20,
                      guidance_scale: float = 4.5, spec: SampleSpec | None = None, kind: str = "ode",
-                     noise_level: float = 0.0, batch_size: int = 64, desc: str | None = "sampling",
+                     noise_level: float = 0.0, batch_size: int = DEFAULT_BATCH_SIZE, desc: str | None = "sampling",
                      steer: Steer | None = None, seeds: list[int] | None = None,
                      sde_window: tuple[int, int] | None = None, guide=None):
     """A typed sample batch (flowrl.samples) for every prompt (or condition item) x num_per_prompt, and one record
@@ -61,7 +62,7 @@ def generate_samples(policy, prompts: list, num_per_prompt: int = 1, seed: int =
 @torch.no_grad()
 def sample_chunks(policy, prompts: list, num_per_prompt: int = 1, seed: int = 0, num_steps: int = 20,
                   guidance_scale: float = 4.5, spec: SampleSpec | None = None, kind: str = "ode",
-                  noise_level: float = 0.0, batch_size: int = 64, desc: str | None = "sampling",
+                  noise_level: float = 0.0, batch_size: int = DEFAULT_BATCH_SIZE, desc: str | None = "sampling",
                   steer: Steer | None = None, seeds: list[int] | None = None,
                   sde_window: tuple[int, int] | None = None, guide=None):
     """`generate_samples` one batch at a time: yields (decoded tensor on the CPU, records) per batch of at most

@@ -160,7 +160,7 @@ class Trainer:
             raise ConfigError(f"sampler.kind: a {type(self.policy.pipeline).__name__} samples with "
                               f"{list(self.policy.kinds)}, got {config.sampler.kind!r}")
         self.algorithm = build_algorithm(config.algorithm.name, config.algorithm.params, config.sampler)
-        if config.train.rollout_microbatch and hasattr(self.algorithm, "chunk"):
+        if config.train.rollout_microbatch:
             # an algorithm's own no-grad forwards (NFT's, DHO's and DPO's old velocities) take as many items as a
             # rollout call does, so a large model's memory setting bounds them too
             self.algorithm.chunk = config.train.rollout_microbatch

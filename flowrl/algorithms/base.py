@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import from_dict
+from ..devices import DEFAULT_BATCH_SIZE
 from ..errors import ConfigError
 from ..registry import Registry
 from ..rewards.augment import ShiftAverage
@@ -95,7 +96,7 @@ class RewardGradientParams:
 
 @torch.no_grad()
 def chunked_velocity(policy, x: torch.Tensor, t: torch.Tensor, cond, rows, guidance_scale: float,
-                     chunk: int = 64) -> torch.Tensor:
+                     chunk: int = DEFAULT_BATCH_SIZE) -> torch.Tensor:
     """The policy's velocities at states `x` [N, ...] and times `t` [N] under the conditioning of samples `rows`, no
     gradient, `chunk` states per forward: the old / rollout-policy velocities NFT and DHO regress around."""
     rows = torch.as_tensor(rows)
@@ -129,6 +130,10 @@ def trained_steps(trainable: torch.Tensor, fraction: float, seed: int) -> torch.
 class Algorithm:
     name = "algorithm"
     Params = None  # a dataclass of the algorithm's hyperparameters
+
+    # items per no-grad forward of an algorithm's own passes (NFT's, DHO's and DPO's old velocities); the loop sets
+    # it to train.rollout_microbatch when that is set
+    chunk = DEFAULT_BATCH_SIZE
 
     def __init__(self, params, sampler):
         self.params = params

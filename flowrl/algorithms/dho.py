@@ -134,7 +134,6 @@ class DHO(Algorithm):
     name = "dho"
     Params = DHOParams
     needs_ode_rollout = True
-    chunk = 64  # states per no-grad forward of the rollout policy
 
     def guidance(self, traj) -> float:
         return traj.guidance_scale if self.params.guidance_scale is None else self.params.guidance_scale

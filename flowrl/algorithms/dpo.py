@@ -63,7 +63,6 @@ def flow_error(v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 class DiffusionDPO(Algorithm):
     name = "dpo"
     Params = DPOParams
-    chunk = 64
 
     needs_reference = True  # the loop checks for a LoRA adapter before training
 

@@ -74,7 +74,6 @@ class DiffusionNFT(Algorithm):
     name = "nft"
     Params = NFTParams
     needs_ode_rollout = True
-    chunk = 64  # items per no-grad forward when computing the old velocities
 
     def prepare(self, batch: RolloutBatch, policy):
         p, traj = self.params, batch.trajectory
