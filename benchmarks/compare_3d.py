@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.config import config_to_dict, load_config  # noqa: E402
-from flowrl.experiment import evaluate, reward_metrics  # noqa: E402
+from flowrl.experiment import evaluate, in_batches, reward_scores, tag_metrics_of  # noqa: E402
 from flowrl.report import figure  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 
@@ -48,7 +48,7 @@ def config_for(method: str, seed: int, args):
 def measure(trainer: Trainer, desc: str) -> dict:
     result, samples, items = evaluate(trainer, desc)
     report = result["metrics"]["overall"]
-    rewards = reward_metrics(trainer.reward, samples, items)
+    rewards = tag_metrics_of(reward_scores(trainer.reward, in_batches(samples, items, 64)), items)
     return {**{k: report[k] for k in METRICS}, "eval_reward": rewards["overall"],
             "tags_iou": result["tags"]}
 

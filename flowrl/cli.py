@@ -382,7 +382,7 @@ def cmd_eval_rewards(args) -> None:
     from tqdm import tqdm
 
     from .devices import default_device
-    from .experiment import reward_metrics
+    from .experiment import reward_scores, tag_metrics_of
     from .rewards import build_reward
     from .samples import load_samples, read_records
     from .tasks.base import format_metrics
@@ -398,8 +398,9 @@ def cmd_eval_rewards(args) -> None:
     # a batch of files at a time: a large folder (thousands of 1024 px images or of clips) never sits in memory whole
     batches = ((load_samples(args.samples, records[a:a + args.batch_size]), items[a:a + args.batch_size])
                for a in range(0, len(records), args.batch_size))
-    result = {"reward": args.reward, **reward_metrics(reward, tqdm(batches, total=-(-len(records) // args.batch_size),
-                                                                   desc="scoring", mininterval=2))}
+    scores = reward_scores(reward, tqdm(batches, total=-(-len(records) // args.batch_size), desc="scoring",
+                                        mininterval=2))
+    result = {"reward": args.reward, **tag_metrics_of(scores, items)}
     out = Path(args.samples) / "rewards_eval.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(format_metrics(result))

@@ -45,8 +45,9 @@ def evaluate(trainer: Trainer, desc: str):
     The task's own evaluation when it has one (e.g. the shapes verifier), else the run's reward per tag. A LoRA
     samples here with its sampling gate (lora.sample_from_sigma), as `flowrl sample` draws from the checkpoint.
     Every process samples an equal, contiguous share of the eval set; each sample keeps the seed it has in a
-    one-process run, so the split changes no sample's noise. The main process gathers the samples and judges them
-    alone: it returns (metrics, samples, items), the others (None, None, items)."""
+    one-process run, so the split changes no sample's noise. With the run's reward, every process also scores its
+    own share (a VLM judge on 8 GPUs scores 8 times as fast). The main process gathers samples (and scores) and
+    judges: it returns (metrics, samples, items), the others (None, None, items)."""
     c = trainer.config.eval
     conditions = eval_conditions(trainer)
     items = [item for item in conditions for _ in range(c.num_per_prompt)]
@@ -58,13 +59,19 @@ def evaluate(trainer: Trainer, desc: str):
         samples, _ = generate_samples(policy, [items[i] for i in mine], 1, c.seed, c.num_steps, c.guidance_scale,
                                       trainer.spec, batch_size=batch, desc=desc if trainer.is_main else None,
                                       steer=trainer.task.eval_steer(policy), seeds=[seeds[i] for i in mine])
-    samples = gathered_on_main(samples.select(list(range(real))), trainer.world)
+    own = samples.select(list(range(real)))
+    reward_batch = trainer.config.train.reward_microbatch or DEFAULT_BATCH_SIZE
+    scores = None if trainer.task.judges_samples() else \
+        reward_scores(trainer.reward, in_batches(own, [items[i] for i in mine[:real]], reward_batch))
+    parts = gathered_on_main((own.tensor.cpu(), scores), trainer.world)
     if not trainer.is_main:
         return None, None, items
-    result = trainer.task.evaluate(samples, items)
-    if result is None:
-        result = reward_metrics(trainer.reward, in_batches(samples, items, trainer.config.train.reward_microbatch
-                                                           or DEFAULT_BATCH_SIZE))
+    samples = own.like(torch.cat([tensor for tensor, _ in parts]))
+    result = trainer.task.evaluate(samples, items) if scores is None else None
+    if result is None:  # the run's reward per tag (scored above, or here for a task that judged nothing)
+        scores = [s for _, part in parts for s in part] if scores is not None else \
+            reward_scores(trainer.reward, in_batches(samples, items, reward_batch))
+        result = tag_metrics_of(scores, items)
     return result, samples, items
 
 
@@ -76,15 +83,15 @@ def eval_share(count: int, rank: int, world: int) -> tuple[list[int], int]:
     return own + [own[-1] if own else 0] * (-(-count // world) - len(own)), len(own)
 
 
-def gathered_on_main(samples, world: int):
-    """The processes' sample shares, concatenated in rank order on the main process (None elsewhere)."""
+def gathered_on_main(value, world: int) -> list | None:
+    """Every process's `value`, in rank order, on the main process (None elsewhere); through host memory."""
     if world == 1:
-        return samples
+        return [value]
     import torch.distributed as dist
 
     parts = [None] * world if dist.get_rank() == 0 else None
-    dist.gather_object(samples.tensor.cpu(), parts, dst=0)
-    return samples.like(torch.cat(parts)) if parts is not None else None
+    dist.gather_object(value, parts, dst=0)
+    return parts
 
 
 def eval_conditions(trainer: Trainer) -> list:
@@ -99,13 +106,16 @@ def eval_conditions(trainer: Trainer) -> list:
 
 
 @torch.no_grad()
-def reward_metrics(reward, batches) -> dict:
-    """The mean reward per tag (an item's meta 'tag', else 'all') and over tags, scoring `batches` of (samples,
-    their condition items) one at a time."""
-    scores, items = [], []
+def reward_scores(reward, batches) -> list[float]:
+    """`reward` of every sample in `batches` of (samples, their condition items), scored one batch at a time."""
+    scores = []
     for samples, chunk in batches:
         scores += reward(samples.decoded(), [i.prompt for i in chunk], {"conditions": chunk}).scores.tolist()
-        items += chunk
+    return scores
+
+
+def tag_metrics_of(scores: list[float], items: list) -> dict:
+    """The mean score per tag (an item's meta 'tag', else 'all') and over tags."""
     return tag_metrics(scores, [str(i.meta.get("tag", "all")) for i in items], clusters=[i.prompt for i in items])
 
 

@@ -245,11 +245,12 @@ def test_rubric_reward_on_world_items_ranks_targets_above_sources():
     assert out.scores[:n].min() == 1.0 and (out.scores[n:] < 1.0).all()
 
 
-def test_rewards_served_elsewhere_rebuild_their_items_from_the_metadata():
-    """A reward in a child process or behind serve-reward gets the items' metadata (condition_meta), not the items:
-    the scene each names must be the same."""
+def test_rewards_served_elsewhere_rebuild_their_items_from_the_request():
+    """A reward in a child process or behind serve-reward gets the items rebuilt from the request (metadata and
+    inputs): the scene each names must be the same."""
     from flowrl.editing.instructions import scene_for
     from flowrl.rewards import build_reward
+    from flowrl.rewards.remote import decode_request, encode_request
     from flowrl.tasks.base import build_task
     from flowrl.tasks.shapes_edit import scene_seed_of
 
@@ -260,5 +261,5 @@ def test_rewards_served_elsewhere_rebuild_their_items_from_the_metadata():
     for name in ("shapes_edit", "edit_rubric"):
         reward = build_reward(name)
         local = reward(batch, prompts, {"conditions": items}).scores
-        remote = reward(batch, prompts, {"condition_meta": [i.meta for i in items]}).scores
+        remote = reward(*decode_request(encode_request(batch, prompts, {"conditions": items}))).scores
         assert torch.equal(local, remote) and local.min() == 1.0

@@ -78,6 +78,13 @@ def test_eval_shares_cover_the_set_in_order_with_one_length_on_every_process():
     assert eval_share(3, 1, 2) == ([2, 2], 1)
 
 
+def test_tasks_with_their_own_evaluation_are_told_from_those_that_report_the_reward():
+    from flowrl.tasks.base import build_task
+
+    assert build_task("shapes").judges_samples() and build_task("shapes_edit").judges_samples()
+    assert not build_task("prompt_file").judges_samples()  # its runs' evaluations score the reward on every process
+
+
 @pytest.mark.slow
 def test_a_two_process_run_shares_its_evaluations_and_judges_them_as_one_process_does(tiny_sd3_dir, tmp_path):
     """`flowrl train` under torchrun with its evaluations on: each process samples half of the eval set, the main one

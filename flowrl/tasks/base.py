@@ -65,6 +65,10 @@ class Task:
         """A generate.Steer applied to the run's evaluation samples (in-generation guidance), or None."""
         return None
 
+    def judges_samples(self) -> bool:
+        """Whether the task has an evaluation of its own (`evaluate` overridden), else runs report their reward."""
+        return type(self).evaluate is not Task.evaluate
+
     def evaluate(self, samples, conditions: list[Condition]) -> dict | None:
         """{'overall': float, 'tags': {tag: float}, 'counts': {tag: int}} from the task's verifier, or None when the
         task has none (the run's reward is reported instead)."""
