@@ -94,3 +94,26 @@ def test_flowrl_export_writes_a_plain_pipeline_folder(tiny_sd3_dir, tmp_path, lo
             assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
         half = policy_for(load_pipeline(tmp_path / "half"), max_sequence_length=16)
         torch.testing.assert_close(_velocity(half), expected, atol=0.05, rtol=0.05)
+
+
+def test_a_half_precision_export_loads_in_half_precision_and_fuses_as_fp32_would(tiny_sd3_dir, tmp_path):
+    """export in bf16 loads the pipeline in bf16 (half a real model's host memory): for base weights bf16 holds
+    exactly, the fused weights equal fusing in fp32 and rounding once."""
+    from flowrl.export import export_pipeline
+
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "half", updates=1, lr=3e-2)
+    train_and_collect(path)
+    checkpoint = tmp_path / "runs" / "half" / "checkpoints" / "update_000001"
+    load_pipeline(tiny_sd3_dir, torch.bfloat16).save_pretrained(tmp_path / "bf16_base")  # bf16 weights, as released
+    export_pipeline(tmp_path / "bf16_base", checkpoint, tmp_path / "half", "bf16")
+    reference = policy_for(load_pipeline(tmp_path / "bf16_base"))  # the fp32 route: load, fuse, round
+    load_trained_weights(reference, checkpoint)
+    reference.transformer.fuse_lora(lora_scale=1.0)
+    reference.transformer.unload_lora()
+    expected = {k: v.to(torch.bfloat16) for k, v in reference.transformer.state_dict().items()}
+    exported = load_pipeline(tmp_path / "half", torch.bfloat16).transformer.state_dict()
+    assert exported.keys() == expected.keys()
+    moved = [k for k in expected if not torch.equal(exported[k], expected[k])]
+    assert not moved, moved[:5]
+    base = load_pipeline(tmp_path / "bf16_base", torch.bfloat16).transformer.state_dict()
+    assert any(not torch.equal(base[k], exported[k]) for k in base)  # the LoRA was fused in
