@@ -32,7 +32,8 @@ def draw_samples(policy, conditions: list, num_per_prompt: int, seed: int, folde
     main = state.is_main_process
     if main:
         folder.mkdir(parents=True, exist_ok=True)
-        if not check_settings(folder, settings):  # a new folder, or one from before sampling.json: start over
+        # a new folder, or one from before sampling.json: start over
+        if not check_settings(folder / SETTINGS_FILE, settings, "delete the folder or choose another --out"):
             for stale in [folder / INDEX_FILE, *folder.glob(PROGRESS_GLOB)]:
                 stale.unlink(missing_ok=True)
             (folder / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
@@ -57,21 +58,20 @@ def draw_samples(policy, conditions: list, num_per_prompt: int, seed: int, folde
     return index
 
 
-def check_settings(folder: Path, settings: dict) -> bool:
-    """Whether `folder` already holds samples drawn with `settings` (so a rerun resumes); a folder drawn with other
-    settings is an error rather than a mix."""
-    path = folder / SETTINGS_FILE
+def check_settings(path: Path, settings: dict, remedy: str) -> bool:
+    """Whether the settings file `path` records `settings` (so a rerun resumes the work it describes); False when
+    there is none; other settings are an error naming them, then `remedy`, rather than a mix of two runs' results."""
     if not path.is_file():
         return False
     try:
         old = json.loads(path.read_text())
     except ValueError:
-        raise UserError(f"{path} is not readable as JSON; delete the folder or choose another --out") from None
+        raise UserError(f"{path} is not readable as JSON; {remedy}") from None
     changed = sorted(k for k in old.keys() | settings.keys() if old.get(k) != settings.get(k))
     if changed:
-        raise UserError(f"--out {folder}: holds samples drawn with other settings ("
+        raise UserError(f"{path} records other settings ("
                         + "; ".join(f"{k}: {old.get(k)!r}, now {settings.get(k)!r}" for k in changed)
-                        + "); delete it or choose another --out")
+                        + f"); {remedy}")
     return True
 
 

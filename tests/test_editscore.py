@@ -74,3 +74,39 @@ def test_editscore_runs_the_package_on_a_tiny_qwen25_vl_through_the_cli(tmp_path
     # a missing judge folder is one clear error naming the flag
     assert main(["eval", "editscore", "--samples", str(tmp_path / "edits"), "--editscore-model",
                  str(tmp_path / "nowhere")]) == 2
+
+
+def test_a_samples_folder_is_judged_one_edit_at_a_time_and_a_rerun_judges_only_the_rest(tmp_path):
+    """Each judged edit is appended to editscore_rows.jsonl as it is judged: after an interruption (here: two rows
+    of three kept) the same judge scores only the third; another judge's settings are an error."""
+    from editscore import EditScore
+
+    from flowrl.errors import UserError
+    from flowrl.eval.editscore import ROWS_FILE, score_samples_folder
+    from flowrl.samples import as_samples, write_samples
+
+    from flowrl.tasks.base import build_task
+    from flowrl.tasks.shapes_edit import scene_seed_of
+
+    items = build_task("shapes_edit").condition_set("train").items[:3]
+    edits = torch.stack([torch.from_numpy(render(scene_for(i.prompt, scene_seed_of(i))[2])).permute(2, 0, 1).float()
+                         / 255 for i in items])
+    write_samples(tmp_path, as_samples(edits), [{"prompt": i.prompt, "scene_seed": scene_seed_of(i), "seed": n}
+                                                for n, i in enumerate(items)])
+    answer = '{"reasoning": "ok", "score": [20, 15]}'
+
+    def scorer():
+        judge = EditScore(backbone="scripted", score_range=25, seed=0)
+        judge.model = ScriptedJudge([answer] * 3, '{"reasoning": "clean", "score": [25]}')
+        return judge
+
+    first = scorer()
+    whole = score_samples_folder(first, tmp_path, {"model": "scripted"}, progress=False)
+    assert whole["count"] == 3 and first.model.calls == 6  # two questions per edit
+    rows = (tmp_path / ROWS_FILE).read_text().splitlines()
+    (tmp_path / ROWS_FILE).write_text(rows[0] + "\n" + rows[1] + "\n" + rows[2][:15])  # cut short mid-line
+    again = scorer()
+    resumed = score_samples_folder(again, tmp_path, {"model": "scripted"}, progress=False)
+    assert again.model.calls == 2 and resumed == whole
+    with pytest.raises(UserError, match="model: 'scripted', now 'other'"):
+        score_samples_folder(scorer(), tmp_path, {"model": "other"}, progress=False)

@@ -73,32 +73,71 @@ def build_editscore(model: str | None = None, lora: str | None = None, url: str 
     return scorer
 
 
-def score_triples(scorer, sources: list, instructions: list[str], edits: list, progress: bool = True) -> dict:
-    """Each triple through `scorer.evaluate([source, edit], instruction)`; the four scores averaged over triples,
-    with the per-triple rows (scores and the judge's reasoning) and the count of unparsed answers."""
-    from PIL import Image
-    from tqdm import tqdm
+ROWS_FILE = "editscore_rows.jsonl"  # in a samples folder: one judged edit per line, appended as judged
+SETTINGS_FILE = "editscore_settings.json"  # the judge those rows come from
 
-    rows = []
-    for source, instruction, edit in tqdm(list(zip(sources, instructions, edits)), desc="editscore",
-                                          disable=not progress):
-        pil = [Image.fromarray(np.asarray(image)) if not hasattr(image, "convert") else image for image in (source, edit)]
-        out = scorer.evaluate(pil, instruction)
-        rows.append({"instruction": instruction, **{k: float(out[k]) for k in SCORES},
-                     "SC_reasoning": str(out.get("SC_reasoning", "")), "PQ_reasoning": str(out.get("PQ_reasoning", ""))})
+
+def score_one(scorer, source, instruction: str, edit) -> dict:
+    """One triple through `scorer.evaluate([source, edit], instruction)`: its scores and the judge's reasoning."""
+    from PIL import Image
+
+    pil = [Image.fromarray(np.asarray(image)) if not hasattr(image, "convert") else image for image in (source, edit)]
+    out = scorer.evaluate(pil, instruction)
+    return {"instruction": instruction, **{k: float(out[k]) for k in SCORES},
+            "SC_reasoning": str(out.get("SC_reasoning", "")), "PQ_reasoning": str(out.get("PQ_reasoning", ""))}
+
+
+def summary(rows: list[dict]) -> dict:
+    """The four scores averaged over the triples, with the rows and the count of unparsed answers."""
     unparsed = sum("guess_if_cannot_parse" in r["SC_reasoning"] + r["PQ_reasoning"] for r in rows)
     return {**{k: float(np.mean([r[k] for r in rows])) for k in SCORES}, "count": len(rows), "unparsed": unparsed,
             "rows": rows}
 
 
-def samples_triples(folder) -> tuple[list, list[str], list]:
-    """(sources, instructions, edits) of a samples folder an editing pipeline wrote with `flowrl sample`: each
-    record's source is its meta "image" file or the shapes-editing world's scene for its instruction."""
+def score_triples(scorer, sources: list, instructions: list[str], edits: list, progress: bool = True) -> dict:
+    """Each triple scored (`score_one`), averaged over the triples (`summary`)."""
+    from tqdm import tqdm
+
+    triples = list(zip(sources, instructions, edits))
+    return summary([score_one(scorer, *t) for t in tqdm(triples, desc="editscore", disable=not progress)])
+
+
+def score_samples_folder(scorer, folder, settings: dict, progress: bool = True) -> dict:
+    """The edits an editing pipeline wrote with `flowrl sample`, judged one at a time (one edit read from disk at a
+    time) against its source (its meta "image" file, or the shapes-editing world's scene for its instruction). Each
+    row is appended to ROWS_FILE as it is judged, so a rerun with the same judge `settings` judges only the edits
+    not yet there (a judge can take hours over thousands of edits); another judge's rows are an error, not a mix."""
+    import json
+
+    from tqdm import tqdm
+
     from ..cli import read_conditions
     from ..images import item_image, to_uint8
-    from ..samples import read_samples
+    from ..sample_job import check_settings
+    from ..samples import load_samples, read_records
 
-    samples, records = read_samples(folder)
+    folder = Path(folder)
+    records = read_records(folder)
     items = read_conditions(folder, records)
-    sources = [to_uint8(item_image(item, "source_image", "shapes_edit", "EditScore")[None])[0] for item in items]
-    return sources, [item.prompt for item in items], list(samples.to_uint8())
+    rows_path = folder / ROWS_FILE
+    if not check_settings(folder / SETTINGS_FILE, settings, f"delete it and {ROWS_FILE} to judge afresh"):
+        rows_path.unlink(missing_ok=True)
+        (folder / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+    done = {}
+    for line in rows_path.read_text().splitlines() if rows_path.is_file() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line cut short by an interruption
+            continue
+        done[(row.get("file"), row.get("instruction"))] = row
+    with rows_path.open("a") as out:
+        for record, item in tqdm(list(zip(records, items)), desc="editscore", disable=not progress):
+            key = (record["file"], item.prompt)
+            if key in done:
+                continue
+            source = to_uint8(item_image(item, "source_image", "shapes_edit", "EditScore")[None])[0]
+            edit = load_samples(folder, [record]).to_uint8()[0]
+            done[key] = {"file": record["file"], **score_one(scorer, source, item.prompt, edit)}
+            out.write(json.dumps(done[key]) + "\n")
+            out.flush()
+    return summary([done[(record["file"], item.prompt)] for record, item in zip(records, items)])

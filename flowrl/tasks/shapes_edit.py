@@ -107,17 +107,18 @@ def eval_editscore(args) -> None:
     from pathlib import Path
 
     from ..errors import UserError
-    from ..eval.editscore import SCORES, build_editscore, samples_triples, score_triples
+    from ..eval.editscore import SCORES, build_editscore, score_samples_folder
 
     if args.samples is None:
         raise UserError("eval editscore: expected --samples DIR (edits written by `flowrl sample` with an editing "
                         "pipeline)")
     if args.editscore_passes < 1:
         raise UserError(f"--editscore-passes: expected an integer >= 1, got {args.editscore_passes}")
-    sources, instructions, edits = samples_triples(args.samples)
     scorer = build_editscore(args.editscore_model, args.editscore_lora, args.editscore_url,
                              args.editscore_model_name, args.editscore_key, num_pass=args.editscore_passes)
-    result = score_triples(scorer, sources, instructions, edits)
+    judge = {"model": args.editscore_model, "lora": args.editscore_lora, "url": args.editscore_url,
+             "model_name": args.editscore_model_name, "passes": args.editscore_passes}
+    result = score_samples_folder(scorer, args.samples, judge)
     out = Path(args.samples) / "editscore_eval.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print("  ".join(f"{k} {result[k]:.3f}" for k in SCORES) + f"  ({result['count']} edits, "
