@@ -172,6 +172,8 @@ def cmd_train(args) -> None:
 
 
 def cmd_sample(args, extensions: list[TaskCommands]) -> None:
+    from datetime import timedelta
+
     import torch
     from accelerate import PartialState
 
@@ -185,8 +187,9 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
             raise UserError(f"{flag}: expected an integer >= 1, got {value}")
     conditions = read_prompt_file(args.prompts)
     fill_sampling_settings(args, args.checkpoint)
-    # under torchrun / accelerate launch: one share of the samples per process, each on its own GPU (LOCAL_RANK's)
-    state = PartialState(cpu=not torch.cuda.is_available())
+    # under torchrun / accelerate launch: one share of the samples per process, each on its own GPU (LOCAL_RANK's);
+    # the last barrier waits for the slowest share (minutes a clip), longer than NCCL's 10-minute default
+    state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(hours=6))
     placement = sampling_placement(args.device, args.weight_dtype)
     # loaded in the dtype it samples in: no fp32 copy of a large model in host memory (an adapter is kept fp32)
     policy = policy_for(load_pipeline(args.pipeline, placement[1]), max_sequence_length=args.max_sequence_length)
@@ -343,15 +346,20 @@ def cmd_demo(args) -> None:
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)
 
 
+# fields a samples.jsonl line gives the sample itself (flowrl sample's record and file), not its condition
+SAMPLE_FIELDS = ("prompt", "seed", "file", "extra_files", "modality", "height", "width", "fps")
+
+
 def read_conditions(folder: str, records: list[dict]) -> list:
-    """The condition item of every sample record (prompt plus the record's other fields as metadata)."""
+    """The condition item of every sample record: its prompt, and the record's other fields but the sample's own
+    (seed, files, size) as metadata, so the samples of one prompt-file line share one condition."""
     from .tasks.base import Condition
 
     items = []
     for number, record in enumerate(records, start=1):
         if not isinstance(record.get("prompt"), str):
             raise UserError(f"{Path(folder) / 'samples.jsonl'} line {number}: expected a 'prompt' string")
-        items.append(Condition(record["prompt"], meta={k: v for k, v in record.items() if k != "prompt"}))
+        items.append(Condition(record["prompt"], meta={k: v for k, v in record.items() if k not in SAMPLE_FIELDS}))
     return items
 
 
@@ -383,7 +391,7 @@ def cmd_eval_rewards(args) -> None:
     from tqdm import tqdm
 
     from .devices import default_device
-    from .experiment import reward_scores, tag_metrics_of
+    from .experiment import group_spans, reward_scores, tag_metrics_of
     from .rewards import build_reward
     from .samples import load_samples, read_records
     from .tasks.base import format_metrics
@@ -396,11 +404,11 @@ def cmd_eval_rewards(args) -> None:
     reward = build_reward(args.reward, where="--reward", **params).to(args.device or default_device())
     records = read_records(args.samples)
     items = read_conditions(args.samples, records)
-    # a batch of files at a time: a large folder (thousands of 1024 px images or of clips) never sits in memory whole
-    batches = ((load_samples(args.samples, records[a:a + args.batch_size]), items[a:a + args.batch_size])
-               for a in range(0, len(records), args.batch_size))
-    scores = reward_scores(reward, tqdm(batches, total=-(-len(records) // args.batch_size), desc="scoring",
-                                        mininterval=2))
+    # a batch of files at a time (a large folder of 1024 px images or of clips never sits in memory whole), each
+    # with whole runs of one condition's samples (a group rubric scores a group in one call)
+    spans = group_spans(items, args.batch_size)
+    batches = ((load_samples(args.samples, records[a:b]), items[a:b]) for a, b in spans)
+    scores = reward_scores(reward, tqdm(batches, total=len(spans), desc="scoring", mininterval=2))
     result = {"reward": args.reward, **tag_metrics_of(scores, items)}
     out = Path(args.samples) / "rewards_eval.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

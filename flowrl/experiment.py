@@ -44,25 +44,37 @@ def evaluate(trainer: Trainer, desc: str):
 
     The task's own evaluation when it has one (e.g. the shapes verifier), else the run's reward per tag. A LoRA
     samples here with its sampling gate (lora.sample_from_sigma), as `flowrl sample` draws from the checkpoint.
-    Every process samples an equal, contiguous share of the eval set; each sample keeps the seed it has in a
+    Every process samples a contiguous share of the eval prompts, each with all its samples (so a group rubric sees
+    a prompt's samples together, and reward calls take whole prompts); each sample keeps the seed it has in a
     one-process run, so the split changes no sample's noise. With the run's reward, every process also scores its
     own share (a VLM judge on 8 GPUs scores 8 times as fast). The main process gathers samples (and scores) and
     judges: it returns (metrics, samples, items), the others (None, None, items)."""
+    from .train import RewardFailure
+
     c = trainer.config.eval
     conditions = eval_conditions(trainer)
-    items = [item for item in conditions for _ in range(c.num_per_prompt)]
-    seeds = sample_seeds(c.seed, len(conditions), c.num_per_prompt)
-    mine, real = eval_share(len(items), trainer.rank, trainer.world)
+    k = c.num_per_prompt
+    items = [item for item in conditions for _ in range(k)]
+    seeds = sample_seeds(c.seed, len(conditions), k)
+    prompts, real = eval_share(len(conditions), trainer.rank, trainer.world)
+    mine = [p * k + j for p in prompts for j in range(k)]
     with sampled_as_checkpoint(trainer) as policy:
         # as many samples per call as a rollout takes (train.rollout_microbatch), or the default where that is unbounded
         batch = trainer.config.train.rollout_microbatch or DEFAULT_BATCH_SIZE
         samples, _ = generate_samples(policy, [items[i] for i in mine], 1, c.seed, c.num_steps, c.guidance_scale,
                                       trainer.spec, batch_size=batch, desc=desc if trainer.is_main else None,
                                       steer=trainer.task.eval_steer(policy), seeds=[seeds[i] for i in mine])
-    own = samples.select(list(range(real)))
+    own = samples.select(list(range(real * k)))
     reward_batch = trainer.config.train.reward_microbatch or DEFAULT_BATCH_SIZE
-    scores = None if trainer.task.judges_samples() else \
-        reward_scores(trainer.reward, in_batches(own, [items[i] for i in mine[:real]], reward_batch))
+    scores, error = None, None
+    if not trainer.task.judges_samples():
+        try:
+            scores = reward_scores(trainer.reward, in_batches(own, [items[i] for i in mine[:real * k]], reward_batch))
+        except Exception as failure:  # every process stops together, not one while the others wait to gather
+            error = f"{type(failure).__name__}: {failure}"
+    failed = [(rank, e) for rank, e in enumerate(all_processes(error, trainer.world)) if e is not None]
+    if failed:
+        raise RewardFailure(f"evaluation: the reward failed on process {failed[0][0]}: {failed[0][1]}")
     parts = gathered_on_main((own.tensor.cpu(), scores), trainer.world)
     if not trainer.is_main:
         return None, None, items
@@ -76,22 +88,46 @@ def evaluate(trainer: Trainer, desc: str):
 
 
 def eval_share(count: int, rank: int, world: int) -> tuple[list[int], int]:
-    """Process `rank`'s contiguous share of `count` eval samples, and how many of them are its own: shares are padded
-    (with a repeat of a sample) to one length, so every process runs the same number of batches and forward passes
+    """Process `rank`'s contiguous share of `count` eval prompts, and how many of them are its own: shares are padded
+    (with a repeat of a prompt) to one length, so every process runs the same number of batches and forward passes
     (a sharded denoiser needs every process in each), and the padding is dropped before gathering."""
     own = list(contiguous_share(count, rank, world))
     return own + [own[-1] if own else 0] * (-(-count // world) - len(own)), len(own)
 
 
+_HOST_GROUP = None  # a gloo group over the run's processes: gathers through host memory, not the GPUs'
+
+
+def _host_group():
+    global _HOST_GROUP
+    import torch.distributed as dist
+
+    if _HOST_GROUP is None:  # created once, by every process at the same point (their first evaluation)
+        _HOST_GROUP = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    return _HOST_GROUP
+
+
 def gathered_on_main(value, world: int) -> list | None:
-    """Every process's `value`, in rank order, on the main process (None elsewhere); through host memory."""
+    """Every process's `value`, in rank order, on the main process (None elsewhere), through host memory (over NCCL
+    each share would be pickled onto the GPU: a few 81-frame clips in float32 are GBs)."""
     if world == 1:
         return [value]
     import torch.distributed as dist
 
     parts = [None] * world if dist.get_rank() == 0 else None
-    dist.gather_object(value, parts, dst=0)
+    dist.gather_object(value, parts, dst=0, group=_host_group())
     return parts
+
+
+def all_processes(value, world: int) -> list:
+    """Every process's (small) `value`, in rank order, on every process."""
+    if world == 1:
+        return [value]
+    import torch.distributed as dist
+
+    values = [None] * world
+    dist.all_gather_object(values, value, group=_host_group())
+    return values
 
 
 def eval_conditions(trainer: Trainer) -> list:
@@ -120,9 +156,25 @@ def tag_metrics_of(scores: list[float], items: list) -> dict:
 
 
 def in_batches(samples, items: list, size: int):
-    """(samples, items) `size` at a time."""
-    for start in range(0, len(items), size):
-        yield samples.select(list(range(start, min(start + size, len(items))))), items[start:start + size]
+    """(samples, items) about `size` at a time, never splitting a run of samples of one condition (a group rubric
+    scores a group in one call): see `group_spans`."""
+    for start, end in group_spans(items, size):
+        yield samples.select(list(range(start, end))), items[start:end]
+
+
+def group_spans(items: list, size: int) -> list[tuple[int, int]]:
+    """[start, end) spans of consecutive items, each holding whole runs of equal conditions (prompt and metadata)
+    and at most `size` items unless one run alone is longer."""
+    def key(item):
+        return item.prompt, repr(sorted(item.meta.items()))
+
+    spans, start = [], 0
+    runs = [0] + [i for i in range(1, len(items)) if key(items[i]) != key(items[i - 1])] + [len(items)]
+    for a, b in zip(runs, runs[1:]):
+        if a > start and b - start > size:
+            spans.append((start, a))
+            start = a
+    return spans + ([(start, len(items))] if items else [])
 
 
 def log_samples(log: MetricsLog, samples, update: int, per_prompt: int, prompts: int = 16,

@@ -30,10 +30,11 @@ class Steer:
 
 
 def contiguous_share(count: int, rank: int, world: int) -> range:
-    """Process `rank`'s part of `count` samples: contiguous, in rank order, each of ceil(count / world) but the
-    last ones (fewer, or none)."""
-    per = -(-count // world)
-    return range(min(rank * per, count), min((rank + 1) * per, count))
+    """Process `rank`'s part of `count` items: contiguous, in rank order, sizes differing by at most one (so no
+    process waits long for the others at the end)."""
+    size, extra = divmod(count, world)
+    start = rank * size + min(rank, extra)
+    return range(start, start + size + (rank < extra))
 
 
 def sample_seeds(seed: int, num_prompts: int, num_per_prompt: int) -> list[int]:

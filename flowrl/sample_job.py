@@ -28,7 +28,7 @@ def draw_samples(policy, conditions: list, num_per_prompt: int, seed: int, folde
     `sampling`: generate.sample_chunks's settings (steps, guidance, spec, kind, noise, batch size, steer)."""
     items = [item for item in conditions for _ in range(num_per_prompt)]
     seeds = sample_seeds(seed, len(conditions), num_per_prompt)
-    planned = [{"prompt": item.prompt, "seed": s} for item, s in zip(items, seeds)]
+    planned = [{**item.meta, "prompt": item.prompt, "seed": s} for item, s in zip(items, seeds)]
     main = state.is_main_process
     if main:
         folder.mkdir(parents=True, exist_ok=True)
@@ -76,9 +76,9 @@ def check_settings(path: Path, settings: dict, remedy: str) -> bool:
 
 
 def written_samples(folder: Path, planned: list[dict]) -> dict[int, dict]:
-    """The index lines of samples already on disk that are the planned ones (same prompt and seed at that index,
-    every file present): from a finished samples.jsonl and from any process's progress lines (a line cut short by
-    an interruption is skipped)."""
+    """The index lines of samples already on disk that are the planned ones (the same prompt, seed and prompt-file
+    fields at that index, every file present): from a finished samples.jsonl and from any process's progress lines
+    (a line cut short by an interruption is skipped)."""
     lines = []
     index = folder / INDEX_FILE
     if index.is_file():
@@ -96,7 +96,7 @@ def written_samples(folder: Path, planned: list[dict]) -> dict[int, dict]:
         if not isinstance(n, int) or not 0 <= n < len(planned):
             continue
         files = [line.get("file"), *line.get("extra_files", [])]
-        if (line.get("prompt"), line.get("seed")) == (planned[n]["prompt"], planned[n]["seed"]) and \
+        if all(line.get(k) == v for k, v in planned[n].items()) and \
                 all(isinstance(f, str) and (folder / f).is_file() for f in files):
             done[n] = line
     return done
@@ -111,7 +111,11 @@ def draw_into(folder: Path, chunks, indices: list[int], metas: list[dict], rank:
     from .train import fault_point
 
     position = batches = 0
-    with (folder / f".progress-{rank}.jsonl").open("a") as progress:
+    path = folder / f".progress-{rank}.jsonl"
+    cut = path.is_file() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
+    with path.open("a") as progress:
+        if cut:  # a line an interruption cut short: the next one starts on a line of its own
+            progress.write("\n")
         for decoded, records in chunks:
             samples = as_samples(decoded, fps=fps, modality=modality)
             for j, record in enumerate(records):

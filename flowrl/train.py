@@ -43,7 +43,7 @@ def fault_point(phase: str, update: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class RewardFailure(Exception):
+class RewardFailure(UserError):
     """Too many samples of an update got no finite reward (train.max_failed_reward_share)."""
 
 

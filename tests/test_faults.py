@@ -148,3 +148,19 @@ def test_kill_9_at_five_points_then_resume_gives_the_uninterrupted_weights(tiny_
         assert expected.keys() == resumed.keys() and all(torch.equal(expected[k], resumed[k]) for k in expected)
     metrics = (runs / "killed" / "metrics.csv").read_text().splitlines()
     assert len(metrics) == 5  # one row per update, none lost or repeated
+
+
+def test_a_reward_failing_in_an_evaluation_stops_the_run_with_one_clear_error(tiny_sd3_dir, tmp_path):
+    """The in-run evaluation of a prompt-file task scores the run's reward on every process; this one cannot score
+    evaluation calls (they carry no seeds), so the run stops with an error naming the process, not a traceback or a
+    process left waiting for the others."""
+    from flowrl.experiment import run_experiment
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n")
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "eval_fault", updates=1)
+    config = load_config(path, ["reward=[{name: test_faults:RaisesOnSomeSeeds}]", "task.name=prompt_file",
+                                f"prompts.source={prompts}", "eval.enabled=true", f"eval.prompts={prompts}",
+                                "eval.num_per_prompt=1", "eval.num_steps=2"])
+    with pytest.raises(UserError, match="evaluation: the reward failed on process 0: KeyError"):
+        run_experiment(config)

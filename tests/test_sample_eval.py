@@ -143,7 +143,8 @@ def test_a_prompt_files_relative_image_paths_are_taken_from_its_folder(tmp_path,
                                         f'{{"prompt": "remove the square", "image": "{tmp_path / "b.png"}"}}\n')
     monkeypatch.chdir(tmp_path)  # another working directory than the file's
     relative, absolute = read_prompt_file("edits/edits.jsonl")
-    assert Path(relative.meta["image"]).resolve() == folder / "sources" / "a.png"
+    assert Path(relative.meta["image"]).is_absolute()  # a reward server in another directory finds it too
+    assert Path(relative.meta["image"]).resolve() == (folder / "sources" / "a.png").resolve()
     assert absolute.meta["image"] == str(tmp_path / "b.png")
 
 

@@ -137,3 +137,25 @@ def test_read_samples_errors_name_the_path(tmp_path):
     (tmp_path / "vids" / "00000.mp4").write_bytes(b"garbage")
     with pytest.raises(UserError, match="00000.mp4"):
         read_samples(tmp_path / "vids")
+
+
+def test_a_sample_jobs_progress_survives_a_cut_line_and_counts_only_the_planned_samples(tmp_path):
+    """A progress line cut short by an interruption is skipped and the next one starts on its own line; a written
+    sample whose prompt-file fields differ from the plan (an edited .jsonl) is drawn again."""
+    import json
+
+    import torch
+
+    from flowrl.sample_job import draw_into, written_samples
+
+    planned = [{"prompt": "a", "seed": 1, "image": "x.png"}, {"prompt": "b", "seed": 2, "image": "y.png"}]
+    first = torch.rand(1, 3, 8, 8)
+    draw_into(tmp_path, iter([(first, [{"prompt": "a", "seed": 1}])]), [0], [{"image": "x.png"}], 0, 8, "image")
+    progress = tmp_path / ".progress-0.jsonl"
+    progress.write_text(progress.read_text() + '{"index": 1, "prompt": "b", "se')  # killed mid-line
+    draw_into(tmp_path, iter([(torch.rand(1, 3, 8, 8), [{"prompt": "b", "seed": 2}])]), [1], [{"image": "y.png"}],
+              0, 8, "image")
+    assert sorted(written_samples(tmp_path, planned)) == [0, 1]
+    assert json.loads(progress.read_text().splitlines()[-1])["index"] == 1
+    edited = [planned[0], {**planned[1], "image": "z.png"}]
+    assert sorted(written_samples(tmp_path, edited)) == [0]

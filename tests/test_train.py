@@ -70,12 +70,24 @@ def test_two_processes_match_one(tiny_sd3_dir, tmp_path):
 def test_eval_shares_cover_the_set_in_order_with_one_length_on_every_process():
     from flowrl.experiment import eval_share
 
-    for count, world in [(4, 2), (3, 2), (7, 3), (1, 4), (0, 2)]:
+    for count, world in [(4, 2), (3, 2), (7, 3), (1, 4), (0, 2), (9, 8), (57, 8)]:
         shares = [eval_share(count, rank, world) for rank in range(world)]
         assert len({len(indices) for indices, _ in shares}) == 1  # the same number of forward passes everywhere
         assert [i for indices, own in shares for i in indices[:own]] == list(range(count))
         assert all(set(indices) <= set(range(max(count, 1))) for indices, _ in shares)
+        assert max(own for _, own in shares) - min(own for _, own in shares) <= 1  # nobody waits long for the rest
     assert eval_share(3, 1, 2) == ([2, 2], 1)
+
+
+def test_reward_batches_keep_each_conditions_samples_together():
+    from flowrl.experiment import group_spans
+    from flowrl.tasks.base import Condition
+
+    items = [Condition(p, meta={"tag": t}) for p, t, n in [("a", "x", 3), ("b", "x", 2), ("b", "y", 2), ("c", "x", 4)]
+             for _ in range(n)]
+    assert group_spans(items, 4) == [(0, 3), (3, 7), (7, 11)]  # a alone (a + b would be 5), b's two conditions, c
+    assert group_spans(items, 2) == [(0, 3), (3, 5), (5, 7), (7, 11)]  # a run longer than the batch stays whole
+    assert group_spans(items, 100) == [(0, 11)] and group_spans([], 4) == []
 
 
 def test_tasks_with_their_own_evaluation_are_told_from_those_that_report_the_reward():
@@ -97,19 +109,20 @@ def test_a_two_process_run_shares_its_evaluations_and_judges_them_as_one_process
 
     (tmp_path / "train.txt").write_text("a red circle\na blue square\n")
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"prompt": p, "tag": p}) + "\n" for p in
-                                                 ["a red circle", "a green triangle", "a blue square", "two circles"]))
+                                                 ["a red circle", "a green triangle", "a blue square"]))
     config = tiny_run_config(tmp_path / "e.yaml", tiny_sd3_dir, tmp_path / "runs", "dist_eval", updates=2,
                              checkpoint_every=0, rollout_microbatch=2)
-    # batches of 2 in both runs: the same samples share a forward pass, so the numbers match to the last digit
+    # 3 prompts x 2 samples: process 0 draws prompts 0 and 1, process 1 prompt 2 and a padding repeat of it; batches
+    # of 2 in both runs, so the same samples share a forward pass and the numbers match to the last digit
     overrides = ["task.name=prompt_file", f"prompts.source={tmp_path / 'train.txt'}", "eval.enabled=true",
-                 f"eval.prompts={tmp_path / 'eval.jsonl'}", "eval.every=1", "eval.num_per_prompt=1", "eval.num_steps=2"]
+                 f"eval.prompts={tmp_path / 'eval.jsonl'}", "eval.every=1", "eval.num_per_prompt=2", "eval.num_steps=2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                              "--master_port=29532", "-m", "flowrl", "train", str(config), *overrides], cwd=REPO,
                             env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     evals = json.loads((tmp_path / "runs" / "dist_eval" / "eval.json").read_text())
-    assert sorted(evals, key=int) == ["0", "1", "2"] and all(len(e["tags"]) == 4 for e in evals.values())
+    assert sorted(evals, key=int) == ["0", "1", "2"] and all(len(e["tags"]) == 3 for e in evals.values())
     assert (tmp_path / "runs" / "dist_eval" / "before_after.png").is_file()
     one = run_experiment(load_config(config, [*overrides, "run.name=one", "train.updates=1"]))
     alone = json.loads((one / "eval.json").read_text())["0"]

@@ -34,7 +34,8 @@ from .base import Reward, RewardOutput, RewardUnavailable, build_reward, registe
 def encode_request(samples: torch.Tensor, prompts: list[str], meta: dict | None) -> bytes:
     """A reward call as one safetensors body: the samples and the condition items' per-sample inputs (a source or
     condition image) as tensors, once per distinct item (a group's samples share theirs), the prompts and the other
-    metadata (each item's included) as JSON in its header."""
+    metadata (each item's included) as JSON in its header. A source named by a file path in the metadata (a .jsonl
+    prompt file's "image", made absolute when the file is read) travels as the path: the server must see that file."""
     shareable = {k: v for k, v in (meta or {}).items() if k != "conditions"}  # conditions hold arrays: sent apart
     tensors = {"samples": samples.detach().float().cpu().contiguous()}
     kinds = {}  # which inputs were numpy arrays (a uint8 [H, W, 3] image), so the server gets them as they were
@@ -48,7 +49,8 @@ def encode_request(samples: torch.Tensor, prompts: list[str], meta: dict | None)
             for key, value in item.inputs.items():
                 numpy = not isinstance(value, torch.Tensor)
                 kinds[f"{i}/{key}"] = "numpy" if numpy else "tensor"
-                tensors[f"input/{i}/{key}"] = torch.tensor(np.asarray(value)) if numpy else value.detach().cpu().clone()
+                tensors[f"input/{i}/{key}"] = torch.tensor(np.asarray(value)) if numpy else \
+                    value.detach().cpu().contiguous().clone()
     header = {"prompts": json.dumps(prompts), "meta": json.dumps(shareable, default=str),
               "input_kinds": json.dumps(kinds)}
     return save(tensors, metadata=header)

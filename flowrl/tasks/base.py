@@ -133,8 +133,8 @@ def read_prompt_file(path: str | Path) -> list[Condition]:
             record = None
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
             raise UserError(f"{path} line {number}: expected a JSON object with a 'prompt' string")
-        if isinstance(record.get("image"), str):  # a source image named relative to the prompt file, not the cwd
-            record["image"] = str(path.parent / record["image"])
+        if isinstance(record.get("image"), str):  # a source image named relative to the prompt file, not the cwd;
+            record["image"] = str((path.parent / record["image"]).absolute())  # absolute: a reward server elsewhere
         items.append(Condition(record.pop("prompt"), meta=record))
     if not items:
         raise UserError(f"prompt file {path} has no prompts")
