@@ -39,7 +39,7 @@ def sampled_as_checkpoint(trainer: Trainer):
         policy.lora_active_from_sigma = training_gate
 
 
-def evaluate(trainer: Trainer, desc: str):
+def evaluate(trainer: Trainer, desc: str, judge: bool = True):
     """Sample the task's eval set with fixed seeds and measure it: (metrics, samples, condition per sample).
 
     The task's own evaluation when it has one (e.g. the shapes verifier), else the run's reward per tag. A LoRA
@@ -48,7 +48,8 @@ def evaluate(trainer: Trainer, desc: str):
     a prompt's samples together, and reward calls take whole prompts); each sample keeps the seed it has in a
     one-process run, so the split changes no sample's noise. With the run's reward, every process also scores its
     own share (a VLM judge on 8 GPUs scores 8 times as fast). The main process gathers samples (and scores) and
-    judges: it returns (metrics, samples, items), the others (None, None, items)."""
+    judges: it returns (metrics, samples, items), the others (None, None, items). `judge=False` only draws and
+    gathers (metrics None)."""
     from .train import RewardFailure
 
     c = trainer.config.eval
@@ -67,7 +68,7 @@ def evaluate(trainer: Trainer, desc: str):
     own = samples.select(list(range(real * k)))
     reward_batch = trainer.config.train.reward_microbatch or DEFAULT_BATCH_SIZE
     scores, error = None, None
-    if not trainer.task.judges_samples():
+    if judge and not trainer.task.judges_samples():
         try:
             scores = reward_scores(trainer.reward, in_batches(own, [items[i] for i in mine[:real * k]], reward_batch))
         except Exception as failure:  # every process stops together, not one while the others wait to gather
@@ -79,6 +80,8 @@ def evaluate(trainer: Trainer, desc: str):
     if not trainer.is_main:
         return None, None, items
     samples = own.like(torch.cat([tensor for tensor, _ in parts]))
+    if not judge:
+        return None, samples, items
     result = trainer.task.evaluate(samples, items) if scores is None else None
     if result is None:  # the run's reward per tag (scored above, or here for a task that judged nothing)
         scores = [s for _, part in parts for s in part] if scores is not None else \
@@ -244,11 +247,13 @@ def run_experiment(config: RunConfig) -> Path:
         print(f"tuned model, eval set ({trainer.task.metric_name}):\n" + format_metrics(result))
         step = max(1, len(items) // (GRID_PROMPTS * config.eval.num_per_prompt)) * config.eval.num_per_prompt
         rows = list(range(0, len(items), step))[:GRID_PROMPTS]
-        columns, labels = [base_samples.select(rows).preview(), tuned_samples.select(rows).preview()], ["base", "tuned"]
+        columns, labels = [tuned_samples.select(rows).preview()], ["tuned"]
+        if base_samples is not None:
+            columns, labels = [base_samples.select(rows).preview()] + columns, ["base"] + labels
         if all("source_image" in items[i].inputs for i in rows):  # editing: source | base edit | tuned edit
             columns, labels = [np.stack([items[i].inputs["source_image"] for i in rows])] + columns, ["source"] + labels
         image_grid(columns, labels, [items[i].prompt for i in rows], run_dir / "before_after.png")
-        if isinstance(tuned_samples, VideoSamples):  # the clips themselves, base | tuned, for the report
+        if isinstance(tuned_samples, VideoSamples) and base_samples is not None:  # the clips, base | tuned
             files = side_by_side_clips([base_samples.select(rows), tuned_samples.select(rows)],
                                        run_dir / "before_after", "base_tuned")
             clips = [(items[i].prompt, f"before_after/{mp4}", f"before_after/{gif}") for i, (mp4, gif) in zip(rows, files)]
@@ -266,7 +271,12 @@ def run_experiment(config: RunConfig) -> Path:
 
 
 def _base_samples(trainer: Trainer):
+    """A resumed run's base samples for the before / after grid: drawn again with the adapter off, not judged (the
+    base's numbers are in eval.json); None after full fine-tuning, whose base weights are gone (the grid then shows
+    the tuned samples alone)."""
     if trainer.policy.has_lora:
         with trainer.policy.reference():
-            return evaluate(trainer, "eval base (for the grid)")[1]
-    raise RuntimeError("cannot regenerate base samples after full fine-tuning; keep the first run's eval")
+            return evaluate(trainer, "eval base (for the grid)", judge=False)[1]
+    if trainer.is_main:
+        print("resumed full fine-tune: the base weights are gone, so the before / after grid shows the tuned model only")
+    return None

@@ -165,3 +165,31 @@ def test_collectives_wait_as_long_as_the_config_says(tiny_sd3_dir, tmp_path):
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "wait", updates=1)
     trainer = Trainer(load_config(path, ["train.collective_timeout_minutes=45"]), log=False)
     assert trainer.accelerator.init_handler.timeout == timedelta(minutes=45)
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_a_resumed_run_ends_with_its_before_after_grid(tiny_sd3_dir, tmp_path, lora):
+    """Resumed with its evaluations on: a LoRA run draws the base samples again (adapter off) for the grid, a full
+    fine-tune (its base weights gone) shows the tuned samples alone, where it used to stop with a traceback."""
+    import json
+
+    import yaml
+    from PIL import Image
+
+    from flowrl.config import load_config
+    from flowrl.experiment import run_experiment
+
+    (tmp_path / "eval.txt").write_text("a red circle\ntwo squares\n")
+    path = tiny_run_config(tmp_path / "r.yaml", tiny_sd3_dir, tmp_path / "runs", "resumed", updates=2)
+    if not lora:
+        data = yaml.safe_load(path.read_text())
+        data["lora"], data["train"]["lr"] = None, 1e-4
+        path.write_text(yaml.safe_dump(data))
+    overrides = ["eval.enabled=true", f"eval.prompts={tmp_path / 'eval.txt'}", "eval.num_per_prompt=1",
+                 "eval.num_steps=2"]
+    run_experiment(load_config(path, [*overrides, "train.updates=1"]))
+    run_dir = run_experiment(load_config(path, overrides))  # resumes at update 1
+    assert sorted(json.loads((run_dir / "eval.json").read_text()), key=int) == ["0", "1", "2"]
+    straight = run_experiment(load_config(path, [*overrides, "run.name=straight"]))  # base | tuned, not resumed
+    width, full_width = (Image.open(d / "before_after.png").size[0] for d in (run_dir, straight))
+    assert width == full_width if lora else width < full_width
