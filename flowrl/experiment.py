@@ -250,8 +250,14 @@ def run_experiment(config: RunConfig) -> Path:
         columns, labels = [tuned_samples.select(rows).preview()], ["tuned"]
         if base_samples is not None:
             columns, labels = [base_samples.select(rows).preview()] + columns, ["base"] + labels
-        if all("source_image" in items[i].inputs for i in rows):  # editing: source | base edit | tuned edit
-            columns, labels = [np.stack([items[i].inputs["source_image"] for i in rows])] + columns, ["source"] + labels
+        policy = trainer.policy
+        if policy.source_input:  # editing: source | base edit | tuned edit, each source as the editor was given it
+            from .images import item_image, resized, to_uint8
+
+            spec = trainer.spec
+            sources = [resized(item_image(items[i], policy.source_input, policy.source_world, "the grid"),
+                               spec.height, spec.width) for i in rows]
+            columns, labels = [to_uint8(torch.stack(sources))] + columns, ["source"] + labels
         image_grid(columns, labels, [items[i].prompt for i in rows], run_dir / "before_after.png")
         if isinstance(tuned_samples, VideoSamples) and base_samples is not None:  # the clips, base | tuned
             files = side_by_side_clips([base_samples.select(rows), tuned_samples.select(rows)],

@@ -156,7 +156,8 @@ def test_the_kontext_arro_config_edits_files_with_a_vlm_rubric_and_exports(tmp_p
     run_dir = run_experiment(load_config(REPO / "configs" / "real" / "flux_kontext_arro_grpo.yaml", overrides))
     evals = json.loads((run_dir / "eval.json").read_text())
     assert set(evals) == {"0", "1", "2"} and all("overall" in e for e in evals.values())
-    assert (run_dir / "before_after.png").is_file()
+    grid = np.asarray(Image.open(run_dir / "before_after.png"))
+    assert grid.shape[1] == 260 + 3 * (32 * 4 + 4)  # the title column, then source (from its file) | base | tuned
     rows = (run_dir / "metrics.csv").read_text().splitlines()
     assert "reward/edit_rubric" in rows[0] and len(rows) == 3  # the rubric scored every update's edits
     checkpoint = run_dir / "checkpoints" / "update_000002"
