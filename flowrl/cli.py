@@ -63,7 +63,8 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     sample.add_argument("--checkpoint", default=None, help="a run's checkpoint folder (LoRA or full weights)")
     sample.add_argument("--prompts", required=True, help="a .txt file (one prompt per line) or .jsonl ('prompt' "
                         "field; the other fields are kept in samples.jsonl)")
-    sample.add_argument("--out", required=True)
+    sample.add_argument("--out", required=True, help="the samples folder; written as drawn, so the same command "
+                        "resumes an interrupted one (other settings into it are an error)")
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--num-per-prompt", type=int, default=1)
     sample.add_argument("--batch-size", type=int, default=64, help="samples per sampler call (lower it for large "
