@@ -28,7 +28,9 @@ def draw_samples(policy, conditions: list, num_per_prompt: int, seed: int, folde
     `sampling`: generate.sample_chunks's settings (steps, guidance, spec, kind, noise, batch size, steer)."""
     items = [item for item in conditions for _ in range(num_per_prompt)]
     seeds = sample_seeds(seed, len(conditions), num_per_prompt)
-    planned = [{**item.meta, "prompt": item.prompt, "seed": s} for item, s in zip(items, seeds)]
+    # as a progress line will hold them (JSON, anything else as text), so a written sample compares equal
+    planned = [json.loads(json.dumps({**item.meta, "prompt": item.prompt, "seed": s}, default=str))
+               for item, s in zip(items, seeds)]
     main = state.is_main_process
     if main:
         folder.mkdir(parents=True, exist_ok=True)
@@ -122,7 +124,7 @@ def draw_into(folder: Path, chunks, indices: list[int], metas: list[dict], rank:
                 n = indices[position]
                 files = samples.write(folder, f"{n:05d}", j)
                 line = index_line(samples, {**metas[position], **record}, files)
-                progress.write(json.dumps({**line, "index": n}) + "\n")
+                progress.write(json.dumps({**line, "index": n}, default=str) + "\n")
                 position += 1
             progress.flush()
             batches += 1

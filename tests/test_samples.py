@@ -159,3 +159,39 @@ def test_a_sample_jobs_progress_survives_a_cut_line_and_counts_only_the_planned_
     assert json.loads(progress.read_text().splitlines()[-1])["index"] == 1
     edited = [planned[0], {**planned[1], "image": "z.png"}]
     assert sorted(written_samples(tmp_path, edited)) == [0]
+
+
+def test_a_finished_sample_folder_with_non_json_metadata_is_not_drawn_again(tmp_path, monkeypatch):
+    """Prompt-file fields that JSON changes (a tuple becomes a list, a numpy number a number, a path text) still match
+    the plan on a rerun."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from flowrl.sample_job import draw_samples
+    from flowrl.tasks.base import Condition
+
+    class OnePixel:  # a policy stand-in: sample_chunks' calls, one flat image per sample
+        fps, modality = 8, "image"
+
+        def default_spec(self):
+            return SimpleNamespace(height=4, width=4, num_frames=None)
+
+        def noise_shape(self, spec):
+            return (3, 4, 4)
+
+    calls = []
+    import flowrl.sample_job as job
+
+    def chunks(policy, items, *args, seeds, **kwargs):
+        calls.append(len(items))
+        yield torch.rand(len(items), 3, 4, 4), [{"prompt": i.prompt, "seed": s} for i, s in zip(items, seeds)]
+
+    state = SimpleNamespace(is_main_process=True, process_index=0, num_processes=1, wait_for_everyone=lambda: None)
+    item = Condition("a", meta={"box": (1, 2), "weight": np.float32(0.5), "where": Path("x.png")})
+    monkeypatch.setattr(job, "sample_chunks", chunks)
+    for _ in range(2):
+        draw_samples(OnePixel(), [item], 2, 0, tmp_path, {"steps": 2}, state)
+    assert calls == [2, 0]  # the rerun found both samples written
