@@ -347,8 +347,10 @@ def cmd_demo(args) -> None:
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)
 
 
-# fields a samples.jsonl line gives the sample itself (flowrl sample's record and file), not its condition
-SAMPLE_FIELDS = ("prompt", "seed", "file", "extra_files", "modality", "height", "width", "fps")
+# fields a samples.jsonl line gives the sample itself (its seed, files, size, resume key and a steer's per-sample
+# record), not its condition
+SAMPLE_FIELDS = ("prompt", "seed", "file", "extra_files", "modality", "height", "width", "fps", "plan", "fk_reward",
+                 "probe_fired_at")
 
 
 def read_conditions(folder: str, records: list[dict]) -> list:
@@ -405,9 +407,9 @@ def cmd_eval_rewards(args) -> None:
     reward = build_reward(args.reward, where="--reward", **params).to(args.device or default_device())
     records = read_records(args.samples)
     items = read_conditions(args.samples, records)
-    # a batch of files at a time (a large folder of 1024 px images or of clips never sits in memory whole), each
-    # with whole runs of one condition's samples (a group rubric scores a group in one call)
-    spans = group_spans(items, args.batch_size)
+    # a batch of files at a time (a large folder of 1024 px images or of clips never sits in memory whole); for a
+    # reward that scores groups (a group rubric), with whole runs of one condition's samples
+    spans = group_spans(items, args.batch_size, reward.scores_groups)
     batches = ((load_samples(args.samples, records[a:b]), items[a:b]) for a, b in spans)
     scores = reward_scores(reward, tqdm(batches, total=len(spans), desc="scoring", mininterval=2))
     result = {"reward": args.reward, **tag_metrics_of(scores, items)}

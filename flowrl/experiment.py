@@ -70,13 +70,15 @@ def evaluate(trainer: Trainer, desc: str, judge: bool = True):
     scores, error = None, None
     if judge and not trainer.task.judges_samples():
         try:
-            scores = reward_scores(trainer.reward, in_batches(own, [items[i] for i in mine[:real * k]], reward_batch))
+            scores = reward_scores(trainer.reward, in_batches(own, [items[i] for i in mine[:real * k]], reward_batch,
+                                                              trainer.reward.scores_groups))
         except Exception as failure:  # every process stops together, not one while the others wait to gather
             error = f"{type(failure).__name__}: {failure}"
-    failed = [(rank, e) for rank, e in enumerate(all_processes(error, trainer.world)) if e is not None]
+    wait = trainer.config.train.collective_timeout_minutes
+    failed = [(rank, e) for rank, e in enumerate(all_processes(error, trainer.world, wait)) if e is not None]
     if failed:
         raise RewardFailure(f"evaluation: the reward failed on process {failed[0][0]}: {failed[0][1]}")
-    parts = gathered_on_main((own.tensor.cpu(), scores), trainer.world)
+    parts = gathered_on_main((own.tensor.cpu(), scores), trainer.world, wait)
     if not trainer.is_main:
         return None, None, items
     samples = own.like(torch.cat([tensor for tensor, _ in parts]))
@@ -85,7 +87,7 @@ def evaluate(trainer: Trainer, desc: str, judge: bool = True):
     result = trainer.task.evaluate(samples, items) if scores is None else None
     if result is None:  # the run's reward per tag (scored above, or here for a task that judged nothing)
         scores = [s for _, part in parts for s in part] if scores is not None else \
-            reward_scores(trainer.reward, in_batches(samples, items, reward_batch))
+            reward_scores(trainer.reward, in_batches(samples, items, reward_batch, trainer.reward.scores_groups))
         result = tag_metrics_of(scores, items)
     return result, samples, items
 
@@ -101,16 +103,20 @@ def eval_share(count: int, rank: int, world: int) -> tuple[list[int], int]:
 _HOST_GROUP = None  # a gloo group over the run's processes: gathers through host memory, not the GPUs'
 
 
-def _host_group():
+def _host_group(timeout_minutes: int):
     global _HOST_GROUP
+    from datetime import timedelta
+
     import torch.distributed as dist
 
-    if _HOST_GROUP is None:  # created once, by every process at the same point (their first evaluation)
-        _HOST_GROUP = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    if _HOST_GROUP is None:  # created once, by every process at the same point (their first evaluation); it waits
+        # as long as the run's collectives do (gloo's own default is 30 minutes; a VLM judge's share can take longer)
+        _HOST_GROUP = dist.group.WORLD if dist.get_backend() == "gloo" else \
+            dist.new_group(backend="gloo", timeout=timedelta(minutes=timeout_minutes))
     return _HOST_GROUP
 
 
-def gathered_on_main(value, world: int) -> list | None:
+def gathered_on_main(value, world: int, timeout_minutes: int = 180) -> list | None:
     """Every process's `value`, in rank order, on the main process (None elsewhere), through host memory (over NCCL
     each share would be pickled onto the GPU: a few 81-frame clips in float32 are GBs)."""
     if world == 1:
@@ -118,18 +124,18 @@ def gathered_on_main(value, world: int) -> list | None:
     import torch.distributed as dist
 
     parts = [None] * world if dist.get_rank() == 0 else None
-    dist.gather_object(value, parts, dst=0, group=_host_group())
+    dist.gather_object(value, parts, dst=0, group=_host_group(timeout_minutes))
     return parts
 
 
-def all_processes(value, world: int) -> list:
+def all_processes(value, world: int, timeout_minutes: int = 180) -> list:
     """Every process's (small) `value`, in rank order, on every process."""
     if world == 1:
         return [value]
     import torch.distributed as dist
 
     values = [None] * world
-    dist.all_gather_object(values, value, group=_host_group())
+    dist.all_gather_object(values, value, group=_host_group(timeout_minutes))
     return values
 
 
@@ -158,16 +164,19 @@ def tag_metrics_of(scores: list[float], items: list) -> dict:
     return tag_metrics(scores, [str(i.meta.get("tag", "all")) for i in items], clusters=[i.prompt for i in items])
 
 
-def in_batches(samples, items: list, size: int):
-    """(samples, items) about `size` at a time, never splitting a run of samples of one condition (a group rubric
-    scores a group in one call): see `group_spans`."""
-    for start, end in group_spans(items, size):
+def in_batches(samples, items: list, size: int, keep_groups: bool = False):
+    """(samples, items) `size` at a time; with `keep_groups` (a reward that scores groups) never splitting a run of
+    samples of one condition: see `group_spans`."""
+    for start, end in group_spans(items, size, keep_groups):
         yield samples.select(list(range(start, end))), items[start:end]
 
 
-def group_spans(items: list, size: int) -> list[tuple[int, int]]:
-    """[start, end) spans of consecutive items, each holding whole runs of equal conditions (prompt and metadata)
-    and at most `size` items unless one run alone is longer."""
+def group_spans(items: list, size: int, keep_groups: bool = True) -> list[tuple[int, int]]:
+    """[start, end) spans of consecutive items of at most `size` items; with `keep_groups`, each holding whole runs of
+    equal conditions (prompt and metadata), longer than `size` only where one run alone is."""
+    if not keep_groups:
+        return [(a, min(a + size, len(items))) for a in range(0, len(items), size)]
+
     def key(item):
         return item.prompt, repr(sorted(item.meta.items()))
 

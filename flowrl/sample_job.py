@@ -28,9 +28,7 @@ def draw_samples(policy, conditions: list, num_per_prompt: int, seed: int, folde
     `sampling`: generate.sample_chunks's settings (steps, guidance, spec, kind, noise, batch size, steer)."""
     items = [item for item in conditions for _ in range(num_per_prompt)]
     seeds = sample_seeds(seed, len(conditions), num_per_prompt)
-    # as a progress line will hold them (JSON, anything else as text), so a written sample compares equal
-    planned = [json.loads(json.dumps({**item.meta, "prompt": item.prompt, "seed": s}, default=str))
-               for item, s in zip(items, seeds)]
+    planned = [{"prompt": item.prompt, "seed": s, "plan": plan_key(item, s)} for item, s in zip(items, seeds)]
     main = state.is_main_process
     if main:
         folder.mkdir(parents=True, exist_ok=True)
@@ -50,14 +48,30 @@ def draw_samples(policy, conditions: list, num_per_prompt: int, seed: int, folde
         print(f"process {state.process_index} of {state.num_processes}: drawing {len(mine)} samples", flush=True)
     chunks = sample_chunks(policy, [items[n] for n in mine], 1, seeds=[seeds[n] for n in mine],
                            desc="sampling" if main else None, **sampling)
-    draw_into(folder, chunks, mine, [items[n].meta for n in mine], state.process_index, policy.fps,
-              policy.modality)
+    draw_into(folder, chunks, mine, [items[n] for n in mine], state.process_index, policy.fps, policy.modality)
     state.wait_for_everyone()
     if not main:
         return folder / INDEX_FILE
     index = finish(folder, planned)
     print(f"wrote {len(planned)} {policy.modality} samples and {index.name} to {folder}")
     return index
+
+
+def plan_key(item, seed: int) -> str:
+    """What a sample is drawn from (prompt, prompt-file fields, seed) as one text, kept in its index line as "plan":
+    a rerun counts the sample written only when this is unchanged (an edited .jsonl line is drawn again). JSON text,
+    anything else as text, so values JSON changes (tuples, numpy numbers, NaN) still compare equal."""
+    return json.dumps([item.prompt, seed, item.meta], sort_keys=True, default=str)
+
+
+def appending(path: Path):
+    """`path` opened for appending lines; a last line an interruption cut short is ended first, so the next line
+    starts on its own (the cut one is then skipped as unreadable)."""
+    cut = path.is_file() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
+    handle = path.open("a")
+    if cut:
+        handle.write("\n")
+    return handle
 
 
 def check_settings(path: Path, settings: dict, remedy: str) -> bool:
@@ -78,9 +92,9 @@ def check_settings(path: Path, settings: dict, remedy: str) -> bool:
 
 
 def written_samples(folder: Path, planned: list[dict]) -> dict[int, dict]:
-    """The index lines of samples already on disk that are the planned ones (the same prompt, seed and prompt-file
-    fields at that index, every file present): from a finished samples.jsonl and from any process's progress lines
-    (a line cut short by an interruption is skipped)."""
+    """The index lines of samples already on disk that are the planned ones (the same plan key at that index, every
+    file present): from a finished samples.jsonl and from any process's progress lines (a line cut short by an
+    interruption is skipped)."""
     lines = []
     index = folder / INDEX_FILE
     if index.is_file():
@@ -98,32 +112,28 @@ def written_samples(folder: Path, planned: list[dict]) -> dict[int, dict]:
         if not isinstance(n, int) or not 0 <= n < len(planned):
             continue
         files = [line.get("file"), *line.get("extra_files", [])]
-        if all(line.get(k) == v for k, v in planned[n].items()) and \
+        if line.get("plan") == planned[n]["plan"] and \
                 all(isinstance(f, str) and (folder / f).is_file() for f in files):
             done[n] = line
     return done
 
 
-def draw_into(folder: Path, chunks, indices: list[int], metas: list[dict], rank: int, fps: int,
-              modality: str) -> None:
-    """Write what `chunks` (generate.sample_chunks over the samples `indices`, in order) yields: each sample's files
-    as `{index:05d}.*`, then its line (the condition's `metas` fields and the sample's record) in this process's
-    progress file, flushed after every batch."""
+def draw_into(folder: Path, chunks, indices: list[int], items: list, rank: int, fps: int, modality: str) -> None:
+    """Write what `chunks` (generate.sample_chunks over the condition `items` of the samples `indices`, in order)
+    yields: each sample's files as `{index:05d}.*`, then its line (the condition's fields, the sample's record and
+    its plan key) in this process's progress file, flushed after every batch."""
     from .samples import as_samples
     from .train import fault_point
 
     position = batches = 0
-    path = folder / f".progress-{rank}.jsonl"
-    cut = path.is_file() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
-    with path.open("a") as progress:
-        if cut:  # a line an interruption cut short: the next one starts on a line of its own
-            progress.write("\n")
+    with appending(folder / f".progress-{rank}.jsonl") as progress:
         for decoded, records in chunks:
             samples = as_samples(decoded, fps=fps, modality=modality)
             for j, record in enumerate(records):
                 n = indices[position]
                 files = samples.write(folder, f"{n:05d}", j)
-                line = index_line(samples, {**metas[position], **record}, files)
+                item = items[position]
+                line = index_line(samples, {**item.meta, **record, "plan": plan_key(item, record["seed"])}, files)
                 progress.write(json.dumps({**line, "index": n}, default=str) + "\n")
                 position += 1
             progress.flush()

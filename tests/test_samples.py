@@ -146,19 +146,27 @@ def test_a_sample_jobs_progress_survives_a_cut_line_and_counts_only_the_planned_
 
     import torch
 
-    from flowrl.sample_job import draw_into, written_samples
+    from flowrl.sample_job import draw_into, plan_key, written_samples
 
-    planned = [{"prompt": "a", "seed": 1, "image": "x.png"}, {"prompt": "b", "seed": 2, "image": "y.png"}]
-    first = torch.rand(1, 3, 8, 8)
-    draw_into(tmp_path, iter([(first, [{"prompt": "a", "seed": 1}])]), [0], [{"image": "x.png"}], 0, 8, "image")
+    from flowrl.tasks.base import Condition
+
+    items = [Condition("a", meta={"image": "x.png"}), Condition("b", meta={"image": "y.png"})]
+
+    def plan(items):
+        return [{"prompt": i.prompt, "seed": s, "plan": plan_key(i, s)} for i, s in zip(items, (1, 2))]
+
+    draw_into(tmp_path, iter([(torch.rand(1, 3, 8, 8), [{"prompt": "a", "seed": 1}])]), [0], items[:1], 0, 8, "image")
     progress = tmp_path / ".progress-0.jsonl"
     progress.write_text(progress.read_text() + '{"index": 1, "prompt": "b", "se')  # killed mid-line
-    draw_into(tmp_path, iter([(torch.rand(1, 3, 8, 8), [{"prompt": "b", "seed": 2}])]), [1], [{"image": "y.png"}],
-              0, 8, "image")
-    assert sorted(written_samples(tmp_path, planned)) == [0, 1]
+    draw_into(tmp_path, iter([(torch.rand(1, 3, 8, 8), [{"prompt": "b", "seed": 2}])]), [1], items[1:], 0, 8, "image")
+    assert sorted(written_samples(tmp_path, plan(items))) == [0, 1]
     assert json.loads(progress.read_text().splitlines()[-1])["index"] == 1
-    edited = [planned[0], {**planned[1], "image": "z.png"}]
-    assert sorted(written_samples(tmp_path, edited)) == [0]
+    edited = [items[0], Condition("b", meta={"image": "z.png"})]
+    assert sorted(written_samples(tmp_path, plan(edited))) == [0]
+    # an earlier samples.jsonl as the prompt file: its file / size fields are overwritten in the line, still matched
+    reused = [Condition("a", meta={"file": "old.png", "height": 64, "modality": "image"})]
+    draw_into(tmp_path, iter([(torch.rand(1, 3, 8, 8), [{"prompt": "a", "seed": 1}])]), [0], reused, 0, 8, "image")
+    assert sorted(written_samples(tmp_path, plan(reused))) == [0]
 
 
 def test_a_finished_sample_folder_with_non_json_metadata_is_not_drawn_again(tmp_path, monkeypatch):

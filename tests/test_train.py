@@ -88,6 +88,7 @@ def test_reward_batches_keep_each_conditions_samples_together():
     assert group_spans(items, 4) == [(0, 3), (3, 7), (7, 11)]  # a alone (a + b would be 5), b's two conditions, c
     assert group_spans(items, 2) == [(0, 3), (3, 5), (5, 7), (7, 11)]  # a run longer than the batch stays whole
     assert group_spans(items, 100) == [(0, 11)] and group_spans([], 4) == []
+    assert group_spans(items, 4, keep_groups=False) == [(0, 4), (4, 8), (8, 11)]  # a reward that scores one by one
 
 
 def test_tasks_with_their_own_evaluation_are_told_from_those_that_report_the_reward():

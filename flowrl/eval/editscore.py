@@ -113,7 +113,7 @@ def score_samples_folder(scorer, folder, settings: dict, progress: bool = True) 
 
     from ..cli import read_conditions
     from ..images import item_image, to_uint8
-    from ..sample_job import check_settings
+    from ..sample_job import appending, check_settings
     from ..samples import load_samples, read_records
 
     folder = Path(folder)
@@ -130,7 +130,7 @@ def score_samples_folder(scorer, folder, settings: dict, progress: bool = True) 
         except ValueError:  # a line cut short by an interruption
             continue
         done[(row.get("file"), row.get("instruction"))] = row
-    with rows_path.open("a") as out:
+    with appending(rows_path) as out:
         for record, item in tqdm(list(zip(records, items)), desc="editscore", disable=not progress):
             key = (record["file"], item.prompt)
             if key in done:

@@ -28,6 +28,8 @@ class Reward:
     name = "reward"
     differentiable = False
     modalities = ("image",)  # what it can score; the loop checks the pipeline's at start-up
+    # whether it scores a condition's samples together (a group rubric): callers then keep them in one call
+    scores_groups = False
 
     def __call__(self, samples: torch.Tensor, prompts: list[str], meta: dict | None = None) -> RewardOutput:
         raise NotImplementedError
@@ -185,6 +187,7 @@ class WeightedSum(Reward):
         self.batch_sizes = batch_sizes or [0] * len(rewards)  # per reward: samples per call (0: all it is given)
         self.differentiable = all(r.differentiable for r in rewards)
         self.modalities = tuple(m for m in ("image", "video", "3d") if all(m in r.modalities for r in rewards))
+        self.scores_groups = any(r.scores_groups for r in rewards)
 
     def to(self, device) -> "WeightedSum":
         for reward in self.rewards:

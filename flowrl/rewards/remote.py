@@ -145,6 +145,7 @@ def post_with_retries(server: str, route: str, body: bytes, content_type: str, t
 class RemoteReward(Reward):
     """A reward computed by `flowrl serve-reward` at `url` (e.g. http://127.0.0.1:8765)."""
     modalities = ("image", "video", "3d")  # whatever the served reward takes; the server answers for it
+    scores_groups = True  # the served reward may be a group rubric: keep a condition's samples in one request
 
     def __init__(self, url: str, name: str = "remote", timeout: float = 60.0, retries: int = 3, backoff: float = 1.0,
                  token: str | None = None, batch_size: int = 0):

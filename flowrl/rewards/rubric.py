@@ -99,6 +99,7 @@ class EditRubricReward(Reward):
             raise ConfigError(f"reward edit_rubric: params.requested_weight: expected a number in (0, 1], got "
                               f"{requested_weight}")
         self.mode, self.requested_weight = mode, requested_weight
+        self.scores_groups = mode == "group"
         if judge is not None:  # a VLM auditor (flowrl/rewards/rubric_vlm.py) instead of the shapes world's rules
             from .rubric_vlm import build_vlm_auditor
 
