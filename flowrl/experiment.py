@@ -246,6 +246,9 @@ def run_experiment(config: RunConfig) -> Path:
             result, tuned_samples, items = evaluate(trainer, "eval tuned")
         if not base_evaluated:  # resumed: regenerate the base samples for the grid with the adapter off
             base_samples = _base_samples(trainer)
+    # no process exits while its share may still be in flight to the main one (gloo aborts a process that exits
+    # mid-send: "terminate called without an active exception")
+    trainer.accelerator.wait_for_everyone()
     if not trainer.is_main:
         return run_dir
     clips = []
