@@ -390,11 +390,19 @@ def cmd_eval_task(args) -> None:
 
 
 def cmd_eval_rewards(args) -> None:
-    """`flowrl eval rewards --samples DIR --reward NAME`: the mean reward per tag, to DIR/rewards_eval.json."""
+    """`flowrl eval rewards --samples DIR --reward NAME`: the mean reward per tag, to DIR/rewards_eval.json. Under
+    torchrun / accelerate launch every process scores a contiguous share of the batches on its own GPU, and the main
+    process writes the result."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from accelerate import PartialState
     from tqdm import tqdm
 
     from .devices import default_device
     from .experiment import group_spans, reward_scores, tag_metrics_of
+    from .generate import contiguous_share
     from .rewards import build_reward
     from .samples import load_samples, read_records
     from .tasks.base import format_metrics
@@ -404,14 +412,28 @@ def cmd_eval_rewards(args) -> None:
     if args.batch_size < 1:
         raise UserError(f"--batch-size: expected an integer >= 1, got {args.batch_size}")
     params = json_object(args.reward_params, "--reward-params")
+    # the gather waits for the slowest share (a VLM judge's can take long): longer than NCCL's 10-minute default
+    state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(hours=6))
     reward = build_reward(args.reward, where="--reward", **params).to(args.device or default_device())
     records = read_records(args.samples)
     items = read_conditions(args.samples, records)
     # a batch of files at a time (a large folder of 1024 px images or of clips never sits in memory whole); for a
     # reward that scores groups (a group rubric), with whole runs of one condition's samples
     spans = group_spans(items, args.batch_size, reward.scores_groups)
+    spans = [spans[i] for i in contiguous_share(len(spans), state.process_index, state.num_processes)]
+    if state.num_processes > 1:
+        print(f"process {state.process_index} of {state.num_processes}: scoring {sum(b - a for a, b in spans)} "
+              "samples", flush=True)
     batches = ((load_samples(args.samples, records[a:b]), items[a:b]) for a, b in spans)
-    scores = reward_scores(reward, tqdm(batches, total=len(spans), desc="scoring", mininterval=2))
+    scores = reward_scores(reward, tqdm(batches, total=len(spans), desc="scoring", mininterval=2,
+                                        disable=not state.is_main_process))
+    if state.num_processes > 1:
+        parts = [None] * state.num_processes if state.is_main_process else None
+        dist.gather_object(scores, parts, dst=0)  # a list of floats per process, in rank order
+        state.wait_for_everyone()  # nobody exits while its share may still be in flight
+        if not state.is_main_process:
+            return
+        scores = [s for part in parts for s in part]
     result = {"reward": args.reward, **tag_metrics_of(scores, items)}
     out = Path(args.samples) / "rewards_eval.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

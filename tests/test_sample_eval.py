@@ -195,6 +195,20 @@ def test_sample_under_torchrun_shares_the_prompts_and_writes_one_index(tiny_sd3_
     assert records == expected and all(np.array_equal(a, b) for a, b in zip(want, got))
     assert "process 0 of 2: drawing 2 samples" in two.stdout and "process 1 of 2: drawing 2 samples" in two.stdout
     assert two.stdout.count("wrote 4 image samples") == 1  # the main process writes the index
+    # scoring the folder on two processes (two batches each) gives the one-process result
+    score = ["-m", "flowrl", "eval", "rewards", "--samples", str(tmp_path / "two"), "--reward", "jpeg_compressibility",
+             "--batch-size", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    alone = subprocess.run([sys.executable, *score], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    expected = json.loads((tmp_path / "two" / "rewards_eval.json").read_text())
+    (tmp_path / "two" / "rewards_eval.json").unlink()
+    shared = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29534",
+                             *score], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert shared.returncode == 0, shared.stderr[-2000:]
+    assert json.loads((tmp_path / "two" / "rewards_eval.json").read_text()) == expected
+    assert "process 0 of 2: scoring 2 samples" in shared.stdout and "process 1 of 2: scoring 2 samples" in shared.stdout
+    assert shared.stdout.count("written to") == 1  # the main process writes the result
 
 
 def test_eval_rewards_reads_a_folder_a_batch_at_a_time(tmp_path, monkeypatch):
