@@ -171,3 +171,29 @@ def test_an_openai_compatible_judge_audits_and_checks():
     audits = [images for tokens, images in FakeEndpoint.requests if tokens != 1]
     checks = [images for tokens, images in FakeEndpoint.requests if tokens == 1]
     assert audits == [4] and set(checks) == {2}
+
+
+def test_the_judge_sees_each_source_at_the_size_of_the_edits_it_judges():
+    """A 24x40 source and 16x16 edits: every question shows the source resized to 16x16, as the editor was given it
+    (flowrl.images.resized, the policy's own resizing), not the original."""
+    from flowrl.images import as_image_batch, resized, to_uint8
+
+    rng = np.random.default_rng(0)
+    source = rng.integers(0, 255, (24, 40, 3), dtype=np.uint8)
+    item = Condition(INSTRUCTION, inputs={"source_image": source})
+    seen = []
+
+    class SizeJudge:
+        def generate(self, images, text):
+            seen.extend(np.asarray(i) for i in images[:1])
+            return "[]"
+
+        def yes_no(self, images, text):
+            seen.append(np.asarray(images[0]))
+            return 0.9, 0.1
+
+    reward = EditRubricReward(mode="group", auditor=VLMEditAuditor(SizeJudge()))
+    edits = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    reward(edits, [INSTRUCTION] * 2, {"conditions": [item, item]})
+    expected = to_uint8(resized(as_image_batch(source)[0], 16, 16)[None])[0]
+    assert seen and all(np.array_equal(s, expected) for s in seen)

@@ -124,6 +124,8 @@ class EditRubricReward(Reward):
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
         items = condition_items(prompts, meta)
         images = to_uint8(samples)
+        if hasattr(self.auditor, "sample_size"):  # a VLM judge sees each source at the edits' size, as the editor did
+            self.auditor.sample_size = tuple(images.shape[1:3])
         scores, sizes = np.zeros(len(items)), np.zeros(len(items))
         groups: dict = {}
         for i, item in enumerate(items):

@@ -129,18 +129,25 @@ class VLMEditAuditor:
         self.source_input, self.world = source_input, world
         self.shuffle = random.Random(seed)
         self.unparsed = 0  # audit answers that were not a JSON list of strings
-        self._last_source = None  # (item, its source image): a group asks for one item's source many times
+        self._last_source = None  # (item, size, its source image): a group asks for one item's source many times
+        self.sample_size = None  # (height, width) of the edits judged in the current call
 
     def source(self, item):
-        """The item's source image (read or rendered once for consecutive calls on the same item)."""
+        """The item's source image as the editor was given it: resized to the size of the edits being judged
+        (`sample_size`, which the rubric reward sets per call), as the editing policy resizes it to the sample size,
+        so a stretch the editor saw is not judged an unintended change (read or rendered once for consecutive calls
+        on the same item)."""
         from PIL import Image
 
-        from ..images import item_image, to_uint8
+        from ..images import item_image, resized, to_uint8
 
-        if self._last_source is None or self._last_source[0] is not item:
+        cached = self._last_source
+        if cached is None or cached[0] is not item or cached[1] != self.sample_size:
             image = item_image(item, self.source_input, self.world, "the edit_rubric VLM auditor")
-            self._last_source = (item, Image.fromarray(to_uint8(image[None])[0]))
-        return self._last_source[1]
+            if self.sample_size is not None:
+                image = resized(image, *self.sample_size)
+            self._last_source = (item, self.sample_size, Image.fromarray(to_uint8(image[None])[0]))
+        return self._last_source[2]
 
     def passes(self, images, text) -> bool:
         p_yes, p_no = self.backend.yes_no(images, text)
