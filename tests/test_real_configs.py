@@ -21,6 +21,19 @@ CASES = {  # config -> (layout, sample-size overrides, reward overrides)
 }
 
 
+def assert_checkpoint_loads_in_diffusers(pipeline_dir, checkpoint, velocity):
+    """The run trained its adapter (`velocity` of the policy moved), and the checkpoint's LoRA loaded with diffusers'
+    `load_lora_weights` gives flowrl's model exactly."""
+    ours = policy_for(load_pipeline(pipeline_dir), max_sequence_length=16)
+    base = velocity(ours)
+    load_trained_weights(ours, checkpoint)
+    expected = velocity(ours)
+    assert (expected - base).abs().max() > 0  # the run trained the adapter
+    pipe = load_pipeline(pipeline_dir)
+    pipe.load_lora_weights(checkpoint)
+    torch.testing.assert_close(velocity(policy_for(pipe, max_sequence_length=16)), expected, rtol=0, atol=0)
+
+
 @pytest.fixture(scope="module")
 def clip_folder(tmp_path_factory):
     from test_real_rewards import _save_clip
@@ -64,14 +77,7 @@ def test_real_config_trains_evaluates_and_exports(name, clip_folder, tmp_path):
         with torch.no_grad():
             return policy.velocity(x, sigma, policy.encode(["a red apple", "a cat"], 2.0), 2.0)
 
-    ours = policy_for(load_pipeline(pipeline_dir), max_sequence_length=16)
-    base = velocity(ours)
-    load_trained_weights(ours, checkpoint)
-    expected = velocity(ours)
-    assert (expected - base).abs().max() > 0  # the run trained the adapter
-    pipe = load_pipeline(pipeline_dir)
-    pipe.load_lora_weights(checkpoint)
-    torch.testing.assert_close(velocity(policy_for(pipe, max_sequence_length=16)), expected, rtol=0, atol=0)
+    assert_checkpoint_loads_in_diffusers(pipeline_dir, checkpoint, velocity)
 
 
 def test_an_image_reward_on_a_video_pipeline_is_named_at_start_up(tmp_path):
@@ -168,11 +174,4 @@ def test_the_kontext_arro_config_edits_files_with_a_vlm_rubric_and_exports(tmp_p
         with torch.no_grad():
             return policy.velocity(x, 0.6, policy.encode(items, 2.5, SampleSpec(32, 32)), 2.5)
 
-    ours = policy_for(load_pipeline(pipeline_dir), max_sequence_length=16)
-    base = velocity(ours)
-    load_trained_weights(ours, checkpoint)
-    expected = velocity(ours)
-    assert (expected - base).abs().max() > 0  # the run trained the adapter
-    pipe = load_pipeline(pipeline_dir)
-    pipe.load_lora_weights(checkpoint)
-    torch.testing.assert_close(velocity(policy_for(pipe, max_sequence_length=16)), expected, rtol=0, atol=0)
+    assert_checkpoint_loads_in_diffusers(pipeline_dir, checkpoint, velocity)
