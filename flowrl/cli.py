@@ -173,12 +173,8 @@ def cmd_train(args) -> None:
 
 
 def cmd_sample(args, extensions: list[TaskCommands]) -> None:
-    from datetime import timedelta
-
-    import torch
-    from accelerate import PartialState
-
     from .checkpoint import load_trained_weights
+    from .devices import job_processes
     from .policies import load_pipeline, place_for_sampling, policy_for, sampling_placement
     from .sample_job import draw_samples
     from .tasks.base import read_prompt_file
@@ -188,9 +184,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
             raise UserError(f"{flag}: expected an integer >= 1, got {value}")
     conditions = read_prompt_file(args.prompts)
     fill_sampling_settings(args, args.checkpoint)
-    # under torchrun / accelerate launch: one share of the samples per process, each on its own GPU (LOCAL_RANK's);
-    # the last barrier waits for the slowest share (minutes a clip), longer than NCCL's 10-minute default
-    state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(hours=6))
+    state = job_processes()  # under torchrun / accelerate launch: one share of the samples per process
     placement = sampling_placement(args.device, args.weight_dtype)
     # loaded in the dtype it samples in: no fp32 copy of a large model in host memory (an adapter is kept fp32)
     policy = policy_for(load_pipeline(args.pipeline, placement[1]), max_sequence_length=args.max_sequence_length)
@@ -393,15 +387,10 @@ def cmd_eval_rewards(args) -> None:
     """`flowrl eval rewards --samples DIR --reward NAME`: the mean reward per tag, to DIR/rewards_eval.json. Under
     torchrun / accelerate launch every process scores a contiguous share of the batches on its own GPU, and the main
     process writes the result."""
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-    from accelerate import PartialState
     from tqdm import tqdm
 
-    from .devices import default_device
-    from .experiment import group_spans, reward_scores, tag_metrics_of
+    from .devices import JOB_TIMEOUT_MINUTES, default_device, job_processes
+    from .experiment import gathered_on_main, group_spans, reward_scores, tag_metrics_of
     from .generate import contiguous_share
     from .rewards import build_reward
     from .samples import load_samples, read_records
@@ -412,8 +401,7 @@ def cmd_eval_rewards(args) -> None:
     if args.batch_size < 1:
         raise UserError(f"--batch-size: expected an integer >= 1, got {args.batch_size}")
     params = json_object(args.reward_params, "--reward-params")
-    # the gather waits for the slowest share (a VLM judge's can take long): longer than NCCL's 10-minute default
-    state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(hours=6))
+    state = job_processes()
     reward = build_reward(args.reward, where="--reward", **params).to(args.device or default_device())
     records = read_records(args.samples)
     items = read_conditions(args.samples, records)
@@ -427,13 +415,11 @@ def cmd_eval_rewards(args) -> None:
     batches = ((load_samples(args.samples, records[a:b]), items[a:b]) for a, b in spans)
     scores = reward_scores(reward, tqdm(batches, total=len(spans), desc="scoring", mininterval=2,
                                         disable=not state.is_main_process))
-    if state.num_processes > 1:
-        parts = [None] * state.num_processes if state.is_main_process else None
-        dist.gather_object(scores, parts, dst=0)  # a list of floats per process, in rank order
-        state.wait_for_everyone()  # nobody exits while its share may still be in flight
-        if not state.is_main_process:
-            return
-        scores = [s for part in parts for s in part]
+    parts = gathered_on_main(scores, state.num_processes, JOB_TIMEOUT_MINUTES)  # each process's list, in order
+    state.wait_for_everyone()  # nobody exits while its share may still be in flight
+    if not state.is_main_process:
+        return
+    scores = [s for part in parts for s in part]
     result = {"reward": args.reward, **tag_metrics_of(scores, items)}
     out = Path(args.samples) / "rewards_eval.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
