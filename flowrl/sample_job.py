@@ -28,15 +28,12 @@ def draw_samples(policy, conditions: list, num_per_prompt: int, seed: int, folde
     `sampling`: generate.sample_chunks's settings (steps, guidance, spec, kind, noise, batch size, steer)."""
     items = [item for item in conditions for _ in range(num_per_prompt)]
     seeds = sample_seeds(seed, len(conditions), num_per_prompt)
-    planned = [{"prompt": item.prompt, "seed": s, "plan": plan_key(item, s)} for item, s in zip(items, seeds)]
+    planned = [plan_key(item, s) for item, s in zip(items, seeds)]
     main = state.is_main_process
-    if main:
+    if main:  # a new folder, or one from before sampling.json, starts over
         folder.mkdir(parents=True, exist_ok=True)
-        # a new folder, or one from before sampling.json: start over
-        if not check_settings(folder / SETTINGS_FILE, settings, "delete the folder or choose another --out"):
-            for stale in [folder / INDEX_FILE, *folder.glob(PROGRESS_GLOB)]:
-                stale.unlink(missing_ok=True)
-            (folder / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+        resume_or_start(folder / SETTINGS_FILE, settings, "delete the folder or choose another --out",
+                        [folder / INDEX_FILE, *folder.glob(PROGRESS_GLOB)])
     state.wait_for_everyone()
     done = written_samples(folder, planned)
     state.wait_for_everyone()  # every process has read what is done before any writes more
@@ -74,6 +71,28 @@ def appending(path: Path):
     return handle
 
 
+def resume_or_start(path: Path, settings: dict, remedy: str, stale: list[Path]) -> None:
+    """Resume the work the settings file `path` describes when it records `settings`; with no settings file, start
+    over: remove the `stale` files and record `settings`. Other settings are an error naming them, then `remedy`,
+    rather than a mix of two runs' results."""
+    if check_settings(path, settings, remedy):
+        return
+    for file in stale:
+        file.unlink(missing_ok=True)
+    path.write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def json_lines(path: Path) -> list[dict]:
+    """The JSON lines of `path` that read whole (a line an interruption cut short is skipped)."""
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
 def check_settings(path: Path, settings: dict, remedy: str) -> bool:
     """Whether the settings file `path` records `settings` (so a rerun resumes the work it describes); False when
     there is none; other settings are an error naming them, then `remedy`, rather than a mix of two runs' results."""
@@ -91,8 +110,8 @@ def check_settings(path: Path, settings: dict, remedy: str) -> bool:
     return True
 
 
-def written_samples(folder: Path, planned: list[dict]) -> dict[int, dict]:
-    """The index lines of samples already on disk that are the planned ones (the same plan key at that index, every
+def written_samples(folder: Path, planned: list[str]) -> dict[int, dict]:
+    """The index lines of samples already on disk that are the `planned` ones (the same plan key at that index, every
     file present): from a finished samples.jsonl and from any process's progress lines (a line cut short by an
     interruption is skipped)."""
     lines = []
@@ -101,18 +120,14 @@ def written_samples(folder: Path, planned: list[dict]) -> dict[int, dict]:
         lines += [{**json.loads(line), "index": n} for n, line in enumerate(index.read_text().splitlines())
                   if line.strip()]
     for progress in sorted(folder.glob(PROGRESS_GLOB)):
-        for line in progress.read_text().splitlines():
-            try:
-                lines.append(json.loads(line))
-            except ValueError:
-                continue
+        lines += json_lines(progress)
     done = {}
     for line in lines:
         n = line.get("index")
         if not isinstance(n, int) or not 0 <= n < len(planned):
             continue
         files = [line.get("file"), *line.get("extra_files", [])]
-        if line.get("plan") == planned[n]["plan"] and \
+        if line.get("plan") == planned[n] and \
                 all(isinstance(f, str) and (folder / f).is_file() for f in files):
             done[n] = line
     return done
@@ -141,7 +156,7 @@ def draw_into(folder: Path, chunks, indices: list[int], items: list, rank: int, 
             fault_point("sample", batches)
 
 
-def finish(folder: Path, planned: list[dict]) -> Path:
+def finish(folder: Path, planned: list[str]) -> Path:
     """samples.jsonl in sample order once every planned sample is on disk; the progress files are removed."""
     done = written_samples(folder, planned)
     missing = [n for n in range(len(planned)) if n not in done]

@@ -153,7 +153,7 @@ def test_a_sample_jobs_progress_survives_a_cut_line_and_counts_only_the_planned_
     items = [Condition("a", meta={"image": "x.png"}), Condition("b", meta={"image": "y.png"})]
 
     def plan(items):
-        return [{"prompt": i.prompt, "seed": s, "plan": plan_key(i, s)} for i, s in zip(items, (1, 2))]
+        return [plan_key(i, s) for i, s in zip(items, (1, 2))]
 
     draw_into(tmp_path, iter([(torch.rand(1, 3, 8, 8), [{"prompt": "a", "seed": 1}])]), [0], items[:1], 0, 8, "image")
     progress = tmp_path / ".progress-0.jsonl"

@@ -113,23 +113,15 @@ def score_samples_folder(scorer, folder, settings: dict, progress: bool = True) 
 
     from ..cli import read_conditions
     from ..images import item_image, resized, to_uint8
-    from ..sample_job import appending, check_settings
+    from ..sample_job import appending, json_lines, resume_or_start
     from ..samples import load_samples, read_records
 
     folder = Path(folder)
     records = read_records(folder)
     items = read_conditions(folder, records)
     rows_path = folder / ROWS_FILE
-    if not check_settings(folder / SETTINGS_FILE, settings, f"delete it and {ROWS_FILE} to judge afresh"):
-        rows_path.unlink(missing_ok=True)
-        (folder / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
-    done = {}
-    for line in rows_path.read_text().splitlines() if rows_path.is_file() else []:
-        try:
-            row = json.loads(line)
-        except ValueError:  # a line cut short by an interruption
-            continue
-        done[(row.get("file"), row.get("instruction"))] = row
+    resume_or_start(folder / SETTINGS_FILE, settings, f"delete it and {ROWS_FILE} to judge afresh", [rows_path])
+    done = {(row.get("file"), row.get("instruction")): row for row in json_lines(rows_path)}
     with appending(rows_path) as out:
         for record, item in tqdm(list(zip(records, items)), desc="editscore", disable=not progress):
             key = (record["file"], item.prompt)
