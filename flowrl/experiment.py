@@ -264,11 +264,11 @@ def run_experiment(config: RunConfig) -> Path:
             columns, labels = [base_samples.select(rows).preview()] + columns, ["base"] + labels
         policy = trainer.policy
         if policy.source_input:  # editing: source | base edit | tuned edit, each source as the editor was given it
-            from .images import item_image, resized, to_uint8
+            from .images import item_image, to_uint8
 
-            spec = trainer.spec
-            sources = [resized(item_image(items[i], policy.source_input, policy.source_world, "the grid"),
-                               spec.height, spec.width) for i in rows]
+            size = (trainer.spec.height, trainer.spec.width)
+            sources = [item_image(items[i], policy.source_input, policy.source_world, "the grid", resize_to=size)
+                       for i in rows]
             columns, labels = [to_uint8(torch.stack(sources))] + columns, ["source"] + labels
         image_grid(columns, labels, [items[i].prompt for i in rows], run_dir / "before_after.png")
         if isinstance(tuned_samples, VideoSamples) and base_samples is not None:  # the clips, base | tuned

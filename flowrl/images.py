@@ -27,12 +27,14 @@ def as_image_batch(image) -> torch.Tensor:
     return to_unit(np.stack([np.asarray(i.convert("RGB") if hasattr(i, "convert") else i) for i in images]))
 
 
-def item_image(item, key: str, world: str, needed_by: str, size: int | None = None) -> torch.Tensor:
+def item_image(item, key: str, world: str, needed_by: str, size: int | None = None,
+               resize_to: tuple[int, int] | None = None) -> torch.Tensor:
     """A condition item's input image as float [3, H, W] in [0, 1], from, in order: its inputs[key] (uint8 [H, W, 3]
     array, float tensor [3, H, W] in [0, 1], or a PIL image), its meta["image"] (a path to an image file, e.g. from
     a .jsonl prompt file; resized to `size` when given), or the image the task `world` (by registered name) makes
     for a prompt of its grammar (its `condition_image(item)`: the policies know no world themselves). `needed_by`
-    names the pipeline kind in the error for a prompt that has none; `size` (when given) is checked."""
+    names the pipeline kind in the error for a prompt that has none; `size` (when given) is checked; `resize_to`
+    (height, width), when given, is the size it is brought to (`resized`: an editor's source at the sample size)."""
     from pathlib import Path
 
     from .errors import UserError
@@ -59,7 +61,7 @@ def item_image(item, key: str, world: str, needed_by: str, size: int | None = No
     batch = as_image_batch(image if isinstance(image, torch.Tensor) else np.array(image)).float()
     if size is not None and batch.shape[-2:] != (size, size):
         raise UserError(f"condition image of {item.prompt!r} is {tuple(batch.shape[-2:])}; expected {size}x{size}")
-    return batch[0]
+    return batch[0] if resize_to is None else resized(batch[0], *resize_to)
 
 
 def resized(image: torch.Tensor, height: int, width: int) -> torch.Tensor:

@@ -112,7 +112,7 @@ def score_samples_folder(scorer, folder, settings: dict, progress: bool = True) 
     from tqdm import tqdm
 
     from ..cli import read_conditions
-    from ..images import item_image, resized, to_uint8
+    from ..images import item_image, to_uint8
     from ..sample_job import appending, json_lines, resume_or_start
     from ..samples import load_samples, read_records
 
@@ -129,8 +129,8 @@ def score_samples_folder(scorer, folder, settings: dict, progress: bool = True) 
                 continue
             edit = load_samples(folder, [record]).to_uint8()[0]
             # the source as the editor was given it: resized to the edit's (sample) size
-            source = to_uint8(resized(item_image(item, "source_image", "shapes_edit", "EditScore"),
-                                      *edit.shape[:2])[None])[0]
+            source = to_uint8(item_image(item, "source_image", "shapes_edit", "EditScore",
+                                         resize_to=edit.shape[:2])[None])[0]
             done[key] = {"file": record["file"], **score_one(scorer, source, item.prompt, edit)}
             out.write(json.dumps(done[key]) + "\n")
             out.flush()

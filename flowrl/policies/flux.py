@@ -88,11 +88,11 @@ class FluxKontextPolicy(FluxPolicy):
         size a run sets, and no sample depends on its batch-mates (deviation: bicubic with antialiasing, not
         Kontext's snap to its preferred resolutions with Lanczos)."""
         from ..errors import UserError
-        from ..images import item_image, resized
+        from ..images import item_image
 
-        sources = [item_image(item, self.source_input, self.source_world, "an editing pipeline") for item in items]
-        if spec is not None:
-            sources = [resized(source, spec.height, spec.width) for source in sources]
+        size = (spec.height, spec.width) if spec is not None else None
+        sources = [item_image(item, self.source_input, self.source_world, "an editing pipeline", resize_to=size)
+                   for item in items]
         sizes = {tuple(source.shape[-2:]) for source in sources}
         if len(sizes) > 1:
             raise UserError(f"source images of one batch differ in size ({sorted(sizes)}); give sources of one size "

@@ -139,13 +139,12 @@ class VLMEditAuditor:
         on the same item)."""
         from PIL import Image
 
-        from ..images import item_image, resized, to_uint8
+        from ..images import item_image, to_uint8
 
         cached = self._last_source
         if cached is None or cached[0] is not item or cached[1] != self.sample_size:
-            image = item_image(item, self.source_input, self.world, "the edit_rubric VLM auditor")
-            if self.sample_size is not None:
-                image = resized(image, *self.sample_size)
+            image = item_image(item, self.source_input, self.world, "the edit_rubric VLM auditor",
+                               resize_to=self.sample_size)
             self._last_source = (item, self.sample_size, Image.fromarray(to_uint8(image[None])[0]))
         return self._last_source[2]
 
