@@ -1,7 +1,7 @@
 """Tiny random pipelines with the layouts of the released models flowrl's configs/real/ target, built offline:
 SD3.5-Medium (dual-attention first layer, QK RMS-norm, 16-channel VAE at 8x, shift 3), FLUX.1-dev (guidance
-embedding, 16-channel VAE packed 2x2, dynamic shifting), Wan2.1 (UMT5-style T5, UniPC with flow sigmas) and
-SD 1.5 (UNet, 4-channel VAE at 8x, PNDM). Sizes are toy; the classes, configs and code paths are the real ones."""
+embedding, 16-channel VAE packed 2x2, dynamic shifting), Wan2.1 (UMT5-style T5, UniPC with flow sigmas),
+SD 1.5 (UNet, 4-channel VAE at 8x, PNDM) and Qwen-Image (Qwen2.5-VL text encoder, Wan-style VAE, exponential shift). Sizes are toy; the classes, configs and code paths are the real ones."""
 from __future__ import annotations
 
 import torch
@@ -12,7 +12,7 @@ from transformers import CLIPTextConfig, CLIPTextModel
 
 from flowrl.models.shapes_sd3 import ShapesSD3Size, build_t5_encoder, build_text_encoder
 from flowrl.models.tokenizer import MODEL_MAX_LENGTH, build_tokenizer, shapes_vocabulary
-from tiny_pipelines import tiny_wan
+from tiny_pipelines import tiny_qwen_image, tiny_wan
 
 TEXT = ShapesSD3Size(text_hidden=32, text_layers=1, text_projection=16)
 
@@ -87,4 +87,4 @@ def flux_kontext_dev(seed: int = 0):
 
 
 LAYOUTS = {"sd35_medium": sd35_medium, "flux_dev": flux_dev, "flux_kontext_dev": flux_kontext_dev, "wan21": wan21,
-           "sd15": sd15}
+           "sd15": sd15, "qwen_image": tiny_qwen_image}

@@ -1,34 +1,40 @@
-"""Policy adapters on tiny offline SD3, FLUX and Wan pipelines (real diffusers classes)."""
+"""Policy adapters on tiny offline SD3, FLUX, Wan and Qwen-Image pipelines (real diffusers classes)."""
 import pytest
 import torch
 
 from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
 from flowrl.rollout import rollout, sample_generators
-from tiny_pipelines import tiny_flux, tiny_shapes_sd3, tiny_wan
+from tiny_pipelines import tiny_flux, tiny_qwen_image, tiny_shapes_sd3, tiny_wan
 from flowrl.policies.base import SampleSpec
 
 CASES = {
     "sd3": (tiny_shapes_sd3, SampleSpec(32, 32), 4.0),
     "flux": (tiny_flux, SampleSpec(8, 8), 3.5),
     "wan": (tiny_wan, SampleSpec(16, 16, num_frames=9), 5.0),
+    "qwen_image": (tiny_qwen_image, SampleSpec(32, 32), 4.0),
 }
 PROMPTS = ["a red circle", "two squares"]
 
 
 def _pipeline_latents(name, pipe, noise, steps, guidance, spec):
-    """The pipeline's own latents from the same initial noise (FLUX's packed into its 2x2 tokens and back)."""
-    packed = pipe._pack_latents(noise, *noise.shape) if name == "flux" else noise
+    """The pipeline's own latents from the same initial noise (FLUX's and Qwen-Image's packed into their 2x2 tokens
+    and back)."""
+    packed = pipe._pack_latents(noise, *noise.shape) if name in ("flux", "qwen_image") else noise
     kwargs = dict(prompt=PROMPTS, num_inference_steps=steps, guidance_scale=guidance, latents=packed,
                   output_type="latent", height=spec.height, width=spec.width, max_sequence_length=16)
     if name in ("sd3", "wan"):
         kwargs["negative_prompt"] = [""] * len(PROMPTS)
     if name == "wan":
         kwargs["num_frames"] = spec.num_frames
+    if name == "qwen_image":  # true CFG against the model card's negative prompt
+        kwargs.update(negative_prompt=[" "] * len(PROMPTS), true_cfg_scale=kwargs.pop("guidance_scale"))
     out = pipe(**kwargs)
     latents = out.images if hasattr(out, "images") else out.frames
     if name == "flux":
         return pipe._unpack_latents(latents, spec.height, spec.width, pipe.vae_scale_factor)
+    if name == "qwen_image":
+        return pipe._unpack_latents(latents, spec.height, spec.width, pipe.vae_scale_factor)[:, :, 0]
     return latents
 
 
@@ -93,6 +99,45 @@ def test_cfg_combines_conditional_and_unconditional_velocity():
     text = policy.velocity(x, 0.5, policy.encode(PROMPTS, 1.0), 1.0)
     uncond = policy.velocity(x, 0.5, policy.encode(["", ""], 1.0), 1.0)
     torch.testing.assert_close(policy.velocity(x, 0.5, cond, 3.0), uncond + 3.0 * (text - uncond), atol=1e-5, rtol=1e-4)
+
+
+def test_qwen_image_pads_prompts_without_changing_samples_and_decodes_as_the_pipeline():
+    """Qwen-Image's prompt embeddings vary in length: each is padded (masked) to the run's text length so rows
+    encoded apart stack, and a prompt sampled beside a longer one, or with more padding, gives what it gives alone;
+    the decoded image is the pipeline's own from the same latents; the guided velocity is the pipeline's
+    norm-rescaled true CFG, computed here in its packed layout."""
+    pipe = tiny_qwen_image()
+    policy = policy_for(pipe, max_sequence_length=16)
+    spec = SampleSpec(32, 32)
+    shape = policy.noise_shape(spec)
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    cond = policy.encode(PROMPTS, 4.0)
+    lengths = cond.tensors["mask"].sum(1).tolist()
+    assert cond.tensors["embeds"].shape[1] == 16 and lengths[0] != lengths[1]  # "a red circle" is one word longer
+    both = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "flow", 0.7, 4.0, initial_noise=noise)
+    alone = rollout(policy, policy.encode(PROMPTS[1:], 4.0), sample_generators([2]), shape, 3, "flow", 0.7, 4.0,
+                    initial_noise=noise[1:])
+    torch.testing.assert_close(alone.latents[:, 0], both.latents[:, 1], atol=1e-5, rtol=1e-5)
+    longer = policy_for(pipe, max_sequence_length=40)  # more padding columns, all masked
+    again = rollout(longer, longer.encode(PROMPTS, 4.0), sample_generators([1, 2]), shape, 3, "flow", 0.7, 4.0,
+                    initial_noise=noise)
+    torch.testing.assert_close(again.latents, both.latents, atol=1e-5, rtol=1e-5)
+
+    ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
+    images = pipe(prompt=PROMPTS, negative_prompt=[" "] * 2, true_cfg_scale=4.0, num_inference_steps=3,
+                  latents=pipe._pack_latents(noise, *noise.shape), output_type="pt", height=32, width=32,
+                  max_sequence_length=16).images
+    torch.testing.assert_close(policy.decode(ode.final), images, atol=1e-5, rtol=1e-5)
+
+    x = noise
+    text = policy.velocity(x, 0.5, policy.encode(PROMPTS, 1.0), 1.0)
+    uncond = policy.velocity(x, 0.5, policy.encode([" ", " "], 1.0), 1.0)
+    comb = pipe._pack_latents(uncond + 4.0 * (text - uncond), *x.shape)
+    cond_packed = pipe._pack_latents(text, *x.shape)
+    expected = comb * (cond_packed.norm(dim=-1, keepdim=True) / comb.norm(dim=-1, keepdim=True))
+    got = pipe._pack_latents(policy.velocity(x, 0.5, cond, 4.0), *x.shape)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, pipe._pack_latents(uncond + 4.0 * (text - uncond), *x.shape), atol=1e-3)
 
 
 def test_unknown_pipeline_class_is_named():

@@ -1,5 +1,5 @@
 """The configs in configs/real/ run end to end on tiny random pipelines with the real layouts (SD3.5-Medium, FLUX.1-dev,
-Wan2.1, SD 1.5): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
+Wan2.1, SD 1.5, Qwen-Image): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
 `load_lora_weights` and gives flowrl's model exactly."""
 import json
 
@@ -13,11 +13,13 @@ from flowrl.experiment import run_experiment
 from flowrl.policies import load_pipeline, policy_for
 from real_layouts import LAYOUTS
 
-CASES = {  # config -> (layout, sample-size overrides, reward overrides)
+CASES = {  # config -> (layout, size (and schedule) overrides, reward overrides)
     "sd35m_pickscore_grpo": ("sd35_medium", ["pipeline.height=64", "pipeline.width=64"], "pickscore"),
     "flux_dev_nft": ("flux_dev", ["pipeline.height=32", "pipeline.width=32"], "pickscore"),
     "wan21_1.3b_grpo": ("wan21", ["pipeline.height=16", "pipeline.width=16", "pipeline.num_frames=5"], "per_frame"),
     "sd15_ddpo": ("sd15", ["pipeline.height=64", "pipeline.width=64"], None),
+    "qwen_image_pickscore_grpo": ("qwen_image", ["pipeline.height=32", "pipeline.width=32",
+                                                 "sampler.sde_window_range=[1,3]"], "pickscore"),  # 3 steps here
 }
 
 

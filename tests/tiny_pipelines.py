@@ -12,7 +12,7 @@ from diffusers import (AutoencoderKL, AutoencoderKLWan, FlowMatchEulerDiscreteSc
 from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
 from flowrl.models.shapes_sd3 import ShapesSD3Size, build_pipeline
-from flowrl.models.tokenizer import build_tokenizer, shapes_vocabulary
+from flowrl.models.tokenizer import SPECIAL_TOKENS, build_tokenizer, shapes_vocabulary
 
 TINY_SHAPES = ShapesSD3Size(num_layers=1, num_heads=2, head_dim=16, text_hidden=32, text_layers=2,
                             text_projection=16, vae_channels=(8, 16))
@@ -62,6 +62,60 @@ def tiny_wan(seed: int = 0) -> WanPipeline:
                                         rope_max_seq_len=32)
     pipe = WanPipeline(tokenizer=build_tokenizer(), text_encoder=_t5(32, seed), vae=vae, transformer=transformer,
                        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def qwen_text_tokenizer():
+    """A word-level tokenizer with Qwen's chat tokens that splits QwenImagePipeline's prompt template into the 34
+    tokens Qwen's own tokenizer makes of it, so the pipeline's `prompt_template_encode_start_idx` drops exactly the
+    template; the shapes words for the prompts."""
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    template = ("system Describe the image by detailing the color shape size texture quantity text spatial "
+                "relationships of objects and background user assistant , :").split() + ["\n"]
+    words = list(dict.fromkeys(["<unk>", *template, *(w for w in shapes_vocabulary() if w not in SPECIAL_TOKENS)]))
+    core = Tokenizer(WordLevel({w: i for i, w in enumerate(QWEN_SPECIAL + words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(" ", "removed"),  # newlines are tokens
+                                                  pre_tokenizers.Split("\n", "isolated"), pre_tokenizers.Punctuation()])
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", pad_token="<|endoftext|>",
+                                   eos_token="<|im_end|>", additional_special_tokens=QWEN_SPECIAL[1:])
+
+
+def tiny_qwen_image(seed: int = 0):
+    """A tiny random QwenImagePipeline with Qwen-Image's layout: a Qwen2.5-VL text encoder (tiny, random), the
+    transformer's 2x2 packing, a 16-channel Wan-style VAE at 8x with Qwen-Image's latents mean / std, and the
+    released scheduler config (dynamic exponential shift, terminal sigma 0.02)."""
+    from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tokenizer = qwen_text_tokenizer()
+    torch.manual_seed(seed)
+    transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=2,
+                                              attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                              guidance_embeds=False, axes_dims_rope=(8, 4, 4))
+    vae = AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
+    vocab = len(tokenizer)
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                         bos_token_id=0, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), pad_token_id=0,
+                         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                           fullatt_block_indexes=[0], in_channels=3),
+        image_token_id=vocab, video_token_id=vocab + 1, vision_start_token_id=vocab + 2)
+    text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=8192,
+                                                max_shift=0.9, shift=1.0, shift_terminal=0.02,
+                                                time_shift_type="exponential", use_dynamic_shifting=True)
+    pipe = QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                             transformer=transformer)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

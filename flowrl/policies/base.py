@@ -315,6 +315,11 @@ class FlowPolicy:
         uncond, text = self.branch_outputs(latents, sigma, [cond.negative, cond.tensors], guidance_scale)
         if not self.cfg_uncond_grad:
             uncond = uncond.detach()
+        return self.combine_guidance(uncond, text, guidance_scale)
+
+    def combine_guidance(self, uncond: torch.Tensor, text: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+        """Classifier-free guidance's combination of the two branches: v_u + w (v_c - v_u) (a family whose pipeline
+        combines them otherwise, e.g. Qwen-Image's norm rescale, overrides it)."""
         return uncond + guidance_scale * (text - uncond)
 
     def branch_outputs(self, latents: torch.Tensor, sigma, branches: list[dict], guidance_scale: float) -> list[torch.Tensor]:

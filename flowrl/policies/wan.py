@@ -44,9 +44,14 @@ class WanPolicy(FlowPolicy):
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Video in [0, 1], [B, 3, F, H, W]."""
         vae = self.pipeline.vae
-        z_dim = vae.config.z_dim
-        mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(latents.device, vae.dtype)
-        inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(latents.device, vae.dtype)
-        z = latents.to(vae.dtype) / inv_std + mean
         with frame_convolutions(vae):  # the same decode, faster, when the VAE's frames do not interact
-            return self.to_images(vae.decode(z, return_dict=False)[0])
+            return self.to_images(vae.decode(wan_vae_latents(vae, latents), return_dict=False)[0])
+
+
+def wan_vae_latents(vae, latents: torch.Tensor) -> torch.Tensor:
+    """A denoiser's latents [B, C, F, H, W] -> what a Wan-style VAE (AutoencoderKLWan, AutoencoderKLQwenImage)
+    decodes: un-normalised by the VAE's per-channel latents_mean / latents_std, in the VAE's dtype."""
+    z_dim = vae.config.z_dim
+    mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(latents.device, vae.dtype)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(latents.device, vae.dtype)
+    return latents.to(vae.dtype) / inv_std + mean
