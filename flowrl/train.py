@@ -376,7 +376,8 @@ class Trainer:
                         loss = loss + c.data_loss.weight * data
                         sums["data_loss"] = sums.get("data_loss", 0.0) + data.item()
                     if not loss.requires_grad:  # every item sits below lora.active_from_sigma, where the adapter
-                        # is off: no gradient, but each process still runs its backward (DDP counts them)
+                        # is off, or in Wan2.2's frozen low-noise expert: no gradient, but each process still runs
+                        # its backward (DDP counts them)
                         loss = loss + 0.0 * sum(p.sum() for p in self.params)
                     self.accelerator.backward(loss)
                 real = part.weight > 0

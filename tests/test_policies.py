@@ -1,17 +1,19 @@
-"""Policy adapters on tiny offline SD3, FLUX, Wan and Qwen-Image pipelines (real diffusers classes)."""
+"""Policy adapters on tiny offline SD3, FLUX, Wan (2.1, and 2.2's two experts) and Qwen-Image pipelines (real
+diffusers classes)."""
 import pytest
 import torch
 
 from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
 from flowrl.rollout import rollout, sample_generators
-from tiny_pipelines import tiny_flux, tiny_qwen_image, tiny_shapes_sd3, tiny_wan
+from tiny_pipelines import tiny_flux, tiny_qwen_image, tiny_shapes_sd3, tiny_wan, tiny_wan22
 from flowrl.policies.base import SampleSpec
 
 CASES = {
     "sd3": (tiny_shapes_sd3, SampleSpec(32, 32), 4.0),
     "flux": (tiny_flux, SampleSpec(8, 8), 3.5),
     "wan": (tiny_wan, SampleSpec(16, 16, num_frames=9), 5.0),
+    "wan22": (tiny_wan22, SampleSpec(16, 16, num_frames=9), 5.0),  # two experts: step 0 high noise, the rest low
     "qwen_image": (tiny_qwen_image, SampleSpec(32, 32), 4.0),
 }
 PROMPTS = ["a red circle", "two squares"]
@@ -23,9 +25,9 @@ def _pipeline_latents(name, pipe, noise, steps, guidance, spec):
     packed = pipe._pack_latents(noise, *noise.shape) if name in ("flux", "qwen_image") else noise
     kwargs = dict(prompt=PROMPTS, num_inference_steps=steps, guidance_scale=guidance, latents=packed,
                   output_type="latent", height=spec.height, width=spec.width, max_sequence_length=16)
-    if name in ("sd3", "wan"):
+    if name in ("sd3", "wan", "wan22"):
         kwargs["negative_prompt"] = [""] * len(PROMPTS)
-    if name == "wan":
+    if name in ("wan", "wan22"):
         kwargs["num_frames"] = spec.num_frames
     if name == "qwen_image":  # true CFG against the model card's negative prompt
         kwargs.update(negative_prompt=[" "] * len(PROMPTS), true_cfg_scale=kwargs.pop("guidance_scale"))
@@ -76,16 +78,17 @@ def test_lora_trains_only_the_adapter_and_reference_is_the_base(name):
     shape = policy.noise_shape(spec)
     x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     cond = policy.encode(PROMPTS, guidance)
-    base = policy.velocity(x, 0.6, cond, guidance)
+    sigma = 0.97 if name == "wan22" else 0.6  # Wan2.2 adapts its high-noise expert (above 0.95 here)
+    base = policy.velocity(x, sigma, cond, guidance)
     policy.add_lora(4, 8, policy.lora_targets)
     trainable = policy.trainable_parameters()
     assert trainable and all("lora_" in n for n in policy.trainable_state_dict())
     with torch.no_grad():
         for p in trainable:
             p.add_(0.05 * torch.randn_like(p))
-    tuned = policy.velocity(x, 0.6, cond, guidance)
+    tuned = policy.velocity(x, sigma, cond, guidance)
     with policy.reference():
-        reference = policy.velocity(x, 0.6, cond, guidance)
+        reference = policy.velocity(x, sigma, cond, guidance)
     torch.testing.assert_close(reference, base)
     assert not torch.allclose(tuned, base)
     tuned.sum().backward()
@@ -138,6 +141,34 @@ def test_qwen_image_pads_prompts_without_changing_samples_and_decodes_as_the_pip
     got = pipe._pack_latents(policy.velocity(x, 0.5, cond, 4.0), *x.shape)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(got, pipe._pack_latents(uncond + 4.0 * (text - uncond), *x.shape), atol=1e-3)
+
+
+def test_wan22_steps_high_noise_with_the_trained_expert_and_low_noise_with_the_frozen_one():
+    """Per sample, as WanPipeline splits its steps: t >= boundary_ratio x 1000 goes to `transformer` (the one the
+    LoRA adapts), below to `transformer_2`, which stays frozen; a batch mixing both equals each sample alone."""
+    pipe = tiny_wan22()
+    policy = policy_for(pipe, max_sequence_length=16)
+    policy.add_lora(4, 8, policy.lora_targets)
+    with torch.no_grad():
+        for name, p in policy.transformer.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
+    assert not any(p.requires_grad for p in pipe.transformer_2.parameters())
+    x = torch.randn(2, *policy.noise_shape(SampleSpec(16, 16, 9)), generator=torch.Generator().manual_seed(0))
+    cond = policy.encode(PROMPTS, 1.0)
+    sigma = torch.tensor([0.97, 0.5])  # one sample on each side of 0.95
+    mixed = policy.velocity(x, sigma, cond, 1.0)
+    embeds = cond.tensors["embeds"]
+    with torch.no_grad():
+        high = pipe.transformer(hidden_states=x[:1], timestep=sigma[:1] * 1000, encoder_hidden_states=embeds[:1],
+                                return_dict=False)[0]
+        low = pipe.transformer_2(hidden_states=x[1:], timestep=sigma[1:] * 1000, encoder_hidden_states=embeds[1:],
+                                 return_dict=False)[0]
+    torch.testing.assert_close(mixed, torch.cat([high, low]), atol=1e-5, rtol=1e-5)
+    mixed[1].sum().backward()  # the low-noise sample reaches no trainable weight
+    assert all(p.grad is None or not p.grad.any() for p in policy.trainable_parameters())
+    policy.velocity(x, sigma, cond, 1.0)[0].sum().backward()
+    assert all(p.grad is not None and p.grad.any() for p in policy.trainable_parameters())
 
 
 def test_unknown_pipeline_class_is_named():

@@ -66,6 +66,17 @@ def tiny_wan(seed: int = 0) -> WanPipeline:
     return pipe
 
 
+def tiny_wan22(seed: int = 0, boundary_ratio: float = 0.95) -> WanPipeline:
+    """Wan2.2 A14B's layout at toy size: tiny_wan's components with a second (low-noise) expert `transformer_2`
+    and a boundary (A14B's is 0.875; 0.95 puts a 3- or 4-step schedule on both sides at shift 7)."""
+    pipe = tiny_wan(seed)
+    torch.manual_seed(seed + 7)
+    expert = WanTransformer3DModel(**pipe.transformer.config)
+    pipe = WanPipeline(**pipe.components | {"transformer_2": expert}, boundary_ratio=boundary_ratio)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 

@@ -1,4 +1,5 @@
-"""WanPipeline adapter (text-to-video): 5-D latents [B, C, F, H, W], UMT5/T5 text, true CFG."""
+"""WanPipeline adapter (text-to-video): 5-D latents [B, C, F, H, W], UMT5/T5 text, true CFG; Wan2.2's two experts
+(a high-noise `transformer` and a low-noise `transformer_2` split at the pipeline's boundary_ratio)."""
 from __future__ import annotations
 
 import torch
@@ -17,6 +18,19 @@ class WanPolicy(FlowPolicy):
     modality = "video"
     fps = 16  # Wan 2.1 / 2.2 generate 16 frames a second (diffusers' Wan examples export at 16)
     lora_targets = WAN_LORA_TARGETS
+
+    def __init__(self, pipeline, max_sequence_length: int | None = None):
+        super().__init__(pipeline, max_sequence_length)
+        # Wan2.2 A14B: `transformer` (trained here, LoRA or full) denoises where t >= boundary_ratio x the
+        # scheduler's training steps, the frozen `transformer_2` below; a pipeline without a boundary uses only
+        # `transformer`, as WanPipeline does
+        expert = getattr(pipeline, "transformer_2", None)
+        ratio = getattr(pipeline.config, "boundary_ratio", None)
+        self.low_noise_expert = expert if ratio is not None else None
+        self.boundary_timestep = None
+        if self.low_noise_expert is not None:
+            self.low_noise_expert.requires_grad_(False)
+            self.boundary_timestep = ratio * pipeline.scheduler.config.num_train_timesteps
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
@@ -38,8 +52,23 @@ class WanPolicy(FlowPolicy):
                 spec.width // p.vae_scale_factor_spatial)
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        return self.net()(hidden_states=latents, timestep=sigma * 1000,
-                          encoder_hidden_states=tensors["embeds"].to(latents.dtype), return_dict=False)[0]
+        timestep, embeds = sigma * 1000, tensors["embeds"].to(latents.dtype)
+
+        def call(net, rows):
+            return net(hidden_states=latents[rows], timestep=timestep[rows], encoder_hidden_states=embeds[rows],
+                       return_dict=False)[0]
+
+        every = slice(None)
+        if self.boundary_timestep is None:
+            return call(self.net(), every)
+        high = timestep >= self.boundary_timestep  # per sample: a training batch mixes steps
+        if bool(high.all()):
+            return call(self.net(), every)
+        if not bool(high.any()):
+            return call(self.low_noise_expert, every)
+        order = torch.cat([high.nonzero()[:, 0], (~high).nonzero()[:, 0]])
+        out = torch.cat([call(self.net(), high), call(self.low_noise_expert, ~high)])
+        return out[order.argsort()]
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Video in [0, 1], [B, 3, F, H, W]."""
