@@ -6,6 +6,7 @@ checkpoint of the run dir or from `run.resume=PATH`.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -184,6 +185,7 @@ class Trainer:
         self.algorithm.bind_reward(self.reward)
         self.task = build_task(config.task.name, config.task.params)
         self.spec = sample_spec(config, self.policy)
+        self.check_trained_steps()
         self.prompts = PromptSource(self.task, config.prompts.source)
         self.data_loss = None
         if config.train.data_loss is not None and config.train.data_loss.weight > 0:
@@ -204,6 +206,27 @@ class Trainer:
         self.worker = None  # the asynchronous rollout worker while run() goes (train.async_rollouts)
         if config.train.ema_decay > 0:
             self.state.ema = [p.detach().clone() for p in params]
+
+    def check_trained_steps(self) -> None:
+        """SDE steps below the noise level where trainable weights stop acting (a gated LoRA, Wan2.2's frozen
+        low-noise expert) train nothing: a warning naming them, or a ConfigError when no SDE step is left."""
+        frozen = self.policy.frozen_below() if self.policy.prediction == "flow" else None
+        if frozen is None or self.algorithm.needs_ode_rollout:  # ODE-rollout methods train at their own levels
+            return
+        c = self.config.sampler
+        sigmas = self.policy.sigmas(c.num_steps, self.policy.noise_shape(self.spec))
+        lo, hi = c.sde_window_range
+        steps = range(lo, hi - 1 + c.sde_window_size) if c.sde_window_size else range(c.num_steps)
+        below = [j for j in steps if float(sigmas[j]) < frozen[0]]
+        if not below:
+            return
+        where = (f"sigma < {frozen[0]:g}, where {frozen[1]}; the steps at sigma >= {frozen[0]:g} are "
+                 f"{[j for j in range(c.num_steps) if float(sigmas[j]) >= frozen[0]]}")
+        if len(below) == len(steps):
+            raise ConfigError(f"sampler: every SDE step ({list(steps)}) sits at {where}: the run would train nothing; "
+                              "set sampler.sde_window_size and sde_window_range on those steps")
+        logging.getLogger("flowrl").warning("sampler: SDE steps %s sit at %s: they train nothing (sampler."
+                                            "sde_window_size and sde_window_range choose the SDE steps)", below, where)
 
     # ---- rollout and scoring ------------------------------------------------------------------------------
     def local_slice(self) -> slice:

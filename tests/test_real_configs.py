@@ -177,3 +177,31 @@ def test_the_kontext_arro_config_edits_files_with_a_vlm_rubric_and_exports(tmp_p
             return policy.velocity(x, 0.6, policy.encode(items, 2.5, SampleSpec(32, 32)), 2.5)
 
     assert_checkpoint_loads_in_diffusers(pipeline_dir, checkpoint, velocity)
+
+
+def test_sde_steps_where_wan22s_frozen_expert_denoises_are_named_at_start_up(tmp_path, caplog):
+    """Wan2.2 trains its high-noise expert: SDE steps below the boundary train nothing. The Wan config's SDE on every
+    step warns naming them; a window on them alone is a ConfigError; a window above the boundary says nothing."""
+    import logging
+
+    from flowrl.errors import ConfigError
+    from flowrl.train import Trainer
+    from tiny_pipelines import tiny_wan22
+
+    tiny_wan22().save_pretrained(tmp_path / "wan22")
+    base = [f"pipeline.path={tmp_path / 'wan22'}", "reward=[{name: frame_consistency, params: {size: 8}}]",
+            f"prompts.source={REPO / 'assets' / 'prompts' / 'video_prompts.txt'}", "train.weight_dtype=fp32",
+            "train.mixed_precision=no", "pipeline.max_sequence_length=16", "pipeline.height=16", "pipeline.width=16",
+            "pipeline.num_frames=5", "sampler.num_steps=4"]  # sigmas 1.0, 0.93, 0.78, 0.05: step 0 alone >= 0.95
+
+    def start(*overrides):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="flowrl"):
+            Trainer(load_config(REPO / "configs" / "real" / "wan21_1.3b_grpo.yaml", [*base, *overrides]), log=False)
+        return [r.getMessage() for r in caplog.records if "train nothing" in r.getMessage()]
+
+    warned = start()
+    assert len(warned) == 1 and "SDE steps [1, 2, 3] sit at sigma < 0.95" in warned[0] and "are [0]" in warned[0]
+    assert start("sampler.sde_window_size=1", "sampler.sde_window_range=[0,1]") == []
+    with pytest.raises(ConfigError, match=r"every SDE step \(\[2, 3\]\) sits at sigma < 0.95.*train nothing"):
+        start("sampler.sde_window_size=1", "sampler.sde_window_range=[2,4]")

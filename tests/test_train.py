@@ -142,11 +142,20 @@ def test_wandb_logs_offline_beside_csv_and_tensorboard(tiny_sd3_dir, tmp_path):
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))  # the offline run file, syncable with `wandb sync`
 
 
-def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unchanged(tiny_sd3_dir, tmp_path):
+def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unchanged(tiny_sd3_dir, tmp_path,
+                                                                                       monkeypatch):
     """A window of low-noise steps under lora.active_from_sigma: every trained item sits where the adapter is off.
-    The loop still runs each backward (DDP counts them) and the adapter's output stays the base's (lora_B zero)."""
+    The start-up check stops such a config; past it (a window across the gate gives microbatches like these), the
+    loop still runs each backward (DDP counts them) and the adapter's output stays the base's (lora_B zero)."""
+    from flowrl.errors import ConfigError
+    from flowrl.train import Trainer
+
     config = tiny_run_config(tmp_path / "g.yaml", tiny_sd3_dir, tmp_path / "runs", "gated", updates=2)
     low_window = ["sampler.sde_window_size=1", "sampler.sde_window_range=[2, 4]"]  # sigma 0.5 or 0.25
+    with pytest.raises(ConfigError, match=r"every SDE step \(\[2, 3\]\) sits at sigma < 0.9, where "
+                                          "lora.active_from_sigma switches the adapter off"):
+        train_and_collect(config, ["lora.active_from_sigma=0.9", *low_window])
+    monkeypatch.setattr(Trainer, "check_trained_steps", lambda self: None)
     trained = train_and_collect(config, ["lora.active_from_sigma=0.9", *low_window])
     up = [name for name in trained if "lora_B" in name]
     assert up and all(not trained[name].any() for name in up)

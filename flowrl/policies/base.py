@@ -386,6 +386,12 @@ class FlowPolicy:
             self._adapters_off = False
             self.transformer.enable_adapters()
 
+    def frozen_below(self) -> tuple[float, str] | None:
+        """The noise level below which no trainable weight acts, with the reason (None: they act at every level)."""
+        if self.lora_active_from_sigma is not None and self.has_lora:
+            return self.lora_active_from_sigma, "lora.active_from_sigma switches the adapter off"
+        return None
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.transformer.parameters() if p.requires_grad]
 

@@ -40,6 +40,15 @@ class WanPolicy(FlowPolicy):
                                                   do_classifier_free_guidance=cfg, device=self.device, **kwargs)
         return Conditioning({"embeds": embeds}, {"embeds": neg} if cfg else {}, list(prompts))
 
+    def frozen_below(self) -> tuple[float, str] | None:
+        gate = super().frozen_below()
+        if self.boundary_timestep is None:
+            return gate
+        boundary = self.boundary_timestep / 1000  # in sigma, as _forward compares sigma x 1000
+        if gate is not None and gate[0] >= boundary:
+            return gate
+        return boundary, "Wan2.2's frozen low-noise expert (transformer_2) denoises there"
+
     def default_spec(self) -> SampleSpec:
         return SampleSpec(480, 832, 81)  # WanPipeline.__call__'s defaults
 
