@@ -400,7 +400,7 @@ class Trainer:
                         sums["data_loss"] = sums.get("data_loss", 0.0) + data.item()
                     if not loss.requires_grad:  # every item sits below lora.active_from_sigma, where the adapter
                         # is off, or in Wan2.2's frozen low-noise expert: no gradient, but each process still runs
-                        # its backward (DDP counts them)
+                        # its backward (under DDP the policy has also run its wrapper's forward: WanPolicy._forward)
                         loss = loss + 0.0 * sum(p.sum() for p in self.params)
                     self.accelerator.backward(loss)
                 real = part.weight > 0

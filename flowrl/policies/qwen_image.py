@@ -33,6 +33,13 @@ class QwenImagePolicy(FluxPolicy):
 
     def __init__(self, pipeline, max_sequence_length: int | None = None):
         super().__init__(pipeline, max_sequence_length)
+        import diffusers
+        from packaging.version import Version
+
+        if Version(diffusers.__version__) < Version("0.37"):  # older transformers ignore the text mask
+            from ..errors import ConfigError
+            raise ConfigError(f"pipeline.path: Qwen-Image needs diffusers >= 0.37 (its attention masks padded "
+                              f"prompt tokens); this environment has {diffusers.__version__}")
         if self.transformer.config.guidance_embeds:
             from ..errors import ConfigError
             raise ConfigError("pipeline.path: this Qwen-Image transformer is guidance-distilled (guidance_embeds); "

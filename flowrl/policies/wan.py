@@ -47,7 +47,7 @@ class WanPolicy(FlowPolicy):
         boundary = self.boundary_timestep / 1000  # in sigma, as _forward compares sigma x 1000
         if gate is not None and gate[0] >= boundary:
             return gate
-        return boundary, "Wan2.2's frozen low-noise expert (transformer_2) denoises there"
+        return boundary, "Wan2.2's frozen low-noise expert (transformer_2) denoises"
 
     def default_spec(self) -> SampleSpec:
         return SampleSpec(480, 832, 81)  # WanPipeline.__call__'s defaults
@@ -74,7 +74,12 @@ class WanPolicy(FlowPolicy):
         if bool(high.all()):
             return call(self.net(), every)
         if not bool(high.any()):
-            return call(self.low_noise_expert, every)
+            out = call(self.low_noise_expert, every)
+            if torch.is_grad_enabled() and self.model is not self.transformer:
+                # a distributed wrapper (DDP, FSDP2) must run its forward on every process in every microbatch, or
+                # the processes' gradient collectives stop matching: one row through it, weighted zero
+                out = out + 0.0 * call(self.net(), slice(0, 1)).sum()
+            return out
         order = torch.cat([high.nonzero()[:, 0], (~high).nonzero()[:, 0]])
         out = torch.cat([call(self.net(), high), call(self.low_noise_expert, ~high)])
         return out[order.argsort()]
