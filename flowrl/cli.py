@@ -188,6 +188,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     placement = sampling_placement(args.device, args.weight_dtype)
     # loaded in the dtype it samples in: no fp32 copy of a large model in host memory (an adapter is kept fp32)
     policy = policy_for(load_pipeline(args.pipeline, placement[1]), max_sequence_length=args.max_sequence_length)
+    policy.set_guidance_scale_2(args.guidance_2, "--guidance-2")
     if args.checkpoint:
         load_trained_weights(policy, args.checkpoint)
     stochastic = "ddim" if policy.prediction == "epsilon" else "flow"
@@ -275,6 +276,8 @@ def sampling_arguments(parser) -> None:
                         f"eval.num_steps, else {SAMPLING_DEFAULTS['steps']})")
     parser.add_argument("--guidance", type=float, default=None, help="CFG scale (default: the checkpoint's run's "
                         f"eval.guidance_scale, else {SAMPLING_DEFAULTS['guidance']})")
+    parser.add_argument("--guidance-2", type=float, default=None, help="Wan2.2's two experts: the low-noise one's "
+                        "CFG scale (default: the checkpoint's run's pipeline.guidance_scale_2, else --guidance)")
     size_arguments(parser)
     parser.add_argument("--max-sequence-length", type=int, default=None, help="text tokens (default: the "
                         "checkpoint's run's pipeline.max_sequence_length, else the pipeline's own or the shorter "
@@ -301,7 +304,7 @@ def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
     ev, pipe = config.get("eval") or {}, config.get("pipeline") or {}
     settings = {"steps": ev.get("num_steps"), "guidance": ev.get("guidance_scale"), "height": pipe.get("height"),
                 "width": pipe.get("width"), "num_frames": pipe.get("num_frames"),
-                "max_sequence_length": pipe.get("max_sequence_length")}
+                "max_sequence_length": pipe.get("max_sequence_length"), "guidance_2": pipe.get("guidance_scale_2")}
     return {k: v for k, v in settings.items() if v is not None}, config_file
 
 
@@ -335,7 +338,7 @@ def cmd_demo(args) -> None:
     fill_sampling_settings(args, args.checkpoint[0] if args.checkpoint else None)
     demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,
                       args.max_sequence_length, (args.height, args.width, args.num_frames), args.device,
-                      args.weight_dtype, json_object(args.reward_params, "--reward-params"))
+                      args.weight_dtype, json_object(args.reward_params, "--reward-params"), args.guidance_2)
     # a server stopped by SIGTERM (a service manager, `kill`) exits as after Ctrl-C, so its files are cleaned up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)

@@ -44,6 +44,9 @@ class PipelineSection:
     width: int | None = None
     num_frames: int | None = None  # video families only
     max_sequence_length: int | None = None  # text tokens (None: the pipeline's own default)
+    # Wan2.2's two experts: the CFG scale of the low-noise one (WanPipeline's guidance_scale_2), in training and
+    # evaluation; None: one scale (sampler.guidance_scale / eval.guidance_scale) for both
+    guidance_scale_2: float | None = None
     policy: str | None = None  # adapter override: a pipeline class name or package.module:Class
     attention: Literal["sdpa", "xformers"] = "sdpa"  # xformers: pip install -e ".[gpu]", CUDA only
     vae_slicing: bool = False  # decode one sample at a time inside the VAE

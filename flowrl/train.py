@@ -60,6 +60,7 @@ def build_policy(config: RunConfig):
     dtype = WEIGHT_DTYPES[config.train.weight_dtype] if config.lora is not None else None
     policy = policy_for(load_pipeline(config.pipeline.path, dtype), config.pipeline.policy,
                         max_sequence_length=config.pipeline.max_sequence_length)
+    policy.set_guidance_scale_2(config.pipeline.guidance_scale_2, "pipeline.guidance_scale_2")
     if config.lora is not None:
         targets = config.lora.target_modules or policy.lora_targets
         policy.add_lora(config.lora.rank, config.lora.alpha, targets)

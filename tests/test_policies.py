@@ -176,6 +176,30 @@ def test_wan22_steps_high_noise_with_the_trained_expert_and_low_noise_with_the_f
     assert all(p.grad is not None and p.grad.any() for p in policy.trainable_parameters())
 
 
+def test_wan22_guides_its_low_noise_expert_with_the_second_scale_as_the_pipeline():
+    """pipeline.guidance_scale_2 / --guidance-2: WanPipeline's guidance_scale_2, the CFG scale wherever the low-noise
+    expert acts; from the same noise the ODE gives the pipeline's latents, and differs from one scale for both. A
+    pipeline without two experts refuses a second scale, naming the setting."""
+    pipe = tiny_wan22()
+    policy = policy_for(pipe, max_sequence_length=16)
+    policy.set_guidance_scale_2(2.0, "pipeline.guidance_scale_2")
+    spec = SampleSpec(16, 16, num_frames=9)
+    shape = policy.noise_shape(spec)
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    traj = rollout(policy, policy.encode(PROMPTS, 5.0), sample_generators([1, 2]), shape, 4, "ode", 0.0, 5.0,
+                   initial_noise=noise)
+    expected = pipe(prompt=PROMPTS, negative_prompt=[""] * 2, num_inference_steps=4, guidance_scale=5.0,
+                    guidance_scale_2=2.0, latents=noise, output_type="latent", height=16, width=16, num_frames=9,
+                    max_sequence_length=16).frames
+    torch.testing.assert_close(traj.final, expected.float(), atol=1e-4, rtol=1e-4)
+    one_scale = _pipeline_latents("wan22", pipe, noise, 4, 5.0, spec).float()
+    assert (one_scale - expected).abs().max() > 1e-2
+    with pytest.raises(ConfigError, match="pipeline.guidance_scale_2: only a Wan2.2 pipeline with two experts"):
+        policy_for(tiny_wan(), max_sequence_length=16).set_guidance_scale_2(2.0, "pipeline.guidance_scale_2")
+    with pytest.raises(ConfigError, match="--guidance-2: only a Wan2.2 pipeline"):
+        policy_for(tiny_shapes_sd3(), max_sequence_length=16).set_guidance_scale_2(2.0, "--guidance-2")
+
+
 def test_unknown_pipeline_class_is_named():
     with pytest.raises(ConfigError, match="unknown policy 'object'"):
         policy_for(object())

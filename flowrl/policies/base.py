@@ -386,6 +386,13 @@ class FlowPolicy:
             self._adapters_off = False
             self.transformer.enable_adapters()
 
+    def set_guidance_scale_2(self, value: float | None, where: str) -> None:
+        """A second CFG scale for the low-noise part of the schedule: only Wan2.2's two experts take one."""
+        if value is not None:
+            from ..errors import ConfigError
+            raise ConfigError(f"{where}: only a Wan2.2 pipeline with two experts takes a second guidance scale; "
+                              f"{type(self.pipeline).__name__} has one network")
+
     def frozen_below(self) -> tuple[float, str] | None:
         """The noise level below which no trainable weight acts, with the reason (None: they act at every level)."""
         if self.lora_active_from_sigma is not None and self.has_lora:

@@ -28,6 +28,7 @@ class WanPolicy(FlowPolicy):
         ratio = getattr(pipeline.config, "boundary_ratio", None)
         self.low_noise_expert = expert if ratio is not None else None
         self.boundary_timestep = None
+        self.guidance_scale_2 = None  # the low-noise expert's CFG scale (None: the one scale); set_guidance_scale_2
         if self.low_noise_expert is not None:
             self.low_noise_expert.requires_grad_(False)
             self.boundary_timestep = ratio * pipeline.scheduler.config.num_train_timesteps
@@ -39,6 +40,30 @@ class WanPolicy(FlowPolicy):
         embeds, neg = self.pipeline.encode_prompt(prompts, negative_prompt=[""] * len(prompts) if cfg else None,
                                                   do_classifier_free_guidance=cfg, device=self.device, **kwargs)
         return Conditioning({"embeds": embeds}, {"embeds": neg} if cfg else {}, list(prompts))
+
+    def set_guidance_scale_2(self, value: float | None, where: str) -> None:
+        """WanPipeline's guidance_scale_2: the CFG scale below the boundary (the low-noise expert's); `where` names
+        the setting in the error a pipeline without two experts gives."""
+        if value is not None and self.boundary_timestep is None:
+            from ..errors import ConfigError
+            raise ConfigError(f"{where}: only a Wan2.2 pipeline with two experts (transformer_2 and a boundary_ratio) "
+                              f"takes a second guidance scale; {type(self.pipeline).__name__} here has one")
+        self.guidance_scale_2 = value
+
+    def uses_cfg(self, guidance_scale: float) -> bool:
+        return guidance_scale > 1.0 or (self.guidance_scale_2 is not None and self.guidance_scale_2 > 1.0)
+
+    def _guided_velocity(self, latents, sigma, cond, guidance_scale):
+        if self.guidance_scale_2 is None:
+            return super()._guided_velocity(latents, sigma, cond, guidance_scale)
+        # per sample, as WanPipeline: guidance_scale where the high-noise expert acts, guidance_scale_2 below
+        s = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1).expand(latents.shape[0])
+        high = (s * 1000 >= self.boundary_timestep).reshape(-1, *[1] * (latents.ndim - 1))
+        scale = torch.where(high, guidance_scale, self.guidance_scale_2)
+        uncond, text = self.branch_outputs(latents, sigma, [cond.negative, cond.tensors], guidance_scale)
+        if not self.cfg_uncond_grad:
+            uncond = uncond.detach()
+        return self.combine_guidance(uncond, text, scale)
 
     def frozen_below(self) -> tuple[float, str] | None:
         gate = super().frozen_below()
