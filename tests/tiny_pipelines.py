@@ -78,40 +78,81 @@ def tiny_wan22(seed: int = 0, boundary_ratio: float = 0.95) -> WanPipeline:
 
 
 QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN_VISION = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+QWEN_IMAGE_TEMPLATE = ("system Describe the image by detailing the color shape size texture quantity text spatial "
+                       "relationships of objects and background user assistant , :")
+QWEN_EDIT_TEMPLATE = ("system Describe the key features of input image ( color , shape size texture objects "
+                      "background ), then explain how user 's text instruction should alter or modify . Generate a new "
+                      "that meets requirements while maintaining consistency with original where appropriate assistant "
+                      "Picture 1 :")
 
 
-def qwen_text_tokenizer():
-    """A word-level tokenizer with Qwen's chat tokens that splits QwenImagePipeline's prompt template into the 34
-    tokens Qwen's own tokenizer makes of it, so the pipeline's `prompt_template_encode_start_idx` drops exactly the
-    template; the shapes words for the prompts."""
-    from tokenizers import Tokenizer, pre_tokenizers
+def qwen_text_tokenizer(template: str = QWEN_IMAGE_TEMPLATE, specials: list[str] = QWEN_SPECIAL,
+                        vocabulary: list[str] | None = None):
+    """A word-level tokenizer with Qwen's chat tokens that splits a Qwen pipeline's prompt template into as many tokens
+    as Qwen's own tokenizer makes of it (QwenImagePipeline's: 34; the edit pipelines': 64, with "user's" and "),"
+    as Qwen's BPE splits them), so the pipeline's `prompt_template_encode_start_idx` drops exactly the template; the
+    template's words, then `vocabulary`'s (default: the shapes words) for the prompts."""
+    from tokenizers import Regex, Tokenizer, pre_tokenizers
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
 
-    template = ("system Describe the image by detailing the color shape size texture quantity text spatial "
-                "relationships of objects and background user assistant , :").split() + ["\n"]
-    words = list(dict.fromkeys(["<unk>", *template, *(w for w in shapes_vocabulary() if w not in SPECIAL_TOKENS)]))
-    core = Tokenizer(WordLevel({w: i for i, w in enumerate(QWEN_SPECIAL + words)}, unk_token="<unk>"))
+    words = list(dict.fromkeys(["<unk>", *template.split(), "\n",
+                                *(w for w in vocabulary or shapes_vocabulary() if w not in SPECIAL_TOKENS)]))
+    core = Tokenizer(WordLevel({w: i for i, w in enumerate(specials + words)}, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(" ", "removed"),  # newlines are tokens
-                                                  pre_tokenizers.Split("\n", "isolated"), pre_tokenizers.Punctuation()])
+                                                  pre_tokenizers.Split("\n", "isolated"),
+                                                  pre_tokenizers.Split(Regex(r"'s|\),|[(),.:]"), "isolated")])
     return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", pad_token="<|endoftext|>",
-                                   eos_token="<|im_end|>", additional_special_tokens=QWEN_SPECIAL[1:])
+                                   eos_token="<|im_end|>", additional_special_tokens=specials[1:])
 
 
 def tiny_qwen_image(seed: int = 0):
     """A tiny random QwenImagePipeline with Qwen-Image's layout: a Qwen2.5-VL text encoder (tiny, random), the
     transformer's 2x2 packing, a 16-channel Wan-style VAE at 8x with Qwen-Image's latents mean / std, and the
     released scheduler config (dynamic exponential shift, terminal sigma 0.02)."""
-    from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
+    from diffusers import QwenImagePipeline
+
+    pipe = QwenImagePipeline(**_qwen_components(qwen_text_tokenizer(), seed))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def tiny_qwen_image_edit(seed: int = 0, plus: bool = False):
+    """A tiny random QwenImageEditPipeline (Qwen-Image-Edit's layout), or with `plus` a QwenImageEditPlusPipeline
+    whose transformer has -2511's zero_cond_t: tiny_qwen_image's components with a Qwen2.5-VL that reads images (its
+    processor makes 4 image tokens of anything up to 56x56 pixels) and a tokenizer for the edit template and the
+    shapes-editing words."""
+    from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
+    from transformers import Qwen2VLProcessor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    from flowrl.models.shapes_kontext import edit_vocabulary
+
+    tokenizer = qwen_text_tokenizer(QWEN_EDIT_TEMPLATE, QWEN_SPECIAL + QWEN_VISION, edit_vocabulary())
+    images = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=56 * 56, patch_size=14, merge_size=2,
+                                   temporal_patch_size=2)
+    videos = Qwen2VLVideoProcessor(size={"shortest_edge": 28 * 28, "longest_edge": 56 * 56})
+    processor = Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=videos)
+    pipeline_class = QwenImageEditPlusPipeline if plus else QwenImageEditPipeline
+    pipe = pipeline_class(**_qwen_components(tokenizer, seed, zero_cond_t=plus), processor=processor)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _qwen_components(tokenizer, seed: int, zero_cond_t: bool = False) -> dict:
+    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    tokenizer = qwen_text_tokenizer()
     torch.manual_seed(seed)
     transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=2,
                                               attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
-                                              guidance_embeds=False, axes_dims_rope=(8, 4, 4))
+                                              guidance_embeds=False, axes_dims_rope=(8, 4, 4),
+                                              **({"zero_cond_t": True} if zero_cond_t else {}))
     vae = AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
     vocab = len(tokenizer)
+    ids = tokenizer.get_vocab()  # the vision tokens where the tokenizer has them, else ids past its vocabulary
     config = Qwen2_5_VLConfig(
         text_config=dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
@@ -120,15 +161,13 @@ def tiny_qwen_image(seed: int = 0):
         vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32,
                            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
                            fullatt_block_indexes=[0], in_channels=3),
-        image_token_id=vocab, video_token_id=vocab + 1, vision_start_token_id=vocab + 2)
+        image_token_id=ids.get("<|image_pad|>", vocab), video_token_id=ids.get("<|video_pad|>", vocab + 1),
+        vision_start_token_id=ids.get("<|vision_start|>", vocab + 2))
     text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
     scheduler = FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=8192,
                                                 max_shift=0.9, shift=1.0, shift_terminal=0.02,
                                                 time_shift_type="exponential", use_dynamic_shifting=True)
-    pipe = QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-                             transformer=transformer)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return dict(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
 
 
 def tiny_shapes_sd(seed: int = 0):

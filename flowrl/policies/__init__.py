@@ -13,6 +13,7 @@ POLICIES = Registry("policy", {
     "StableDiffusionPipeline": "flowrl.policies.sd", "StableDiffusion3Pipeline": "flowrl.policies.sd3",
     "FluxPipeline": "flowrl.policies.flux", "FluxKontextPipeline": "flowrl.policies.flux",
     "WanPipeline": "flowrl.policies.wan", "QwenImagePipeline": "flowrl.policies.qwen_image",
+    "QwenImageEditPipeline": "flowrl.policies.qwen_image_edit", "QwenImageEditPlusPipeline": "flowrl.policies.qwen_image_edit",
     "Shapes3DFlowPipeline": "flowrl.policies.shapes3d",
 })
 

@@ -208,16 +208,8 @@ class FlowPolicy:
             missing = list(dict.fromkeys(p for p in prompts if cache is None or (p, key) not in cache))
             fresh = None
             if missing:
-                offload = getattr(self, "offload_text_encoders", False)
-                if offload:
-                    for module in self.text_encoders():
-                        module.to(self.device)
-                try:
+                with self.text_encoders_on_device():
                     fresh = self.encode_prompts(missing if cache is not None else prompts, guidance_scale)
-                finally:
-                    if offload:
-                        for module in self.text_encoders():
-                            module.to("cpu")
             if cache is None:
                 return fresh
             for row, prompt in enumerate(missing):  # kept in host memory: a real prompt file's T5 embeddings grow
@@ -226,6 +218,42 @@ class FlowPolicy:
         return Conditioning({k: torch.cat([r.tensors[k] for r in rows]) for k in rows[0].tensors},
                             {k: torch.cat([r.negative[k] for r in rows]) for k in rows[0].negative},
                             list(prompts)).to(self.device)
+
+    @contextlib.contextmanager
+    def text_encoders_on_device(self):
+        """The text encoders on the policy's device for the block (offload_text_encoders keeps them on the host
+        otherwise). Callers hold `_encode_lock`: a sharing copy moves the same modules."""
+        offload = getattr(self, "offload_text_encoders", False)
+        if offload:
+            for module in self.text_encoders():
+                module.to(self.device)
+        try:
+            yield
+        finally:
+            if offload:
+                for module in self.text_encoders():
+                    module.to("cpu")
+
+    def source_images(self, items: list, spec: SampleSpec | None = None) -> list[torch.Tensor]:
+        """An editing pipeline's source image of each condition item (float [3, H, W] in [0, 1]): its
+        inputs[source_input], its meta["image"] file, or the `source_world` scene for a prompt of that world's
+        grammar; brought to the sample size `spec` when given (see FluxKontextPolicy.encode_inputs for why)."""
+        from ..images import item_image
+
+        size = (spec.height, spec.width) if spec is not None else None
+        return [item_image(item, self.source_input, self.source_world, "an editing pipeline", resize_to=size)
+                for item in items]
+
+    @staticmethod
+    def stack_sources(sources: list[torch.Tensor]) -> torch.Tensor:
+        """One batch [B, 3, H, W] of source images; a UserError when their sizes differ."""
+        from ..errors import UserError
+
+        sizes = {tuple(source.shape[-2:]) for source in sources}
+        if len(sizes) > 1:
+            raise UserError(f"source images of one batch differ in size ({sorted(sizes)}); give sources of one size "
+                            "or the sample size to resize them to")
+        return torch.stack(sources)
 
     def decode_in_chunks(self, latents: torch.Tensor) -> torch.Tensor:
         """`decode` over `decode_microbatch` samples at a time (0: all at once)."""

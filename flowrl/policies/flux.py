@@ -87,17 +87,8 @@ class FluxKontextPolicy(FluxPolicy):
         the source takes the run's sample size instead, so sources of any size share a batch, memory follows the
         size a run sets, and no sample depends on its batch-mates (deviation: bicubic with antialiasing, not
         Kontext's snap to its preferred resolutions with Lanczos)."""
-        from ..errors import UserError
-        from ..images import item_image
-
-        size = (spec.height, spec.width) if spec is not None else None
-        sources = [item_image(item, self.source_input, self.source_world, "an editing pipeline", resize_to=size)
-                   for item in items]
-        sizes = {tuple(source.shape[-2:]) for source in sources}
-        if len(sizes) > 1:
-            raise UserError(f"source images of one batch differ in size ({sorted(sizes)}); give sources of one size "
-                            "or the sample size to resize them to")
-        cond.tensors["image_latents"] = kontext_source_latents(self.pipeline.vae, torch.stack(sources).to(self.device))
+        sources = self.stack_sources(self.source_images(items, spec))
+        cond.tensors["image_latents"] = kontext_source_latents(self.pipeline.vae, sources.to(self.device))
         return cond
 
     def _forward(self, latents, sigma, tensors, guidance_scale):

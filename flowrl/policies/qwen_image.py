@@ -79,18 +79,29 @@ class QwenImagePolicy(FluxPolicy):
         return {"embeds": F.pad(embeds, (0, 0, 0, pad)), "mask": F.pad(mask.long(), (0, pad))}
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
+        return self.packed_velocity(latents, sigma, tensors)
+
+    def packed_velocity(self, latents, sigma, tensors, context: torch.Tensor | None = None) -> torch.Tensor:
+        """The transformer's output for unpacked latents [B, C, h, w]: packed 2x2 tokens in, the text columns no row
+        uses dropped, unpacked out. `context` (latents [B, C, h', w'], an editor's source) goes in as packed tokens
+        after the sample's, listed second in img_shapes as the edit pipelines do; only the sample's come out."""
         b, c, h, w = latents.shape
         mask = tensors["mask"]
         used = int(mask.sum(1).max())  # real tokens come first in every row: the columns after are padding for all
         mask = mask[:, :used]
-        packed = self.pipeline._pack_latents(latents, b, c, h, w)
-        out = self.net()(hidden_states=packed, timestep=sigma.to(latents.dtype), guidance=None,
+        tokens = self.pipeline._pack_latents(latents, b, c, h, w)
+        shapes = [(1, h // 2, w // 2)]
+        if context is not None:
+            context = context.to(latents.dtype)
+            shapes.append((1, context.shape[-2] // 2, context.shape[-1] // 2))
+            tokens = torch.cat([tokens, self.pipeline._pack_latents(context, b, *context.shape[1:])], 1)
+        out = self.net()(hidden_states=tokens, timestep=sigma.to(latents.dtype), guidance=None,
                          encoder_hidden_states=tensors["embeds"][:, :used].to(latents.dtype),
                          # as the pipeline: no mask when nothing is padded (attention kernels run faster without)
                          encoder_hidden_states_mask=None if bool(mask.all()) else mask,
-                         img_shapes=[[(1, h // 2, w // 2)]] * b, return_dict=False)[0]
+                         img_shapes=[shapes] * b, return_dict=False)[0]
         factor = self.pipeline.vae_scale_factor
-        return self.pipeline._unpack_latents(out, h * factor, w * factor, factor)[:, :, 0]
+        return self.pipeline._unpack_latents(out[:, :(h // 2) * (w // 2)], h * factor, w * factor, factor)[:, :, 0]
 
     def combine_guidance(self, uncond, text, guidance_scale):
         """Qwen-Image's true CFG: v_u + w (v_c - v_u), rescaled so that each packed token (a 2x2 latent patch, all

@@ -119,7 +119,21 @@ class WanPolicy(FlowPolicy):
 def wan_vae_latents(vae, latents: torch.Tensor) -> torch.Tensor:
     """A denoiser's latents [B, C, F, H, W] -> what a Wan-style VAE (AutoencoderKLWan, AutoencoderKLQwenImage)
     decodes: un-normalised by the VAE's per-channel latents_mean / latents_std, in the VAE's dtype."""
+    mean, std = _latent_statistics(vae, latents.device)
+    return latents.to(vae.dtype) / (1.0 / std) + mean  # the pipelines' own form, to the last bit
+
+
+def wan_vae_encode(vae, videos: torch.Tensor) -> torch.Tensor:
+    """Videos float [B, 3, F, H, W] in [0, 1] -> a denoiser's latents: the Wan-style VAE posterior's mode, normalised
+    by the per-channel latents_mean / latents_std (what the Qwen-Image-Edit and Wan image-to-video pipelines make of
+    a condition image)."""
+    z = vae.encode((videos * 2 - 1).to(vae.dtype)).latent_dist.mode()
+    mean, std = _latent_statistics(vae, z.device)
+    return (z - mean) / std
+
+
+def _latent_statistics(vae, device) -> tuple[torch.Tensor, torch.Tensor]:
     z_dim = vae.config.z_dim
-    mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(latents.device, vae.dtype)
-    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(latents.device, vae.dtype)
-    return latents.to(vae.dtype) / inv_std + mean
+    mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(device, vae.dtype)
+    std = torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(device, vae.dtype)
+    return mean, std

@@ -1,0 +1,123 @@
+"""Qwen-Image-Edit (QwenImageEditPipeline) and its Plus pipeline (-2509 / -2511, here with -2511's zero_cond_t) as
+policies, on tiny random offline instances of the real diffusers and transformers classes."""
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from flowrl.policies import policy_for
+from flowrl.policies.base import SampleSpec
+from flowrl.rollout import rollout, sample_generators
+from flowrl.tasks.base import Condition
+from tiny_pipelines import tiny_qwen_image_edit
+
+SPEC = SampleSpec(32, 32)
+INSTRUCTIONS = ["make the red circle blue", "remove the square"]
+
+
+def _source(seed: int, size=(32, 32)) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8))
+
+
+@pytest.fixture
+def keep_sources_small(monkeypatch):
+    """The pipelines bring every source to about 1024x1024 pixels (the Plus pipeline's reader to 384x384): here
+    both keep the source's own size, on the pipelines' and on flowrl's side alike, so tiny models stay tiny."""
+    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit as edit
+    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus as plus
+
+    monkeypatch.setattr(edit, "calculate_dimensions", lambda area, ratio: (32, 32, None))
+    monkeypatch.setattr(plus, "calculate_dimensions", lambda area, ratio: (32, 32))
+
+
+def _pipeline_latents(pipe, source, instruction, noise, guidance):
+    out = pipe(image=source, prompt=instruction, negative_prompt=" ", true_cfg_scale=guidance, num_inference_steps=3,
+               latents=pipe._pack_latents(noise, *noise.shape), output_type="latent", height=32, width=32).images
+    return pipe._unpack_latents(out, 32, 32, pipe.vae_scale_factor)[:, :, 0]
+
+
+@pytest.mark.parametrize("plus", [False, True], ids=["edit", "edit_plus_2511"])
+def test_ode_rollout_reproduces_the_edit_pipeline(plus, keep_sources_small):
+    """From the same noise, source and instruction, flowrl's 3-step ODE at true CFG 4 gives the pipeline's latents:
+    the instruction read with its source, the source's latents after the sample's tokens (with -2511's zero_cond_t
+    marking them), the norm-rescaled CFG against " " read with the same source. Two edits in one batch, each as
+    the pipeline makes it alone."""
+    pipe = tiny_qwen_image_edit(plus=plus)
+    policy = policy_for(pipe)
+    shape = policy.noise_shape(SPEC)
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    sources = [_source(1), _source(2)]
+    items = [Condition(text, inputs={"source_image": source}) for text, source in zip(INSTRUCTIONS, sources)]
+    traj = rollout(policy, policy.encode(items, 4.0, SPEC), sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0,
+                   initial_noise=noise)
+    expected = torch.cat([_pipeline_latents(pipe, source, text, noise[i:i + 1], 4.0)
+                          for i, (text, source) in enumerate(zip(INSTRUCTIONS, sources))])
+    torch.testing.assert_close(traj.final, expected, atol=1e-4, rtol=1e-4)
+    assert (traj.final[0] - traj.final[1]).abs().max() > 1e-3
+
+
+def test_instructions_are_read_with_their_sources_once_per_pair(keep_sources_small, monkeypatch):
+    """The embeddings depend on the source (Qwen2.5-VL reads it); a group's copies of one edit are read once (and
+    " " once per source); the embedding cache keys on instruction and source, so a second call reads nothing and
+    a new source with a known instruction is read anew; an edit sampled beside a longer one gives what it gives
+    alone (padding is masked)."""
+    pipe = tiny_qwen_image_edit(plus=True)
+    policy = policy_for(pipe)
+    reads = []
+    original = pipe.encode_prompt
+    monkeypatch.setattr(pipe, "encode_prompt", lambda prompt, **kw: reads.append(prompt) or original(prompt, **kw))
+    a, b = _source(1), _source(2)
+    group = [Condition(INSTRUCTIONS[0], inputs={"source_image": a})] * 3 + [
+        Condition(INSTRUCTIONS[1], inputs={"source_image": b})]
+    cond = policy.encode(group, 4.0, SPEC)
+    assert sorted(map(tuple, reads)) == sorted([(INSTRUCTIONS[0],), (INSTRUCTIONS[1],), (" ",), (" ",)])
+    assert torch.equal(cond.tensors["embeds"][0], cond.tensors["embeds"][2])
+    other = policy.encode([Condition(INSTRUCTIONS[0], inputs={"source_image": b})], 1.0, SPEC)
+    length = int(other.tensors["mask"].sum())
+    assert (other.tensors["embeds"][0, :length] - cond.tensors["embeds"][0, :length]).abs().max() > 1e-4
+
+    policy.set_memory_options(embedding_cache=True)
+    reads.clear()
+    first = policy.encode(group, 4.0, SPEC)
+    assert len(reads) == 4
+    reads.clear()
+    again = policy.encode(group, 4.0, SPEC)
+    assert reads == [] and torch.equal(again.tensors["embeds"], first.tensors["embeds"])
+    policy.encode([Condition(INSTRUCTIONS[0], inputs={"source_image": b})], 4.0, SPEC)
+    assert reads == [[INSTRUCTIONS[0]]]  # " " with source b is cached; this pair is new
+
+    shape = policy.noise_shape(SPEC)
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    pair = policy.encode(group[2:], 4.0, SPEC)
+    both = rollout(policy, pair, sample_generators([1, 2]), shape, 3, "flow", 0.7, 4.0, initial_noise=noise)
+    alone = rollout(policy, policy.encode(group[:1], 4.0, SPEC), sample_generators([1]), shape, 3, "flow", 0.7, 4.0,
+                    initial_noise=noise[:1])
+    assert pair.tensors["mask"][0].sum() != pair.tensors["mask"][1].sum()
+    torch.testing.assert_close(alone.latents[:, 0], both.latents[:, 0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("plus", [False, True], ids=["edit", "edit_plus_2511"])
+def test_the_edit_lora_trains_every_adapter_and_its_reference_is_the_base(plus, keep_sources_small):
+    policy = policy_for(tiny_qwen_image_edit(plus=plus))
+    x = torch.randn(2, *policy.noise_shape(SPEC), generator=torch.Generator().manual_seed(0))
+    cond = policy.encode([Condition(text, inputs={"source_image": _source(i)}) for i, text in enumerate(INSTRUCTIONS)],
+                         4.0, SPEC)
+    base = policy.velocity(x, 0.6, cond, 4.0)
+    policy.add_lora(4, 8, policy.lora_targets)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    tuned = policy.velocity(x, 0.6, cond, 4.0)
+    with policy.reference():
+        torch.testing.assert_close(policy.velocity(x, 0.6, cond, 4.0), base)
+    assert not torch.allclose(tuned, base)
+    tuned.sum().backward()
+    assert all(p.grad is not None for p in policy.trainable_parameters())  # DDP stops on a parameter without one
+
+
+def test_a_source_that_cannot_be_found_is_named():
+    from flowrl.errors import UserError
+
+    policy = policy_for(tiny_qwen_image_edit())
+    with pytest.raises(UserError, match="needs a condition image"):
+        policy.encode(["a red circle above a square"], 4.0, SPEC)
