@@ -1,5 +1,5 @@
 """The configs in configs/real/ run end to end on tiny random pipelines with the real layouts (SD3.5-Medium, FLUX.1-dev,
-Wan2.1, SD 1.5, Qwen-Image): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
+Wan2.1, SD 1.5, Qwen-Image, and the editors FLUX.1 Kontext-dev and Qwen-Image-Edit-2511): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
 `load_lora_weights` and gives flowrl's model exactly."""
 import json
 
@@ -132,10 +132,18 @@ def test_frame_consistency_is_one_for_a_still_video_and_falls_with_flicker_and_m
         reward(torch.rand(2, 3, 8, 8), ["p", "q"])
 
 
-def test_the_kontext_arro_config_edits_files_with_a_vlm_rubric_and_exports(tmp_path):
-    """configs/real/flux_kontext_arro_grpo.yaml on FLUX.1 Kontext-dev's layout (tiny, random) with a tiny random
-    Qwen2.5-VL auditor: sources of two sizes from a .jsonl file, 2 updates with the group rubric reward and its
-    evaluations, and the checkpoint's LoRA loads into diffusers' FluxKontextPipeline exactly."""
+EDIT_CASES = {  # config -> (layout, guidance scale, overrides for a 3-step schedule)
+    "flux_kontext_arro_grpo": ("flux_kontext_dev", 2.5, ["pipeline.max_sequence_length=16"]),
+    "qwen_image_edit_arro_grpo": ("qwen_image_edit_plus", 4.0, ["sampler.sde_window_range=[1,3]"]),
+}
+
+
+@pytest.mark.parametrize("name", EDIT_CASES)
+def test_the_arro_edit_configs_edit_files_with_a_vlm_rubric_and_export(name, tmp_path):
+    """configs/real/flux_kontext_arro_grpo.yaml on FLUX.1 Kontext-dev's layout, and qwen_image_edit_arro_grpo.yaml on
+    Qwen-Image-Edit-2511's (both tiny, random) with a tiny random Qwen2.5-VL auditor: sources of two sizes from a
+    .jsonl file, 2 updates with the group rubric reward and its evaluations, and the checkpoint's LoRA loads into
+    diffusers' own pipeline class exactly."""
     import numpy as np
     from PIL import Image
 
@@ -143,17 +151,18 @@ def test_the_kontext_arro_config_edits_files_with_a_vlm_rubric_and_exports(tmp_p
     from flowrl.tasks.base import read_prompt_file
     from tiny_vlm import save_tiny_qwen25_vl
 
-    pipeline_dir, judge = tmp_path / "kontext", tmp_path / "qwen"
-    LAYOUTS["flux_kontext_dev"]().save_pretrained(pipeline_dir)
+    layout, guidance, schedule = EDIT_CASES[name]
+    pipeline_dir, judge = tmp_path / layout, tmp_path / "qwen"
+    LAYOUTS[layout]().save_pretrained(pipeline_dir)
     save_tiny_qwen25_vl(judge)
     rng = np.random.default_rng(0)
-    for name, size in (("a.png", (40, 24)), ("b.png", (32, 32))):
-        Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(tmp_path / name)
+    for file, size in (("a.png", (40, 24)), ("b.png", (32, 32))):
+        Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(tmp_path / file)
     edits = tmp_path / "edits.jsonl"
     edits.write_text('{"prompt": "make the circle red", "image": "a.png"}\n'
                      '{"prompt": "remove the square", "image": "b.png"}\n')
     overrides = [f"pipeline.path={pipeline_dir}", f"run.out_dir={tmp_path / 'runs'}", "pipeline.height=32",
-                 "pipeline.width=32", "pipeline.max_sequence_length=16", f"prompts.source={edits}",
+                 "pipeline.width=32", *schedule, f"prompts.source={edits}",
                  f"eval.prompts={edits}", "train.updates=2", "train.groups_per_update=2", "train.group_size=2",
                  "train.microbatch_size=4", "train.checkpoint_every=1", "train.threads=1", "train.mixed_precision=no",
                  "train.weight_dtype=fp32", "sampler.num_steps=3", "eval.num_steps=2", "eval.num_per_prompt=1",
@@ -161,7 +170,7 @@ def test_the_kontext_arro_config_edits_files_with_a_vlm_rubric_and_exports(tmp_p
                  # the random judge may score every edit alike (no advantage): a small pixel reward keeps one
                  f"reward=[{{name: edit_rubric, params: {{mode: group, judge: {{path: {judge}, dtype: float32, "
                  "group_audit: true, max_new_tokens: 4}}}, {name: jpeg_compressibility, weight: 0.1}]"]
-    run_dir = run_experiment(load_config(REPO / "configs" / "real" / "flux_kontext_arro_grpo.yaml", overrides))
+    run_dir = run_experiment(load_config(REPO / "configs" / "real" / f"{name}.yaml", overrides))
     evals = json.loads((run_dir / "eval.json").read_text())
     assert set(evals) == {"0", "1", "2"} and all("overall" in e for e in evals.values())
     grid = np.asarray(Image.open(run_dir / "before_after.png"))
@@ -174,7 +183,7 @@ def test_the_kontext_arro_config_edits_files_with_a_vlm_rubric_and_exports(tmp_p
     def velocity(policy):
         x = torch.randn(2, *policy.noise_shape(SampleSpec(32, 32)), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
-            return policy.velocity(x, 0.6, policy.encode(items, 2.5, SampleSpec(32, 32)), 2.5)
+            return policy.velocity(x, 0.6, policy.encode(items, guidance, SampleSpec(32, 32)), guidance)
 
     assert_checkpoint_loads_in_diffusers(pipeline_dir, checkpoint, velocity)
 
