@@ -79,6 +79,17 @@ def sd15(seed: int = 0) -> StableDiffusionPipeline:
                                    requires_safety_checker=False)
 
 
+def wan22_a14b(seed: int = 0):
+    """Wan2.2-T2V-A14B's layout: two experts split at boundary 0.875, UniPC with the release's flow_shift 12 (a
+    3-step schedule puts steps 0 and 1 on the high-noise expert, step 2 on the low-noise one)."""
+    from tiny_pipelines import tiny_wan22
+
+    pipe = tiny_wan22(seed, boundary_ratio=0.875)
+    pipe.scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                             flow_shift=12.0, num_train_timesteps=1000)
+    return pipe
+
+
 def flux_kontext_dev(seed: int = 0):
     """FLUX.1 Kontext-dev's layout: FLUX.1-dev's components in a FluxKontextPipeline."""
     from diffusers import FluxKontextPipeline
@@ -87,5 +98,6 @@ def flux_kontext_dev(seed: int = 0):
 
 
 LAYOUTS = {"sd35_medium": sd35_medium, "flux_dev": flux_dev, "flux_kontext_dev": flux_kontext_dev, "wan21": wan21,
+           "wan22_a14b": wan22_a14b,
            "sd15": sd15, "qwen_image": tiny_qwen_image,
            "qwen_image_edit_plus": lambda seed=0: tiny_qwen_image_edit(seed, plus=True)}  # -2511's layout

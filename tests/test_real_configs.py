@@ -1,5 +1,5 @@
 """The configs in configs/real/ run end to end on tiny random pipelines with the real layouts (SD3.5-Medium, FLUX.1-dev,
-Wan2.1, SD 1.5, Qwen-Image, and the editors FLUX.1 Kontext-dev and Qwen-Image-Edit-2511): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
+Wan2.1, Wan2.2-A14B, SD 1.5, Qwen-Image, and the editors FLUX.1 Kontext-dev and Qwen-Image-Edit-2511): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
 `load_lora_weights` and gives flowrl's model exactly."""
 import json
 
@@ -17,6 +17,8 @@ CASES = {  # config -> (layout, size (and schedule) overrides, reward overrides)
     "sd35m_pickscore_grpo": ("sd35_medium", ["pipeline.height=64", "pipeline.width=64"], "pickscore"),
     "flux_dev_nft": ("flux_dev", ["pipeline.height=32", "pipeline.width=32"], "pickscore"),
     "wan21_1.3b_grpo": ("wan21", ["pipeline.height=16", "pipeline.width=16", "pipeline.num_frames=5"], "per_frame"),
+    "wan22_a14b_grpo": ("wan22_a14b", ["pipeline.height=16", "pipeline.width=16", "pipeline.num_frames=5",
+                                       "sampler.sde_window_range=[1,2]"], "per_frame"),  # step 1: sigma 0.96
     "sd15_ddpo": ("sd15", ["pipeline.height=64", "pipeline.width=64"], None),
     "qwen_image_pickscore_grpo": ("qwen_image", ["pipeline.height=32", "pipeline.width=32",
                                                  "sampler.sde_window_range=[1,3]"], "pickscore"),  # 3 steps here
@@ -72,10 +74,11 @@ def test_real_config_trains_evaluates_and_exports(name, clip_folder, tmp_path):
     checkpoint = run_dir / "checkpoints" / "update_000002"
 
     def velocity(policy):
-        x = torch.randn(2, *policy.noise_shape(policy.default_spec() if layout != "wan21" else
+        x = torch.randn(2, *policy.noise_shape(policy.default_spec() if not layout.startswith("wan") else
                                                type(policy.default_spec())(16, 16, 5)),
                         generator=torch.Generator().manual_seed(0))
-        sigma = 0.6 if policy.prediction == "flow" else 500
+        # Wan2.2 adapts its high-noise expert, above the boundary 0.875
+        sigma = (0.95 if layout == "wan22_a14b" else 0.6) if policy.prediction == "flow" else 500
         with torch.no_grad():
             return policy.velocity(x, sigma, policy.encode(["a red apple", "a cat"], 2.0), 2.0)
 
@@ -190,7 +193,8 @@ def test_the_arro_edit_configs_edit_files_with_a_vlm_rubric_and_export(name, tmp
 
 def test_sde_steps_where_wan22s_frozen_expert_denoises_are_named_at_start_up(tmp_path, caplog):
     """Wan2.2 trains its high-noise expert: SDE steps below the boundary train nothing. The Wan config's SDE on every
-    step warns naming them; a window on them alone is a ConfigError; a window above the boundary says nothing."""
+    step warns naming them; a window on them alone is a ConfigError; a window above the boundary says nothing; the
+    shipped Wan2.2 config's window is above it on the release's schedule."""
     import logging
 
     from flowrl.errors import ConfigError
@@ -215,3 +219,17 @@ def test_sde_steps_where_wan22s_frozen_expert_denoises_are_named_at_start_up(tmp
                  "pipeline.guidance_scale_2=2.0") == []  # the low-noise expert's own CFG scale is accepted
     with pytest.raises(ConfigError, match=r"every SDE step \(\[2, 3\]\) sits at sigma < 0.95.*train nothing"):
         start("sampler.sde_window_size=1", "sampler.sde_window_range=[2,4]")
+
+    # the shipped Wan2.2 config on the release's schedule (flow_shift 12, boundary 0.875): its SDE window (steps 1-3
+    # of 10) lies wholly on the trained expert; the same schedule with SDE on every step names steps 6-9
+    from real_layouts import wan22_a14b
+
+    wan22_a14b().save_pretrained(tmp_path / "a14b")
+    a14b = [f"pipeline.path={tmp_path / 'a14b'}", *base[1:-1]]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flowrl"):
+        Trainer(load_config(REPO / "configs" / "real" / "wan22_a14b_grpo.yaml", a14b), log=False)
+        assert not [r for r in caplog.records if "train nothing" in r.getMessage()]
+        Trainer(load_config(REPO / "configs" / "real" / "wan22_a14b_grpo.yaml", [*a14b, "sampler.sde_window_size=0"]),
+                log=False)
+    assert "SDE steps [6, 7, 8, 9] sit at sigma < 0.875" in caplog.text
