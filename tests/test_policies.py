@@ -1,4 +1,4 @@
-"""Policy adapters on tiny offline SD3, FLUX, Wan (2.1, and 2.2's two experts) and Qwen-Image pipelines (real
+"""Policy adapters on tiny offline SD3, FLUX, Wan (2.1, and 2.2's two experts), Qwen-Image and Z-Image pipelines (real
 diffusers classes)."""
 import pytest
 import torch
@@ -6,7 +6,7 @@ import torch
 from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
 from flowrl.rollout import rollout, sample_generators
-from tiny_pipelines import tiny_flux, tiny_qwen_image, tiny_shapes_sd3, tiny_wan, tiny_wan22
+from tiny_pipelines import tiny_flux, tiny_qwen_image, tiny_shapes_sd3, tiny_wan, tiny_wan22, tiny_z_image
 from flowrl.policies.base import SampleSpec
 
 CASES = {
@@ -15,6 +15,7 @@ CASES = {
     "wan": (tiny_wan, SampleSpec(16, 16, num_frames=9), 5.0),
     "wan22": (tiny_wan22, SampleSpec(16, 16, num_frames=9), 5.0),  # two experts: step 0 high noise, the rest low
     "qwen_image": (tiny_qwen_image, SampleSpec(32, 32), 4.0),
+    "z_image": (tiny_z_image, SampleSpec(32, 32), 4.0),  # ZImagePipeline's guidance_scale 3.0
 }
 PROMPTS = ["a red circle", "two squares"]
 
@@ -31,6 +32,8 @@ def _pipeline_latents(name, pipe, noise, steps, guidance, spec):
         kwargs["num_frames"] = spec.num_frames
     if name == "qwen_image":  # true CFG against the model card's negative prompt
         kwargs.update(negative_prompt=[" "] * len(PROMPTS), true_cfg_scale=kwargs.pop("guidance_scale"))
+    if name == "z_image":  # its guidance_scale w guides as pos + w (pos - neg): flowrl's scale w + 1
+        kwargs.update(prompt=list(PROMPTS), negative_prompt=[""] * len(PROMPTS), guidance_scale=guidance - 1)
     out = pipe(**kwargs)
     latents = out.images if hasattr(out, "images") else out.frames
     if name == "flux":
@@ -146,6 +149,22 @@ def test_qwen_image_pads_prompts_without_changing_samples_and_decodes_as_the_pip
     got = pipe._pack_latents(policy.velocity(x, 0.5, cond, 4.0), *x.shape)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(got, pipe._pack_latents(uncond + 4.0 * (text - uncond), *x.shape), atol=1e-3)
+
+
+def test_z_image_decodes_as_the_pipeline_and_cuts_prompts_where_it_does():
+    """Z-Image's images from flowrl's ODE latents are ZImagePipeline's own; a prompt longer than
+    max_sequence_length (with the chat template) is cut where the pipeline cuts it, and stays masked to its length."""
+    pipe = tiny_z_image()
+    policy = policy_for(pipe, max_sequence_length=12)
+    shape = policy.noise_shape(SampleSpec(32, 32))
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    prompts = ["a red circle and a blue square and a green triangle", "a square"]
+    cond = policy.encode(prompts, 3.0)
+    assert cond.tensors["mask"].sum(1).tolist() == [12, 10]  # cut at 12; "a square" in the template: 10 tokens
+    ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.0, initial_noise=noise)
+    images = pipe(prompt=list(prompts), negative_prompt=[""] * 2, guidance_scale=2.0, num_inference_steps=3,
+                  latents=noise, output_type="pt", height=32, width=32, max_sequence_length=12).images
+    torch.testing.assert_close(policy.decode(ode.final), images, atol=1e-5, rtol=1e-5)
 
 
 def test_wan22_steps_high_noise_with_the_trained_expert_and_low_noise_with_the_frozen_one():

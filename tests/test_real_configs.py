@@ -1,5 +1,5 @@
 """The configs in configs/real/ run end to end on tiny random pipelines with the real layouts (SD3.5-Medium, FLUX.1-dev,
-Wan2.1, Wan2.2-A14B, SD 1.5, Qwen-Image, and the editors FLUX.1 Kontext-dev and Qwen-Image-Edit-2511): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
+Wan2.1, Wan2.2-A14B, SD 1.5, Qwen-Image, Z-Image, and the editors FLUX.1 Kontext-dev and Qwen-Image-Edit-2511): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
 `load_lora_weights` and gives flowrl's model exactly."""
 import json
 
@@ -11,6 +11,7 @@ from flowrl.checkpoint import load_trained_weights
 from flowrl.config import load_config
 from flowrl.experiment import run_experiment
 from flowrl.policies import load_pipeline, policy_for
+from flowrl.policies.base import SampleSpec
 from real_layouts import LAYOUTS
 
 CASES = {  # config -> (layout, size (and schedule) overrides, reward overrides)
@@ -22,6 +23,8 @@ CASES = {  # config -> (layout, size (and schedule) overrides, reward overrides)
     "sd15_ddpo": ("sd15", ["pipeline.height=64", "pipeline.width=64"], None),
     "qwen_image_pickscore_grpo": ("qwen_image", ["pipeline.height=32", "pipeline.width=32",
                                                  "sampler.sde_window_range=[1,3]"], "pickscore"),  # 3 steps here
+    "z_image_pickscore_grpo": ("z_image", ["pipeline.height=32", "pipeline.width=32", "sampler.sde_window_range=[1,3]"],
+                               "pickscore"),
 }
 
 
@@ -74,9 +77,9 @@ def test_real_config_trains_evaluates_and_exports(name, clip_folder, tmp_path):
     checkpoint = run_dir / "checkpoints" / "update_000002"
 
     def velocity(policy):
-        x = torch.randn(2, *policy.noise_shape(policy.default_spec() if not layout.startswith("wan") else
-                                               type(policy.default_spec())(16, 16, 5)),
-                        generator=torch.Generator().manual_seed(0))
+        spec = {"wan21": SampleSpec(16, 16, 5), "wan22_a14b": SampleSpec(16, 16, 5),
+                "z_image": SampleSpec(32, 32)}.get(layout, policy.default_spec())  # Z-Image's default: 1024 px
+        x = torch.randn(2, *policy.noise_shape(spec), generator=torch.Generator().manual_seed(0))
         # Wan2.2 adapts its high-noise expert, above the boundary 0.875
         sigma = (0.95 if layout == "wan22_a14b" else 0.6) if policy.prediction == "flow" else 500
         with torch.no_grad():
@@ -150,7 +153,6 @@ def test_the_arro_edit_configs_edit_files_with_a_vlm_rubric_and_export(name, tmp
     import numpy as np
     from PIL import Image
 
-    from flowrl.policies.base import SampleSpec
     from flowrl.tasks.base import read_prompt_file
     from tiny_vlm import save_tiny_qwen25_vl
 

@@ -170,6 +170,36 @@ def _qwen_components(tokenizer, seed: int, zero_cond_t: bool = False) -> dict:
     return dict(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
 
 
+def tiny_z_image(seed: int = 0):
+    """A tiny random ZImagePipeline (Z-Image's layout, sizes after diffusers' own tests): the single-stream
+    transformer with its refiners, a tiny Qwen3 text encoder (its second-to-last hidden states are the prompt
+    embeddings), a word-level tokenizer with Qwen's chat template, and a 16-channel FLUX-style VAE."""
+    from diffusers import AutoencoderKL, ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    torch.manual_seed(seed)
+    transformer = ZImageTransformer2DModel(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32,
+                                           n_layers=2, n_refiner_layers=1, n_heads=2, n_kv_heads=2, qk_norm=True,
+                                           cap_feat_dim=16, axes_dims=[8, 4, 4], axes_lens=[256, 32, 32])
+    with torch.no_grad():  # made with torch.empty: fixed, as diffusers' tests do
+        transformer.x_pad_token.copy_(torch.ones_like(transformer.x_pad_token))
+        transformer.cap_pad_token.copy_(torch.ones_like(transformer.cap_pad_token))
+    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
+                        up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=[8, 16], layers_per_block=1,
+                        latent_channels=16, norm_num_groups=8, sample_size=32, scaling_factor=0.3611,
+                        shift_factor=0.1159)
+    tokenizer = qwen_text_tokenizer("user assistant", QWEN_SPECIAL)
+    tokenizer.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    text_encoder = Qwen3Model(Qwen3Config(hidden_size=16, intermediate_size=16, num_hidden_layers=2,
+                                          num_attention_heads=2, num_key_value_heads=2, head_dim=8,
+                                          vocab_size=len(tokenizer), max_position_embeddings=512)).eval()
+    pipe = ZImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
+                          tokenizer=tokenizer, transformer=transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def tiny_shapes_sd(seed: int = 0):
     """A tiny epsilon-prediction StableDiffusionPipeline (DDIM), the shapes-sd layout at toy width."""
     from flowrl.models.shapes_sd import ShapesSDSize, build_pipeline as build_sd

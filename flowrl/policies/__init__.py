@@ -14,7 +14,7 @@ POLICIES = Registry("policy", {
     "FluxPipeline": "flowrl.policies.flux", "FluxKontextPipeline": "flowrl.policies.flux",
     "WanPipeline": "flowrl.policies.wan", "QwenImagePipeline": "flowrl.policies.qwen_image",
     "QwenImageEditPipeline": "flowrl.policies.qwen_image_edit", "QwenImageEditPlusPipeline": "flowrl.policies.qwen_image_edit",
-    "Shapes3DFlowPipeline": "flowrl.policies.shapes3d",
+    "ZImagePipeline": "flowrl.policies.z_image", "Shapes3DFlowPipeline": "flowrl.policies.shapes3d",
 })
 
 

@@ -255,6 +255,17 @@ class FlowPolicy:
                             "or the sample size to resize them to")
         return torch.stack(sources)
 
+    def text_length(self) -> int:
+        """For families whose prompt embeddings vary in length (Qwen-Image, Z-Image): the length every prompt's are
+        padded to, masked, so rows encoded apart (the embedding cache, the two CFG branches) stack:
+        pipeline.max_sequence_length, else the pipeline's own default (512 for both). Their `_forward` hands the
+        transformer only the tokens the mask keeps."""
+        import inspect
+
+        if self.max_sequence_length is not None:
+            return self.max_sequence_length
+        return inspect.signature(type(self.pipeline).__call__).parameters["max_sequence_length"].default
+
     def decode_in_chunks(self, latents: torch.Tensor) -> torch.Tensor:
         """`decode` over `decode_microbatch` samples at a time (0: all at once)."""
         chunk = getattr(self, "decode_microbatch", 0)

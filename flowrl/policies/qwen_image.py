@@ -6,8 +6,6 @@ Trajectories keep latents unpacked, [B, C, h, w] as every image family; `_forwar
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
 
@@ -55,14 +53,6 @@ class QwenImagePolicy(FluxPolicy):
 
     def uses_cfg(self, guidance_scale: float) -> bool:
         return guidance_scale > 1.0  # true CFG (QwenImagePipeline's true_cfg_scale): not guidance-distilled
-
-    def text_length(self) -> int:
-        """Every prompt's embeddings are padded to this many tokens, so rows encoded apart (the embedding cache, the
-        two CFG branches) stack: pipeline.max_sequence_length, else QwenImagePipeline's default (512). The padding is
-        masked, and `_forward` drops the columns no row of its batch uses."""
-        if self.max_sequence_length is not None:
-            return self.max_sequence_length
-        return inspect.signature(type(self.pipeline).__call__).parameters["max_sequence_length"].default
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
