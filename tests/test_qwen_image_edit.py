@@ -72,6 +72,9 @@ def test_instructions_are_read_with_their_sources_once_per_pair(keep_sources_sma
     cond = policy.encode(group, 4.0, SPEC)
     assert sorted(map(tuple, reads)) == sorted([(INSTRUCTIONS[0],), (INSTRUCTIONS[1],), (" ",), (" ",)])
     assert torch.equal(cond.tensors["embeds"][0], cond.tensors["embeds"][2])
+    latents = cond.tensors["image_latents"]  # one VAE encoding per distinct source, mapped back to every sample
+    assert torch.equal(latents[0], latents[2]) and not torch.allclose(latents[0], latents[3])
+    assert torch.equal(cond.negative["image_latents"], latents)
     other = policy.encode([Condition(INSTRUCTIONS[0], inputs={"source_image": b})], 1.0, SPEC)
     length = int(other.tensors["mask"].sum())
     assert (other.tensors["embeds"][0, :length] - cond.tensors["embeds"][0, :length]).abs().max() > 1e-4
@@ -113,6 +116,39 @@ def test_the_edit_lora_trains_every_adapter_and_its_reference_is_the_base(plus, 
     assert not torch.allclose(tuned, base)
     tuned.sum().backward()
     assert all(p.grad is not None for p in policy.trainable_parameters())  # DDP stops on a parameter without one
+
+
+@pytest.mark.parametrize("plus", [False, True], ids=["edit", "edit_plus_2511"])
+def test_the_reader_sees_the_original_source_at_the_pipelines_area(plus, monkeypatch):
+    """Qwen2.5-VL reads the original source (not the one resized to the sample size), brought by the pipeline's own
+    image processor to the pipeline's area for its aspect ratio: 1024x1024 for Qwen-Image-Edit, 384x384 for Plus.
+    Without a sample size, a source whose sides are not whole 2x2 latent patches is cut to the nearest below."""
+    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit as edit
+    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus as plus_module
+
+    pipe = tiny_qwen_image_edit(plus=plus)
+    policy = policy_for(pipe)
+    module, area = (plus_module, 384 * 384) if plus else (edit, 1024 * 1024)
+    seen = []
+    original = pipe.encode_prompt
+    monkeypatch.setattr(pipe, "encode_prompt", lambda prompt, image, **kw: seen.append(image) or original(
+        prompt, image=image, **kw))
+    source = _source(3, size=(40, 24))  # 40 high, 24 wide
+    cond = policy.encode([Condition(INSTRUCTIONS[0], inputs={"source_image": source})], 4.0, SPEC)
+    width, height = module.calculate_dimensions(area, 24 / 40)[:2]
+    expected = np.asarray(pipe.image_processor.resize(source, height, width))
+    assert len(seen) == 2 and all(np.array_equal(np.asarray(image), expected) for image in seen)
+    assert cond.tensors["image_latents"].shape[-2:] == (4, 4)  # the VAE's source: the 32x32 sample size
+    unsized = policy.encode([Condition(INSTRUCTIONS[0], inputs={"source_image": source})], 1.0)
+    assert unsized.tensors["image_latents"].shape[-2:] == (4, 2)  # 40x24 cut to 32x16: whole 16-pixel patches
+
+
+def test_safety_steering_refuses_an_editing_pipeline():
+    from flowrl.errors import UserError
+    from flowrl.safety.steering import SteeringConfig, load_steering
+
+    with pytest.raises(UserError, match="safety steering runs on text-to-image.*QwenImageEditPipeline edits"):
+        load_steering(policy_for(tiny_qwen_image_edit()), SteeringConfig(mode="negative"))
 
 
 def test_a_source_that_cannot_be_found_is_named():

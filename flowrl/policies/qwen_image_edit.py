@@ -34,6 +34,12 @@ class QwenImageEditPolicy(QwenImagePolicy):
     source_input = "source_image"
     source_world = "shapes_edit"
     reader_area = 1024 * 1024  # the area Qwen2.5-VL reads the source at: the pipeline's own (calculate_dimensions)
+    pipeline_module = "diffusers.pipelines.qwenimage.pipeline_qwenimage_edit"  # whose calculate_dimensions sizes it
+
+    @property
+    def patch_pixels(self) -> int:
+        """Pixels per packed token's side: a source's sides must be multiples of this."""
+        return self.pipeline.vae_scale_factor * 2
 
     @torch.no_grad()
     def encode(self, conditions: list, guidance_scale: float, spec: SampleSpec | None = None) -> Conditioning:
@@ -45,10 +51,16 @@ class QwenImageEditPolicy(QwenImagePolicy):
         from ..tasks.base import Condition
 
         items = [c if isinstance(c, Condition) else Condition(c) for c in conditions]
-        originals = self.source_images(items)
-        sources = self.stack_sources(originals if spec is None else
-                                     [resized(image, spec.height, spec.width) for image in originals])
-        digests = [hashlib.sha1(image.numpy().tobytes()).hexdigest() for image in originals]
+        distinct = {id(item): item for item in items}  # a group repeats one item: resolve and hash it once
+        found = dict(zip(distinct, self.source_images(list(distinct.values()))))
+        hashed = {key: _digest(image) for key, image in found.items()}
+        originals = [found[id(item)] for item in items]
+        digests = [hashed[id(item)] for item in items]
+        if spec is None:  # the packing needs whole 2x2 patches of latents: the nearest size below that has them
+            sources = self.stack_sources([resized(image, *(max(side - side % self.patch_pixels, self.patch_pixels)
+                                                           for side in image.shape[-2:])) for image in originals])
+        else:
+            sources = self.stack_sources([resized(image, spec.height, spec.width) for image in originals])
         cfg = self.uses_cfg(guidance_scale)
         prompts = [(item.prompt, digest) for item, digest in zip(items, digests)]
         branches = [prompts, [(self.negative_prompt, digest) for digest in digests] if cfg else []]
@@ -89,7 +101,7 @@ class QwenImageEditPolicy(QwenImagePolicy):
 
         pixels = (source.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
         image = Image.fromarray(np.ascontiguousarray(pixels))
-        module = importlib.import_module(type(self.pipeline).__module__)  # its calculate_dimensions, as it reads it
+        module = importlib.import_module(self.pipeline_module)  # the pipeline's calculate_dimensions, as it reads it
         width, height = module.calculate_dimensions(self.reader_area, image.width / image.height)[:2]
         image = self.pipeline.image_processor.resize(image, height, width)
         embeds, _ = self.pipeline.encode_prompt([prompt], image=image, device=self.device)
@@ -109,3 +121,9 @@ class QwenImageEditPlusPolicy(QwenImageEditPolicy):
     at the Plus pipeline's condition area."""
     family = "qwen_image_edit_plus"
     reader_area = 384 * 384  # the Plus pipeline's CONDITION_IMAGE_SIZE
+    pipeline_module = "diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus"
+
+
+def _digest(image: torch.Tensor) -> str:
+    """A source image's identity for the reads and the cache: its size and pixels."""
+    return hashlib.sha1(repr(tuple(image.shape)).encode() + image.numpy().tobytes()).hexdigest()

@@ -149,6 +149,9 @@ def load_steering(policy, config: SteeringConfig):
     from ..checkpoint import load_trained_weights
     from .probe import load_probe
 
+    if policy.source_input:  # its concept prompt would need a source, and the probes read text-to-image latents
+        raise UserError(f"safety steering runs on text-to-image and text-to-video pipelines; "
+                        f"{type(policy.pipeline).__name__} edits a source image")
     config.validate()
     probe = load_probe(config.probe)
     if config.mode == "lora":
