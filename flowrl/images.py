@@ -49,6 +49,9 @@ def item_image(item, key: str, world: str, needed_by: str, size: int | None = No
         with Image.open(path) as opened:
             image = opened.convert("RGB")
             image = image.resize((size, size)) if size is not None else image.copy()
+    if image is None and world is None:
+        raise UserError(f"prompt {item.prompt!r} has no condition image; {needed_by} needs one: give it as 'image' "
+                        "(a file path) in a .jsonl prompt file")
     if image is None:
         from .tasks.base import build_task
 

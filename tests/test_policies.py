@@ -6,6 +6,7 @@ import torch
 from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
 from flowrl.rollout import rollout, sample_generators
+from policy_checks import assert_lora_trains_every_adapter_and_reference_is_base
 from tiny_pipelines import tiny_flux, tiny_qwen_image, tiny_shapes_sd3, tiny_wan, tiny_wan22, tiny_z_image
 from flowrl.policies.base import SampleSpec
 
@@ -82,20 +83,7 @@ def test_lora_trains_only_the_adapter_and_reference_is_the_base(name):
     x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     cond = policy.encode(PROMPTS, guidance)
     sigma = 0.97 if name == "wan22" else 0.6  # Wan2.2 adapts its high-noise expert (above 0.95 here)
-    base = policy.velocity(x, sigma, cond, guidance)
-    policy.add_lora(4, 8, policy.lora_targets)
-    trainable = policy.trainable_parameters()
-    assert trainable and all("lora_" in n for n in policy.trainable_state_dict())
-    with torch.no_grad():
-        for p in trainable:
-            p.add_(0.05 * torch.randn_like(p))
-    tuned = policy.velocity(x, sigma, cond, guidance)
-    with policy.reference():
-        reference = policy.velocity(x, sigma, cond, guidance)
-    torch.testing.assert_close(reference, base)
-    assert not torch.allclose(tuned, base)
-    tuned.sum().backward()
-    assert all(p.grad is not None for p in trainable)
+    assert_lora_trains_every_adapter_and_reference_is_base(policy, x, sigma, cond, guidance)
 
 
 def test_cfg_combines_conditional_and_unconditional_velocity():

@@ -28,6 +28,25 @@ CASES = {  # config -> (layout, size (and schedule) overrides, reward overrides)
 }
 
 
+SMALL_RUN = ["train.updates=2", "train.groups_per_update=2", "train.group_size=2", "train.microbatch_size=4",
+             "train.checkpoint_every=1", "train.threads=1", "train.mixed_precision=no", "train.weight_dtype=fp32",
+             "sampler.num_steps=3", "eval.num_steps=2", "eval.num_per_prompt=1", "eval.every=1"]
+
+
+def _image_prompt_file(path, prompts: list[str], side: int):
+    """A .jsonl of two prompts with image files beside it (random pixels): a 40x24 one and a side x side one."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    lines = []
+    for prompt, (file, size) in zip(prompts, (("a.png", (40, 24)), ("b.png", (side, side)))):
+        Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(path.parent / file)
+        lines.append(json.dumps({"prompt": prompt, "image": file}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def assert_checkpoint_loads_in_diffusers(pipeline_dir, checkpoint, velocity):
     """The run trained its adapter (`velocity` of the policy moved), and the checkpoint's LoRA loaded with diffusers'
     `load_lora_weights` gives flowrl's model exactly."""
@@ -58,10 +77,7 @@ def test_real_config_trains_evaluates_and_exports(name, clip_folder, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red apple\na cat on a table\n")
     overrides = [f"pipeline.path={pipeline_dir}", f"run.out_dir={tmp_path / 'runs'}", *size,
-                 f"prompts.source={prompts}", f"eval.prompts={prompts}", "train.updates=2", "train.groups_per_update=2",
-                 "train.group_size=2", "train.microbatch_size=4", "train.checkpoint_every=1", "train.threads=1",
-                 "train.mixed_precision=no", "train.weight_dtype=fp32", "sampler.num_steps=3", "eval.num_steps=2",
-                 "eval.num_per_prompt=1", "eval.every=1"]
+                 f"prompts.source={prompts}", f"eval.prompts={prompts}", *SMALL_RUN]
     if name != "sd15_ddpo":
         overrides.append("pipeline.max_sequence_length=16")
     if reward == "pickscore":
@@ -160,18 +176,10 @@ def test_the_arro_edit_configs_edit_files_with_a_vlm_rubric_and_export(name, tmp
     pipeline_dir, judge = tmp_path / layout, tmp_path / "qwen"
     LAYOUTS[layout]().save_pretrained(pipeline_dir)
     save_tiny_qwen25_vl(judge)
-    rng = np.random.default_rng(0)
-    for file, size in (("a.png", (40, 24)), ("b.png", (32, 32))):
-        Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(tmp_path / file)
-    edits = tmp_path / "edits.jsonl"
-    edits.write_text('{"prompt": "make the circle red", "image": "a.png"}\n'
-                     '{"prompt": "remove the square", "image": "b.png"}\n')
+    edits = _image_prompt_file(tmp_path / "edits.jsonl", ["make the circle red", "remove the square"], 32)
     overrides = [f"pipeline.path={pipeline_dir}", f"run.out_dir={tmp_path / 'runs'}", "pipeline.height=32",
-                 "pipeline.width=32", *schedule, f"prompts.source={edits}",
-                 f"eval.prompts={edits}", "train.updates=2", "train.groups_per_update=2", "train.group_size=2",
-                 "train.microbatch_size=4", "train.checkpoint_every=1", "train.threads=1", "train.mixed_precision=no",
-                 "train.weight_dtype=fp32", "sampler.num_steps=3", "eval.num_steps=2", "eval.num_per_prompt=1",
-                 "eval.every=1", "train.offload_text_encoders=false",
+                 "pipeline.width=32", *schedule, f"prompts.source={edits}", f"eval.prompts={edits}", *SMALL_RUN,
+                 "train.offload_text_encoders=false",
                  # the random judge may score every edit alike (no advantage): a small pixel reward keeps one
                  f"reward=[{{name: edit_rubric, params: {{mode: group, judge: {{path: {judge}, dtype: float32, "
                  "group_audit: true, max_new_tokens: 4}}}, {name: jpeg_compressibility, weight: 0.1}]"]
@@ -191,6 +199,34 @@ def test_the_arro_edit_configs_edit_files_with_a_vlm_rubric_and_export(name, tmp
             return policy.velocity(x, 0.6, policy.encode(items, guidance, SampleSpec(32, 32)), guidance)
 
     assert_checkpoint_loads_in_diffusers(pipeline_dir, checkpoint, velocity)
+
+
+def test_the_image_to_video_config_animates_first_frames_from_a_file_and_exports(clip_folder, tmp_path):
+    """configs/real/wan21_i2v_grpo.yaml on Wan2.1-I2V's layout (tiny, random): first frames of two sizes from a .jsonl
+    file, 2 updates with PickScore on frames and their evaluations, and the checkpoint's LoRA loads into diffusers'
+    WanImageToVideoPipeline exactly."""
+    from flowrl.tasks.base import read_prompt_file
+
+    pipeline_dir = tmp_path / "wan21_i2v"
+    LAYOUTS["wan21_i2v"]().save_pretrained(pipeline_dir)
+    clips = _image_prompt_file(tmp_path / "clips.jsonl", ["a red circle moves left", "a square turns blue"], 16)
+    overrides = [f"pipeline.path={pipeline_dir}", f"run.out_dir={tmp_path / 'runs'}", "pipeline.height=16",
+                 "pipeline.width=16", "pipeline.num_frames=5", "pipeline.max_sequence_length=16",
+                 "sampler.sde_window_range=[1,3]", f"prompts.source={clips}", f"eval.prompts={clips}", *SMALL_RUN,
+                 f"reward=[{{name: per_frame, params: {{reward: pickscore, params: {{path: {clip_folder}}}, "
+                 "frames: 2}}]"]
+    run_dir = run_experiment(load_config(REPO / "configs" / "real" / "wan21_i2v_grpo.yaml", overrides))
+    evals = json.loads((run_dir / "eval.json").read_text())
+    assert set(evals) == {"0", "1", "2"} and all("overall" in e for e in evals.values())
+    assert (run_dir / "before_after.png").is_file() and (run_dir / "report.html").is_file()
+    items = read_prompt_file(clips)
+
+    def velocity(policy):
+        x = torch.randn(2, *policy.noise_shape(SampleSpec(16, 16, 5)), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            return policy.velocity(x, 0.6, policy.encode(items, 5.0, SampleSpec(16, 16, 5)), 5.0)
+
+    assert_checkpoint_loads_in_diffusers(pipeline_dir, run_dir / "checkpoints" / "update_000002", velocity)
 
 
 def test_sde_steps_where_wan22s_frozen_expert_denoises_are_named_at_start_up(tmp_path, caplog):

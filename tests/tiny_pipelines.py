@@ -77,6 +77,33 @@ def tiny_wan22(seed: int = 0, boundary_ratio: float = 0.95) -> WanPipeline:
     return pipe
 
 
+def tiny_wan_i2v(seed: int = 0, two_experts: bool = False):
+    """A tiny random WanImageToVideoPipeline: Wan2.1-I2V's layout (the transformer takes 16 + 4 + 16 channels and a
+    CLIP image encoder's features), or with `two_experts` Wan2.2-I2V-A14B's (no image encoder; a low-noise expert
+    below boundary 0.9). Sizes after diffusers' own tests."""
+    from diffusers import WanImageToVideoPipeline
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    base = tiny_wan(seed)
+    config = dict(base.transformer.config, in_channels=36, image_dim=None if two_experts else 4)
+    torch.manual_seed(seed + 3)
+    transformer = WanTransformer3DModel(**config)
+    parts = dict(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae, scheduler=base.scheduler,
+                 transformer=transformer)
+    if two_experts:
+        torch.manual_seed(seed + 7)
+        parts.update(transformer_2=WanTransformer3DModel(**config), boundary_ratio=0.9)
+    else:
+        torch.manual_seed(seed + 5)
+        parts.update(image_encoder=CLIPVisionModelWithProjection(CLIPVisionConfig(
+                         hidden_size=4, projection_dim=4, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                         intermediate_size=16, patch_size=8)).eval(),
+                     image_processor=CLIPImageProcessor(crop_size=32, size=32))
+    pipe = WanImageToVideoPipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 QWEN_VISION = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
 QWEN_IMAGE_TEMPLATE = ("system Describe the image by detailing the color shape size texture quantity text spatial "

@@ -86,11 +86,10 @@ class WanPolicy(FlowPolicy):
                 spec.width // p.vae_scale_factor_spatial)
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        timestep, embeds = sigma * 1000, tensors["embeds"].to(latents.dtype)
+        timestep, inputs = sigma * 1000, self.transformer_inputs(latents, tensors)
 
         def call(net, rows):
-            return net(hidden_states=latents[rows], timestep=timestep[rows], encoder_hidden_states=embeds[rows],
-                       return_dict=False)[0]
+            return net(timestep=timestep[rows], **{k: v[rows] for k, v in inputs.items()}, return_dict=False)[0]
 
         every = slice(None)
         if self.boundary_timestep is None:
@@ -108,6 +107,10 @@ class WanPolicy(FlowPolicy):
         order = torch.cat([high.nonzero()[:, 0], (~high).nonzero()[:, 0]])
         out = torch.cat([call(self.net(), high), call(self.low_noise_expert, ~high)])
         return out[order.argsort()]
+
+    def transformer_inputs(self, latents: torch.Tensor, tensors: dict) -> dict[str, torch.Tensor]:
+        """The transformer's batch-first inputs besides the timestep (image-to-video adds its condition)."""
+        return {"hidden_states": latents, "encoder_hidden_states": tensors["embeds"].to(latents.dtype)}
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Video in [0, 1], [B, 3, F, H, W]."""

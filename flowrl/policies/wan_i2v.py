@@ -1,0 +1,80 @@
+"""WanImageToVideoPipeline adapter (Wan2.1-I2V-14B, and Wan2.2-I2V-A14B with its two experts): a text-to-video Wan
+policy whose every sample starts from its own first frame.
+
+The first frame is per-sample conditioning, found like an editor's source (`inputs["source_image"]` or a .jsonl
+line's `image`). As WanImageToVideoPipeline builds it: the frame, followed by mid-grey frames (zeros in the VAE's
+[-1, 1]), is encoded by the VAE (posterior mode, normalised per channel); a mask marking the first latent frame
+(vae_scale_factor_temporal channels) goes before it; both are concatenated to the noisy latents on the channel axis
+at every call. Wan2.1-I2V also reads the frame with its CLIP image encoder (second-to-last hidden states), given to
+the transformer in both CFG branches. Deviation, as for the editors: the frame is resized to the sample size
+bicubically with antialiasing (the pipeline's video processor uses PIL); CLIP reads the original frame, as in the
+pipeline. Not supported: a last frame (first-last-frame models) and Wan2.2-TI2V-5B's expanded timesteps.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import POLICIES
+from .base import Conditioning, SampleSpec
+from .wan import WanPolicy, wan_vae_encode
+
+
+@POLICIES.register("WanImageToVideoPipeline")
+class WanImageToVideoPolicy(WanPolicy):
+    family = "wan_i2v"
+    source_input = "source_image"  # the first frame
+
+    def __init__(self, pipeline, max_sequence_length: int | None = None):
+        super().__init__(pipeline, max_sequence_length)
+        if getattr(pipeline.config, "expand_timesteps", False):
+            from ..errors import ConfigError
+            raise ConfigError("pipeline.path: this Wan image-to-video pipeline expands timesteps per token "
+                              "(Wan2.2-TI2V-5B), which flowrl's Wan adapter does not support")
+        encoder = getattr(pipeline, "image_encoder", None)
+        if encoder is not None:
+            encoder.requires_grad_(False)
+
+    def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
+        shape = super().noise_shape(spec)  # the transformer's in_channels count the condition's too
+        return (self.pipeline.vae.config.z_dim, *shape[1:])
+
+    @torch.no_grad()
+    def encode_inputs(self, cond: Conditioning, items: list, spec: SampleSpec | None = None) -> Conditioning:
+        from ..images import resized
+
+        spec = spec or self.default_spec()
+        distinct = {id(item): item for item in items}  # a group repeats one item: one frame, one encoding
+        frames = dict(zip(distinct, self.source_images(list(distinct.values()))))
+        keys = list(distinct)
+        first = torch.stack([resized(frames[k], spec.height, spec.width) for k in keys]).to(self.device)
+        video = torch.cat([first[:, :, None], first.new_full((*first.shape[:2], spec.num_frames - 1, *first.shape[2:]),
+                                                              0.5)], 2)  # 0.5: zero in the VAE's [-1, 1]
+        latents = wan_vae_encode(self.pipeline.vae, video)
+        mask = torch.zeros(len(keys), self.pipeline.vae_scale_factor_temporal, *latents.shape[2:],
+                           dtype=latents.dtype, device=latents.device)
+        mask[:, :, 0] = 1  # the latent frame the given frame decodes to
+        rows = [keys.index(id(item)) for item in items]
+        added = {"condition": torch.cat([mask, latents], 1)[rows]}
+        if self.transformer.config.image_dim is not None:  # Wan2.1-I2V: CLIP reads the original frame
+            added["image_embeds"] = torch.cat([self._clip(frames[k]) for k in keys])[rows]
+        for branch in (cond.tensors, cond.negative) if cond.negative else (cond.tensors,):
+            branch.update(added)
+        return cond
+
+    def _clip(self, frame: torch.Tensor) -> torch.Tensor:
+        from PIL import Image
+
+        pixels = (frame.permute(1, 2, 0) * 255).round().to(torch.uint8).cpu().numpy()
+        with self._encode_lock, self.text_encoders_on_device():
+            return self.pipeline.encode_image(Image.fromarray(pixels), self.device)
+
+    def text_encoders(self) -> list[torch.nn.Module]:
+        encoder = getattr(self.pipeline, "image_encoder", None)  # offloaded with the text encoder
+        return super().text_encoders() + ([encoder] if encoder is not None else [])
+
+    def transformer_inputs(self, latents: torch.Tensor, tensors: dict) -> dict[str, torch.Tensor]:
+        inputs = super().transformer_inputs(latents, tensors)
+        inputs["hidden_states"] = torch.cat([latents, tensors["condition"].to(latents.dtype)], 1)
+        if "image_embeds" in tensors:
+            inputs["encoder_hidden_states_image"] = tensors["image_embeds"].to(latents.dtype)
+        return inputs
