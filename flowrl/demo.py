@@ -108,8 +108,9 @@ DEFAULT_PROMPT = {"video": "a red circle moving left", "3d": "a sphere on top of
 
 
 def page_kind(policy) -> str:
-    """What the page shows: "edit" for editing pipelines, else the policy's modality."""
-    return "edit" if policy.source_input else policy.modality
+    """What the page shows: "edit" for editing pipelines, else the policy's modality (image-to-video pages are
+    "video", with a first-frame upload)."""
+    return "edit" if policy.source_input and policy.modality == "image" else policy.modality
 
 
 def edit_condition(policy, instruction: str, seed: int, source: np.ndarray | None):
@@ -121,6 +122,8 @@ def edit_condition(policy, instruction: str, seed: int, source: np.ndarray | Non
 
     if source is not None:
         return Condition(instruction, inputs={policy.source_input: np.ascontiguousarray(source[..., :3], np.uint8)})
+    if policy.source_world is None:  # no world makes a source for it (image to video): the page needs the upload
+        raise UserError(f"upload {source_label(policy)}: {type(policy.pipeline).__name__} starts from one")
     condition = Condition(instruction, meta={"scene_seed": int(seed)})
     try:
         image = item_image(condition, policy.source_input, policy.source_world, "the demo")
@@ -129,6 +132,10 @@ def edit_condition(policy, instruction: str, seed: int, source: np.ndarray | Non
                         "image to edit with any instruction") from None
     condition.inputs[policy.source_input] = to_uint8(image[None])[0]
     return condition
+
+
+def source_label(policy) -> str:
+    return "a first frame" if policy.modality == "video" else "a source image"
 
 
 class Comparison:
@@ -164,7 +171,7 @@ class Comparison:
             with torch.no_grad():  # the reward sees what the file would hold (uint8 for pixels), the page a preview
                 decoded = samples.decoded() if modality == "3d" else torch.round(samples.decoded() * 255) / 255
                 score = None
-                if not (self.policy.source_input and source is not None):
+                if not (self.policy.source_world and source is not None):  # a world's verifier needs its scene
                     score = float(self.scorer(decoded, [prompt], {"conditions": [condition]}).scores[0])
             stem = f"{label.replace('/', '_')}_{seed}"
             entry = {"label": label, "score": score}
@@ -238,9 +245,10 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
                                 value=DEFAULT_PROMPT.get(kind, "a red circle left of a blue square"), elem_id="prompt")
             seed = gr.Number(label="seed", value=0, precision=0, elem_id="seed")
         sources = []
-        if kind == "edit":  # an uploaded source, or (left empty) the editing world's scene for the instruction
-            sources = [gr.Image(label="source image (empty: the editing world's scene, chosen by the seed)",
-                                type="numpy", image_mode="RGB", height=200, elem_id="source")]
+        if policy.source_input:  # an uploaded source, or (left empty) the editing world's scene for the instruction
+            label = (f"{source_label(policy)[2:]} (empty: the {policy.source_world} world's scene, chosen by the seed)"
+                     if policy.source_world else f"{source_label(policy)[2:]} (required)")
+            sources = [gr.Image(label=label, type="numpy", image_mode="RGB", height=200, elem_id="source")]
         button = gr.Button("Generate", variant="primary", elem_id="generate")
         scores = gr.Markdown(elem_id="scores")
         meshes = []

@@ -155,6 +155,19 @@ def test_z_image_decodes_as_the_pipeline_and_cuts_prompts_where_it_does():
     torch.testing.assert_close(policy.decode(ode.final), images, atol=1e-5, rtol=1e-5)
 
 
+def test_z_image_gives_its_transformer_the_time_in_fp32_under_bf16_weights(monkeypatch):
+    """ZImagePipeline's latents are fp32, so its transformer sees 1 - sigma in fp32; in bf16 it would be rounded by up
+    to 2 of its 1000 time units."""
+    policy = policy_for(tiny_z_image(), max_sequence_length=16)
+    policy.transformer.to(torch.bfloat16)
+    seen = []
+    forward = policy.transformer.forward
+    monkeypatch.setattr(policy.transformer, "forward", lambda x, t, cap, **kw: seen.append(t) or forward(x, t, cap, **kw))
+    x = torch.randn(1, *policy.noise_shape(SampleSpec(32, 32)), generator=torch.Generator().manual_seed(0))
+    policy.velocity(x, 0.3, policy.encode(PROMPTS[:1], 1.0), 1.0)
+    assert seen[0].dtype == torch.float32 and abs(float(seen[0][0]) - 0.7) < 1e-7
+
+
 def test_wan22_steps_high_noise_with_the_trained_expert_and_low_noise_with_the_frozen_one():
     """Per sample, as WanPipeline splits its steps: t >= boundary_ratio x 1000 goes to `transformer` (the one the
     LoRA adapts), below to `transformer_2`, which stays frozen; a batch mixing both equals each sample alone."""

@@ -19,7 +19,7 @@ CASES = {  # config -> (layout, size (and schedule) overrides, reward overrides)
     "flux_dev_nft": ("flux_dev", ["pipeline.height=32", "pipeline.width=32"], "pickscore"),
     "wan21_1.3b_grpo": ("wan21", ["pipeline.height=16", "pipeline.width=16", "pipeline.num_frames=5"], "per_frame"),
     "wan22_a14b_grpo": ("wan22_a14b", ["pipeline.height=16", "pipeline.width=16", "pipeline.num_frames=5",
-                                       "sampler.sde_window_range=[1,2]"], "per_frame"),  # step 1: sigma 0.96
+                                       "sampler.sde_window_range=[1,2]"], "per_frame"),  # step 1: sigma 0.92
     "sd15_ddpo": ("sd15", ["pipeline.height=64", "pipeline.width=64"], None),
     "qwen_image_pickscore_grpo": ("qwen_image", ["pipeline.height=32", "pipeline.width=32",
                                                  "sampler.sde_window_range=[1,3]"], "pickscore"),  # 3 steps here

@@ -200,7 +200,8 @@ def _qwen_components(tokenizer, seed: int, zero_cond_t: bool = False) -> dict:
 def tiny_z_image(seed: int = 0):
     """A tiny random ZImagePipeline (Z-Image's layout, sizes after diffusers' own tests): the single-stream
     transformer with its refiners, a tiny Qwen3 text encoder (its second-to-last hidden states are the prompt
-    embeddings), a word-level tokenizer with Qwen's chat template, and a 16-channel FLUX-style VAE."""
+    embeddings), a word-level tokenizer with Qwen's chat template, a 16-channel FLUX-style VAE and a shifted
+    schedule."""
     from diffusers import AutoencoderKL, ZImagePipeline, ZImageTransformer2DModel
     from transformers import Qwen3Config, Qwen3Model
 
@@ -221,7 +222,8 @@ def tiny_z_image(seed: int = 0):
     text_encoder = Qwen3Model(Qwen3Config(hidden_size=16, intermediate_size=16, num_hidden_layers=2,
                                           num_attention_heads=2, num_key_value_heads=2, head_dim=8,
                                           vocab_size=len(tokenizer), max_position_embeddings=512)).eval()
-    pipe = ZImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
+    # a static shift of 3 (as Z-Image-Turbo's scheduler), so the tests see the schedule shifted
+    pipe = ZImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae, text_encoder=text_encoder,
                           tokenizer=tokenizer, transformer=transformer)
     pipe.set_progress_bar_config(disable=True)
     return pipe

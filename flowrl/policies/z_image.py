@@ -1,6 +1,7 @@
 """ZImagePipeline adapter (Z-Image, Z-Image-Turbo: a single-stream DiT with a Qwen3 text encoder).
 
-What differs from FLUX, whose sizes, dynamically shifted sigma schedule and VAE decoding it shares:
+What differs from FLUX, whose sizes, sigma schedule (linspace(1, 1/N) with the resolution's mu, which a config with
+a static shift, as Z-Image-Turbo's, ignores) and VAE decoding it shares:
 - the transformer takes one latent [C, 1, h, w] and one prompt embedding [L, D] per sample, as lists, with each
   prompt at its own length. flowrl keeps every prompt's embeddings padded, with a mask, to one length (so rows encoded
   apart stack) and hands the transformer each row cut back to its own tokens: what the pipeline gives it;
@@ -57,6 +58,8 @@ class ZImagePolicy(FluxPolicy):
     def _forward(self, latents, sigma, tensors, guidance_scale):
         lengths = tensors["mask"].sum(1).tolist()
         embeds = tensors["embeds"].to(latents.dtype)
-        out = self.net()(list(latents[:, :, None].unbind(0)), (1 - sigma).to(latents.dtype),
+        # the time stays fp32, as ZImagePipeline gives it (its latents are fp32): bf16 would round 1 - sigma by up to
+        # 2 of the transformer's 1000 time units
+        out = self.net()(list(latents[:, :, None].unbind(0)), (1 - sigma).float(),
                          [row[:n] for row, n in zip(embeds, lengths)], return_dict=False)[0]
         return -torch.stack(out)[:, :, 0]
