@@ -7,7 +7,8 @@ from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
 from flowrl.rollout import rollout, sample_generators
 from policy_checks import assert_lora_trains_every_adapter_and_reference_is_base
-from tiny_pipelines import tiny_flux, tiny_qwen_image, tiny_shapes_sd3, tiny_wan, tiny_wan22, tiny_z_image
+from tiny_pipelines import (tiny_flux, tiny_flux2_klein, tiny_qwen_image, tiny_shapes_sd3, tiny_wan, tiny_wan22,
+                            tiny_z_image)
 from flowrl.policies.base import SampleSpec
 
 CASES = {
@@ -17,6 +18,7 @@ CASES = {
     "wan22": (tiny_wan22, SampleSpec(16, 16, num_frames=9), 5.0),  # two experts: step 0 high noise, the rest low
     "qwen_image": (tiny_qwen_image, SampleSpec(32, 32), 4.0),
     "z_image": (tiny_z_image, SampleSpec(32, 32), 4.0),  # ZImagePipeline's guidance_scale 3.0
+    "flux2_klein": (tiny_flux2_klein, SampleSpec(32, 32), 4.0),  # the undistilled (base) model: true CFG
 }
 PROMPTS = ["a red circle", "two squares"]
 
@@ -35,13 +37,23 @@ def _pipeline_latents(name, pipe, noise, steps, guidance, spec):
         kwargs.update(negative_prompt=[" "] * len(PROMPTS), true_cfg_scale=kwargs.pop("guidance_scale"))
     if name == "z_image":  # its guidance_scale w guides as pos + w (pos - neg): flowrl's scale w + 1
         kwargs.update(prompt=list(PROMPTS), negative_prompt=[""] * len(PROMPTS), guidance_scale=guidance - 1)
+    if name == "flux2_klein":  # guides against "" itself
+        kwargs.update(prompt=list(PROMPTS))
     out = pipe(**kwargs)
     latents = out.images if hasattr(out, "images") else out.frames
     if name == "flux":
         return pipe._unpack_latents(latents, spec.height, spec.width, pipe.vae_scale_factor)
     if name == "qwen_image":
         return pipe._unpack_latents(latents, spec.height, spec.width, pipe.vae_scale_factor)[:, :, 0]
+    if name == "flux2_klein":  # the pipeline hands back its latents un-normalised and unpatchified
+        return (pipe._patchify_latents(latents) - _flux2_bn(pipe)[0]) / _flux2_bn(pipe)[1]
     return latents
+
+
+def _flux2_bn(pipe):
+    vae = pipe.vae
+    return (vae.bn.running_mean.view(1, -1, 1, 1),
+            torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps))
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -166,6 +178,23 @@ def test_z_image_gives_its_transformer_the_time_in_fp32_under_bf16_weights(monke
     x = torch.randn(1, *policy.noise_shape(SampleSpec(32, 32)), generator=torch.Generator().manual_seed(0))
     policy.velocity(x, 0.3, policy.encode(PROMPTS[:1], 1.0), 1.0)
     assert seen[0].dtype == torch.float32 and abs(float(seen[0][0]) - 0.7) < 1e-7
+
+
+def test_flux2_klein_decodes_as_the_pipeline_and_its_distilled_models_take_no_cfg():
+    """FLUX.2 [klein]: flowrl's latents (patchified, batch-norm normalised) decode to the pipeline's images; a
+    distilled model (klein's 4-step ones) takes no CFG branch whatever the scale, as the pipeline, and gives the
+    pipeline's images at its scale 1."""
+    for distilled in (False, True):
+        pipe = tiny_flux2_klein(distilled=distilled)
+        policy = policy_for(pipe, max_sequence_length=16)
+        shape = policy.noise_shape(SampleSpec(32, 32))
+        noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+        cond = policy.encode(PROMPTS, 4.0)
+        assert bool(cond.negative) is not distilled
+        ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
+        images = pipe(prompt=list(PROMPTS), guidance_scale=1.0 if distilled else 4.0, num_inference_steps=3,
+                      latents=noise, output_type="pt", height=32, width=32, max_sequence_length=16).images
+        torch.testing.assert_close(policy.decode(ode.final), images, atol=1e-5, rtol=1e-5)
 
 
 def test_wan22_steps_high_noise_with_the_trained_expert_and_low_noise_with_the_frozen_one():

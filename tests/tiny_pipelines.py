@@ -216,9 +216,7 @@ def tiny_z_image(seed: int = 0):
                         up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=[8, 16], layers_per_block=1,
                         latent_channels=16, norm_num_groups=8, sample_size=32, scaling_factor=0.3611,
                         shift_factor=0.1159)
-    tokenizer = qwen_text_tokenizer("user assistant", QWEN_SPECIAL)
-    tokenizer.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tokenizer = _qwen_chat_tokenizer()
     text_encoder = Qwen3Model(Qwen3Config(hidden_size=16, intermediate_size=16, num_hidden_layers=2,
                                           num_attention_heads=2, num_key_value_heads=2, head_dim=8,
                                           vocab_size=len(tokenizer), max_position_embeddings=512)).eval()
@@ -227,6 +225,45 @@ def tiny_z_image(seed: int = 0):
                           tokenizer=tokenizer, transformer=transformer)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def tiny_flux2_klein(seed: int = 0, distilled: bool = False):
+    """A tiny random Flux2KleinPipeline (FLUX.2 [klein]'s layout, sizes after diffusers' own tests): double and
+    single stream blocks with 4-D rope, a 28-layer Qwen3 (hidden size 16) so the pipeline's default layers 9 / 18 /
+    27 exist, a word-level tokenizer with Qwen's chat template, and a batch-norm VAE; `distilled` as klein's 4-step
+    models (no CFG)."""
+    from diffusers import AutoencoderKLFlux2, Flux2KleinPipeline, Flux2Transformer2DModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+                                          attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
+                                          timestep_guidance_channels=256, axes_dims_rope=[4, 4, 4, 4],
+                                          guidance_embeds=False)
+    vae = AutoencoderKLFlux2(sample_size=32, in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",),
+                             up_block_types=("UpDecoderBlock2D",), block_out_channels=(4,), layers_per_block=1,
+                             latent_channels=1, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False)
+    with torch.no_grad():  # batch-norm statistics away from the identity, so decoding tests use them
+        vae.bn.running_mean.normal_(0, 0.3)
+        vae.bn.running_var.uniform_(0.5, 2.0)
+    tokenizer = _qwen_chat_tokenizer()
+    text_encoder = Qwen3ForCausalLM(Qwen3Config(hidden_size=16, intermediate_size=16, num_hidden_layers=28,
+                                                num_attention_heads=2, num_key_value_heads=2, head_dim=8,
+                                                vocab_size=len(tokenizer), max_position_embeddings=512)).eval()
+    # dynamic shifting, as FLUX's scheduler: the step-count-dependent mu then shapes the schedule
+    pipe = Flux2KleinPipeline(scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True), vae=vae,
+                              text_encoder=text_encoder,
+                              tokenizer=tokenizer, transformer=transformer, is_distilled=distilled)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _qwen_chat_tokenizer():
+    """qwen_text_tokenizer with Qwen's chat template (a user turn, then the assistant's header)."""
+    tokenizer = qwen_text_tokenizer("user assistant", QWEN_SPECIAL)
+    tokenizer.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return tokenizer
 
 
 def tiny_shapes_sd(seed: int = 0):

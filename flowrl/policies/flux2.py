@@ -1,0 +1,78 @@
+"""Flux2KleinPipeline adapter (FLUX.2 [klein]: the distilled 4-step models and the undistilled base models).
+
+What it shares with FLUX.1 is little: a Qwen3 text encoder whose hidden states at three layers are stacked per token
+(every prompt padded to max_sequence_length and attended whole, as the pipeline does: no mask), a VAE whose latents
+are patchified 2x2 and normalised by the VAE's batch-norm statistics, 4-D position ids (time, row, column, layer),
+and a schedule whose shift depends on the step count (compute_empirical_mu). Trajectories hold the patchified,
+normalised latents [B, 4C, h/2, w/2] the transformer denoises (the pipeline draws its noise in that space too), and
+`_forward` turns them into tokens and back. True CFG against "" where the model is not distilled.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import POLICIES
+from .base import Conditioning, FlowPolicy, SampleSpec
+
+# the attention projections of both stream blocks: double blocks (image and text streams) and single blocks (the
+# fused qkv / MLP input projection; their output projections are added per block by `lora_targets`)
+FLUX2_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
+                      "attn.add_v_proj", "attn.to_add_out", "attn.to_qkv_mlp_proj"]
+
+
+@POLICIES.register("Flux2KleinPipeline")
+class Flux2KleinPolicy(FlowPolicy):
+    family = "flux2_klein"
+    text_length_tokenizer = "tokenizer"  # Qwen3's
+
+    @property
+    def lora_targets(self) -> list[str]:
+        """FLUX2_LORA_TARGETS and each single block's output projection (named per block: a double block's
+        `attn.to_out` is a list, which peft cannot adapt)."""
+        singles = len(self.transformer.single_transformer_blocks)
+        return [*FLUX2_LORA_TARGETS, *(f"single_transformer_blocks.{i}.attn.to_out" for i in range(singles))]
+
+    def uses_cfg(self, guidance_scale: float) -> bool:
+        return guidance_scale > 1.0 and not self.pipeline.config.is_distilled  # as the pipeline decides
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
+        length = self.text_length()
+        embeds, _ = self.pipeline.encode_prompt(list(prompts), device=self.device, max_sequence_length=length)
+        negative = {}
+        if self.uses_cfg(guidance_scale):
+            negative = {"embeds": self.pipeline.encode_prompt([""] * len(prompts), device=self.device,
+                                                              max_sequence_length=length)[0]}
+        return Conditioning({"embeds": embeds}, negative, list(prompts))
+
+    def default_spec(self) -> SampleSpec:
+        size = self.pipeline.default_sample_size * self.pipeline.vae_scale_factor
+        return SampleSpec(size, size)
+
+    def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
+        factor = self.pipeline.vae_scale_factor * 2
+        return (self.transformer.config.in_channels, spec.height // factor, spec.width // factor)
+
+    def _raw_sigmas(self, scheduler, num_steps, noise_shape):
+        from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
+
+        mu = compute_empirical_mu(noise_shape[-2] * noise_shape[-1], num_steps)
+        sigmas = None if scheduler.config.get("use_flow_sigmas") else np.linspace(1.0, 1 / num_steps, num_steps)
+        scheduler.set_timesteps(num_steps, sigmas=sigmas, mu=mu)
+
+    def _forward(self, latents, sigma, tensors, guidance_scale):
+        b, c, h, w = latents.shape
+        embeds = tensors["embeds"].to(latents.dtype)
+        pipe = self.pipeline
+        out = self.net()(hidden_states=pipe._pack_latents(latents), timestep=sigma.to(latents.dtype), guidance=None,
+                         encoder_hidden_states=embeds, txt_ids=pipe._prepare_text_ids(embeds).to(latents.device),
+                         img_ids=pipe._prepare_latent_ids(latents).to(latents.device), return_dict=False)[0]
+        return out.permute(0, 2, 1).reshape(b, c, h, w)  # tokens in row-major order, as _pack_latents made them
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        vae = self.pipeline.vae
+        mean = vae.bn.running_mean.view(1, -1, 1, 1).to(latents.device, vae.dtype)
+        std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(latents.device, vae.dtype)
+        z = self.pipeline._unpatchify_latents(latents.to(vae.dtype) * std + mean)
+        return self.to_images(vae.decode(z, return_dict=False)[0])
