@@ -139,21 +139,24 @@ def tile(images: np.ndarray, columns: int = 4, gap: int = 2) -> np.ndarray:
 def image_grid(columns: list[np.ndarray], labels: list[str], row_titles: list[str], path: Path, scale: int = 4,
                max_cell: int = 256) -> None:
     """A labelled grid: columns[c][r] is the uint8 image at row r, column c; small images are enlarged `scale`
-    times, and no cell's longer side exceeds `max_cell` pixels (a 1024 px run's grid stays a few MB)."""
+    times, and no cell's longer side exceeds `max_cell` pixels (a 1024 px run's grid stays a few MB). Columns may
+    differ in shape (an image-to-video run's first frame beside its clips' frame strips): each keeps its own aspect
+    ratio at the one scale factor."""
     rows = len(row_titles)
-    h, w = columns[0][0].shape[:2]
-    factor = min(scale, max_cell / max(h, w))
-    cell_w, cell_h, title_w, head_h = max(1, round(w * factor)), max(1, round(h * factor)), 260, 20
+    shapes = [column[0].shape[:2] for column in columns]
+    factor = min(scale, max_cell / max(max(shape) for shape in shapes))
+    cells = [(max(1, round(w * factor)), max(1, round(h * factor))) for h, w in shapes]
+    lefts = [260 + sum(w + 4 for w, _ in cells[:c]) for c in range(len(cells))]
+    cell_h, head_h = max(h for _, h in cells), 20
     resample = Image.NEAREST if factor >= 1 else Image.LANCZOS
-    canvas = Image.new("RGB", (title_w + len(columns) * (cell_w + 4), head_h + rows * (cell_h + 4)), "white")
+    canvas = Image.new("RGB", (lefts[-1] + cells[-1][0] + 4, head_h + rows * (cell_h + 4)), "white")
     draw = ImageDraw.Draw(canvas)
-    for c, label in enumerate(labels):
-        draw.text((title_w + c * (cell_w + 4) + 4, 4), label, fill="black")
+    for left, label in zip(lefts, labels):
+        draw.text((left + 4, 4), label, fill="black")
     for r, title in enumerate(row_titles):
         draw.text((4, head_h + r * (cell_h + 4) + cell_h // 2 - 6), title[:42], fill="black")
-        for c in range(len(columns)):
-            tile = Image.fromarray(columns[c][r]).resize((cell_w, cell_h), resample)
-            canvas.paste(tile, (title_w + c * (cell_w + 4), head_h + r * (cell_h + 4)))
+        for c, (left, size) in enumerate(zip(lefts, cells)):
+            canvas.paste(Image.fromarray(columns[c][r]).resize(size, resample), (left, head_h + r * (cell_h + 4)))
     canvas.save(path)
 
 

@@ -221,7 +221,12 @@ def test_the_image_to_video_config_animates_first_frames_from_a_file_and_exports
     run_dir = run_experiment(load_config(REPO / "configs" / "real" / "wan21_i2v_grpo.yaml", overrides))
     evals = json.loads((run_dir / "eval.json").read_text())
     assert set(evals) == {"0", "1", "2"} and all("overall" in e for e in evals.values())
-    assert (run_dir / "before_after.png").is_file() and (run_dir / "report.html").is_file()
+    assert (run_dir / "report.html").is_file()
+    # first frame | base | tuned, each at its own aspect: a 16x16 frame, then strips of 5 frames (16x80), at the one
+    # factor min(4, 256 / 80) = 3.2 -> cells 51 and 256 wide, 51 high
+    from PIL import Image
+
+    assert Image.open(run_dir / "before_after.png").size == (260 + (51 + 4) + 2 * (256 + 4), 20 + 2 * (51 + 4))
     items = read_prompt_file(clips)
 
     def velocity(policy):

@@ -46,6 +46,28 @@ def test_ode_rollout_reproduces_the_image_to_video_pipeline(two_experts):
     assert (other.final - traj.final[:1]).abs().max() > 1e-3
 
 
+def test_clip_reads_the_original_frame_and_the_experts_split_a_mixed_batch():
+    """Wan2.1-I2V: CLIP's features are of the frame as given (40x24 here), not of the one resized to the sample size
+    for the VAE. Wan2.2-I2V-A14B: a batch with one row above the boundary and one below gives each row what it
+    gives alone (the condition follows its row to its expert)."""
+    pipe = tiny_wan_i2v()
+    policy = policy_for(pipe, max_sequence_length=16)
+    frame = Image.fromarray(np.random.default_rng(5).integers(0, 255, (40, 24, 3), dtype=np.uint8))
+    cond = policy.encode([Condition(PROMPTS[0], inputs={"source_image": frame})], 5.0, SPEC)
+    torch.testing.assert_close(cond.tensors["image_embeds"], pipe.encode_image(frame, "cpu"))
+    assert cond.tensors["condition"].shape[-2:] == (2, 2)  # the VAE's frame: the 16x16 sample size
+
+    policy = policy_for(tiny_wan_i2v(two_experts=True), max_sequence_length=16)
+    items = [Condition(prompt, inputs={"source_image": _frame(i)}) for i, prompt in enumerate(PROMPTS)]
+    cond = policy.encode(items, 5.0, SPEC)
+    x = torch.randn(2, *policy.noise_shape(SPEC), generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([0.95, 0.5])  # the high-noise expert, then the low-noise one (boundary 0.9)
+    with torch.no_grad():
+        mixed = policy.velocity(x, sigma, cond, 5.0)
+        alone = [policy.velocity(x[i:i + 1], sigma[i:i + 1], cond.select([i]), 5.0) for i in range(2)]
+    torch.testing.assert_close(mixed, torch.cat(alone), atol=1e-5, rtol=1e-5)
+
+
 def test_a_groups_first_frame_is_encoded_once_and_trains_every_adapter(monkeypatch):
     pipe = tiny_wan_i2v()
     policy = policy_for(pipe, max_sequence_length=16)

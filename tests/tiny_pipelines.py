@@ -82,7 +82,7 @@ def tiny_wan_i2v(seed: int = 0, two_experts: bool = False):
     CLIP image encoder's features), or with `two_experts` Wan2.2-I2V-A14B's (no image encoder; a low-noise expert
     below boundary 0.9). Sizes after diffusers' own tests."""
     from diffusers import WanImageToVideoPipeline
-    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
 
     base = tiny_wan(seed)
     config = dict(base.transformer.config, in_channels=36, image_dim=None if two_experts else 4)
@@ -95,8 +95,8 @@ def tiny_wan_i2v(seed: int = 0, two_experts: bool = False):
         parts.update(transformer_2=WanTransformer3DModel(**config), boundary_ratio=0.9)
     else:
         torch.manual_seed(seed + 5)
-        parts.update(image_encoder=CLIPVisionModelWithProjection(CLIPVisionConfig(
-                         hidden_size=4, projection_dim=4, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+        parts.update(image_encoder=CLIPVisionModel(CLIPVisionConfig(
+                         hidden_size=4, num_hidden_layers=2, num_attention_heads=2, image_size=32,
                          intermediate_size=16, patch_size=8)).eval(),
                      image_processor=CLIPImageProcessor(crop_size=32, size=32))
     pipe = WanImageToVideoPipeline(**parts)

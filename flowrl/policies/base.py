@@ -82,6 +82,7 @@ class FlowPolicy:
     text_length_tokenizer = "tokenizer"  # the tokenizer `max_sequence_length` governs (T5 / umT5)
     source_input: str | None = None  # the per-sample input an editing pipeline needs (e.g. "source_image")
     source_world: str | None = None  # the task (registered name) that makes a source for a prompt of its grammar
+    source_needed_by = "an editing pipeline"  # what needs the source, in the error for a prompt without one
     # Flow-GRPO trains the guided output with the unconditional branch detached; True keeps its gradient too
     # (at w = 4.5 the two gradients differ by ~70% relative). Set from train.cfg_uncond_grad by the loop.
     cfg_uncond_grad = False
@@ -241,7 +242,7 @@ class FlowPolicy:
         from ..images import item_image
 
         size = (spec.height, spec.width) if spec is not None else None
-        return [item_image(item, self.source_input, self.source_world, "an editing pipeline", resize_to=size)
+        return [item_image(item, self.source_input, self.source_world, self.source_needed_by, resize_to=size)
                 for item in items]
 
     @staticmethod

@@ -126,11 +126,17 @@ def wan_vae_latents(vae, latents: torch.Tensor) -> torch.Tensor:
     return latents.to(vae.dtype) / (1.0 / std) + mean  # the pipelines' own form, to the last bit
 
 
-def wan_vae_encode(vae, videos: torch.Tensor) -> torch.Tensor:
+def wan_vae_encode(vae, videos: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Videos float [B, 3, F, H, W] in [0, 1] -> a denoiser's latents: the Wan-style VAE posterior's mode, normalised
-    by the per-channel latents_mean / latents_std (what the Qwen-Image-Edit and Wan image-to-video pipelines make of
-    a condition image)."""
-    z = vae.encode((videos * 2 - 1).to(vae.dtype)).latent_dist.mode()
+    by the per-channel latents_mean / latents_std in `dtype` (None: the VAE's) — what the Qwen-Image-Edit (VAE dtype)
+    and Wan image-to-video (fp32) pipelines make of a condition image. Never tiled, as the pipelines encode it."""
+    tiling = getattr(vae, "use_tiling", False)
+    vae.use_tiling = False
+    try:
+        z = vae.encode((videos * 2 - 1).to(vae.dtype)).latent_dist.mode()
+    finally:
+        vae.use_tiling = tiling
+    z = z if dtype is None else z.to(dtype)
     mean, std = _latent_statistics(vae, z.device)
     return (z - mean) / std
 

@@ -23,6 +23,7 @@ from .wan import WanPolicy, wan_vae_encode
 class WanImageToVideoPolicy(WanPolicy):
     family = "wan_i2v"
     source_input = "source_image"  # the first frame
+    source_needed_by = "an image-to-video pipeline"
 
     def __init__(self, pipeline, max_sequence_length: int | None = None):
         super().__init__(pipeline, max_sequence_length)
@@ -49,28 +50,26 @@ class WanImageToVideoPolicy(WanPolicy):
         first = torch.stack([resized(frames[k], spec.height, spec.width) for k in keys]).to(self.device)
         video = torch.cat([first[:, :, None], first.new_full((*first.shape[:2], spec.num_frames - 1, *first.shape[2:]),
                                                               0.5)], 2)  # 0.5: zero in the VAE's [-1, 1]
-        latents = wan_vae_encode(self.pipeline.vae, video)
+        latents = wan_vae_encode(self.pipeline.vae, video, torch.float32)  # normalised in fp32, as the pipeline
         mask = torch.zeros(len(keys), self.pipeline.vae_scale_factor_temporal, *latents.shape[2:],
                            dtype=latents.dtype, device=latents.device)
         mask[:, :, 0] = 1  # the latent frame the given frame decodes to
         rows = [keys.index(id(item)) for item in items]
         added = {"condition": torch.cat([mask, latents], 1)[rows]}
-        if self.transformer.config.image_dim is not None:  # Wan2.1-I2V: CLIP reads the original frame
-            added["image_embeds"] = torch.cat([self._clip(frames[k]) for k in keys])[rows]
+        if self.transformer.config.image_dim is not None:  # Wan2.1-I2V: CLIP reads the original frames, in one call
+            added["image_embeds"] = self._clip([frames[k] for k in keys])[rows]
         for branch in (cond.tensors, cond.negative) if cond.negative else (cond.tensors,):
             branch.update(added)
         return cond
 
-    def _clip(self, frame: torch.Tensor) -> torch.Tensor:
+    def _clip(self, frames: list[torch.Tensor]) -> torch.Tensor:
+        """CLIP's features of each frame (the image encoder stays on the device: about 0.6B parameters for Wan's
+        ViT-H, where offloading moves the text encoder, umT5-XXL)."""
         from PIL import Image
 
-        pixels = (frame.permute(1, 2, 0) * 255).round().to(torch.uint8).cpu().numpy()
-        with self._encode_lock, self.text_encoders_on_device():
-            return self.pipeline.encode_image(Image.fromarray(pixels), self.device)
-
-    def text_encoders(self) -> list[torch.nn.Module]:
-        encoder = getattr(self.pipeline, "image_encoder", None)  # offloaded with the text encoder
-        return super().text_encoders() + ([encoder] if encoder is not None else [])
+        images = [Image.fromarray((frame.permute(1, 2, 0) * 255).round().to(torch.uint8).cpu().numpy())
+                  for frame in frames]
+        return self.pipeline.encode_image(images, self.device)
 
     def transformer_inputs(self, latents: torch.Tensor, tensors: dict) -> dict[str, torch.Tensor]:
         inputs = super().transformer_inputs(latents, tensors)
