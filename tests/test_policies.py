@@ -37,8 +37,6 @@ def _pipeline_latents(name, pipe, noise, steps, guidance, spec):
         kwargs.update(negative_prompt=[" "] * len(PROMPTS), true_cfg_scale=kwargs.pop("guidance_scale"))
     if name == "z_image":  # its guidance_scale w guides as pos + w (pos - neg): flowrl's scale w + 1
         kwargs.update(prompt=list(PROMPTS), negative_prompt=[""] * len(PROMPTS), guidance_scale=guidance - 1)
-    if name == "flux2_klein":  # guides against "" itself
-        kwargs.update(prompt=list(PROMPTS))
     out = pipe(**kwargs)
     latents = out.images if hasattr(out, "images") else out.frames
     if name == "flux":
@@ -190,7 +188,8 @@ def test_flux2_klein_decodes_as_the_pipeline_and_its_distilled_models_take_no_cf
         shape = policy.noise_shape(SampleSpec(32, 32))
         noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
         cond = policy.encode(PROMPTS, 4.0)
-        assert bool(cond.negative) is not distilled
+        assert bool(cond.negative) is not distilled  # (the pipeline guides against "" itself)
+        assert policy.default_spec() == SampleSpec(128 * pipe.vae_scale_factor, 128 * pipe.vae_scale_factor)
         ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
         images = pipe(prompt=list(PROMPTS), guidance_scale=1.0 if distilled else 4.0, num_inference_steps=3,
                       latents=noise, output_type="pt", height=32, width=32, max_sequence_length=16).images

@@ -230,8 +230,8 @@ def tiny_z_image(seed: int = 0):
 def tiny_flux2_klein(seed: int = 0, distilled: bool = False):
     """A tiny random Flux2KleinPipeline (FLUX.2 [klein]'s layout, sizes after diffusers' own tests): double and
     single stream blocks with 4-D rope, a 28-layer Qwen3 (hidden size 16) so the pipeline's default layers 9 / 18 /
-    27 exist, a word-level tokenizer with Qwen's chat template, and a batch-norm VAE; `distilled` as klein's 4-step
-    models (no CFG)."""
+    27 exist, a word-level tokenizer with Qwen's chat template, and a batch-norm VAE at 2x (so a scale factor shows);
+    `distilled` as klein's 4-step models (no CFG)."""
     from diffusers import AutoencoderKLFlux2, Flux2KleinPipeline, Flux2Transformer2DModel
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -240,8 +240,8 @@ def tiny_flux2_klein(seed: int = 0, distilled: bool = False):
                                           attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
                                           timestep_guidance_channels=256, axes_dims_rope=[4, 4, 4, 4],
                                           guidance_embeds=False)
-    vae = AutoencoderKLFlux2(sample_size=32, in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",),
-                             up_block_types=("UpDecoderBlock2D",), block_out_channels=(4,), layers_per_block=1,
+    vae = AutoencoderKLFlux2(sample_size=32, in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
+                             up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=(4, 8), layers_per_block=1,
                              latent_channels=1, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False)
     with torch.no_grad():  # batch-norm statistics away from the identity, so decoding tests use them
         vae.bn.running_mean.normal_(0, 0.3)

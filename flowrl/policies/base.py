@@ -214,7 +214,8 @@ class FlowPolicy:
             if cache is None:
                 return fresh
             for row, prompt in enumerate(missing):  # kept in host memory: a real prompt file's T5 embeddings grow
-                cache[(prompt, key)] = fresh.select([row]).to("cpu")  # without bound, 1-4 MB a prompt
+                cache[(prompt, key)] = fresh.select([row]).to("cpu")  # without bound: 1-4 MB a prompt for T5
+                # families, ~16 MB for FLUX.2 klein 4B under CFG (its "" kept with every prompt)
             rows = [cache[(p, key)] for p in prompts]
         return Conditioning({k: torch.cat([r.tensors[k] for r in rows]) for k in rows[0].tensors},
                             {k: torch.cat([r.negative[k] for r in rows]) for k in rows[0].negative},
@@ -257,10 +258,10 @@ class FlowPolicy:
         return torch.stack(sources)
 
     def text_length(self) -> int:
-        """For families whose prompt embeddings vary in length (Qwen-Image, Z-Image): the length every prompt's are
-        padded to, masked, so rows encoded apart (the embedding cache, the two CFG branches) stack:
-        pipeline.max_sequence_length, else the pipeline's own default (512 for both). Their `_forward` hands the
-        transformer only the tokens the mask keeps."""
+        """The length every prompt's embeddings are padded to, so rows encoded apart (the embedding cache, the two CFG
+        branches) stack: pipeline.max_sequence_length, else the pipeline's own default (512 for Qwen-Image, Z-Image
+        and FLUX.2). Qwen-Image and Z-Image mask the padding (their `_forward` hands the transformer only the tokens
+        the mask keeps); FLUX.2 attends it whole, as its pipeline does."""
         import inspect
 
         if self.max_sequence_length is not None:
