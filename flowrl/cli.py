@@ -187,7 +187,8 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     state = job_processes()  # under torchrun / accelerate launch: one share of the samples per process
     placement = sampling_placement(args.device, args.weight_dtype)
     # loaded in the dtype it samples in: no fp32 copy of a large model in host memory (an adapter is kept fp32)
-    policy = policy_for(load_pipeline(args.pipeline, placement[1]), max_sequence_length=args.max_sequence_length)
+    policy = policy_for(load_pipeline(args.pipeline, placement[1]), args.policy, "--policy",
+                        max_sequence_length=args.max_sequence_length)
     policy.set_guidance_scale_2(args.guidance_2, "--guidance-2")
     if args.checkpoint:
         load_trained_weights(policy, args.checkpoint)
@@ -285,11 +286,15 @@ def sampling_arguments(parser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the GPU when there is one)")
     parser.add_argument("--weight-dtype", default=None, choices=["fp32", "fp16", "bf16"],
                         help="frozen weights' precision (default: bf16 on a GPU, fp32 on the CPU)")
+    parser.add_argument("--policy", default=None, help="the adapter: a registered name (e.g. a pipeline class) or "
+                        "package.module:Class (default: the checkpoint's run's pipeline.policy, else the one "
+                        "registered for the pipeline's class)")
 
 
 def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
     """What the run a checkpoint belongs to (runs/<name>/checkpoints/update_N) evaluated with, from its config.yaml:
-    eval steps and guidance, the pipeline's size and text length; ({}, None) for a folder outside a run."""
+    eval steps and guidance, the pipeline's size, text length, second guidance scale and adapter override; ({}, None)
+    for a folder outside a run."""
     import yaml
 
     if not checkpoint or Path(checkpoint).parent.name != "checkpoints":
@@ -304,7 +309,8 @@ def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
     ev, pipe = config.get("eval") or {}, config.get("pipeline") or {}
     settings = {"steps": ev.get("num_steps"), "guidance": ev.get("guidance_scale"), "height": pipe.get("height"),
                 "width": pipe.get("width"), "num_frames": pipe.get("num_frames"),
-                "max_sequence_length": pipe.get("max_sequence_length"), "guidance_2": pipe.get("guidance_scale_2")}
+                "max_sequence_length": pipe.get("max_sequence_length"), "guidance_2": pipe.get("guidance_scale_2"),
+                "policy": pipe.get("policy")}
     return {k: v for k, v in settings.items() if v is not None}, config_file
 
 
@@ -338,7 +344,8 @@ def cmd_demo(args) -> None:
     fill_sampling_settings(args, args.checkpoint[0] if args.checkpoint else None)
     demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,
                       args.max_sequence_length, (args.height, args.width, args.num_frames), args.device,
-                      args.weight_dtype, json_object(args.reward_params, "--reward-params"), args.guidance_2)
+                      args.weight_dtype, json_object(args.reward_params, "--reward-params"), args.guidance_2,
+                      args.policy)
     # a server stopped by SIGTERM (a service manager, `kill`) exits as after Ctrl-C, so its files are cleaned up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)

@@ -172,7 +172,8 @@ def test_z_image_gives_its_transformer_the_time_in_fp32_under_bf16_weights(monke
     policy.transformer.to(torch.bfloat16)
     seen = []
     forward = policy.transformer.forward
-    monkeypatch.setattr(policy.transformer, "forward", lambda x, t, cap, **kw: seen.append(t) or forward(x, t, cap, **kw))
+    monkeypatch.setattr(policy.transformer, "forward",
+                        lambda x, t, cap, **kw: seen.append(t) or forward(x, t, cap, **kw))
     x = torch.randn(1, *policy.noise_shape(SampleSpec(32, 32)), generator=torch.Generator().manual_seed(0))
     policy.velocity(x, 0.3, policy.encode(PROMPTS[:1], 1.0), 1.0)
     assert seen[0].dtype == torch.float32 and abs(float(seen[0][0]) - 0.7) < 1e-7

@@ -1,5 +1,6 @@
 """The configs in configs/real/ run end to end on tiny random pipelines with the real layouts (SD3.5-Medium, FLUX.1-dev,
-Wan2.1, Wan2.2-A14B, SD 1.5, Qwen-Image, Z-Image, FLUX.2 [klein], and the editors FLUX.1 Kontext-dev and Qwen-Image-Edit-2511): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
+Wan2.1, Wan2.2-A14B, Wan2.1-I2V, SD 1.5, Qwen-Image, Z-Image, FLUX.2 [klein], and the editors FLUX.1 Kontext-dev and
+Qwen-Image-Edit-2511): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
 `load_lora_weights` and gives flowrl's model exactly."""
 import json
 

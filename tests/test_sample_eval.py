@@ -229,3 +229,36 @@ def test_eval_rewards_reads_a_folder_a_batch_at_a_time(tmp_path, monkeypatch):
     batched = json.loads((tmp_path / "rewards_eval.json").read_text())
     assert main(["eval", "rewards", "--samples", str(tmp_path), "--reward", "jpeg_compressibility"]) == 0
     assert loaded[3:] == [5] and json.loads((tmp_path / "rewards_eval.json").read_text()) == batched
+
+
+class MarkedPolicy:
+    """A stand-in adapter override (a run's pipeline.policy): the SD3 adapter, counted."""
+    made = []
+
+    def __new__(cls, pipeline, **kwargs):
+        from flowrl.policies.sd3 import SD3Policy
+
+        cls.made.append(type(pipeline).__name__)
+        return SD3Policy(pipeline, **kwargs)
+
+
+def test_sample_takes_the_adapter_override_of_the_checkpoints_run(tiny_sd3_dir, tmp_path, capsys):
+    """A run trained with pipeline.policy samples with the same adapter from its checkpoint (before, `flowrl sample`
+    and the demo took the pipeline class's own); --policy overrides it, and an unknown one is named."""
+    import yaml
+
+    from flowrl.cli import main
+    from tiny_pipelines import random_lora_checkpoint
+
+    checkpoint = random_lora_checkpoint(tiny_sd3_dir, tmp_path / "run")
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({"pipeline": {"policy": f"{__name__}:MarkedPolicy"}}))
+    (tmp_path / "prompts.txt").write_text("a red circle\n")
+    MarkedPolicy.made.clear()
+    assert main(["sample", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint), "--prompts",
+                 str(tmp_path / "prompts.txt"), "--out", str(tmp_path / "out"), "--steps", "2"]) == 0
+    assert MarkedPolicy.made == ["StableDiffusion3Pipeline"]
+    assert f"--policy {__name__}:MarkedPolicy" in capsys.readouterr().out  # said, with the run's other settings
+    assert main(["sample", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint), "--prompts",
+                 str(tmp_path / "prompts.txt"), "--out", str(tmp_path / "out2"), "--steps", "2", "--policy",
+                 "NoSuchPipeline"]) == 2
+    assert "--policy: unknown policy 'NoSuchPipeline'" in capsys.readouterr().err

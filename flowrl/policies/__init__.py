@@ -13,8 +13,9 @@ POLICIES = Registry("policy", {
     "StableDiffusionPipeline": "flowrl.policies.sd", "StableDiffusion3Pipeline": "flowrl.policies.sd3",
     "FluxPipeline": "flowrl.policies.flux", "FluxKontextPipeline": "flowrl.policies.flux",
     "Flux2KleinPipeline": "flowrl.policies.flux2",
-    "WanPipeline": "flowrl.policies.wan", "WanImageToVideoPipeline": "flowrl.policies.wan_i2v", "QwenImagePipeline": "flowrl.policies.qwen_image",
-    "QwenImageEditPipeline": "flowrl.policies.qwen_image_edit", "QwenImageEditPlusPipeline": "flowrl.policies.qwen_image_edit",
+    "WanPipeline": "flowrl.policies.wan", "WanImageToVideoPipeline": "flowrl.policies.wan_i2v",
+    "QwenImagePipeline": "flowrl.policies.qwen_image", "QwenImageEditPipeline": "flowrl.policies.qwen_image_edit",
+    "QwenImageEditPlusPipeline": "flowrl.policies.qwen_image_edit",
     "ZImagePipeline": "flowrl.policies.z_image", "Shapes3DFlowPipeline": "flowrl.policies.shapes3d",
 })
 
@@ -23,10 +24,10 @@ def register_policy(pipeline_class: str):
     return POLICIES.register(pipeline_class)
 
 
-def policy_for(pipeline, policy: str | None = None, **kwargs) -> FlowPolicy:
+def policy_for(pipeline, policy: str | None = None, where: str = "pipeline.policy", **kwargs) -> FlowPolicy:
     """The adapter for a pipeline instance: `policy` (a registered pipeline class name or a dotted path) or the one
-    registered for the pipeline's class (ConfigError naming the class when none fits)."""
-    adapter = POLICIES.get(policy or type(pipeline).__name__, "pipeline.policy")
+    registered for the pipeline's class (ConfigError naming `where` and the class when none fits)."""
+    adapter = POLICIES.get(policy or type(pipeline).__name__, where)
     return adapter(pipeline, **kwargs)
 
 
