@@ -12,7 +12,7 @@ WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfl
 POLICIES = Registry("policy", {
     "StableDiffusionPipeline": "flowrl.policies.sd", "StableDiffusion3Pipeline": "flowrl.policies.sd3",
     "FluxPipeline": "flowrl.policies.flux", "FluxKontextPipeline": "flowrl.policies.flux",
-    "Flux2KleinPipeline": "flowrl.policies.flux2",
+    "Flux2KleinPipeline": "flowrl.policies.flux2", "Flux2KleinEdit": "flowrl.policies.flux2",
     "WanPipeline": "flowrl.policies.wan", "WanImageToVideoPipeline": "flowrl.policies.wan_i2v",
     "QwenImagePipeline": "flowrl.policies.qwen_image", "QwenImageEditPipeline": "flowrl.policies.qwen_image_edit",
     "QwenImageEditPlusPipeline": "flowrl.policies.qwen_image_edit",

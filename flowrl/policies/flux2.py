@@ -72,7 +72,48 @@ class Flux2KleinPolicy(FlowPolicy):
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         vae = self.pipeline.vae
-        mean = vae.bn.running_mean.view(1, -1, 1, 1).to(latents.device, vae.dtype)
-        std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(latents.device, vae.dtype)
+        mean, std = _bn_statistics(vae, latents.device)
         z = self.pipeline._unpatchify_latents(latents.to(vae.dtype) * std + mean)
         return self.to_images(vae.decode(z, return_dict=False)[0])
+
+
+@POLICIES.register("Flux2KleinEdit")
+class Flux2KleinEditPolicy(Flux2KleinPolicy):
+    """FLUX.2 [klein] editing with one reference image (Flux2KleinPipeline's `image`), chosen with
+    `pipeline.policy: Flux2KleinEdit` (the pipeline class is the text-to-image one). The source is per-sample
+    conditioning, found as for the other editors; its VAE latents (posterior mode, patchified, batch-norm normalised)
+    go in as tokens after the sample's, with time coordinate 10 (the pipeline's first reference image), in both CFG
+    branches; only the sample's tokens come out. Deviation, as for Kontext: the source takes the run's sample size
+    (bicubic, antialiased), where the pipeline crops it to whole 16-pixel patches under 1024x1024 and makes the
+    output that size."""
+    family = "flux2_klein_edit"
+    source_input = "source_image"
+    source_world = "shapes_edit"
+
+    @torch.no_grad()
+    def encode_inputs(self, cond: Conditioning, items: list, spec: SampleSpec | None = None) -> Conditioning:
+        sources = self.stack_sources(self.source_images(items, spec or self.default_spec())).to(self.device)
+        vae, pipe = self.pipeline.vae, self.pipeline
+        z = pipe._patchify_latents(vae.encode((sources * 2 - 1).to(vae.dtype)).latent_dist.mode())
+        mean, std = _bn_statistics(vae, z.device)
+        for branch in (cond.tensors, cond.negative) if cond.negative else (cond.tensors,):
+            branch["image_latents"] = (z - mean) / std
+        return cond
+
+    def _forward(self, latents, sigma, tensors, guidance_scale):
+        b, c, h, w = latents.shape
+        source = tensors["image_latents"].to(latents.dtype)
+        embeds = tensors["embeds"].to(latents.dtype)
+        pipe = self.pipeline
+        ids = torch.cat([pipe._prepare_latent_ids(latents), pipe._prepare_image_ids([source[:1]]).expand(b, -1, -1)], 1)
+        out = self.net()(hidden_states=torch.cat([pipe._pack_latents(latents), pipe._pack_latents(source)], 1),
+                         timestep=sigma.to(latents.dtype), guidance=None, encoder_hidden_states=embeds,
+                         txt_ids=pipe._prepare_text_ids(embeds).to(latents.device), img_ids=ids.to(latents.device),
+                         return_dict=False)[0]
+        return out[:, :h * w].permute(0, 2, 1).reshape(b, c, h, w)
+
+
+def _bn_statistics(vae, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FLUX.2 VAE's batch-norm mean and std, [1, C, 1, 1]: what normalises the patchified latents."""
+    mean = vae.bn.running_mean.view(1, -1, 1, 1).to(device, vae.dtype)
+    return mean, torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(device, vae.dtype)
