@@ -1,6 +1,8 @@
 """Bad input, in a table: each bad config, prompt file or samples folder gives one message naming the field or file
 and what was expected, exit status 2, no traceback, and writes nothing."""
 
+from pathlib import Path
+
 import pytest
 
 from conftest import REPO
@@ -11,6 +13,7 @@ GRPO = str(REPO / "configs" / "shapes_grpo.yaml")
 
 def _write(tmp_path, name, text):
     path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return str(path)
 
@@ -103,6 +106,9 @@ FILE_CASES = {
     "sample: missing pipeline": (lambda t: ["sample", "--pipeline", str(t / "nope"), "--prompts",
                                             _write(t, "p.txt", "a cat\n"), "--out", str(t / "o")],
                                  "has no model_index.json"),
+    "sample: pipeline newer than diffusers": (lambda t: ["sample", "--pipeline", str(Path(_write(
+        t / "future", "model_index.json", '{"_class_name": "Flux9Pipeline"}\n')).parent), "--prompts",
+        _write(t, "p.txt", "a cat\n"), "--out", str(t / "o")], "holds a Flux9Pipeline, which diffusers"),
     "export: missing checkpoint": (lambda t: ["export", "--pipeline", str(REPO / "pipelines" / "shapes-sd3"),
                                               "--checkpoint", str(t / "none"), "--out", str(t / "o")],
                                    "has no trainable.safetensors"),

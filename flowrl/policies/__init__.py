@@ -56,6 +56,12 @@ def load_pipeline(path, dtype=None):
         class_name = None
     if class_name in FLOWRL_PIPELINES:
         importlib.import_module(FLOWRL_PIPELINES[class_name])
+    else:
+        import diffusers
+
+        if isinstance(class_name, str) and not hasattr(diffusers, class_name):  # newer than this diffusers
+            raise UserError(f"pipeline folder {folder} holds a {class_name}, which diffusers {diffusers.__version__} "
+                            "here does not have: upgrade it (pip install -U diffusers)")
     pipe = DiffusionPipeline.from_pretrained(folder, dtype=dtype or torch.float32, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe
