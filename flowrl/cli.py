@@ -187,7 +187,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     state = job_processes()  # under torchrun / accelerate launch: one share of the samples per process
     placement = sampling_placement(args.device, args.weight_dtype)
     # loaded in the dtype it samples in: no fp32 copy of a large model in host memory (an adapter is kept fp32)
-    policy = policy_for(load_pipeline(args.pipeline, placement[1]), args.policy, "--policy",
+    policy = policy_for(load_pipeline(args.pipeline, placement[1]), args.policy, args.policy_where,
                         max_sequence_length=args.max_sequence_length)
     policy.set_guidance_scale_2(args.guidance_2, "--guidance-2")
     if args.checkpoint:
@@ -315,9 +315,11 @@ def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
 
 
 def fill_sampling_settings(args, checkpoint: str | None) -> None:
-    """Fill the sampling flags not given: from the checkpoint's run (said on stdout), then SAMPLING_DEFAULTS."""
+    """Fill the sampling flags not given: from the checkpoint's run (said on stdout), then SAMPLING_DEFAULTS. Sets
+    `args.policy_where`, what an error about the adapter names: --policy, or the run's config."""
     settings, source = run_sampling_settings(checkpoint)
     taken = {k: v for k, v in settings.items() if getattr(args, k) is None}
+    args.policy_where = f"pipeline.policy in {source}" if "policy" in taken else "--policy"
     for key, value in {**SAMPLING_DEFAULTS, **taken}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -345,7 +347,7 @@ def cmd_demo(args) -> None:
     demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,
                       args.max_sequence_length, (args.height, args.width, args.num_frames), args.device,
                       args.weight_dtype, json_object(args.reward_params, "--reward-params"), args.guidance_2,
-                      args.policy)
+                      args.policy, args.policy_where)
     # a server stopped by SIGTERM (a service manager, `kill`) exits as after Ctrl-C, so its files are cleaned up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)

@@ -48,8 +48,11 @@ def export_pipeline(pipeline_dir, checkpoint, out, dtype: str = "fp32") -> Path:
     from .checkpoint import load_trained_weights
     from .policies import WEIGHT_DTYPES, load_pipeline, policy_for
 
+    from .cli import run_sampling_settings
+
     pipeline = load_pipeline(pipeline_dir, WEIGHT_DTYPES[dtype])
-    policy = policy_for(pipeline)
+    run_policy = run_sampling_settings(str(checkpoint))[0].get("policy")  # the adapter the run trained through
+    policy = policy_for(pipeline, run_policy, "pipeline.policy of the checkpoint's run")
     load_trained_weights(policy, checkpoint)
     if policy.lora_active_from_sigma is not None:
         print(f"warning: {checkpoint} samples with its LoRA only at sigma >= {policy.lora_active_from_sigma} "

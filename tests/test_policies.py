@@ -165,7 +165,8 @@ def test_z_image_decodes_as_the_pipeline_and_cuts_prompts_where_it_does():
     torch.testing.assert_close(policy.decode(ode.final), images, atol=1e-5, rtol=1e-5)
 
 
-def test_flux2_klein_edits_with_a_reference_image_as_the_pipeline():
+@pytest.mark.parametrize("distilled", [False, True], ids=["base", "distilled"])
+def test_flux2_klein_edits_with_a_reference_image_as_the_pipeline(distilled):
     """pipeline.policy: Flux2KleinEdit: each sample's source goes in as FLUX.2's first reference image (tokens after
     the sample's, time coordinate 10, both CFG branches); from the same noise the 3-step ODE at CFG 4 decodes to the
     pipeline's own edits (64 px: the pipeline takes no smaller reference), the source changes the result, and every
@@ -175,7 +176,7 @@ def test_flux2_klein_edits_with_a_reference_image_as_the_pipeline():
 
     from flowrl.tasks.base import Condition
 
-    pipe = tiny_flux2_klein()
+    pipe = tiny_flux2_klein(distilled=distilled)
     policy = policy_for(pipe, "Flux2KleinEdit", max_sequence_length=16)
     spec = SampleSpec(64, 64)
     shape = policy.noise_shape(spec)
@@ -184,14 +185,19 @@ def test_flux2_klein_edits_with_a_reference_image_as_the_pipeline():
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     cond = policy.encode(items, 4.0, spec)
     ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
-    images = torch.cat([pipe(image=source, prompt=[prompt], guidance_scale=4.0, num_inference_steps=3,
+    images = torch.cat([pipe(image=source, prompt=[prompt], guidance_scale=1.0 if distilled else 4.0,
+                             num_inference_steps=3,
                              latents=noise[i:i + 1], output_type="pt", height=64, width=64,
-                             max_sequence_length=16).images for i, (prompt, source) in enumerate(zip(PROMPTS, sources))])
+                             max_sequence_length=16).images
+                        for i, (prompt, source) in enumerate(zip(PROMPTS, sources))])
     torch.testing.assert_close(policy.decode(ode.final), images, atol=1e-5, rtol=1e-5)
     plain = policy_for(pipe, max_sequence_length=16)
     without = rollout(plain, plain.encode(PROMPTS, 4.0), sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0,
                       initial_noise=noise)
     assert (without.final - ode.final).abs().max() > 1e-2
+    # a sample size off the 4-pixel patch grid (16 px on the released models): the source covers what the latents do
+    odd = SampleSpec(66, 70)
+    assert policy.encode(items, 4.0, odd).tensors["image_latents"].shape[1:] == policy.noise_shape(odd)
     assert_lora_trains_every_adapter_and_reference_is_base(policy, noise, 0.6, cond, 4.0)
 
 

@@ -262,3 +262,33 @@ def test_sample_takes_the_adapter_override_of_the_checkpoints_run(tiny_sd3_dir, 
                  str(tmp_path / "prompts.txt"), "--out", str(tmp_path / "out2"), "--steps", "2", "--policy",
                  "NoSuchPipeline"]) == 2
     assert "--policy: unknown policy 'NoSuchPipeline'" in capsys.readouterr().err
+
+
+def test_the_demo_and_export_take_the_adapter_override_of_the_checkpoints_run(tiny_sd3_dir, tmp_path, monkeypatch):
+    import yaml
+
+    import flowrl.demo
+    from flowrl.cli import main
+    from tiny_pipelines import random_lora_checkpoint
+
+    checkpoint = random_lora_checkpoint(tiny_sd3_dir, tmp_path / "run")
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({"pipeline": {"policy": f"{__name__}:MarkedPolicy"}}))
+    MarkedPolicy.made.clear()
+    assert main(["export", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint), "--out",
+                 str(tmp_path / "tuned")]) == 0
+    assert MarkedPolicy.made == ["StableDiffusion3Pipeline"]
+
+    pytest.importorskip("gradio")
+    built = {}
+
+    class Page:  # what build_demo returns, served by nothing
+        def queue(self):
+            return self
+
+        def launch(self, **kwargs):
+            pass
+
+    monkeypatch.setattr(flowrl.demo, "build_demo", lambda *args: built.update(args=args) or Page())
+    monkeypatch.setattr("flowrl.cli.signal.signal", lambda *args: None)
+    assert main(["demo", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint)]) == 0
+    assert built["args"][-2:] == (f"{__name__}:MarkedPolicy", f"pipeline.policy in {tmp_path / 'run' / 'config.yaml'}")

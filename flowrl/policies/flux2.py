@@ -84,15 +84,21 @@ class Flux2KleinEditPolicy(Flux2KleinPolicy):
     conditioning, found as for the other editors; its VAE latents (posterior mode, patchified, batch-norm normalised)
     go in as tokens after the sample's, with time coordinate 10 (the pipeline's first reference image), in both CFG
     branches; only the sample's tokens come out. Deviation, as for Kontext: the source takes the run's sample size
-    (bicubic, antialiased), where the pipeline crops it to whole 16-pixel patches under 1024x1024 and makes the
-    output that size."""
+    (bicubic, antialiased), where the pipeline shrinks a source over 1024x1024 pixels to about that area, centre-crops
+    it to whole 16-pixel patches and, without a size given, makes the output that size (it also needs sources of at
+    least 64 px and at most 8:1; flowrl does not)."""
     family = "flux2_klein_edit"
     source_input = "source_image"
     source_world = "shapes_edit"
 
     @torch.no_grad()
     def encode_inputs(self, cond: Conditioning, items: list, spec: SampleSpec | None = None) -> Conditioning:
-        sources = self.stack_sources(self.source_images(items, spec or self.default_spec())).to(self.device)
+        """Each source at the size the sample's latents cover: the sample size rounded down to whole 2x2 latent
+        patches (16 px on the released models), as the sample itself is."""
+        _, h, w = self.noise_shape(spec or self.default_spec())
+        pixels = self.pipeline.vae_scale_factor * 2
+        sources = self.source_images(items, SampleSpec(h * pixels, w * pixels))
+        sources = self.stack_sources(sources).to(self.device)
         vae, pipe = self.pipeline.vae, self.pipeline
         z = pipe._patchify_latents(vae.encode((sources * 2 - 1).to(vae.dtype)).latent_dist.mode())
         mean, std = _bn_statistics(vae, z.device)

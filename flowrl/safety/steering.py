@@ -151,7 +151,8 @@ def load_steering(policy, config: SteeringConfig):
 
     if policy.source_input:  # its concept prompt would need a source, and the probes read text-to-image latents
         raise UserError(f"safety steering runs on text-to-image and text-to-video pipelines; "
-                        f"{type(policy.pipeline).__name__} edits a source image")
+                        f"{type(policy.pipeline).__name__} here (adapter {type(policy).__name__}) takes a source image "
+                        "per sample")
     config.validate()
     probe = load_probe(config.probe)
     if config.mode == "lora":
