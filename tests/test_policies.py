@@ -8,7 +8,7 @@ from flowrl.policies import policy_for
 from flowrl.rollout import rollout, sample_generators
 from policy_checks import assert_lora_trains_every_adapter_and_reference_is_base
 from tiny_pipelines import (tiny_flux, tiny_flux2_klein, tiny_qwen_image, tiny_shapes_sd3, tiny_wan, tiny_wan22,
-                            tiny_z_image)
+                            tiny_wan22_ti2v, tiny_z_image)
 from flowrl.policies.base import SampleSpec
 
 CASES = {
@@ -16,6 +16,7 @@ CASES = {
     "flux": (tiny_flux, SampleSpec(8, 8), 3.5),
     "wan": (tiny_wan, SampleSpec(16, 16, num_frames=9), 5.0),
     "wan22": (tiny_wan22, SampleSpec(16, 16, num_frames=9), 5.0),  # two experts: step 0 high noise, the rest low
+    "wan22_ti2v": (tiny_wan22_ti2v, SampleSpec(32, 32, num_frames=9), 5.0),  # TI2V-5B's layout, text to video
     "qwen_image": (tiny_qwen_image, SampleSpec(32, 32), 4.0),
     "z_image": (tiny_z_image, SampleSpec(32, 32), 4.0),  # ZImagePipeline's guidance_scale 3.0
     "flux2_klein": (tiny_flux2_klein, SampleSpec(32, 32), 4.0),  # the undistilled (base) model: true CFG
@@ -29,9 +30,9 @@ def _pipeline_latents(name, pipe, noise, steps, guidance, spec):
     packed = pipe._pack_latents(noise, *noise.shape) if name in ("flux", "qwen_image") else noise
     kwargs = dict(prompt=PROMPTS, num_inference_steps=steps, guidance_scale=guidance, latents=packed,
                   output_type="latent", height=spec.height, width=spec.width, max_sequence_length=16)
-    if name in ("sd3", "wan", "wan22"):
+    if name in ("sd3", "wan", "wan22", "wan22_ti2v"):
         kwargs["negative_prompt"] = [""] * len(PROMPTS)
-    if name in ("wan", "wan22"):
+    if name in ("wan", "wan22", "wan22_ti2v"):
         kwargs["num_frames"] = spec.num_frames
     if name == "qwen_image":  # true CFG against the model card's negative prompt
         kwargs.update(negative_prompt=[" "] * len(PROMPTS), true_cfg_scale=kwargs.pop("guidance_scale"))
@@ -231,6 +232,20 @@ def test_flux2_klein_decodes_as_the_pipeline_and_its_distilled_models_take_no_cf
         images = pipe(prompt=list(PROMPTS), guidance_scale=1.0 if distilled else 4.0, num_inference_steps=3,
                       latents=noise, output_type="pt", height=32, width=32, max_sequence_length=16).images
         torch.testing.assert_close(policy.decode(ode.final), images, atol=1e-5, rtol=1e-5)
+
+
+def test_wan22_ti2v_decodes_its_videos_as_the_pipeline():
+    """Wan2.2-TI2V-5B's VAE (48 channels, 16x with a 2x2 patchify): flowrl's decoded ODE videos are WanPipeline's
+    own (the latents are checked with every family above)."""
+    pipe = tiny_wan22_ti2v()
+    policy = policy_for(pipe, max_sequence_length=16)
+    shape = policy.noise_shape(SampleSpec(32, 32, 9))
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    ode = rollout(policy, policy.encode(PROMPTS, 5.0), sample_generators([1, 2]), shape, 3, "ode", 0.0, 5.0,
+                  initial_noise=noise)
+    video = pipe(prompt=PROMPTS, negative_prompt=[""] * 2, num_inference_steps=3, guidance_scale=5.0, latents=noise,
+                 output_type="pt", height=32, width=32, num_frames=9, max_sequence_length=16).frames
+    torch.testing.assert_close(policy.decode(ode.final).permute(0, 2, 1, 3, 4), video, atol=1e-5, rtol=1e-5)
 
 
 def test_wan22_steps_high_noise_with_the_trained_expert_and_low_noise_with_the_frozen_one():
