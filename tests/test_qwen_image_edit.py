@@ -138,7 +138,7 @@ def test_safety_steering_refuses_an_editing_pipeline():
     from flowrl.errors import UserError
     from flowrl.safety.steering import SteeringConfig, load_steering
 
-    with pytest.raises(UserError, match="safety steering runs on text-to-image.*QwenImageEditPipeline here .* takes a source"):
+    with pytest.raises(UserError, match="safety steering runs on text-to-image.*QwenImageEditPipeline here .* takes a"):
         load_steering(policy_for(tiny_qwen_image_edit()), SteeringConfig(mode="negative"))
 
 
