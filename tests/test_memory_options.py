@@ -33,7 +33,10 @@ def test_split_work_gives_the_same_rollout_rewards_and_gradients(tiny_sd3_dir, t
     assert whole_metrics["grads"].abs().sum() > 0
     torch.testing.assert_close(split_metrics["grads"], whole_metrics["grads"], atol=1e-5, rtol=1e-4)
     assert all(p.device.type == "cpu" for m in trainer.policy.text_encoders() for p in m.parameters())
-    assert len(trainer.policy.embedding_cache) == len(set(split.prompts))  # one entry per distinct prompt
+    cached = {k: v for k, v in trainer.policy.embedding_cache.items() if k[0] in set(split.prompts)}
+    assert len(cached) == len(set(split.prompts))  # one entry per distinct prompt
+    negatives = {id(t) for entry in cached.values() for t in entry.negative.values()}
+    assert len(negatives) == len(next(iter(cached.values())).negative)  # the unconditional branch held once
     assert trainer.policy.transformer.is_gradient_checkpointing
 
 

@@ -214,12 +214,23 @@ class FlowPolicy:
             if cache is None:
                 return fresh
             for row, prompt in enumerate(missing):  # kept in host memory: a real prompt file's T5 embeddings grow
-                cache[(prompt, key)] = fresh.select([row]).to("cpu")  # without bound: 1-4 MB a prompt for T5
-                # families, ~16 MB for FLUX.2 klein 4B under CFG (its "" kept with every prompt)
+                entry = fresh.select([row]).to("cpu")  # without bound: 1-4 MB a prompt for T5 families, ~8 MB for
+                if entry.negative:                     # FLUX.2 klein 4B
+                    entry.negative = self._shared_negative(cache, key, entry.negative)
+                cache[(prompt, key)] = entry
             rows = [cache[(p, key)] for p in prompts]
         return Conditioning({k: torch.cat([r.tensors[k] for r in rows]) for k in rows[0].tensors},
                             {k: torch.cat([r.negative[k] for r in rows]) for k in rows[0].negative},
                             list(prompts)).to(self.device)
+
+    @staticmethod
+    def _shared_negative(cache: dict, key, negative: dict) -> dict:
+        """The cached unconditional branch: every shipped family's is one prompt ("" or " ") for all prompts, so an
+        equal one is kept once (the first copy), not once a prompt, which would double the cache's host memory."""
+        first = cache.setdefault(("unconditional branch", key), negative)
+        same = first.keys() == negative.keys() and all(first[k].shape == negative[k].shape and
+                                                       torch.equal(first[k], negative[k]) for k in first)
+        return first if same else negative
 
     @contextlib.contextmanager
     def text_encoders_on_device(self):
