@@ -100,5 +100,6 @@ def flux_kontext_dev(seed: int = 0):
 
 LAYOUTS = {"sd35_medium": sd35_medium, "flux_dev": flux_dev, "flux_kontext_dev": flux_kontext_dev, "wan21": wan21,
            "wan22_a14b": wan22_a14b, "wan21_i2v": tiny_wan_i2v,
+           "wan22_i2v_a14b": lambda seed=0: tiny_wan_i2v(seed, two_experts=True),  # boundary 0.9
            "sd15": sd15, "qwen_image": tiny_qwen_image, "z_image": tiny_z_image, "flux2_klein_base": tiny_flux2_klein,
            "qwen_image_edit_plus": lambda seed=0: tiny_qwen_image_edit(seed, plus=True)}  # -2511's layout

@@ -1,5 +1,5 @@
 """The configs in configs/real/ run end to end on tiny random pipelines with the real layouts (SD3.5-Medium, FLUX.1-dev,
-Wan2.1, Wan2.2-A14B, Wan2.1-I2V, SD 1.5, Qwen-Image, Z-Image, FLUX.2 [klein], and the editors FLUX.1 Kontext-dev and
+Wan2.1, Wan2.2-A14B, Wan2.1-I2V, Wan2.2-I2V-A14B, SD 1.5, Qwen-Image, Z-Image, FLUX.2 [klein], and the editors FLUX.1 Kontext-dev and
 Qwen-Image-Edit-2511): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
 `load_lora_weights` and gives flowrl's model exactly."""
 import json
@@ -205,21 +205,29 @@ def test_the_arro_edit_configs_edit_files_with_a_vlm_rubric_and_export(name, tmp
     assert_checkpoint_loads_in_diffusers(pipeline_dir, checkpoint, velocity)
 
 
-def test_the_image_to_video_config_animates_first_frames_from_a_file_and_exports(clip_folder, tmp_path):
-    """configs/real/wan21_i2v_grpo.yaml on Wan2.1-I2V's layout (tiny, random): first frames of two sizes from a .jsonl
-    file, 2 updates with PickScore on frames and their evaluations, and the checkpoint's LoRA loads into diffusers'
-    WanImageToVideoPipeline exactly."""
+I2V_CASES = {  # config -> (layout, SDE window on the tiny 3-step schedule, a sigma the trained expert takes)
+    "wan21_i2v_grpo": ("wan21_i2v", "[1,3]", 0.6),
+    "wan22_i2v_a14b_grpo": ("wan22_i2v_a14b", "[0,1]", 0.95),  # shift 7: step 1 (sigma 0.875) is below 0.9
+}
+
+
+@pytest.mark.parametrize("name", I2V_CASES)
+def test_the_image_to_video_configs_animate_first_frames_from_a_file_and_export(name, clip_folder, tmp_path):
+    """configs/real/wan21_i2v_grpo.yaml and wan22_i2v_a14b_grpo.yaml on their layouts (tiny, random; Wan2.2's two
+    experts): first frames of two sizes from a .jsonl file, 2 updates with PickScore on frames and their evaluations,
+    and the checkpoint's LoRA loads into diffusers' WanImageToVideoPipeline exactly."""
     from flowrl.tasks.base import read_prompt_file
 
-    pipeline_dir = tmp_path / "wan21_i2v"
-    LAYOUTS["wan21_i2v"]().save_pretrained(pipeline_dir)
+    layout, window, sigma = I2V_CASES[name]
+    pipeline_dir = tmp_path / layout
+    LAYOUTS[layout]().save_pretrained(pipeline_dir)
     clips = _image_prompt_file(tmp_path / "clips.jsonl", ["a red circle moves left", "a square turns blue"], 16)
     overrides = [f"pipeline.path={pipeline_dir}", f"run.out_dir={tmp_path / 'runs'}", "pipeline.height=16",
                  "pipeline.width=16", "pipeline.num_frames=5", "pipeline.max_sequence_length=16",
-                 "sampler.sde_window_range=[1,3]", f"prompts.source={clips}", f"eval.prompts={clips}", *SMALL_RUN,
+                 f"sampler.sde_window_range={window}", f"prompts.source={clips}", f"eval.prompts={clips}", *SMALL_RUN,
                  f"reward=[{{name: per_frame, params: {{reward: pickscore, params: {{path: {clip_folder}}}, "
                  "frames: 2}}]"]
-    run_dir = run_experiment(load_config(REPO / "configs" / "real" / "wan21_i2v_grpo.yaml", overrides))
+    run_dir = run_experiment(load_config(REPO / "configs" / "real" / f"{name}.yaml", overrides))
     evals = json.loads((run_dir / "eval.json").read_text())
     assert set(evals) == {"0", "1", "2"} and all("overall" in e for e in evals.values())
     assert (run_dir / "report.html").is_file()
@@ -233,7 +241,7 @@ def test_the_image_to_video_config_animates_first_frames_from_a_file_and_exports
     def velocity(policy):
         x = torch.randn(2, *policy.noise_shape(SampleSpec(16, 16, 5)), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
-            return policy.velocity(x, 0.6, policy.encode(items, 5.0, SampleSpec(16, 16, 5)), 5.0)
+            return policy.velocity(x, sigma, policy.encode(items, 5.0, SampleSpec(16, 16, 5)), 5.0)
 
     assert_checkpoint_loads_in_diffusers(pipeline_dir, run_dir / "checkpoints" / "update_000002", velocity)
 
