@@ -77,9 +77,12 @@ def tiny_wan22(seed: int = 0, boundary_ratio: float = 0.95) -> WanPipeline:
     return pipe
 
 
-def tiny_wan22_ti2v(seed: int = 0) -> WanPipeline:
-    """Wan2.2-TI2V-5B's layout at toy size, for text to video: the pipeline's expand_timesteps (a timestep per token)
-    and Wan2.2's VAE (48 latent channels, 16x spatial with a 2x2 patchify, residual blocks)."""
+def tiny_wan22_ti2v(seed: int = 0, image_to_video: bool = False):
+    """Wan2.2-TI2V-5B's layout at toy size: the pipeline's expand_timesteps (a timestep per token) and Wan2.2's VAE
+    (48 latent channels, 16x spatial with a 2x2 patchify, residual blocks); a WanPipeline, or with `image_to_video`
+    a WanImageToVideoPipeline (no image encoder: the frame becomes the first latent frame)."""
+    from diffusers import WanImageToVideoPipeline
+
     base = tiny_wan(seed)
     torch.manual_seed(seed + 11)
     vae = AutoencoderKLWan(base_dim=4, decoder_base_dim=4, z_dim=48, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
@@ -87,8 +90,9 @@ def tiny_wan22_ti2v(seed: int = 0) -> WanPipeline:
                            patch_size=2, scale_factor_spatial=16, scale_factor_temporal=4, latents_mean=[0.0] * 48,
                            latents_std=[1.0] * 48)
     transformer = WanTransformer3DModel(**dict(base.transformer.config, in_channels=48, out_channels=48))
-    pipe = WanPipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=vae, transformer=transformer,
-                       scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), expand_timesteps=True)
+    pipeline_class = WanImageToVideoPipeline if image_to_video else WanPipeline
+    pipe = pipeline_class(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=vae, transformer=transformer,
+                          scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), expand_timesteps=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

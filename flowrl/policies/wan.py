@@ -86,10 +86,11 @@ class WanPolicy(FlowPolicy):
                 spec.width // p.vae_scale_factor_spatial)
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        timestep, inputs = sigma * 1000, self.transformer_inputs(latents, tensors)
+        timestep = sigma * 1000
+        inputs = self.transformer_inputs(latents, tensors, timestep)
 
         def call(net, rows):
-            return net(timestep=timestep[rows], **{k: v[rows] for k, v in inputs.items()}, return_dict=False)[0]
+            return net(**{k: v[rows] for k, v in inputs.items()}, return_dict=False)[0]
 
         every = slice(None)
         if self.boundary_timestep is None:
@@ -108,9 +109,10 @@ class WanPolicy(FlowPolicy):
         out = torch.cat([call(self.net(), high), call(self.low_noise_expert, ~high)])
         return out[order.argsort()]
 
-    def transformer_inputs(self, latents: torch.Tensor, tensors: dict) -> dict[str, torch.Tensor]:
-        """The transformer's batch-first inputs besides the timestep (image-to-video adds its condition)."""
-        return {"hidden_states": latents, "encoder_hidden_states": tensors["embeds"].to(latents.dtype)}
+    def transformer_inputs(self, latents: torch.Tensor, tensors: dict, timestep: torch.Tensor) -> dict:
+        """The transformer's batch-first inputs (image-to-video adds its condition, and TI2V a timestep per token)."""
+        return {"hidden_states": latents, "timestep": timestep,
+                "encoder_hidden_states": tensors["embeds"].to(latents.dtype)}
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Video in [0, 1], [B, 3, F, H, W]."""

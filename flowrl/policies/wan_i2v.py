@@ -8,7 +8,9 @@ line's `image`). As WanImageToVideoPipeline builds it: the frame, followed by mi
 at every call. Wan2.1-I2V also reads the frame with its CLIP image encoder (second-to-last hidden states), given to
 the transformer in both CFG branches. Deviation, as for the editors: the frame is resized to the sample size
 bicubically with antialiasing (the pipeline's video processor uses PIL); CLIP reads the original frame, as in the
-pipeline. Not supported: a last frame (first-last-frame models) and Wan2.2-TI2V-5B's expanded timesteps.
+pipeline. Wan2.2-TI2V-5B (expanded timesteps) takes no mask or CLIP: the frame's latents are the first latent frame,
+seen at time 0 (a timestep per token), and every step ends with that frame in place, as the pipeline's output does.
+Not supported: a last frame (first-last-frame models).
 """
 from __future__ import annotations
 
@@ -27,13 +29,39 @@ class WanImageToVideoPolicy(WanPolicy):
 
     def __init__(self, pipeline, max_sequence_length: int | None = None):
         super().__init__(pipeline, max_sequence_length)
-        if getattr(pipeline.config, "expand_timesteps", False):
-            from ..errors import ConfigError
-            raise ConfigError("pipeline.path: this Wan image-to-video pipeline expands timesteps per token "
-                              "(Wan2.2-TI2V-5B), which flowrl's Wan adapter does not support")
+        # Wan2.2-TI2V-5B: the first latent frame is the frame's own latents, at time 0 (a timestep per token)
+        self.expand_timesteps = bool(getattr(pipeline.config, "expand_timesteps", False))
         encoder = getattr(pipeline, "image_encoder", None)
         if encoder is not None:
             encoder.requires_grad_(False)
+
+    def _forward(self, latents, sigma, tensors, guidance_scale):
+        out = super()._forward(latents, sigma, tensors, guidance_scale)
+        if not self.expand_timesteps:
+            return out
+        # TI2V's first latent frame is the given frame's: its velocity is the one that carries the sample there
+        # (v = (x - x0) / sigma with x0 the condition), so every rollout ends on it, as the pipeline's output does,
+        # and no weight moves it (its log-prob terms are equal under any policy)
+        first = tensors["condition"][:, :, 0].to(out.dtype)
+        s = torch.as_tensor(sigma, dtype=out.dtype, device=out.device).reshape(-1).expand(len(out))
+        out = out.clone()
+        out[:, :, 0] = (latents[:, :, 0].to(out.dtype) - first) / s.reshape(-1, 1, 1, 1)
+        return out
+
+    def step(self, kind, x, sigma, sigma_next, cond, guidance_scale, noise_level, noise=None, prev_sample=None,
+             guide=None):
+        """TI2V: every step ends with the first latent frame on the given frame's (as the pipeline's output), also
+        under SDE noise; the log-prob is that of the sample kept, so a stored step scores as it was drawn (its first
+        frame's terms do not depend on the weights: see `_forward`)."""
+        from ..sampling import gaussian_log_prob
+
+        out = super().step(kind, x, sigma, sigma_next, cond, guidance_scale, noise_level, noise, prev_sample, guide)
+        if not self.expand_timesteps or prev_sample is not None:
+            return out
+        kept, mean, std, _, x0 = out
+        kept = kept.clone()
+        kept[:, :, 0] = cond.tensors["condition"][:, :, 0].to(kept.dtype)
+        return kept, mean, std, gaussian_log_prob(kept, mean, std), x0
 
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
         shape = super().noise_shape(spec)  # the transformer's in_channels count the condition's too
@@ -48,14 +76,17 @@ class WanImageToVideoPolicy(WanPolicy):
         frames = dict(zip(distinct, self.source_images(list(distinct.values()))))
         keys = list(distinct)
         first = torch.stack([resized(frames[k], spec.height, spec.width) for k in keys]).to(self.device)
-        video = torch.cat([first[:, :, None], first.new_full((*first.shape[:2], spec.num_frames - 1, *first.shape[2:]),
-                                                              0.5)], 2)  # 0.5: zero in the VAE's [-1, 1]
-        latents = wan_vae_encode(self.pipeline.vae, video, torch.float32)  # normalised in fp32, as the pipeline
-        mask = torch.zeros(len(keys), self.pipeline.vae_scale_factor_temporal, *latents.shape[2:],
-                           dtype=latents.dtype, device=latents.device)
-        mask[:, :, 0] = 1  # the latent frame the given frame decodes to
         rows = [keys.index(id(item)) for item in items]
-        added = {"condition": torch.cat([mask, latents], 1)[rows]}
+        if self.expand_timesteps:  # TI2V: the frame alone, which becomes the first latent frame
+            added = {"condition": wan_vae_encode(self.pipeline.vae, first[:, :, None], torch.float32)[rows]}
+        else:
+            video = torch.cat([first[:, :, None], first.new_full((*first.shape[:2], spec.num_frames - 1,
+                                                                   *first.shape[2:]), 0.5)], 2)  # 0.5: 0 in [-1, 1]
+            latents = wan_vae_encode(self.pipeline.vae, video, torch.float32)  # normalised in fp32, as the pipeline
+            mask = torch.zeros(len(keys), self.pipeline.vae_scale_factor_temporal, *latents.shape[2:],
+                               dtype=latents.dtype, device=latents.device)
+            mask[:, :, 0] = 1  # the latent frame the given frame decodes to
+            added = {"condition": torch.cat([mask, latents], 1)[rows]}
         if self.transformer.config.image_dim is not None:  # Wan2.1-I2V: CLIP reads the original frames, in one call
             added["image_embeds"] = self._clip([frames[k] for k in keys])[rows]
         for branch in (cond.tensors, cond.negative) if cond.negative else (cond.tensors,):
@@ -71,9 +102,19 @@ class WanImageToVideoPolicy(WanPolicy):
                   for frame in frames]
         return self.pipeline.encode_image(images, self.device)
 
-    def transformer_inputs(self, latents: torch.Tensor, tensors: dict) -> dict[str, torch.Tensor]:
-        inputs = super().transformer_inputs(latents, tensors)
-        inputs["hidden_states"] = torch.cat([latents, tensors["condition"].to(latents.dtype)], 1)
+    def transformer_inputs(self, latents: torch.Tensor, tensors: dict, timestep: torch.Tensor) -> dict:
+        inputs = super().transformer_inputs(latents, tensors, timestep)
+        condition = tensors["condition"].to(latents.dtype)
+        if self.expand_timesteps:  # as the pipeline: the first latent frame is the frame's, at time 0
+            inputs["hidden_states"] = torch.cat([condition, latents[:, :, 1:]], 2)
+            p = self.transformer.config.patch_size
+            tokens = latents.shape[2] * (latents.shape[3] // p[1]) * (latents.shape[4] // p[2])
+            first = tokens // latents.shape[2]  # the first frame's tokens come first
+            per_token = timestep[:, None].expand(-1, tokens).clone()
+            per_token[:, :first] = 0
+            inputs["timestep"] = per_token
+            return inputs
+        inputs["hidden_states"] = torch.cat([latents, condition], 1)
         if "image_embeds" in tensors:
             inputs["encoder_hidden_states_image"] = tensors["image_embeds"].to(latents.dtype)
         return inputs
