@@ -17,14 +17,16 @@ SPEC = SampleSpec(16, 16, 9)
 PROMPTS = ["a red circle", "two squares"]
 
 
-def _frame(seed: int, side: int = 16) -> Image.Image:
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (side, side, 3), dtype=np.uint8))
+def _frame(seed: int, height: int = 16, width: int | None = None) -> Image.Image:
+    size = (height, width or height, 3)
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 255, size, dtype=np.uint8))
 
 
 LAYOUTS = {  # name -> (pipeline, sample spec)
     "wan21_i2v": (lambda: tiny_wan_i2v(), SPEC),
     "wan22_i2v_a14b": (lambda: tiny_wan_i2v(two_experts=True), SPEC),
-    "wan22_ti2v_5b": (lambda: tiny_wan22_ti2v(image_to_video=True), SampleSpec(32, 32, 9)),  # its VAE is 16x
+    # its VAE is 16x: 64x96 gives 2x3 tokens a frame, so the per-token timesteps' order shows
+    "wan22_ti2v_5b": (lambda: tiny_wan22_ti2v(image_to_video=True), SampleSpec(64, 96, 9)),
 }
 
 
@@ -39,7 +41,7 @@ def test_ode_rollout_reproduces_the_image_to_video_pipeline(layout):
     policy = policy_for(pipe, max_sequence_length=16)
     shape = policy.noise_shape(spec)
     assert shape[0] == pipe.vae.config.z_dim  # the noise has the VAE's channels (Wan2.1's transformer takes 36)
-    frames = [_frame(1, spec.height), _frame(2, spec.height)]
+    frames = [_frame(1, spec.height, spec.width), _frame(2, spec.height, spec.width)]
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     items = [Condition(prompt, inputs={"source_image": frame}) for prompt, frame in zip(PROMPTS, frames)]
     traj = rollout(policy, policy.encode(items, 5.0, spec), sample_generators([1, 2]), shape, 3, "ode", 0.0, 5.0,

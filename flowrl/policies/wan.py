@@ -139,12 +139,14 @@ def wan_vae_encode(vae, videos: torch.Tensor, dtype: torch.dtype | None = None) 
     finally:
         vae.use_tiling = tiling
     z = z if dtype is None else z.to(dtype)
-    mean, std = _latent_statistics(vae, z.device)
+    mean, std = _latent_statistics(vae, z.device, z.dtype)
     return (z - mean) / std
 
 
-def _latent_statistics(vae, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _latent_statistics(vae, device, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The VAE's per-channel latents mean and std, [1, C, 1, 1, 1], in `dtype` (None: the VAE's)."""
     z_dim = vae.config.z_dim
-    mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(device, vae.dtype)
-    std = torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(device, vae.dtype)
+    dtype = dtype or vae.dtype
+    mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(device, dtype)
+    std = torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(device, dtype)
     return mean, std

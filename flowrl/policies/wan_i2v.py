@@ -31,6 +31,10 @@ class WanImageToVideoPolicy(WanPolicy):
         super().__init__(pipeline, max_sequence_length)
         # Wan2.2-TI2V-5B: the first latent frame is the frame's own latents, at time 0 (a timestep per token)
         self.expand_timesteps = bool(getattr(pipeline.config, "expand_timesteps", False))
+        if self.expand_timesteps and self.transformer.config.patch_size[0] != 1:
+            from ..errors import ConfigError
+            raise ConfigError("pipeline.path: a Wan image-to-video transformer with expanded timesteps and a temporal "
+                              f"patch size of {self.transformer.config.patch_size[0]} (TI2V-5B's is 1) is not supported")
         encoder = getattr(pipeline, "image_encoder", None)
         if encoder is not None:
             encoder.requires_grad_(False)
@@ -42,10 +46,12 @@ class WanImageToVideoPolicy(WanPolicy):
         # TI2V's first latent frame is the given frame's: its velocity is the one that carries the sample there
         # (v = (x - x0) / sigma with x0 the condition), so every rollout ends on it, as the pipeline's output does,
         # and no weight moves it (its log-prob terms are equal under any policy)
-        first = tensors["condition"][:, :, 0].to(out.dtype)
-        s = torch.as_tensor(sigma, dtype=out.dtype, device=out.device).reshape(-1).expand(len(out))
-        out = out.clone()
-        out[:, :, 0] = (latents[:, :, 0].to(out.dtype) - first) / s.reshape(-1, 1, 1, 1)
+        # (in fp32: in bf16 the first frame's x0 prediction would miss the condition by ~0.02)
+        first = tensors["condition"][:, :, 0].float()
+        s = torch.as_tensor(sigma, dtype=torch.float32, device=out.device).reshape(-1).expand(len(out))
+        s = s.reshape(-1, 1, 1, 1)
+        out = out.float()
+        out[:, :, 0] = torch.where(s > 0, (latents[:, :, 0].float() - first) / s.clamp_min(1e-12), 0.0)
         return out
 
     def step(self, kind, x, sigma, sigma_next, cond, guidance_scale, noise_level, noise=None, prev_sample=None,
