@@ -112,3 +112,26 @@ def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True
         policy.add_lora(adapter["rank"], adapter["alpha"], adapter["target_modules"])
         policy.lora_active_from_sigma = sampling_gate(adapter)
     policy.load_trainable_state_dict(weights)
+
+
+def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
+    """What the run a checkpoint belongs to (runs/<name>/checkpoints/update_N) evaluated with, from its config.yaml:
+    eval steps and guidance, the pipeline's size, text length, second guidance scale and adapter override; ({}, None)
+    for a folder outside a run."""
+    import yaml
+
+    if not checkpoint or Path(checkpoint).parent.name != "checkpoints":
+        return {}, None
+    config_file = Path(checkpoint).parent.parent / "config.yaml"
+    try:
+        config = yaml.safe_load(config_file.read_text())
+    except (OSError, yaml.YAMLError):
+        return {}, None
+    if not isinstance(config, dict):  # an empty or truncated file: the built-in defaults
+        return {}, None
+    ev, pipe = config.get("eval") or {}, config.get("pipeline") or {}
+    settings = {"steps": ev.get("num_steps"), "guidance": ev.get("guidance_scale"), "height": pipe.get("height"),
+                "width": pipe.get("width"), "num_frames": pipe.get("num_frames"),
+                "max_sequence_length": pipe.get("max_sequence_length"), "guidance_2": pipe.get("guidance_scale_2"),
+                "policy": pipe.get("policy")}
+    return {k: v for k, v in settings.items() if v is not None}, config_file

@@ -291,32 +291,11 @@ def sampling_arguments(parser) -> None:
                         "registered for the pipeline's class)")
 
 
-def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
-    """What the run a checkpoint belongs to (runs/<name>/checkpoints/update_N) evaluated with, from its config.yaml:
-    eval steps and guidance, the pipeline's size, text length, second guidance scale and adapter override; ({}, None)
-    for a folder outside a run."""
-    import yaml
-
-    if not checkpoint or Path(checkpoint).parent.name != "checkpoints":
-        return {}, None
-    config_file = Path(checkpoint).parent.parent / "config.yaml"
-    try:
-        config = yaml.safe_load(config_file.read_text())
-    except (OSError, yaml.YAMLError):
-        return {}, None
-    if not isinstance(config, dict):  # an empty or truncated file: the built-in defaults
-        return {}, None
-    ev, pipe = config.get("eval") or {}, config.get("pipeline") or {}
-    settings = {"steps": ev.get("num_steps"), "guidance": ev.get("guidance_scale"), "height": pipe.get("height"),
-                "width": pipe.get("width"), "num_frames": pipe.get("num_frames"),
-                "max_sequence_length": pipe.get("max_sequence_length"), "guidance_2": pipe.get("guidance_scale_2"),
-                "policy": pipe.get("policy")}
-    return {k: v for k, v in settings.items() if v is not None}, config_file
-
-
 def fill_sampling_settings(args, checkpoint: str | None) -> None:
     """Fill the sampling flags not given: from the checkpoint's run (said on stdout), then SAMPLING_DEFAULTS. Sets
     `args.policy_where`, what an error about the adapter names: --policy, or the run's config."""
+    from .checkpoint import run_sampling_settings
+
     settings, source = run_sampling_settings(checkpoint)
     taken = {k: v for k, v in settings.items() if getattr(args, k) is None}
     args.policy_where = f"pipeline.policy in {source}" if "policy" in taken else "--policy"

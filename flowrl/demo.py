@@ -123,7 +123,7 @@ def edit_condition(policy, instruction: str, seed: int, source: np.ndarray | Non
     if source is not None:
         return Condition(instruction, inputs={policy.source_input: np.ascontiguousarray(source[..., :3], np.uint8)})
     if policy.source_world is None:  # no world makes a source for it (image to video): the page needs the upload
-        raise UserError(f"upload {source_label(policy)}: {type(policy.pipeline).__name__} starts from one")
+        raise UserError(f"upload a {source_noun(policy)}: {type(policy.pipeline).__name__} starts from one")
     condition = Condition(instruction, meta={"scene_seed": int(seed)})
     try:
         image = item_image(condition, policy.source_input, policy.source_world, "the demo")
@@ -134,8 +134,9 @@ def edit_condition(policy, instruction: str, seed: int, source: np.ndarray | Non
     return condition
 
 
-def source_label(policy) -> str:
-    return "a first frame" if policy.modality == "video" else "a source image"
+def source_noun(policy) -> str:
+    """What a source-image pipeline's upload is called on its page."""
+    return "first frame" if policy.modality == "video" else "source image"
 
 
 class Comparison:
@@ -248,8 +249,8 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
             seed = gr.Number(label="seed", value=0, precision=0, elem_id="seed")
         sources = []
         if policy.source_input:  # an uploaded source, or (left empty) the editing world's scene for the instruction
-            label = (f"{source_label(policy)[2:]} (empty: the {policy.source_world} world's scene, chosen by the seed)"
-                     if policy.source_world else f"{source_label(policy)[2:]} (required)")
+            label = (f"{source_noun(policy)} (empty: the {policy.source_world} world's scene, chosen by the seed)"
+                     if policy.source_world else f"{source_noun(policy)} (required)")
             sources = [gr.Image(label=label, type="numpy", image_mode="RGB", height=200, elem_id="source")]
         button = gr.Button("Generate", variant="primary", elem_id="generate")
         scores = gr.Markdown(elem_id="scores")

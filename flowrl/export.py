@@ -45,10 +45,8 @@ def export_pipeline(pipeline_dir, checkpoint, out, dtype: str = "fp32") -> Path:
     in fp32. The fp32 LoRA's update is added to each half-precision weight in fp32 and rounded once, so for base
     weights a half-precision number holds exactly (released bf16 weights exported in bf16) the result is the fp32
     fuse's, rounded (tested)."""
-    from .checkpoint import load_trained_weights
+    from .checkpoint import load_trained_weights, run_sampling_settings
     from .policies import WEIGHT_DTYPES, load_pipeline, policy_for
-
-    from .cli import run_sampling_settings
 
     pipeline = load_pipeline(pipeline_dir, WEIGHT_DTYPES[dtype])
     run_policy = run_sampling_settings(str(checkpoint))[0].get("policy")  # the adapter the run trained through

@@ -38,6 +38,11 @@ class Conditioning:
         return Conditioning(pick, neg, [self.prompts[i] for i in rows] if self.prompts else [],
                             [self.items[i] for i in rows] if self.items else [])
 
+    def add_inputs(self, inputs: dict[str, torch.Tensor]) -> None:
+        """Per-sample inputs (a source's latents, a first frame's condition) that both CFG branches see."""
+        for branch in (self.tensors, self.negative) if self.negative else (self.tensors,):
+            branch.update(inputs)
+
     def to(self, device) -> "Conditioning":
         return Conditioning({k: v.to(device) for k, v in self.tensors.items()},
                             {k: v.to(device) for k, v in self.negative.items()}, self.prompts, self.items)
@@ -257,6 +262,13 @@ class FlowPolicy:
         return [item_image(item, self.source_input, self.source_world, self.source_needed_by, resize_to=size)
                 for item in items]
 
+    def distinct_sources(self, items: list) -> tuple[list[torch.Tensor], list[int]]:
+        """Each distinct condition item's source, found once (a group repeats one item), as given (not resized), and
+        for every item the index of its source in that list."""
+        distinct = {id(item): item for item in items}
+        keys = list(distinct)
+        return self.source_images(list(distinct.values())), [keys.index(id(item)) for item in items]
+
     @staticmethod
     def stack_sources(sources: list[torch.Tensor]) -> torch.Tensor:
         """One batch [B, 3, H, W] of source images; a UserError when their sizes differ."""
@@ -367,7 +379,12 @@ class FlowPolicy:
         uncond, text = self.branch_outputs(latents, sigma, [cond.negative, cond.tensors], guidance_scale)
         if not self.cfg_uncond_grad:
             uncond = uncond.detach()
-        return self.combine_guidance(uncond, text, guidance_scale)
+        return self.combine_guidance(uncond, text, self.guidance_scales(latents, sigma, guidance_scale))
+
+    def guidance_scales(self, latents: torch.Tensor, sigma, guidance_scale: float):
+        """The CFG scale each sample is guided with: `guidance_scale` for all (Wan2.2's two experts give each sample
+        its own expert's, as a [B, 1, ...] tensor)."""
+        return guidance_scale
 
     def combine_guidance(self, uncond: torch.Tensor, text: torch.Tensor, guidance_scale: float) -> torch.Tensor:
         """Classifier-free guidance's combination of the two branches: v_u + w (v_c - v_u) (a family whose pipeline

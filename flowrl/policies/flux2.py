@@ -62,13 +62,24 @@ class Flux2KleinPolicy(FlowPolicy):
         scheduler.set_timesteps(num_steps, sigmas=sigmas, mu=mu)
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
+        return self.token_velocity(latents, sigma, tensors)
+
+    def token_velocity(self, latents, sigma, tensors, reference: torch.Tensor | None = None) -> torch.Tensor:
+        """The transformer's output for latents [B, 4C, h, w]: row-major tokens in with FLUX.2's position ids, and
+        back. `reference` (latents of one size for every row, an editor's source) goes in as tokens after the
+        sample's with time coordinate 10 (the pipeline's first reference image); only the sample's come out."""
         b, c, h, w = latents.shape
         embeds = tensors["embeds"].to(latents.dtype)
         pipe = self.pipeline
-        out = self.net()(hidden_states=pipe._pack_latents(latents), timestep=sigma.to(latents.dtype), guidance=None,
+        tokens, ids = pipe._pack_latents(latents), pipe._prepare_latent_ids(latents)
+        if reference is not None:
+            reference = reference.to(latents.dtype)
+            tokens = torch.cat([tokens, pipe._pack_latents(reference)], 1)
+            ids = torch.cat([ids, pipe._prepare_image_ids([reference[:1]]).expand(b, -1, -1)], 1)
+        out = self.net()(hidden_states=tokens, timestep=sigma.to(latents.dtype), guidance=None,
                          encoder_hidden_states=embeds, txt_ids=pipe._prepare_text_ids(embeds).to(latents.device),
-                         img_ids=pipe._prepare_latent_ids(latents).to(latents.device), return_dict=False)[0]
-        return out.permute(0, 2, 1).reshape(b, c, h, w)  # tokens in row-major order, as _pack_latents made them
+                         img_ids=ids.to(latents.device), return_dict=False)[0]
+        return out[:, :h * w].permute(0, 2, 1).reshape(b, c, h, w)  # row-major tokens, as _pack_latents made them
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         vae = self.pipeline.vae
@@ -102,21 +113,11 @@ class Flux2KleinEditPolicy(Flux2KleinPolicy):
         vae, pipe = self.pipeline.vae, self.pipeline
         z = pipe._patchify_latents(vae.encode((sources * 2 - 1).to(vae.dtype)).latent_dist.mode())
         mean, std = _bn_statistics(vae, z.device)
-        for branch in (cond.tensors, cond.negative) if cond.negative else (cond.tensors,):
-            branch["image_latents"] = (z - mean) / std
+        cond.add_inputs({"image_latents": (z - mean) / std})
         return cond
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        b, c, h, w = latents.shape
-        source = tensors["image_latents"].to(latents.dtype)
-        embeds = tensors["embeds"].to(latents.dtype)
-        pipe = self.pipeline
-        ids = torch.cat([pipe._prepare_latent_ids(latents), pipe._prepare_image_ids([source[:1]]).expand(b, -1, -1)], 1)
-        out = self.net()(hidden_states=torch.cat([pipe._pack_latents(latents), pipe._pack_latents(source)], 1),
-                         timestep=sigma.to(latents.dtype), guidance=None, encoder_hidden_states=embeds,
-                         txt_ids=pipe._prepare_text_ids(embeds).to(latents.device), img_ids=ids.to(latents.device),
-                         return_dict=False)[0]
-        return out[:, :h * w].permute(0, 2, 1).reshape(b, c, h, w)
+        return self.token_velocity(latents, sigma, tensors, reference=tensors["image_latents"])
 
 
 def _bn_statistics(vae, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -51,11 +50,9 @@ class QwenImageEditPolicy(QwenImagePolicy):
         from ..tasks.base import Condition
 
         items = [c if isinstance(c, Condition) else Condition(c) for c in conditions]
-        distinct = {id(item): item for item in items}  # a group repeats one item: resolve and hash it once
-        found = dict(zip(distinct, self.source_images(list(distinct.values()))))
-        hashed = {key: _digest(image) for key, image in found.items()}
-        originals = [found[id(item)] for item in items]
-        digests = [hashed[id(item)] for item in items]
+        found, rows = self.distinct_sources(items)  # a group repeats one item: resolve and hash it once
+        hashed = [_digest(image) for image in found]
+        originals, digests = [found[r] for r in rows], [hashed[r] for r in rows]
         if spec is None:  # the packing needs whole 2x2 patches of latents: the nearest size below that has them
             sources = self.stack_sources([resized(image, *(max(side - side % self.patch_pixels, self.patch_pixels)
                                                            for side in image.shape[-2:])) for image in originals])
@@ -65,18 +62,20 @@ class QwenImageEditPolicy(QwenImagePolicy):
         prompts = [(item.prompt, digest) for item, digest in zip(items, digests)]
         branches = [prompts, [(self.negative_prompt, digest) for digest in digests] if cfg else []]
         read = self._read(branches, dict(zip(digests, originals)))
-        length = max(embeds.shape[0] for branch in branches for embeds, _ in map(read.get, branch))
-        tensors, negative = ({"embeds": torch.stack([F.pad(read[key][0], (0, 0, 0, length - len(read[key][0])))
-                                                     for key in branch]),
-                              "mask": torch.stack([F.pad(read[key][1], (0, length - len(read[key][1])))
-                                                   for key in branch])} if branch else {}
-                             for branch in branches)
+        length = max(read[key][0].shape[0] for branch in branches for key in branch)
+
+        def padded(branch):  # one branch's rows, padded (masked) to the common length
+            rows = [read[key] for key in branch]
+            return {"embeds": torch.stack([F.pad(embeds, (0, 0, 0, length - len(embeds))) for embeds, _ in rows]),
+                    "mask": torch.stack([F.pad(mask, (0, length - len(mask))) for _, mask in rows])}
+
+        cond = Conditioning(padded(branches[0]), padded(branches[1]) if cfg else {}, [item.prompt for item in items],
+                            items)
         unique = list(dict.fromkeys(digests))  # the VAE encodes each distinct source once too
         latents = wan_vae_encode(self.pipeline.vae, sources[[digests.index(d) for d in unique]][:, :, None].to(
             self.device))[:, :, 0]
-        for branch in (tensors, negative) if cfg else (tensors,):  # both CFG branches see the source
-            branch["image_latents"] = latents[[unique.index(d) for d in digests]]
-        return Conditioning(tensors, negative, [item.prompt for item in items], items).to(self.device)
+        cond.add_inputs({"image_latents": latents[[unique.index(d) for d in digests]]})
+        return cond.to(self.device)
 
     def _read(self, branches: list[list[tuple[str, str]]], originals: dict) -> dict:
         """(prompt, source digest) -> (embeddings [L, D], mask [L]) on the host, for every pair of `branches`: from
@@ -99,8 +98,9 @@ class QwenImageEditPolicy(QwenImagePolicy):
     def _read_one(self, prompt: str, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         from PIL import Image
 
-        pixels = (source.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
-        image = Image.fromarray(np.ascontiguousarray(pixels))
+        from ..images import to_uint8
+
+        image = Image.fromarray(to_uint8(source[None])[0])
         module = importlib.import_module(self.pipeline_module)  # the pipeline's calculate_dimensions, as it reads it
         width, height = module.calculate_dimensions(self.reader_area, image.width / image.height)[:2]
         image = self.pipeline.image_processor.resize(image, height, width)

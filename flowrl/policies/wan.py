@@ -53,17 +53,13 @@ class WanPolicy(FlowPolicy):
     def uses_cfg(self, guidance_scale: float) -> bool:
         return guidance_scale > 1.0 or (self.guidance_scale_2 is not None and self.guidance_scale_2 > 1.0)
 
-    def _guided_velocity(self, latents, sigma, cond, guidance_scale):
+    def guidance_scales(self, latents, sigma, guidance_scale):
         if self.guidance_scale_2 is None:
-            return super()._guided_velocity(latents, sigma, cond, guidance_scale)
+            return guidance_scale
         # per sample, as WanPipeline: guidance_scale where the high-noise expert acts, guidance_scale_2 below
         s = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1).expand(latents.shape[0])
         high = (s * 1000 >= self.boundary_timestep).reshape(-1, *[1] * (latents.ndim - 1))
-        scale = torch.where(high, guidance_scale, self.guidance_scale_2)
-        uncond, text = self.branch_outputs(latents, sigma, [cond.negative, cond.tensors], guidance_scale)
-        if not self.cfg_uncond_grad:
-            uncond = uncond.detach()
-        return self.combine_guidance(uncond, text, scale)
+        return torch.where(high, guidance_scale, self.guidance_scale_2)
 
     def frozen_below(self) -> tuple[float, str] | None:
         gate = super().frozen_below()

@@ -34,7 +34,8 @@ class WanImageToVideoPolicy(WanPolicy):
         if self.expand_timesteps and self.transformer.config.patch_size[0] != 1:
             from ..errors import ConfigError
             raise ConfigError("pipeline.path: a Wan image-to-video transformer with expanded timesteps and a temporal "
-                              f"patch size of {self.transformer.config.patch_size[0]} (TI2V-5B's is 1) is not supported")
+                              f"patch size of {self.transformer.config.patch_size[0]} (TI2V-5B's is 1) is not "
+                              "supported")
         encoder = getattr(pipeline, "image_encoder", None)
         if encoder is not None:
             encoder.requires_grad_(False)
@@ -78,25 +79,21 @@ class WanImageToVideoPolicy(WanPolicy):
         from ..images import resized
 
         spec = spec or self.default_spec()
-        distinct = {id(item): item for item in items}  # a group repeats one item: one frame, one encoding
-        frames = dict(zip(distinct, self.source_images(list(distinct.values()))))
-        keys = list(distinct)
-        first = torch.stack([resized(frames[k], spec.height, spec.width) for k in keys]).to(self.device)
-        rows = [keys.index(id(item)) for item in items]
+        frames, rows = self.distinct_sources(items)  # one frame, one encoding, per distinct item
+        first = torch.stack([resized(frame, spec.height, spec.width) for frame in frames]).to(self.device)
         if self.expand_timesteps:  # TI2V: the frame alone, which becomes the first latent frame
             added = {"condition": wan_vae_encode(self.pipeline.vae, first[:, :, None], torch.float32)[rows]}
         else:
             video = torch.cat([first[:, :, None], first.new_full((*first.shape[:2], spec.num_frames - 1,
                                                                    *first.shape[2:]), 0.5)], 2)  # 0.5: 0 in [-1, 1]
             latents = wan_vae_encode(self.pipeline.vae, video, torch.float32)  # normalised in fp32, as the pipeline
-            mask = torch.zeros(len(keys), self.pipeline.vae_scale_factor_temporal, *latents.shape[2:],
+            mask = torch.zeros(len(frames), self.pipeline.vae_scale_factor_temporal, *latents.shape[2:],
                                dtype=latents.dtype, device=latents.device)
             mask[:, :, 0] = 1  # the latent frame the given frame decodes to
             added = {"condition": torch.cat([mask, latents], 1)[rows]}
         if self.transformer.config.image_dim is not None:  # Wan2.1-I2V: CLIP reads the original frames, in one call
-            added["image_embeds"] = self._clip([frames[k] for k in keys])[rows]
-        for branch in (cond.tensors, cond.negative) if cond.negative else (cond.tensors,):
-            branch.update(added)
+            added["image_embeds"] = self._clip(frames)[rows]
+        cond.add_inputs(added)
         return cond
 
     def _clip(self, frames: list[torch.Tensor]) -> torch.Tensor:
@@ -104,9 +101,9 @@ class WanImageToVideoPolicy(WanPolicy):
         ViT-H, where offloading moves the text encoder, umT5-XXL)."""
         from PIL import Image
 
-        images = [Image.fromarray((frame.permute(1, 2, 0) * 255).round().to(torch.uint8).cpu().numpy())
-                  for frame in frames]
-        return self.pipeline.encode_image(images, self.device)
+        from ..images import to_uint8
+
+        return self.pipeline.encode_image([Image.fromarray(to_uint8(frame[None])[0]) for frame in frames], self.device)
 
     def transformer_inputs(self, latents: torch.Tensor, tensors: dict, timestep: torch.Tensor) -> dict:
         inputs = super().transformer_inputs(latents, tensors, timestep)
