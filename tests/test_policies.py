@@ -1,5 +1,5 @@
-"""Policy adapters on tiny offline SD3, FLUX, Wan (2.1, and 2.2's two experts), Qwen-Image and Z-Image pipelines (real
-diffusers classes)."""
+"""Policy adapters on tiny offline SD3, FLUX, FLUX.2 ([klein] and [dev]), Wan (2.1, and 2.2's two experts), Qwen-Image
+and Z-Image pipelines (real diffusers classes)."""
 import pytest
 import torch
 
@@ -7,7 +7,7 @@ from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
 from flowrl.rollout import rollout, sample_generators
 from policy_checks import assert_lora_trains_every_adapter_and_reference_is_base
-from tiny_pipelines import (tiny_flux, tiny_flux2_klein, tiny_qwen_image, tiny_shapes_sd3, tiny_wan, tiny_wan22,
+from tiny_pipelines import (tiny_flux, tiny_flux2_dev, tiny_flux2_klein, tiny_qwen_image, tiny_shapes_sd3, tiny_wan, tiny_wan22,
                             tiny_wan22_ti2v, tiny_z_image)
 from flowrl.policies.base import SampleSpec
 
@@ -20,6 +20,7 @@ CASES = {
     "qwen_image": (tiny_qwen_image, SampleSpec(32, 32), 4.0),
     "z_image": (tiny_z_image, SampleSpec(32, 32), 4.0),  # ZImagePipeline's guidance_scale 3.0
     "flux2_klein": (tiny_flux2_klein, SampleSpec(32, 32), 4.0),  # the undistilled (base) model: true CFG
+    "flux2_dev": (tiny_flux2_dev, SampleSpec(32, 32), 4.0),  # guidance-distilled: the scale is an embedding
 }
 PROMPTS = ["a red circle", "two squares"]
 
@@ -44,6 +45,8 @@ def _pipeline_latents(name, pipe, noise, steps, guidance, spec):
         return pipe._unpack_latents(latents, spec.height, spec.width, pipe.vae_scale_factor)
     if name == "qwen_image":
         return pipe._unpack_latents(latents, spec.height, spec.width, pipe.vae_scale_factor)[:, :, 0]
+    if name == "flux2_dev":  # Flux2Pipeline hands back its packed tokens: row-major, patchified and normalised
+        return latents.permute(0, 2, 1).reshape(len(PROMPTS), -1, spec.height // 4, spec.width // 4)
     if name == "flux2_klein":  # the pipeline hands back its latents un-normalised and unpatchified
         return (pipe._patchify_latents(latents) - _flux2_bn(pipe)[0]) / _flux2_bn(pipe)[1]
     return latents
@@ -166,19 +169,26 @@ def test_z_image_decodes_as_the_pipeline_and_cuts_prompts_where_it_does():
     torch.testing.assert_close(policy.decode(ode.final), images, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("distilled", [False, True], ids=["base", "distilled"])
-def test_flux2_klein_edits_with_a_reference_image_as_the_pipeline(distilled):
-    """pipeline.policy: Flux2KleinEdit: each sample's source goes in as FLUX.2's first reference image (tokens after
-    the sample's, time coordinate 10, both CFG branches); from the same noise the 3-step ODE at CFG 4 decodes to the
-    pipeline's own edits (64 px: the pipeline takes no smaller reference), the source changes the result, and every
-    LoRA parameter gets a gradient."""
+# FLUX.2's variants: the pipeline, and the scale the pipeline is given for flowrl's 4.0 (klein's distilled models
+# ignore it; dev takes it as its guidance embedding)
+FLUX2 = {"base": (tiny_flux2_klein, 4.0), "distilled": (lambda: tiny_flux2_klein(distilled=True), 1.0),
+         "dev": (tiny_flux2_dev, 4.0)}
+
+
+@pytest.mark.parametrize("variant", FLUX2)
+def test_flux2_edits_with_a_reference_image_as_the_pipeline(variant):
+    """pipeline.policy: Flux2KleinEdit (Flux2Edit for dev): each sample's source goes in as FLUX.2's first reference
+    image (tokens after the sample's, time coordinate 10, both CFG branches); from the same noise the 3-step ODE at
+    scale 4 decodes to the pipeline's own edits (64 px: the pipeline takes no smaller reference), the source changes
+    the result, and every LoRA parameter gets a gradient."""
     import numpy as np
     from PIL import Image
 
     from flowrl.tasks.base import Condition
 
-    pipe = tiny_flux2_klein(distilled=distilled)
-    policy = policy_for(pipe, "Flux2KleinEdit", max_sequence_length=16)
+    make, pipeline_scale = FLUX2[variant]
+    pipe = make()
+    policy = policy_for(pipe, "Flux2Edit" if variant == "dev" else "Flux2KleinEdit", max_sequence_length=16)
     spec = SampleSpec(64, 64)
     shape = policy.noise_shape(spec)
     sources = [Image.fromarray(np.random.default_rng(i).integers(0, 255, (64, 64, 3), dtype=np.uint8)) for i in (1, 2)]
@@ -186,8 +196,7 @@ def test_flux2_klein_edits_with_a_reference_image_as_the_pipeline(distilled):
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     cond = policy.encode(items, 4.0, spec)
     ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
-    images = torch.cat([pipe(image=source, prompt=[prompt], guidance_scale=1.0 if distilled else 4.0,
-                             num_inference_steps=3,
+    images = torch.cat([pipe(image=source, prompt=[prompt], guidance_scale=pipeline_scale, num_inference_steps=3,
                              latents=noise[i:i + 1], output_type="pt", height=64, width=64,
                              max_sequence_length=16).images
                         for i, (prompt, source) in enumerate(zip(PROMPTS, sources))])
@@ -216,22 +225,26 @@ def test_z_image_gives_its_transformer_the_time_in_fp32_under_bf16_weights(monke
     assert seen[0].dtype == torch.float32 and abs(float(seen[0][0]) - 0.7) < 1e-7
 
 
-def test_flux2_klein_decodes_as_the_pipeline_and_its_distilled_models_take_no_cfg():
-    """FLUX.2 [klein]: flowrl's latents (patchified, batch-norm normalised) decode to the pipeline's images; a
-    distilled model (klein's 4-step ones) takes no CFG branch whatever the scale, as the pipeline, and gives the
-    pipeline's images at its scale 1."""
-    for distilled in (False, True):
-        pipe = tiny_flux2_klein(distilled=distilled)
-        policy = policy_for(pipe, max_sequence_length=16)
-        shape = policy.noise_shape(SampleSpec(32, 32))
-        noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
-        cond = policy.encode(PROMPTS, 4.0)
-        assert bool(cond.negative) is not distilled  # (the pipeline guides against "" itself)
-        assert policy.default_spec() == SampleSpec(128 * pipe.vae_scale_factor, 128 * pipe.vae_scale_factor)
-        ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
-        images = pipe(prompt=list(PROMPTS), guidance_scale=1.0 if distilled else 4.0, num_inference_steps=3,
-                      latents=noise, output_type="pt", height=32, width=32, max_sequence_length=16).images
-        torch.testing.assert_close(policy.decode(ode.final), images, atol=1e-5, rtol=1e-5)
+@pytest.mark.parametrize("variant", FLUX2)
+def test_flux2_decodes_as_the_pipeline_and_only_klein_base_takes_cfg(variant):
+    """FLUX.2: flowrl's latents (patchified, batch-norm normalised) decode to the pipeline's images; only klein's base
+    models take a CFG branch: a distilled klein model takes none whatever the scale (as the pipeline: its images at
+    scale 1), nor does dev, whose scale is its guidance embedding (another scale, other images)."""
+    make, pipeline_scale = FLUX2[variant]
+    pipe = make()
+    policy = policy_for(pipe, max_sequence_length=16)
+    shape = policy.noise_shape(SampleSpec(32, 32))
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    cond = policy.encode(PROMPTS, 4.0)
+    assert bool(cond.negative) is (variant == "base")  # (the pipeline guides against "" itself)
+    assert policy.default_spec() == SampleSpec(128 * pipe.vae_scale_factor, 128 * pipe.vae_scale_factor)
+    ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
+    images = pipe(prompt=list(PROMPTS), guidance_scale=pipeline_scale, num_inference_steps=3,
+                  latents=noise, output_type="pt", height=32, width=32, max_sequence_length=16).images
+    torch.testing.assert_close(policy.decode(ode.final), images, atol=1e-5, rtol=1e-5)
+    if variant == "dev":
+        other = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 2.0, initial_noise=noise)
+        assert (other.final - ode.final).abs().max() > 1e-3
 
 
 def test_wan22_ti2v_decodes_its_videos_as_the_pipeline():

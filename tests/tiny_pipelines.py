@@ -252,20 +252,10 @@ def tiny_flux2_klein(seed: int = 0, distilled: bool = False):
     single stream blocks with 4-D rope, a 28-layer Qwen3 (hidden size 16) so the pipeline's default layers 9 / 18 /
     27 exist, a word-level tokenizer with Qwen's chat template, and a batch-norm VAE at 2x (so a scale factor shows);
     `distilled` as klein's 4-step models (no CFG)."""
-    from diffusers import AutoencoderKLFlux2, Flux2KleinPipeline, Flux2Transformer2DModel
+    from diffusers import Flux2KleinPipeline
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    torch.manual_seed(seed)
-    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
-                                          attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
-                                          timestep_guidance_channels=256, axes_dims_rope=[4, 4, 4, 4],
-                                          guidance_embeds=False)
-    vae = AutoencoderKLFlux2(sample_size=32, in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
-                             up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=(4, 8), layers_per_block=1,
-                             latent_channels=1, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False)
-    with torch.no_grad():  # batch-norm statistics away from the identity, so decoding tests use them
-        vae.bn.running_mean.normal_(0, 0.3)
-        vae.bn.running_var.uniform_(0.5, 2.0)
+    transformer, vae = _flux2_transformer_and_vae(seed, guidance_embeds=False)
     tokenizer = _qwen_chat_tokenizer()
     text_encoder = Qwen3ForCausalLM(Qwen3Config(hidden_size=16, intermediate_size=16, num_hidden_layers=28,
                                                 num_attention_heads=2, num_key_value_heads=2, head_dim=8,
@@ -276,6 +266,65 @@ def tiny_flux2_klein(seed: int = 0, distilled: bool = False):
                               tokenizer=tokenizer, transformer=transformer, is_distilled=distilled)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def tiny_flux2_dev(seed: int = 0):
+    """A tiny random Flux2Pipeline (FLUX.2 [dev]'s layout): klein's transformer and VAE with a guidance embedding,
+    and a tiny Mistral3 (a 31-layer Mistral with hidden size 16, so the pipeline's default layers 10 / 20 / 30 exist,
+    and a one-layer Pixtral vision tower) read through a PixtralProcessor whose word-level tokenizer has a
+    Mistral-style chat template and takes FLUX.2's whole system message as one token (so prompts fit in the tests'
+    16 text tokens)."""
+    from diffusers import Flux2Pipeline
+    from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+    from tokenizers import AddedToken, Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import (Mistral3Config, Mistral3ForConditionalGeneration, MistralConfig, PixtralProcessor,
+                              PixtralVisionConfig, PreTrainedTokenizerFast)
+    from transformers.models.pixtral.image_processing_pixtral import PixtralImageProcessor
+
+    transformer, vae = _flux2_transformer_and_vae(seed, guidance_embeds=True)
+    specials = ["<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[IMG]",
+                "[IMG_BREAK]", "[IMG_END]"]
+    words = [w for w in shapes_vocabulary() if w not in SPECIAL_TOKENS]
+    core = Tokenizer(WordLevel({w: i for i, w in enumerate(specials + words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(" ", "removed")
+    core.add_special_tokens([AddedToken(SYSTEM_MESSAGE, normalized=False)])  # one token, matched before splitting
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                        pad_token="<pad>", additional_special_tokens=specials[4:])
+    template = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}[SYSTEM_PROMPT]"
+                "{% for c in m['content'] %}{{ c['text'] }}{% endfor %}[/SYSTEM_PROMPT]{% else %}[INST]"
+                "{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}{% else %}[IMG]{% endif %}"
+                "{% endfor %}[/INST]{% endif %}{% endfor %}")
+    processor = PixtralProcessor(image_processor=PixtralImageProcessor(), tokenizer=tokenizer, chat_template=template,
+                                 patch_size=16)
+    text = MistralConfig(hidden_size=16, intermediate_size=16, num_hidden_layers=31, num_attention_heads=2,
+                         num_key_value_heads=2, head_dim=8, vocab_size=len(tokenizer), max_position_embeddings=512)
+    vision = PixtralVisionConfig(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 head_dim=8, image_size=64, patch_size=16)
+    text_encoder = Mistral3ForConditionalGeneration(Mistral3Config(
+        text_config=text, vision_config=vision, image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"))).eval()
+    pipe = Flux2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True), vae=vae,
+                         text_encoder=text_encoder, tokenizer=processor, transformer=transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _flux2_transformer_and_vae(seed: int, guidance_embeds: bool):
+    """FLUX.2's transformer (one double and one single block, 4-D rope) and batch-norm VAE, tiny and random."""
+    from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
+
+    torch.manual_seed(seed)
+    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+                                          attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
+                                          timestep_guidance_channels=256, axes_dims_rope=[4, 4, 4, 4],
+                                          guidance_embeds=guidance_embeds)
+    vae = AutoencoderKLFlux2(sample_size=32, in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
+                             up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=(4, 8), layers_per_block=1,
+                             latent_channels=1, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False)
+    with torch.no_grad():  # batch-norm statistics away from the identity, so decoding tests use them
+        vae.bn.running_mean.normal_(0, 0.3)
+        vae.bn.running_var.uniform_(0.5, 2.0)
+    return transformer, vae
 
 
 def _qwen_chat_tokenizer():

@@ -13,6 +13,7 @@ POLICIES = Registry("policy", {
     "StableDiffusionPipeline": "flowrl.policies.sd", "StableDiffusion3Pipeline": "flowrl.policies.sd3",
     "FluxPipeline": "flowrl.policies.flux", "FluxKontextPipeline": "flowrl.policies.flux",
     "Flux2KleinPipeline": "flowrl.policies.flux2", "Flux2KleinEdit": "flowrl.policies.flux2",
+    "Flux2Pipeline": "flowrl.policies.flux2", "Flux2Edit": "flowrl.policies.flux2",
     "WanPipeline": "flowrl.policies.wan", "WanImageToVideoPipeline": "flowrl.policies.wan_i2v",
     "QwenImagePipeline": "flowrl.policies.qwen_image", "QwenImageEditPipeline": "flowrl.policies.qwen_image_edit",
     "QwenImageEditPlusPipeline": "flowrl.policies.qwen_image_edit",

@@ -1,11 +1,14 @@
-"""Flux2KleinPipeline adapter (FLUX.2 [klein]: the distilled 4-step models and the undistilled base models).
+"""FLUX.2 adapters: Flux2KleinPipeline (FLUX.2 [klein]: the distilled 4-step models and the undistilled base models)
+and Flux2Pipeline (FLUX.2 [dev]), each also as an editor with one reference image.
 
-What it shares with FLUX.1 is little: a Qwen3 text encoder whose hidden states at three layers are stacked per token
-(every prompt padded to max_sequence_length and attended whole, as the pipeline does: no mask), a VAE whose latents
-are patchified 2x2 and normalised by the VAE's batch-norm statistics, 4-D position ids (time, row, column, layer),
-and a schedule whose shift depends on the step count (compute_empirical_mu). Trajectories hold the patchified,
-normalised latents [B, 4C, h/2, w/2] the transformer denoises (the pipeline draws its noise in that space too), and
-`_forward` turns them into tokens and back. True CFG against "" where the model is not distilled.
+What they share with FLUX.1 is little: a text encoder whose hidden states at three layers are stacked per token
+(klein: Qwen3, layers 9 / 18 / 27; dev: Mistral Small 3.1 with FLUX.2's system message, layers 10 / 20 / 30; every
+prompt padded to max_sequence_length and attended whole, as the pipelines do: no mask), a VAE whose latents are
+patchified 2x2 and normalised by the VAE's batch-norm statistics, 4-D position ids (time, row, column, layer), and a
+schedule whose shift depends on the step count (compute_empirical_mu). Trajectories hold the patchified, normalised
+latents [B, 4C, h/2, w/2] the transformer denoises (the pipelines draw their noise in that space too), and `_forward`
+turns them into tokens and back. Guidance: klein's base models take true CFG against ""; its distilled models take
+none; dev is guidance-distilled, so the scale goes in as an embedding (as FLUX.1-dev's) and there is no CFG branch.
 """
 from __future__ import annotations
 
@@ -21,10 +24,12 @@ FLUX2_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "a
                       "attn.add_v_proj", "attn.to_add_out", "attn.to_qkv_mlp_proj"]
 
 
+@POLICIES.register("Flux2Pipeline")
 @POLICIES.register("Flux2KleinPipeline")
-class Flux2KleinPolicy(FlowPolicy):
-    family = "flux2_klein"
-    text_length_tokenizer = "tokenizer"  # Qwen3's
+class Flux2Policy(FlowPolicy):
+    """Both pipelines: they differ in the text encoder (which `pipeline.encode_prompt` calls) and in guidance."""
+    family = "flux2"
+    text_length_tokenizer = "tokenizer"  # klein's Qwen3 tokenizer (dev's is a processor, declaring no length)
 
     @property
     def lora_targets(self) -> list[str]:
@@ -34,7 +39,10 @@ class Flux2KleinPolicy(FlowPolicy):
         return [*FLUX2_LORA_TARGETS, *(f"single_transformer_blocks.{i}.attn.to_out" for i in range(singles))]
 
     def uses_cfg(self, guidance_scale: float) -> bool:
-        return guidance_scale > 1.0 and not self.pipeline.config.is_distilled  # as the pipeline decides
+        """As the pipelines decide: klein's distilled models take no CFG, dev's scale is an embedding."""
+        if self.transformer.config.guidance_embeds or self.pipeline.config.get("is_distilled", False):
+            return False
+        return guidance_scale > 1.0
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
@@ -62,13 +70,18 @@ class Flux2KleinPolicy(FlowPolicy):
         scheduler.set_timesteps(num_steps, sigmas=sigmas, mu=mu)
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        return self.token_velocity(latents, sigma, tensors)
+        return self.token_velocity(latents, sigma, tensors, guidance_scale)
 
-    def token_velocity(self, latents, sigma, tensors, reference: torch.Tensor | None = None) -> torch.Tensor:
+    def token_velocity(self, latents, sigma, tensors, guidance_scale: float,
+                       reference: torch.Tensor | None = None) -> torch.Tensor:
         """The transformer's output for latents [B, 4C, h, w]: row-major tokens in with FLUX.2's position ids, and
         back. `reference` (latents of one size for every row, an editor's source) goes in as tokens after the
-        sample's with time coordinate 10 (the pipeline's first reference image); only the sample's come out."""
+        sample's with time coordinate 10 (the pipeline's first reference image); only the sample's come out. A
+        guidance-distilled transformer (dev) gets the scale as its guidance embedding."""
         b, c, h, w = latents.shape
+        guidance = None
+        if self.transformer.config.guidance_embeds:  # fp32, as the pipeline makes it
+            guidance = torch.full((b,), guidance_scale, device=latents.device, dtype=torch.float32)
         embeds = tensors["embeds"].to(latents.dtype)
         pipe = self.pipeline
         tokens, ids = pipe._pack_latents(latents), pipe._prepare_latent_ids(latents)
@@ -76,7 +89,7 @@ class Flux2KleinPolicy(FlowPolicy):
             reference = reference.to(latents.dtype)
             tokens = torch.cat([tokens, pipe._pack_latents(reference)], 1)
             ids = torch.cat([ids, pipe._prepare_image_ids([reference[:1]]).expand(b, -1, -1)], 1)
-        out = self.net()(hidden_states=tokens, timestep=sigma.to(latents.dtype), guidance=None,
+        out = self.net()(hidden_states=tokens, timestep=sigma.to(latents.dtype), guidance=guidance,
                          encoder_hidden_states=embeds, txt_ids=pipe._prepare_text_ids(embeds).to(latents.device),
                          img_ids=ids.to(latents.device), return_dict=False)[0]
         return out[:, :h * w].permute(0, 2, 1).reshape(b, c, h, w)  # row-major tokens, as _pack_latents made them
@@ -88,17 +101,18 @@ class Flux2KleinPolicy(FlowPolicy):
         return self.to_images(vae.decode(z, return_dict=False)[0])
 
 
+@POLICIES.register("Flux2Edit")
 @POLICIES.register("Flux2KleinEdit")
-class Flux2KleinEditPolicy(Flux2KleinPolicy):
-    """FLUX.2 [klein] editing with one reference image (Flux2KleinPipeline's `image`), chosen with
-    `pipeline.policy: Flux2KleinEdit` (the pipeline class is the text-to-image one). The source is per-sample
-    conditioning, found as for the other editors; its VAE latents (posterior mode, patchified, batch-norm normalised)
+class Flux2EditPolicy(Flux2Policy):
+    """FLUX.2 editing with one reference image (the pipelines' `image`), chosen with `pipeline.policy: Flux2KleinEdit`
+    or `Flux2Edit` (one adapter under two names; the pipeline class is the text-to-image one). The source is
+    per-sample conditioning, found as for the other editors; its VAE latents (posterior mode, patchified, batch-norm normalised)
     go in as tokens after the sample's, with time coordinate 10 (the pipeline's first reference image), in both CFG
     branches; only the sample's tokens come out. Deviation, as for Kontext: the source takes the run's sample size
     (bicubic, antialiased), where the pipeline shrinks a source over 1024x1024 pixels to about that area, centre-crops
     it to whole 16-pixel patches and, without a size given, makes the output that size (it also needs sources of at
     least 64 px and at most 8:1; flowrl does not)."""
-    family = "flux2_klein_edit"
+    family = "flux2_edit"
     source_input = "source_image"
     source_world = "shapes_edit"
 
@@ -117,7 +131,7 @@ class Flux2KleinEditPolicy(Flux2KleinPolicy):
         return cond
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        return self.token_velocity(latents, sigma, tensors, reference=tensors["image_latents"])
+        return self.token_velocity(latents, sigma, tensors, guidance_scale, reference=tensors["image_latents"])
 
 
 def _bn_statistics(vae, device) -> tuple[torch.Tensor, torch.Tensor]:
