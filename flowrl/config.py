@@ -47,6 +47,9 @@ class PipelineSection:
     # Wan2.2's two experts: the CFG scale of the low-noise one (WanPipeline's guidance_scale_2), in training and
     # evaluation; None: one scale (sampler.guidance_scale / eval.guidance_scale) for both
     guidance_scale_2: float | None = None
+    # Wan2.2's two experts: which train. high: the high-noise `transformer` (steps below the boundary train nothing);
+    # both: `transformer_2` too, with its own adapter (or full weights), so every step trains
+    experts: Literal["high", "both"] = "high"
     policy: str | None = None  # adapter override: a pipeline class name or package.module:Class
     attention: Literal["sdpa", "xformers"] = "sdpa"  # xformers: pip install -e ".[gpu]", CUDA only
     vae_slicing: bool = False  # decode one sample at a time inside the VAE

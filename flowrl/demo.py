@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .errors import UserError
+from .policies.base import LOW_NOISE_EXPERT
 
 DISPLAY_SIZE = 192  # the shapes pipelines make 32x32 images; show them large, with crisp pixels
 
@@ -34,7 +35,7 @@ class CheckpointSet:
         self.labels = ["base"]
         self.kinds: dict[str, tuple[str, object]] = {}
         self.gates: dict[str, float | None] = {}  # a LoRA's sampling gate, from its adapter.json
-        params = dict(policy.transformer.named_parameters())
+        params = policy.named_trained_parameters()
         for number, checkpoint in enumerate(checkpoints):
             path = Path(checkpoint)
             weights_file = next((path / f for f in ("ema.safetensors", "trainable.safetensors") if (path / f).is_file()), None)
@@ -44,6 +45,9 @@ class CheckpointSet:
             label = f"{path.parent.parent.name}/{path.name}" if path.parent.name == "checkpoints" else path.name
             label = label if label not in self.labels else f"{label} ({number})"
             weights = load_file(weights_file)
+            if any(k.startswith(LOW_NOISE_EXPERT) for k in weights) and not policy.extra_trained:
+                policy.set_trained_experts("both", f"--checkpoint {path} (Wan2.2's two experts trained)")
+                params = policy.named_trained_parameters()
             if any("lora_" in k for k in weights):
                 self.gates[label] = self._add_adapter(path, f"ckpt{number}", weights)
                 self.kinds[label] = ("lora", f"ckpt{number}")
@@ -66,9 +70,12 @@ class CheckpointSet:
         if not adapter_file.is_file():
             raise UserError(f"--checkpoint {path}: LoRA weights without adapter.json describing the adapter")
         adapter = json.loads(adapter_file.read_text())
-        self.policy.transformer.add_adapter(LoraConfig(r=adapter["rank"], lora_alpha=adapter["alpha"],
-                                                       target_modules=adapter["target_modules"]), adapter_name=name)
-        params = dict(self.policy.transformer.named_parameters())
+        for prefix, module in self.policy.trained_modules().items():
+            if prefix and not any(k.startswith(prefix) for k in weights):
+                continue  # (an expert this checkpoint did not train)
+            module.add_adapter(LoraConfig(r=adapter["rank"], lora_alpha=adapter["alpha"],
+                                          target_modules=adapter["target_modules"]), adapter_name=name)
+        params = self.policy.named_trained_parameters()
         with torch.no_grad():
             for key, value in weights.items():
                 param = params[key.replace(".default.", f".{name}.")]
@@ -76,20 +83,23 @@ class CheckpointSet:
         return sampling_gate(adapter)
 
     def activate(self, label: str) -> None:
-        transformer = self.policy.transformer
-        params = dict(transformer.named_parameters())
+        params = self.policy.named_trained_parameters()
         with torch.no_grad():
             for key, value in self.base_full.items():
                 params[key].copy_(value)
-        if getattr(transformer, "_hf_peft_config_loaded", False):
-            transformer.disable_adapters()
+        modules = self.policy.trained_modules().values()
+        for module in modules:
+            if getattr(module, "_hf_peft_config_loaded", False):
+                module.disable_adapters()
         self.policy.lora_active_from_sigma = self.gates.get(label)
         if label == "base":
             return
         kind, payload = self.kinds[label]
         if kind == "lora":
-            transformer.enable_adapters()
-            transformer.set_adapter(payload)
+            for module in modules:
+                if payload in getattr(module, "peft_config", {}):
+                    module.enable_adapters()
+                    module.set_adapter(payload)
         else:
             with torch.no_grad():
                 for key, value in payload.items():

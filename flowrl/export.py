@@ -4,7 +4,9 @@ A LoRA checkpoint also holds its adapter as diffusers writes it (`pytorch_lora_w
 LoRA config in the file's metadata so alpha / rank is restored: `pipe.load_lora_weights(checkpoint_dir)` gives
 flowrl's model exactly) and as peft writes it (`adapter_config.json` + `adapter_model.safetensors`:
 `PeftModel.from_pretrained(pipe.transformer, checkpoint_dir)`). The weights exported are the ones flowrl samples
-with: the EMA when the run keeps one.
+with: the EMA when the run keeps one. Wan2.2 with both experts trained (pipeline.experts: both) adds the low-noise
+expert's adapter as `pytorch_lora_weights_transformer_2.safetensors` (`pipe.load_lora_weights(checkpoint_dir,
+weight_name=..., load_into_transformer_2=True)`) and in peft's layout under `transformer_2/`.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"
+DIFFUSERS_LORA_FILE_2 = "pytorch_lora_weights_transformer_2.safetensors"  # Wan2.2's low-noise expert
 PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
 
 
@@ -24,17 +27,27 @@ def denoiser_name(pipeline) -> str:
 
 
 def write_lora_files(policy, weights: dict, folder: Path) -> None:
-    """Write `weights` (the policy's trainable LoRA tensors by parameter name) in diffusers' and peft's layouts."""
+    """Write `weights` (the policy's trainable LoRA tensors by parameter name) in diffusers' and peft's layouts: the
+    denoiser's in the folder, a further trained network's (Wan2.2's low-noise expert) beside it (diffusers' file
+    named for it, peft's in a subfolder)."""
     from peft.utils import get_peft_model_state_dict
 
-    state = {k: v.contiguous() for k, v in get_peft_model_state_dict(policy.transformer, state_dict=weights).items()}
-    config = policy.transformer.peft_config["default"]
-    metadata = json.loads(json.dumps(config.to_dict(), default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
     name = denoiser_name(policy.pipeline)
-    type(policy.pipeline).save_lora_weights(folder, **{f"{name}_lora_layers": state,
-                                                      f"{name}_lora_adapter_metadata": metadata})
-    config.save_pretrained(folder)
-    save_file({f"base_model.model.{k}": v for k, v in state.items()}, Path(folder) / PEFT_WEIGHTS_FILE)
+    for prefix, module in policy.trained_modules().items():
+        own = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix) and
+               (prefix or not any(k.startswith(p) for p in policy.extra_trained))}
+        state = {k: v.contiguous() for k, v in get_peft_model_state_dict(module, state_dict=own).items()}
+        config = module.peft_config["default"]
+        metadata = json.loads(json.dumps(config.to_dict(),
+                                         default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
+        # diffusers' loaders read a transformer's LoRA under the "transformer" prefix, the low-noise expert's too
+        type(policy.pipeline).save_lora_weights(folder, **{f"{name}_lora_layers": state,
+                                                          f"{name}_lora_adapter_metadata": metadata},
+                                                weight_name=DIFFUSERS_LORA_FILE_2 if prefix else DIFFUSERS_LORA_FILE)
+        peft_folder = Path(folder) / prefix.rstrip(".")
+        peft_folder.mkdir(exist_ok=True)
+        config.save_pretrained(peft_folder)
+        save_file({f"base_model.model.{k}": v for k, v in state.items()}, peft_folder / PEFT_WEIGHTS_FILE)
 
 
 def export_pipeline(pipeline_dir, checkpoint, out, dtype: str = "fp32") -> Path:
@@ -57,8 +70,9 @@ def export_pipeline(pipeline_dir, checkpoint, out, dtype: str = "fp32") -> Path:
               "(lora.active_from_sigma / sample_from_sigma); the exported pipeline applies the tuned weights at every "
               "step", file=sys.stderr)
     if policy.has_lora:
-        policy.transformer.fuse_lora(lora_scale=1.0)
-        policy.transformer.unload_lora()
+        for module in policy.trained_modules().values():
+            module.fuse_lora(lora_scale=1.0)
+            module.unload_lora()
     pipeline.to(dtype=WEIGHT_DTYPES[dtype])  # a full fine-tune's trained fp32 weights, to the export dtype
     pipeline.save_pretrained(out)
     return Path(out)

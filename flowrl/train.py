@@ -61,12 +61,14 @@ def build_policy(config: RunConfig):
     policy = policy_for(load_pipeline(config.pipeline.path, dtype), config.pipeline.policy,
                         max_sequence_length=config.pipeline.max_sequence_length)
     policy.set_guidance_scale_2(config.pipeline.guidance_scale_2, "pipeline.guidance_scale_2")
+    policy.set_trained_experts(config.pipeline.experts, "pipeline.experts")
     if config.lora is not None:
         targets = config.lora.target_modules or policy.lora_targets
         policy.add_lora(config.lora.rank, config.lora.alpha, targets)
         policy.lora_active_from_sigma = config.lora.active_from_sigma
     else:
-        policy.transformer.requires_grad_(True)
+        for module in policy.trained_modules().values():
+            module.requires_grad_(True)
     return policy
 
 
@@ -198,7 +200,10 @@ class Trainer:
             raise ConfigError("nothing to train: the policy has no trainable parameters")
         optimizer = build_optimizer(config.train, params)
         if self.world > 1:  # one prepare() call: what DDP, DeepSpeed and FSDP2 each need to wrap model and optimizer
-            self.policy.model, self.optimizer = self.accelerator.prepare(self.policy.transformer, optimizer)
+            # (one module: with Wan2.2's two experts both training, one module holding both, so one reducer orders
+            # the gradient collectives alike on every process)
+            self.policy.model, self.optimizer = self.accelerator.prepare(self.policy.distributed_module(), optimizer)
+            self.policy.distributed = True
         else:  # one process: the bare module (no wrapper, no output casting), as before
             self.optimizer = self.accelerator.prepare_optimizer(optimizer)
         self.params = params
@@ -379,7 +384,7 @@ class Trainer:
         self._set_learning_rate(update)
         for chunk_index in range(c.optimizer_steps_per_update):
             chunk = items.subset(torch.nonzero(step_of_item == chunk_index).flatten())
-            total = self._global_sum(len(chunk))
+            total = self._global_sum(int((chunk.weight > 0).sum()))  # (a placeholder of weight 0 trains nothing)
             if total == 0:
                 continue
             micro = max(1, math.ceil(self._global_max(len(chunk)) / c.microbatch_size))
@@ -488,6 +493,12 @@ class Trainer:
 
     def restore(self, path: Path) -> None:
         saved = load_checkpoint(path)
+        ours, theirs = set(self.policy.trainable_state_dict()), set(saved["trainable"])
+        if ours != theirs:  # another adapter, or another choice of what trains (pipeline.experts, lora vs full)
+            only = sorted(theirs - ours)[:1] or sorted(ours - theirs)[:1]
+            raise ConfigError(f"run.resume: checkpoint {path} trained other weights than this config does (e.g. "
+                              f"{only[0]} is in {'the checkpoint' if theirs - ours else 'this run'} only): resume "
+                              "with the run's own lora and pipeline.experts settings, or start a new run.name")
         self.policy.load_trainable_state_dict(saved["trainable"])
         self.optimizer.load_state_dict(saved["optimizer"])
         if saved["ema"] is not None and self.state.ema is not None:

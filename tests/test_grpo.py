@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -81,6 +83,21 @@ def test_zero_std_groups_are_dropped_and_deterministic_steps_skipped():
     assert set(items.sample.tolist()) == {3, 4, 5}
     assert metrics["zero_std_share"] == pytest.approx(0.5)
     assert 3 not in items.step.tolist()  # CPS's last step has zero variance
+
+
+def test_a_process_whose_groups_all_tie_keeps_one_item_of_weight_zero():
+    """Under DDP a process whose groups all tie (dropped) still runs the forward and backward the others run: one
+    placeholder item of weight 0 (before, it had none and the run stopped as soon as another process trained)."""
+    policy = policy_for(tiny_shapes_sd3(), max_sequence_length=16)
+    batch = _batch(policy)
+    batch.global_rewards = torch.tensor([1.0, 1.0, 1.0, 0.2, 0.9, 0.4])  # the other process's group varies
+    batch.rewards = batch.global_rewards[:3]
+    batch.local_index = torch.arange(3)  # this process holds the tied group alone
+    batch.trajectory = replace(batch.trajectory, latents=batch.trajectory.latents[:, :3],
+                               log_probs=batch.trajectory.log_probs[:, :3], cond=batch.trajectory.cond.select([0, 1, 2]))
+    items, _ = build_algorithm("grpo", {}, SamplerSection()).prepare(batch, policy)
+    assert len(items) == 1 and items.weight.tolist() == [0.0]
+    assert bool(batch.trajectory.stochastic[items.step[0]])  # a step the loss can score
 
 
 def test_bad_algorithm_params_are_named():

@@ -87,7 +87,12 @@ class GRPO(Algorithm):
             chosen = trained_steps(trainable, p.timestep_fraction, batch.seeds[i])
             samples += [i] * len(chosen)
             steps += chosen.tolist()
-        items = WorkItems.build(samples, steps)
+        weights = [1.0] * len(samples)
+        if not samples and len(keep) and trainable.any():
+            # every group on this process tied: one item of weight 0, so the process still runs the forward and
+            # backward the others run (a distributed wrapper's gradient collective needs all of them every time)
+            samples, steps, weights = [0], [int(torch.nonzero(trainable)[0])], [0.0]
+        items = WorkItems.build(samples, steps, weights)
         metrics = {"zero_std_share": dead.float().mean().item(), "advantage_abs_mean": advantages.abs().mean().item()}
         return items, metrics
 

@@ -63,7 +63,7 @@ def evaluate_safety(policy, modes: list[str], steering: SteeringConfig, num_per_
         if mode in LORA_MODES:
             load_steering(policy, replace(steering, mode="lora"))  # adds the adapter, switched off
         if mode in LORA_ALWAYS_ON:
-            policy.transformer.enable_adapters()
+            policy.switch_adapters(True)
         sampling_seconds, row = 0.0, {}
         for name in PROMPT_SETS:
             started = time.perf_counter()
@@ -85,7 +85,7 @@ def evaluate_safety(policy, modes: list[str], steering: SteeringConfig, num_per_
                 row["benign_dense"] = float(judged[:, 0].mean())
         row["seconds"] = sampling_seconds
         if mode in LORA_ALWAYS_ON:
-            policy.transformer.disable_adapters()
+            policy.switch_adapters(False)
         results[mode] = row
         print(f"  {mode}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
     base = results.get("base")

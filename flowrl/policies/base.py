@@ -59,6 +59,10 @@ class SampleSpec:
     num_frames: int | None = None
 
 
+# the prefix of Wan2.2's low-noise expert's parameter names in checkpoints when it trains (pipeline.experts: both)
+LOW_NOISE_EXPERT = "transformer_2."
+
+
 def declared_text_length(pipeline, tokenizer: str) -> int | None:
     """The text length the tokenizer that `max_sequence_length` governs (`tokenizer`: SD3's T5 is tokenizer_3) declares
     (`model_max_length`) where it is below the pipeline's own default, else None (the default stands; also without
@@ -100,6 +104,10 @@ class FlowPolicy:
         self.pipeline = pipeline
         self.transformer = getattr(pipeline, "transformer", None) or pipeline.unet
         self.model = self.transformer  # what is called: the transformer, or its distributed wrapper
+        self.distributed = False  # whether `model` is a distributed wrapper (set by the training loop)
+        # further trained networks beside `transformer` (Wan2.2's low-noise expert with pipeline.experts: both), by
+        # the prefix their parameter names take in checkpoints
+        self.extra_trained: dict[str, torch.nn.Module] = {}
         self.max_sequence_length = max_sequence_length or declared_text_length(pipeline, self.text_length_tokenizer)
         self.scheduler = self.sampling_scheduler(pipeline.scheduler)
         self._sigma_cache: dict[int, torch.Tensor] = {}
@@ -111,6 +119,22 @@ class FlowPolicy:
             module = getattr(pipeline, name, None)
             if module is not None:
                 module.requires_grad_(False)
+
+    def trained_modules(self) -> dict[str, torch.nn.Module]:
+        """Every network that trains, by the prefix of its parameter names in checkpoints: "" for `transformer`
+        (the names stay as they always were), e.g. "transformer_2." for Wan2.2's low-noise expert."""
+        return {"": self.transformer, **self.extra_trained}
+
+    def distributed_module(self) -> torch.nn.Module:
+        """The module a distributed wrapper (DDP, FSDP2, DeepSpeed) wraps; `model` becomes the wrapper."""
+        return self.transformer
+
+    def set_trained_experts(self, experts: str, where: str) -> None:
+        """pipeline.experts: "high" trains the denoiser; only Wan2.2's two experts take "both"."""
+        if experts != "high":
+            from ..errors import ConfigError
+            raise ConfigError(f"{where}: {experts!r} needs a Wan2.2 pipeline with two experts (transformer_2 and a "
+                              f"boundary_ratio); {type(self.pipeline).__name__} has one network: use high")
 
     def components(self) -> dict[str, torch.nn.Module]:
         """The pipeline's modules (denoiser, VAE, text encoders, ...) by name."""
@@ -159,7 +183,8 @@ class FlowPolicy:
         if gradient_checkpointing:
             if not getattr(self.transformer, "_supports_gradient_checkpointing", False):
                 raise ConfigError(f"train.gradient_checkpointing: {type(self.transformer).__name__} does not support it")
-            self.transformer.enable_gradient_checkpointing()
+            for module in self.trained_modules().values():
+                module.enable_gradient_checkpointing()
         vae = getattr(self.pipeline, "vae", None)
         for flag, method in ((vae_slicing, "enable_slicing"), (vae_tiling, "enable_tiling")):
             if flag:
@@ -429,9 +454,10 @@ class FlowPolicy:
     def add_lora(self, rank: int, alpha: float, target_modules: list[str], init: str = "gaussian") -> None:
         from peft import LoraConfig
 
-        self.transformer.requires_grad_(False)
-        self.transformer.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules,
-                                                init_lora_weights=init))
+        for module in self.trained_modules().values():
+            module.requires_grad_(False)
+            module.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules,
+                                          init_lora_weights=init))
         for param in self.trainable_parameters():  # peft makes the adapter in the base's dtype: keep it fp32, so
             param.data = param.data.float()        # a checkpoint's weights load exactly into a half-precision base
 
@@ -447,13 +473,18 @@ class FlowPolicy:
         if self._adapters_off:  # nested (a gated velocity inside a reference pass): already off
             yield self
             return
-        self.transformer.disable_adapters()
+        self.switch_adapters(False)
         self._adapters_off = True
         try:
             yield self
         finally:
             self._adapters_off = False
-            self.transformer.enable_adapters()
+            self.switch_adapters(True)
+
+    def switch_adapters(self, on: bool) -> None:
+        """Every trained network's LoRA adapter on or off (both Wan2.2 experts when both train)."""
+        for module in self.trained_modules().values():
+            module.enable_adapters() if on else module.disable_adapters()
 
     def set_guidance_scale_2(self, value: float | None, where: str) -> None:
         """A second CFG scale for the low-noise part of the schedule: only Wan2.2's two experts take one."""
@@ -469,14 +500,17 @@ class FlowPolicy:
         return None
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.transformer.parameters() if p.requires_grad]
+        return [p for module in self.trained_modules().values() for p in module.parameters() if p.requires_grad]
+
+    def named_trained_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """Every parameter of the trained networks (frozen ones too) by its name in checkpoints."""
+        return {prefix + n: p for prefix, module in self.trained_modules().items() for n, p in module.named_parameters()}
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        names = {id(p): n for n, p in self.transformer.named_parameters()}
-        return {names[id(p)]: p.detach().clone() for p in self.trainable_parameters()}
+        return {n: p.detach().clone() for n, p in self.named_trained_parameters().items() if p.requires_grad}
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        params = dict(self.transformer.named_parameters())
+        params = self.named_trained_parameters()
         missing = [n for n in state if n not in params]
         if missing:
             raise ValueError(f"checkpoint has parameters this policy lacks, e.g. {missing[:3]}")

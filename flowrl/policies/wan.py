@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import POLICIES
-from .base import Conditioning, FlowPolicy, SampleSpec
+from .base import LOW_NOISE_EXPERT, Conditioning, FlowPolicy, SampleSpec
 from .wan_vae import frame_convolutions
 
 WAN_LORA_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
@@ -22,8 +22,8 @@ class WanPolicy(FlowPolicy):
     def __init__(self, pipeline, max_sequence_length: int | None = None):
         super().__init__(pipeline, max_sequence_length)
         # Wan2.2 A14B: `transformer` (trained here, LoRA or full) denoises where t >= boundary_ratio x the
-        # scheduler's training steps, the frozen `transformer_2` below; a pipeline without a boundary uses only
-        # `transformer`, as WanPipeline does
+        # scheduler's training steps, `transformer_2` below (frozen unless pipeline.experts is both); a pipeline
+        # without a boundary uses only `transformer`, as WanPipeline does
         expert = getattr(pipeline, "transformer_2", None)
         ratio = getattr(pipeline.config, "boundary_ratio", None)
         self.low_noise_expert = expert if ratio is not None else None
@@ -40,6 +40,19 @@ class WanPolicy(FlowPolicy):
         embeds, neg = self.pipeline.encode_prompt(prompts, negative_prompt=[""] * len(prompts) if cfg else None,
                                                   do_classifier_free_guidance=cfg, device=self.device, **kwargs)
         return Conditioning({"embeds": embeds}, {"embeds": neg} if cfg else {}, list(prompts))
+
+    def set_trained_experts(self, experts: str, where: str) -> None:
+        """pipeline.experts: "both" trains the low-noise expert too (its parameters named "transformer_2." in
+        checkpoints), so steps below the boundary train as well; call before the adapter is added."""
+        if experts == "both" and self.low_noise_expert is not None:
+            self.extra_trained = {LOW_NOISE_EXPERT: self.low_noise_expert}
+            self.model = ExpertPair(self.transformer, self.low_noise_expert)
+            return
+        self.extra_trained, self.model = {}, self.transformer
+        super().set_trained_experts(experts, where)
+
+    def distributed_module(self) -> torch.nn.Module:
+        return self.model if self.extra_trained else self.transformer  # (before wrapping: the ExpertPair)
 
     def set_guidance_scale_2(self, value: float | None, where: str) -> None:
         """WanPipeline's guidance_scale_2: the CFG scale below the boundary (the low-noise expert's); `where` names
@@ -63,12 +76,12 @@ class WanPolicy(FlowPolicy):
 
     def frozen_below(self) -> tuple[float, str] | None:
         gate = super().frozen_below()
-        if self.boundary_timestep is None:
+        if self.boundary_timestep is None or self.extra_trained:
             return gate
         boundary = self.boundary_timestep / 1000  # in sigma, as _forward compares sigma x 1000
         if gate is not None and gate[0] >= boundary:
             return gate
-        return boundary, "Wan2.2's frozen low-noise expert (transformer_2) denoises"
+        return boundary, "Wan2.2's frozen low-noise expert (transformer_2) denoises (pipeline.experts: both trains it)"
 
     def default_spec(self) -> SampleSpec:
         return SampleSpec(480, 832, 81)  # WanPipeline.__call__'s defaults
@@ -85,25 +98,14 @@ class WanPolicy(FlowPolicy):
         timestep = sigma * 1000
         inputs = self.transformer_inputs(latents, tensors, timestep)
 
-        def call(net, rows):
-            return net(**{k: v[rows] for k, v in inputs.items()}, return_dict=False)[0]
-
-        every = slice(None)
         if self.boundary_timestep is None:
-            return call(self.net(), every)
+            return self.net()(**inputs, return_dict=False)[0]
         high = timestep >= self.boundary_timestep  # per sample: a training batch mixes steps
-        if bool(high.all()):
-            return call(self.net(), every)
-        if not bool(high.any()):
-            out = call(self.low_noise_expert, every)
-            if torch.is_grad_enabled() and self.model is not self.transformer:
-                # a distributed wrapper (DDP, FSDP2) must run its forward on every process in every microbatch, or
-                # the processes' gradient collectives stop matching: one row through it, weighted zero
-                out = out + 0.0 * call(self.net(), slice(0, 1)).sum()
-            return out
-        order = torch.cat([high.nonzero()[:, 0], (~high).nonzero()[:, 0]])
-        out = torch.cat([call(self.net(), high), call(self.low_noise_expert, ~high)])
-        return out[order.argsort()]
+        # a distributed wrapper must run its forward on every process in every microbatch, needed or not
+        synced = torch.is_grad_enabled() and self.distributed
+        if self.extra_trained and torch.is_grad_enabled():  # both experts train: through their one module
+            return self.model(high, inputs, synced)
+        return route_experts(self.net(), self.low_noise_expert, inputs, high, keep_high=synced)
 
     def transformer_inputs(self, latents: torch.Tensor, tensors: dict, timestep: torch.Tensor) -> dict:
         """The transformer's batch-first inputs (image-to-video adds its condition, and TI2V a timestep per token)."""
@@ -115,6 +117,38 @@ class WanPolicy(FlowPolicy):
         vae = self.pipeline.vae
         with frame_convolutions(vae):  # the same decode, faster, when the VAE's frames do not interact
             return self.to_images(vae.decode(wan_vae_latents(vae, latents), return_dict=False)[0])
+
+
+class ExpertPair(torch.nn.Module):
+    """Wan2.2's two experts as one module, for training both (pipeline.experts: both): a distributed wrapper then
+    holds both in one reducer, which orders the gradient collectives alike on every process (two wrappers' hooks
+    fire in the order each process's graph finishes, and the experts' same-shaped buckets would pair up crosswise)."""
+
+    def __init__(self, high: torch.nn.Module, low: torch.nn.Module):
+        super().__init__()
+        self.high, self.low = high, low
+
+    def forward(self, high: torch.Tensor, inputs: dict, synced: bool = False) -> torch.Tensor:
+        return route_experts(self.high, self.low, inputs, high, keep_high=synced, keep_low=synced)
+
+
+def route_experts(high_net, low_net, inputs: dict, high: torch.Tensor, keep_high: bool = False,
+                  keep_low: bool = False) -> torch.Tensor:
+    """Each row through the expert its timestep picks (`high`: the high-noise one), as WanPipeline does. An expert
+    no row needs still runs one row, weighted zero, where it is kept (`keep_high`, `keep_low`): a distributed
+    wrapper's collectives need its forward, and every trained parameter in the backward, on every process."""
+    def call(net, rows):
+        return net(**{k: v[rows] for k, v in inputs.items()}, return_dict=False)[0]
+
+    if bool(high.all()) or not bool(high.any()):
+        used, unused, keep = ((high_net, low_net, keep_low) if bool(high.all()) else (low_net, high_net, keep_high))
+        out = call(used, slice(None))
+        if keep:
+            out = out + 0.0 * call(unused, slice(0, 1)).sum()
+        return out
+    order = torch.cat([high.nonzero()[:, 0], (~high).nonzero()[:, 0]])
+    out = torch.cat([call(high_net, high), call(low_net, ~high)])
+    return out[order.argsort()]
 
 
 def wan_vae_latents(vae, latents: torch.Tensor) -> torch.Tensor:

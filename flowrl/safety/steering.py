@@ -117,11 +117,11 @@ class SafetyMonitor:
             rms = g.flatten(1).pow(2).mean(1).sqrt().clamp_min(1e-12).reshape(-1, *[1] * (g.ndim - 1))
             v[rows] = v[rows] + self.config.gradient_scale * g / rms
         elif mode == "lora":
-            self.policy.transformer.enable_adapters()
+            self.policy.switch_adapters(True)
             try:
                 v[rows] = self.policy.velocity(x[rows], sigma, cond.select(rows.cpu()), guidance_scale)
             finally:
-                self.policy.transformer.disable_adapters()
+                self.policy.switch_adapters(False)
         return v
 
 
@@ -159,7 +159,7 @@ def load_steering(policy, config: SteeringConfig):
         load_trained_weights(policy, config.lora)
         if not policy.has_lora:
             raise UserError(f"--steer-lora: checkpoint {config.lora} holds no LoRA adapter")
-        policy.transformer.disable_adapters()
+        policy.switch_adapters(False)
     return probe
 
 
