@@ -28,8 +28,8 @@ CASES = {  # config -> (layout, size (and schedule) overrides, reward overrides)
                                "pickscore"),
     "flux2_klein_base_pickscore_grpo": ("flux2_klein_base", ["pipeline.height=32", "pipeline.width=32",
                                                              "sampler.sde_window_range=[1,3]"], "pickscore"),
-    "flux2_dev_pickscore_grpo": ("flux2_dev", ["pipeline.height=32", "pipeline.width=32",
-                                               "sampler.sde_window_range=[1,3]"], "pickscore"),
+    "flux2_dev_clip_pickscore_grpo": ("flux2_dev", ["pipeline.height=32", "pipeline.width=32",
+                                                    "sampler.sde_window_range=[1,3]"], "clip_pickscore"),
 }
 
 
@@ -87,6 +87,9 @@ def test_real_config_trains_evaluates_and_exports(name, clip_folder, tmp_path):
         overrides.append("pipeline.max_sequence_length=16")
     if reward == "pickscore":
         overrides.append(f"reward=[{{name: pickscore, params: {{path: {clip_folder}}}}}]")
+    elif reward == "clip_pickscore":  # both terms, standardized within groups (GDPO), on one tiny CLIP
+        overrides.append(f"reward=[{{name: clipscore, params: {{path: {clip_folder}}}}}, "
+                         f"{{name: pickscore, weight: 0.5, params: {{path: {clip_folder}}}}}]")
     elif reward == "per_frame":
         overrides.append(f"reward=[{{name: per_frame, params: {{reward: pickscore, params: {{path: {clip_folder}}}, "
                          "frames: 2}}]")

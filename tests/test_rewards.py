@@ -64,6 +64,36 @@ def test_weighted_sum_and_registry():
         build_reward("nope")
 
 
+def test_group_standardized_terms_with_global_std_grpo_are_gdpo():
+    """Flow-Factory's default multi-reward advantage (GDPO): each reward standardized within its group (population
+    std), weighted, summed, then the whole batch standardized. flowrl's train.normalize_rewards: group followed by
+    GRPO's std: global gives the same advantages (the group means of the sum are zero already; the per-term std
+    convention rescales every term alike, which the batch step removes)."""
+    from flowrl.algorithms.advantages import group_advantages
+    from flowrl.rewards.base import standardized_sum
+
+    generator = torch.Generator().manual_seed(0)
+    groups = torch.arange(6).repeat_interleave(8)
+    clip = 0.25 + 0.05 * torch.randn(48, generator=generator)  # CLIP cosines
+    pick = 21 + 2 * torch.randn(48, generator=generator)  # PickScore logits
+    weights = [1.0, 0.5]
+
+    def gdpo(terms):  # by its definition, written out
+        combined = torch.zeros(48, dtype=torch.float64)
+        for term, weight in zip(terms, weights):
+            term = term.double()
+            for g in groups.unique():
+                m = groups == g
+                combined[m] += weight * (term[m] - term[m].mean()) / term[m].std(unbiased=False)
+        return (combined - combined.mean()) / combined.std(unbiased=False)
+
+    ours = group_advantages(standardized_sum([clip, pick], weights, groups), groups, "global", clip=None)
+    torch.testing.assert_close(ours.double(), gdpo([clip, pick]), atol=1e-3, rtol=1e-3)
+    # the plain weighted sum, group-normalised (their "sum"), is another advantage
+    summed = group_advantages(clip + 0.5 * pick, groups, "group", clip=None)
+    assert (summed.double() - gdpo([clip, pick])).abs().max() > 0.1
+
+
 def test_the_loop_combines_standardized_reward_terms_within_groups(tiny_sd3_dir, tmp_path):
     from flowrl.config import load_config
     from flowrl.rewards.base import standardized_sum
