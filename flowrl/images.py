@@ -29,42 +29,55 @@ def as_image_batch(image) -> torch.Tensor:
 
 def item_image(item, key: str, world: str, needed_by: str, size: int | None = None,
                resize_to: tuple[int, int] | None = None) -> torch.Tensor:
-    """A condition item's input image as float [3, H, W] in [0, 1], from, in order: its inputs[key] (uint8 [H, W, 3]
-    array, float tensor [3, H, W] in [0, 1], or a PIL image), its meta["image"] (a path to an image file, e.g. from
-    a .jsonl prompt file; resized to `size` when given), or the image the task `world` (by registered name) makes
-    for a prompt of its grammar (its `condition_image(item)`: the policies know no world themselves). `needed_by`
-    names the pipeline kind in the error for a prompt that has none; `size` (when given) is checked; `resize_to`
-    (height, width), when given, is the size it is brought to (`resized`: an editor's source at the sample size)."""
+    """A condition item's input image (its first, where it gives several: an editor's source) as float [3, H, W] in
+    [0, 1]: see `item_images`."""
+    return item_images(item, key, world, needed_by, size, resize_to)[0]
+
+
+def item_images(item, key: str, world: str, needed_by: str, size: int | None = None,
+                resize_to: tuple[int, int] | None = None) -> list[torch.Tensor]:
+    """A condition item's input images, each float [3, H, W] in [0, 1], from, in order: its inputs[key] (one image or
+    a list of them: uint8 [H, W, 3] arrays, float tensors [3, H, W] in [0, 1], or PIL images), its meta["image"] (a
+    path to an image file, or a list of paths, e.g. from a .jsonl prompt file; resized to `size` when given), or the
+    image the task `world` (by registered name) makes for a prompt of its grammar (its `condition_image(item)`: the
+    policies know no world themselves). Several images are an editor's source followed by further reference images.
+    `needed_by` names the pipeline kind in the error for a prompt that has none; `size` (when given) is checked;
+    `resize_to` (height, width), when given, is the size each is brought to (`resized`: an editor's source at the
+    sample size)."""
     from pathlib import Path
 
     from .errors import UserError
 
-    image = item.inputs.get(key)
-    if image is None and item.meta.get("image"):
-        path = Path(item.meta["image"])
-        if not path.is_file():
-            raise UserError(f"condition image {path} (meta 'image' of prompt {item.prompt!r}) does not exist")
+    given = item.inputs.get(key)
+    if given is None and item.meta.get("image"):
         from PIL import Image
 
-        with Image.open(path) as opened:
-            image = opened.convert("RGB")
-            image = image.resize((size, size)) if size is not None else image.copy()
-    if image is None and world is None:
+        given = []
+        for path in item.meta["image"] if isinstance(item.meta["image"], list) else [item.meta["image"]]:
+            if not Path(path).is_file():
+                raise UserError(f"condition image {path} (meta 'image' of prompt {item.prompt!r}) does not exist")
+            with Image.open(path) as opened:
+                image = opened.convert("RGB")
+                given.append(image.resize((size, size)) if size is not None else image.copy())
+    if given is None and world is None:
         raise UserError(f"prompt {item.prompt!r} has no condition image; {needed_by} needs one: give it as 'image' "
                         "(a file path) in a .jsonl prompt file")
-    if image is None:
+    if given is None:
         from .tasks.base import build_task
 
         try:
-            image = build_task(world).condition_image(item)
+            given = build_task(world).condition_image(item)
         except ValueError as error:
             raise UserError(f"{error}; {needed_by} needs a condition image: give it as 'image' (a file path) in a "
                             f".jsonl prompt file, or use prompts of the {world} world") from None
-    # a copy: a task's cached renders may be read-only
-    batch = as_image_batch(image if isinstance(image, torch.Tensor) else np.array(image)).float()
-    if size is not None and batch.shape[-2:] != (size, size):
-        raise UserError(f"condition image of {item.prompt!r} is {tuple(batch.shape[-2:])}; expected {size}x{size}")
-    return batch[0] if resize_to is None else resized(batch[0], *resize_to)
+    images = []
+    for image in given if isinstance(given, (list, tuple)) else [given]:
+        # a copy: a task's cached renders may be read-only
+        batch = as_image_batch(image if isinstance(image, torch.Tensor) else np.array(image)).float()
+        if size is not None and batch.shape[-2:] != (size, size):
+            raise UserError(f"condition image of {item.prompt!r} is {tuple(batch.shape[-2:])}; expected {size}x{size}")
+        images.append(batch[0] if resize_to is None else resized(batch[0], *resize_to))
+    return images
 
 
 def resized(image: torch.Tensor, height: int, width: int) -> torch.Tensor:

@@ -207,8 +207,49 @@ def test_flux2_edits_with_a_reference_image_as_the_pipeline(variant):
     assert (without.final - ode.final).abs().max() > 1e-2
     # a sample size off the 4-pixel patch grid (16 px on the released models): the source covers what the latents do
     odd = SampleSpec(66, 70)
-    assert policy.encode(items, 4.0, odd).tensors["image_latents"].shape[1:] == policy.noise_shape(odd)
+    assert policy.encode(items, 4.0, odd).tensors["image_latents"].shape[2:] == policy.noise_shape(odd)
     assert_lora_trains_every_adapter_and_reference_is_base(policy, noise, 0.6, cond, 4.0)
+
+
+@pytest.mark.parametrize("variant", ["base", "dev"])
+def test_flux2_edits_with_several_reference_images_as_the_pipeline(variant):
+    """A sample's images in a list (the source, then further references) go in in order (time coordinates 10, 20);
+    a batch mixing two images and one gives each sample the pipeline's own edit from that list, and what it gives
+    alone; a pipeline that takes one image names the prompt that gives two."""
+    import numpy as np
+    from PIL import Image
+
+    from flowrl.errors import UserError
+    from flowrl.tasks.base import Condition
+    from tiny_pipelines import tiny_flux_kontext
+
+    make, pipeline_scale = FLUX2[variant]
+    pipe = make()
+    policy = policy_for(pipe, "Flux2Edit", max_sequence_length=16)
+    spec = SampleSpec(64, 64)
+    shape = policy.noise_shape(spec)
+    images = [Image.fromarray(np.random.default_rng(i).integers(0, 255, (64, 64, 3), dtype=np.uint8)) for i in range(3)]
+    lists = [images[:2], images[2:]]
+    items = [Condition(prompt, inputs={"source_image": given}) for prompt, given in zip(PROMPTS, lists)]
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    cond = policy.encode(items, 4.0, spec)
+    assert cond.tensors["reference_count"].tolist() == [2, 1]
+    ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
+    expected = torch.cat([pipe(image=given, prompt=[prompt], guidance_scale=pipeline_scale, num_inference_steps=3,
+                               latents=noise[i:i + 1], output_type="pt", height=64, width=64,
+                               max_sequence_length=16).images for i, (prompt, given) in enumerate(zip(PROMPTS, lists))])
+    torch.testing.assert_close(policy.decode(ode.final), expected, atol=1e-5, rtol=1e-5)
+    alone = rollout(policy, policy.encode(items[:1], 4.0, spec), sample_generators([1]), shape, 3, "ode", 0.0, 4.0,
+                    initial_noise=noise[:1])
+    torch.testing.assert_close(alone.final, ode.final[:1], atol=1e-5, rtol=1e-5)
+    first_only = rollout(policy, policy.encode([Condition(PROMPTS[0], inputs={"source_image": images[0]})], 4.0, spec),
+                         sample_generators([1]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise[:1])
+    assert (first_only.final - ode.final[:1]).abs().max() > 1e-3  # the second image counts
+    assert_lora_trains_every_adapter_and_reference_is_base(policy, noise, 0.6, cond, 4.0)
+    kontext = policy_for(tiny_flux_kontext(), max_sequence_length=16)
+    with pytest.raises(UserError, match=r"prompt 'a red circle' gives 2 images; FluxKontextPipeline \(adapter "
+                                        r"FluxKontextPolicy\) takes one"):
+        kontext.encode(items[:1], 3.5, SampleSpec(16, 16))
 
 
 def test_z_image_gives_its_transformer_the_time_in_fp32_under_bf16_weights(monkeypatch):

@@ -92,6 +92,7 @@ class FlowPolicy:
     source_input: str | None = None  # the per-sample input an editing pipeline needs (e.g. "source_image")
     source_world: str | None = None  # the task (registered name) that makes a source for a prompt of its grammar
     source_needed_by = "an editing pipeline"  # what needs the source, in the error for a prompt without one
+    max_references: int | None = 1  # input images one sample may take (a source, then references; None: any)
     # Flow-GRPO trains the guided output with the unconditional branch detached; True keeps its gradient too
     # (at w = 4.5 the two gradients differ by ~70% relative). Set from train.cfg_uncond_grad by the loop.
     cfg_uncond_grad = False
@@ -281,11 +282,24 @@ class FlowPolicy:
         """An editing pipeline's source image of each condition item (float [3, H, W] in [0, 1]): its
         inputs[source_input], its meta["image"] file, or the `source_world` scene for a prompt of that world's
         grammar; brought to the sample size `spec` when given (see FluxKontextPolicy.encode_inputs for why)."""
-        from ..images import item_image
+        return [images[0] for images in self.reference_images(items, spec)]
+
+    def reference_images(self, items: list, spec: SampleSpec | None = None) -> list[list[torch.Tensor]]:
+        """Each condition item's input images (its source, then any further reference images: a list in
+        inputs[source_input] or meta["image"]), as `source_images` finds them; a UserError naming the prompt where
+        an item gives more than this pipeline takes (`max_references`)."""
+        from ..errors import UserError
+        from ..images import item_images
 
         size = (spec.height, spec.width) if spec is not None else None
-        return [item_image(item, self.source_input, self.source_world, self.source_needed_by, resize_to=size)
-                for item in items]
+        found = [item_images(item, self.source_input, self.source_world, self.source_needed_by, resize_to=size)
+                 for item in items]
+        for item, images in zip(items, found):
+            if self.max_references is not None and len(images) > self.max_references:
+                takes = "one" if self.max_references == 1 else f"at most {self.max_references}"
+                raise UserError(f"prompt {item.prompt!r} gives {len(images)} images; {type(self.pipeline).__name__} "
+                                f"(adapter {type(self).__name__}) takes {takes}")
+        return found
 
     def distinct_sources(self, items: list) -> tuple[list[torch.Tensor], list[int]]:
         """Each distinct condition item's source, found once (a group repeats one item), as given (not resized), and

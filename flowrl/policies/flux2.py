@@ -72,26 +72,37 @@ class Flux2Policy(FlowPolicy):
     def _forward(self, latents, sigma, tensors, guidance_scale):
         return self.token_velocity(latents, sigma, tensors, guidance_scale)
 
-    def token_velocity(self, latents, sigma, tensors, guidance_scale: float,
-                       reference: torch.Tensor | None = None) -> torch.Tensor:
+    def token_velocity(self, latents, sigma, tensors, guidance_scale: float) -> torch.Tensor:
         """The transformer's output for latents [B, 4C, h, w]: row-major tokens in with FLUX.2's position ids, and
-        back. `reference` (latents of one size for every row, an editor's source) goes in as tokens after the
-        sample's with time coordinate 10 (the pipeline's first reference image); only the sample's come out. A
-        guidance-distilled transformer (dev) gets the scale as its guidance embedding."""
-        b, c, h, w = latents.shape
+        back. A guidance-distilled transformer (dev) gets the scale as its guidance embedding."""
+        return self.call_transformer(self.transformer_inputs(latents, sigma, tensors["embeds"], guidance_scale),
+                                     latents.shape)
+
+    def transformer_inputs(self, latents, sigma, embeds, guidance_scale: float,
+                           references: torch.Tensor | None = None) -> dict:
+        """The transformer's keyword inputs for latents [B, 4C, h, w]; `references` [B, K, 4C, h', w'] (K images of
+        one size for every row: an editor's source and further references) go in as tokens after the sample's with
+        time coordinates 10, 20, ... (the pipelines' reference images in order)."""
+        b = latents.shape[0]
         guidance = None
         if self.transformer.config.guidance_embeds:  # fp32, as the pipeline makes it
             guidance = torch.full((b,), guidance_scale, device=latents.device, dtype=torch.float32)
-        embeds = tensors["embeds"].to(latents.dtype)
+        embeds = embeds.to(latents.dtype)
         pipe = self.pipeline
         tokens, ids = pipe._pack_latents(latents), pipe._prepare_latent_ids(latents)
-        if reference is not None:
-            reference = reference.to(latents.dtype)
-            tokens = torch.cat([tokens, pipe._pack_latents(reference)], 1)
-            ids = torch.cat([ids, pipe._prepare_image_ids([reference[:1]]).expand(b, -1, -1)], 1)
-        out = self.net()(hidden_states=tokens, timestep=sigma.to(latents.dtype), guidance=guidance,
-                         encoder_hidden_states=embeds, txt_ids=pipe._prepare_text_ids(embeds).to(latents.device),
-                         img_ids=ids.to(latents.device), return_dict=False)[0]
+        if references is not None and references.shape[1]:
+            references = references.to(latents.dtype)
+            images = [references[:, k] for k in range(references.shape[1])]
+            tokens = torch.cat([tokens, *(pipe._pack_latents(image) for image in images)], 1)
+            ids = torch.cat([ids, pipe._prepare_image_ids([image[:1] for image in images]).expand(b, -1, -1)], 1)
+        return {"hidden_states": tokens, "timestep": sigma.to(latents.dtype), "guidance": guidance,
+                "encoder_hidden_states": embeds, "txt_ids": pipe._prepare_text_ids(embeds).to(latents.device),
+                "img_ids": ids.to(latents.device)}
+
+    def call_transformer(self, inputs: dict, shape: torch.Size) -> torch.Tensor:
+        """The transformer's output on `inputs`, cut back to the sample's tokens and shaped as its latents."""
+        b, c, h, w = shape
+        out = self.net()(**inputs, return_dict=False)[0]
         return out[:, :h * w].permute(0, 2, 1).reshape(b, c, h, w)  # row-major tokens, as _pack_latents made them
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -104,34 +115,55 @@ class Flux2Policy(FlowPolicy):
 @POLICIES.register("Flux2Edit")
 @POLICIES.register("Flux2KleinEdit")
 class Flux2EditPolicy(Flux2Policy):
-    """FLUX.2 editing with one reference image (the pipelines' `image`), chosen with `pipeline.policy: Flux2KleinEdit`
-    or `Flux2Edit` (one adapter under two names; the pipeline class is the text-to-image one). The source is
-    per-sample conditioning, found as for the other editors; its VAE latents (posterior mode, patchified, batch-norm normalised)
-    go in as tokens after the sample's, with time coordinate 10 (the pipeline's first reference image), in both CFG
-    branches; only the sample's tokens come out. Deviation, as for Kontext: the source takes the run's sample size
-    (bicubic, antialiased), where the pipeline shrinks a source over 1024x1024 pixels to about that area, centre-crops
-    it to whole 16-pixel patches and, without a size given, makes the output that size (it also needs sources of at
-    least 64 px and at most 8:1; flowrl does not)."""
+    """FLUX.2 editing with reference images (the pipelines' `image`, one or a list), chosen with `pipeline.policy:
+    Flux2KleinEdit` or `Flux2Edit` (one adapter under two names; the pipeline class is the text-to-image one). Each
+    sample's images are per-sample conditioning, found as the other editors find a source (several: a list in
+    inputs["source_image"] or a .jsonl line's `image`; the first is the source rewards and grids show). Their VAE
+    latents (posterior mode, patchified, batch-norm normalised) go in as tokens after the sample's, with time
+    coordinates 10, 20, ... in order, in both CFG branches; only the sample's tokens come out. Rows with different
+    numbers of images take one transformer call per number (a step's calls share the weights, which DDP takes: two
+    gloo processes train as one, tests/test_reference_images.py). Deviation, as
+    for Kontext: every image takes the run's sample size (bicubic, antialiased), where the pipeline shrinks an image
+    over 1024x1024 pixels to about that area, centre-crops it to whole 16-pixel patches and, without a size given,
+    makes the output the first image's size (it also needs images of at least 64 px and at most 8:1; flowrl does
+    not)."""
     family = "flux2_edit"
     source_input = "source_image"
     source_world = "shapes_edit"
+    max_references = None  # the pipelines take any number
 
     @torch.no_grad()
     def encode_inputs(self, cond: Conditioning, items: list, spec: SampleSpec | None = None) -> Conditioning:
-        """Each source at the size the sample's latents cover: the sample size rounded down to whole 2x2 latent
-        patches (16 px on the released models), as the sample itself is."""
+        """Each image at the size the sample's latents cover: the sample size rounded down to whole 2x2 latent
+        patches (16 px on the released models), as the sample itself is. `image_latents` [B, K, 4C, h, w] holds
+        each row's images first, zeros after (K: the most any row has); `reference_count` [B] how many are its own."""
         _, h, w = self.noise_shape(spec or self.default_spec())
         pixels = self.pipeline.vae_scale_factor * 2
-        sources = self.source_images(items, SampleSpec(h * pixels, w * pixels))
-        sources = self.stack_sources(sources).to(self.device)
+        found = self.reference_images(items, SampleSpec(h * pixels, w * pixels))
+        counts = torch.tensor([len(images) for images in found])
+        flat = self.stack_sources([image for images in found for image in images]).to(self.device)
         vae, pipe = self.pipeline.vae, self.pipeline
-        z = pipe._patchify_latents(vae.encode((sources * 2 - 1).to(vae.dtype)).latent_dist.mode())
+        z = pipe._patchify_latents(vae.encode((flat * 2 - 1).to(vae.dtype)).latent_dist.mode())
         mean, std = _bn_statistics(vae, z.device)
-        cond.add_inputs({"image_latents": (z - mean) / std})
+        z = (z - mean) / std
+        latents = z.new_zeros(len(found), int(counts.max()), *z.shape[1:])
+        for row, part in enumerate(z.split(counts.tolist())):
+            latents[row, :len(part)] = part
+        cond.add_inputs({"image_latents": latents, "reference_count": counts.to(self.device)})
         return cond
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        return self.token_velocity(latents, sigma, tensors, guidance_scale, reference=tensors["image_latents"])
+        counts = tensors["reference_count"]
+        sigma = torch.as_tensor(sigma, device=latents.device).reshape(-1).expand(latents.shape[0])
+        groups = [torch.nonzero(counts == k).flatten() for k in counts.unique().tolist()]
+        outs = [self.call_transformer(self.transformer_inputs(latents[rows], sigma[rows], tensors["embeds"][rows],
+                                                              guidance_scale,
+                                                              tensors["image_latents"][rows, :int(counts[rows[0]])]),
+                                      latents[rows].shape) for rows in groups]
+        if len(groups) == 1:
+            return outs[0]
+        order = torch.cat(groups)
+        return torch.cat(outs)[order.argsort()]
 
 
 def _bn_statistics(vae, device) -> tuple[torch.Tensor, torch.Tensor]:

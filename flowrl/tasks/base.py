@@ -114,8 +114,8 @@ class PromptFileTask(Task):
 
 def read_prompt_file(path: str | Path) -> list[Condition]:
     """Conditions from a .txt file (one prompt per line; blank and # lines skipped) or a .jsonl file (one object per
-    line with a 'prompt' string; its other fields become the condition's metadata, a relative 'image' path taken
-    from the file's folder)."""
+    line with a 'prompt' string; its other fields become the condition's metadata, a relative 'image' path, or each
+    of a list of them, taken from the file's folder)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"prompt file {path} does not exist; expected a .txt file with one prompt per line or a "
@@ -133,8 +133,14 @@ def read_prompt_file(path: str | Path) -> list[Condition]:
             record = None
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
             raise UserError(f"{path} line {number}: expected a JSON object with a 'prompt' string")
-        if isinstance(record.get("image"), str):  # a source image named relative to the prompt file, not the cwd;
-            record["image"] = str((path.parent / record["image"]).absolute())  # absolute: a reward server elsewhere
+        image = record.get("image")
+        if image is not None and not (isinstance(image, str) or (isinstance(image, list) and image and
+                                                                 all(isinstance(i, str) for i in image))):
+            raise UserError(f"{path} line {number}: 'image' must be a file path or a list of file paths (a source "
+                            "image, then further reference images)")
+        if image is not None:  # named relative to the prompt file, not the cwd; absolute: a reward server elsewhere
+            record["image"] = ([str((path.parent / i).absolute()) for i in image] if isinstance(image, list)
+                               else str((path.parent / image).absolute()))
         items.append(Condition(record.pop("prompt"), meta=record))
     if not items:
         raise UserError(f"prompt file {path} has no prompts")
