@@ -57,6 +57,40 @@ def test_ode_rollout_reproduces_the_edit_pipeline(plus, keep_sources_small):
     assert (traj.final[0] - traj.final[1]).abs().max() > 1e-3
 
 
+def test_the_plus_pipeline_edits_with_several_images_as_the_pipeline(keep_sources_small, monkeypatch):
+    """-2511 with a list of images (the source, then a reference): the instruction is read as one multi-image prompt
+    ("Picture 1: ... Picture 2: ..."), each image's latents follow the sample's tokens in order; from the same noise
+    a batch mixing a two-image and a one-image edit gives the pipeline's latents for each (its `image=[a, b]`), the
+    second image changes the result, and the edit with two images is read once; Qwen-Image-Edit (one image) names
+    a prompt that gives two."""
+    from flowrl.errors import UserError
+
+    pipe = tiny_qwen_image_edit(plus=True)
+    policy = policy_for(pipe)
+    shape = policy.noise_shape(SPEC)
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    lists = [[_source(1), _source(3)], [_source(2)]]
+    items = [Condition(text, inputs={"source_image": given}) for text, given in zip(INSTRUCTIONS, lists)]
+    reads = []
+    original = pipe.encode_prompt
+    monkeypatch.setattr(pipe, "encode_prompt", lambda prompt, image=None, **kw: reads.append(
+        (prompt[0], len(image) if isinstance(image, list) else 1)) or original(prompt, image=image, **kw))
+    cond = policy.encode(items, 4.0, SPEC)
+    assert sorted(reads) == sorted([(INSTRUCTIONS[0], 2), (" ", 2), (INSTRUCTIONS[1], 1), (" ", 1)])
+    assert cond.tensors["reference_count"].tolist() == [2, 1]
+    traj = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
+    expected = torch.cat([_pipeline_latents(pipe, given, text, noise[i:i + 1], 4.0)
+                          for i, (text, given) in enumerate(zip(INSTRUCTIONS, lists))])
+    torch.testing.assert_close(traj.final, expected, atol=1e-4, rtol=1e-4)
+    first_only = rollout(policy, policy.encode([Condition(INSTRUCTIONS[0], inputs={"source_image": lists[0][0]})],
+                                               4.0, SPEC), sample_generators([1]), shape, 3, "ode", 0.0, 4.0,
+                         initial_noise=noise[:1])
+    assert (first_only.final - traj.final[:1]).abs().max() > 1e-3
+    with pytest.raises(UserError, match=r"gives 2 images; QwenImageEditPipeline \(adapter QwenImageEditPolicy\) "
+                                        r"takes one"):
+        policy_for(tiny_qwen_image_edit()).encode(items[:1], 4.0, SPEC)
+
+
 def test_instructions_are_read_with_their_sources_once_per_pair(keep_sources_small, monkeypatch):
     """The embeddings depend on the source (Qwen2.5-VL reads it); a group's copies of one edit are read once (and
     " " once per source); the embedding cache keys on instruction and source, so a second call reads nothing and

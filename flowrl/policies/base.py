@@ -304,9 +304,14 @@ class FlowPolicy:
     def distinct_sources(self, items: list) -> tuple[list[torch.Tensor], list[int]]:
         """Each distinct condition item's source, found once (a group repeats one item), as given (not resized), and
         for every item the index of its source in that list."""
+        found, rows = self.distinct_references(items)
+        return [images[0] for images in found], rows
+
+    def distinct_references(self, items: list) -> tuple[list[list[torch.Tensor]], list[int]]:
+        """`distinct_sources` with each item's every image (`reference_images`)."""
         distinct = {id(item): item for item in items}
         keys = list(distinct)
-        return self.source_images(list(distinct.values())), [keys.index(id(item)) for item in items]
+        return self.reference_images(list(distinct.values())), [keys.index(id(item)) for item in items]
 
     @staticmethod
     def stack_sources(sources: list[torch.Tensor]) -> torch.Tensor:

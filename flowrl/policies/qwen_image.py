@@ -73,18 +73,19 @@ class QwenImagePolicy(FluxPolicy):
 
     def packed_velocity(self, latents, sigma, tensors, context: torch.Tensor | None = None) -> torch.Tensor:
         """The transformer's output for unpacked latents [B, C, h, w]: packed 2x2 tokens in, the text columns no row
-        uses dropped, unpacked out. `context` (latents [B, C, h', w'], an editor's source) goes in as packed tokens
-        after the sample's, listed second in img_shapes as the edit pipelines do; only the sample's come out."""
+        uses dropped, unpacked out. `context` (latents [B, K, C, h', w']: an editor's K images, its source first)
+        goes in as packed tokens after the sample's, each listed in img_shapes after it as the edit pipelines do;
+        only the sample's come out."""
         b, c, h, w = latents.shape
         mask = tensors["mask"]
         used = int(mask.sum(1).max())  # real tokens come first in every row: the columns after are padding for all
         mask = mask[:, :used]
         tokens = self.pipeline._pack_latents(latents, b, c, h, w)
         shapes = [(1, h // 2, w // 2)]
-        if context is not None:
-            context = context.to(latents.dtype)
-            shapes.append((1, context.shape[-2] // 2, context.shape[-1] // 2))
-            tokens = torch.cat([tokens, self.pipeline._pack_latents(context, b, *context.shape[1:])], 1)
+        for k in range(context.shape[1] if context is not None else 0):
+            image = context[:, k].to(latents.dtype)
+            shapes.append((1, image.shape[-2] // 2, image.shape[-1] // 2))
+            tokens = torch.cat([tokens, self.pipeline._pack_latents(image, b, *image.shape[1:])], 1)
         out = self.net()(hidden_states=tokens, timestep=sigma.to(latents.dtype), guidance=None,
                          encoder_hidden_states=tensors["embeds"][:, :used].to(latents.dtype),
                          # as the pipeline: no mask when nothing is padded (attention kernels run faster without)

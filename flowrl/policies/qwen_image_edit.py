@@ -5,7 +5,8 @@ The source image enters twice. Qwen2.5-VL reads it beside the instruction, so a 
 source: they are encoded per (instruction, source) pair, and the embedding cache keys on both. Its VAE latents go in
 as packed tokens after the sample's (both listed in img_shapes; -2511's zero_cond_t marks them inside the
 transformer), and the output keeps the sample's tokens. Guidance (norm-rescaled true CFG against " ", read with the
-same source), the schedule and decoding are Qwen-Image's.
+same source), the schedule and decoding are Qwen-Image's. The Plus pipeline also takes several images per
+instruction (the source first): read together as one multi-image prompt, each image's tokens after the sample's.
 
 Deviation, as for FLUX Kontext: the VAE takes the source at the run's sample size (the pipelines take it at about
 1024x1024 and make the output that size), so sources of any size share a batch and memory follows the size a run
@@ -50,14 +51,9 @@ class QwenImageEditPolicy(QwenImagePolicy):
         from ..tasks.base import Condition
 
         items = [c if isinstance(c, Condition) else Condition(c) for c in conditions]
-        found, rows = self.distinct_sources(items)  # a group repeats one item: resolve and hash it once
-        hashed = [_digest(image) for image in found]
+        found, rows = self.distinct_references(items)  # a group repeats one item: resolve and hash it once
+        hashed = [_digest(images) for images in found]
         originals, digests = [found[r] for r in rows], [hashed[r] for r in rows]
-        if spec is None:  # the packing needs whole 2x2 patches of latents: the nearest size below that has them
-            sources = self.stack_sources([resized(image, *(max(side - side % self.patch_pixels, self.patch_pixels)
-                                                           for side in image.shape[-2:])) for image in originals])
-        else:
-            sources = self.stack_sources([resized(image, spec.height, spec.width) for image in originals])
         cfg = self.uses_cfg(guidance_scale)
         prompts = [(item.prompt, digest) for item, digest in zip(items, digests)]
         branches = [prompts, [(self.negative_prompt, digest) for digest in digests] if cfg else []]
@@ -71,10 +67,22 @@ class QwenImageEditPolicy(QwenImagePolicy):
 
         cond = Conditioning(padded(branches[0]), padded(branches[1]) if cfg else {}, [item.prompt for item in items],
                             items)
-        unique = list(dict.fromkeys(digests))  # the VAE encodes each distinct source once too
-        latents = wan_vae_encode(self.pipeline.vae, sources[[digests.index(d) for d in unique]][:, :, None].to(
-            self.device))[:, :, 0]
-        cond.add_inputs({"image_latents": latents[[unique.index(d) for d in digests]]})
+        # the VAE encodes each distinct item's images once too; `image_latents` [B, K, C, h, w] holds each row's
+        # images first, zeros after (K: the most any row has), `reference_count` [B] how many are its own
+        unique = list(dict.fromkeys(digests))
+        images = [originals[digests.index(d)] for d in unique]
+        if spec is None:  # the packing needs whole 2x2 patches of latents: the nearest size below that has them
+            flat = [resized(image, *(max(side - side % self.patch_pixels, self.patch_pixels)
+                                     for side in image.shape[-2:])) for group in images for image in group]
+        else:
+            flat = [resized(image, spec.height, spec.width) for group in images for image in group]
+        encoded = wan_vae_encode(self.pipeline.vae, self.stack_sources(flat)[:, :, None].to(self.device))[:, :, 0]
+        counts = [len(group) for group in images]
+        latents = encoded.new_zeros(len(unique), max(counts), *encoded.shape[1:])
+        for row, part in enumerate(encoded.split(counts)):
+            latents[row, :len(part)] = part
+        picked = [unique.index(d) for d in digests]
+        cond.add_inputs({"image_latents": latents[picked], "reference_count": torch.tensor(counts)[picked]})
         return cond.to(self.device)
 
     def _read(self, branches: list[list[tuple[str, str]]], originals: dict) -> dict:
@@ -95,16 +103,21 @@ class QwenImageEditPolicy(QwenImagePolicy):
                 read = {key: cache[key] for branch in branches for key in branch}
         return read
 
-    def _read_one(self, prompt: str, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _read_one(self, prompt: str, sources: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One instruction read with its images (several: one multi-image prompt, "Picture 1: ... Picture 2: ...",
+        as the Plus pipeline reads a list), each resized to the reader's area as the pipeline resizes it."""
         from PIL import Image
 
         from ..images import to_uint8
 
-        image = Image.fromarray(to_uint8(source[None])[0])
         module = importlib.import_module(self.pipeline_module)  # the pipeline's calculate_dimensions, as it reads it
-        width, height = module.calculate_dimensions(self.reader_area, image.width / image.height)[:2]
-        image = self.pipeline.image_processor.resize(image, height, width)
-        embeds, _ = self.pipeline.encode_prompt([prompt], image=image, device=self.device)
+        shown = []
+        for source in sources:
+            image = Image.fromarray(to_uint8(source[None])[0])
+            width, height = module.calculate_dimensions(self.reader_area, image.width / image.height)[:2]
+            shown.append(self.pipeline.image_processor.resize(image, height, width))
+        embeds, _ = self.pipeline.encode_prompt([prompt], image=shown if len(shown) > 1 else shown[0],
+                                                device=self.device)
         embeds = embeds[0].cpu()
         return embeds, torch.ones(embeds.shape[0], dtype=torch.long)
 
@@ -112,18 +125,30 @@ class QwenImageEditPolicy(QwenImagePolicy):
         raise NotImplementedError("Qwen-Image-Edit reads each instruction with its source image: use `encode`")
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        return self.packed_velocity(latents, sigma, tensors, context=tensors["image_latents"])
+        counts = tensors["reference_count"]  # rows with different numbers of images: one call per number
+        sigma = torch.as_tensor(sigma, device=latents.device).reshape(-1).expand(latents.shape[0])
+        groups = [torch.nonzero(counts == k).flatten() for k in counts.unique().tolist()]
+        outs = [self.packed_velocity(latents[rows], sigma[rows], {k: v[rows] for k, v in tensors.items()},
+                                     context=tensors["image_latents"][rows, :int(counts[rows[0]])]) for rows in groups]
+        if len(groups) == 1:
+            return outs[0]
+        return torch.cat(outs)[torch.cat(groups).argsort()]
 
 
 @POLICIES.register("QwenImageEditPlusPipeline")
 class QwenImageEditPlusPolicy(QwenImageEditPolicy):
-    """Qwen-Image-Edit-2509 / -2511: one source per instruction ("Picture 1: ..." in the pipeline's template), read
-    at the Plus pipeline's condition area."""
+    """Qwen-Image-Edit-2509 / -2511: an instruction with one image or several ("Picture 1: ... Picture 2: ..." in the
+    pipeline's template: a .jsonl line's `image` as a list, the source first), each read at the Plus pipeline's
+    condition area and each going in as packed tokens after the sample's, in order."""
     family = "qwen_image_edit_plus"
+    max_references = None  # the Plus pipeline takes a list
     reader_area = 384 * 384  # the Plus pipeline's CONDITION_IMAGE_SIZE
     pipeline_module = "diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus"
 
 
-def _digest(image: torch.Tensor) -> str:
-    """A source image's identity for the reads and the cache: its size and pixels."""
-    return hashlib.sha1(repr(tuple(image.shape)).encode() + image.numpy().tobytes()).hexdigest()
+def _digest(images: list[torch.Tensor]) -> str:
+    """An item's images' identity for the reads and the cache: their sizes and pixels, in order."""
+    digest = hashlib.sha1()
+    for image in images:
+        digest.update(repr(tuple(image.shape)).encode() + image.numpy().tobytes())
+    return digest.hexdigest()
