@@ -100,6 +100,23 @@ def test_a_process_whose_groups_all_tie_keeps_one_item_of_weight_zero():
     assert bool(batch.trajectory.stochastic[items.step[0]])  # a step the loss can score
 
 
+def test_best_of_trains_each_groups_highest_and_lowest_advantages():
+    """DanceGRPO's best-of-N: with best_of 4, each group of 6 keeps its 2 highest and 2 lowest advantages (computed
+    over the whole group); a group no larger than best_of keeps everyone; an odd best_of is a config error."""
+    from flowrl.algorithms.grpo import best_and_worst
+
+    advantages = torch.tensor([0.5, -1.0, 2.0, 0.1, -0.3, 1.0, 0.2, -0.2, 0.0, 0.3])
+    groups = torch.tensor([0] * 6 + [1] * 4)
+    chosen = best_and_worst(advantages, groups, 4)
+    assert torch.nonzero(chosen).flatten().tolist() == [1, 2, 4, 5, 6, 7, 8, 9]
+    policy = policy_for(tiny_shapes_sd3(), max_sequence_length=16)
+    batch = _batch(policy)  # groups of 3: rewards [0, 1, 0.5] and [0.2, 0.9, 0.4]
+    items, _ = build_algorithm("grpo", {"best_of": 2}, SamplerSection()).prepare(batch, policy)
+    assert sorted(set(items.sample.tolist())) == [0, 1, 3, 4]  # each group's worst and best
+    with pytest.raises(ConfigError, match="algorithm.params.best_of: expected 0 .* or an even number"):
+        build_algorithm("grpo", {"best_of": 3}, SamplerSection())
+
+
 def test_bad_algorithm_params_are_named():
     with pytest.raises(ConfigError, match="algorithm.params.timestep_fraction"):
         build_algorithm("grpo", {"timestep_fraction": 1.5}, SamplerSection())

@@ -1,5 +1,5 @@
-"""Policy adapters on tiny offline SD3, FLUX, FLUX.2 ([klein] and [dev]), Wan (2.1, and 2.2's two experts), Qwen-Image
-and Z-Image pipelines (real diffusers classes)."""
+"""Policy adapters on tiny offline SD3, FLUX, FLUX.2 ([klein] and [dev]), Wan (2.1, and 2.2's two experts), HunyuanVideo,
+Qwen-Image and Z-Image pipelines (real diffusers classes)."""
 import pytest
 import torch
 
@@ -7,7 +7,7 @@ from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
 from flowrl.rollout import rollout, sample_generators
 from policy_checks import assert_lora_trains_every_adapter_and_reference_is_base
-from tiny_pipelines import (tiny_flux, tiny_flux2_dev, tiny_flux2_klein, tiny_qwen_image, tiny_shapes_sd3, tiny_wan, tiny_wan22,
+from tiny_pipelines import (tiny_flux, tiny_flux2_dev, tiny_flux2_klein, tiny_hunyuan_video, tiny_qwen_image, tiny_shapes_sd3, tiny_wan, tiny_wan22,
                             tiny_wan22_ti2v, tiny_z_image)
 from flowrl.policies.base import SampleSpec
 
@@ -21,6 +21,7 @@ CASES = {
     "z_image": (tiny_z_image, SampleSpec(32, 32), 4.0),  # ZImagePipeline's guidance_scale 3.0
     "flux2_klein": (tiny_flux2_klein, SampleSpec(32, 32), 4.0),  # the undistilled (base) model: true CFG
     "flux2_dev": (tiny_flux2_dev, SampleSpec(32, 32), 4.0),  # guidance-distilled: the scale is an embedding
+    "hunyuan_video": (tiny_hunyuan_video, SampleSpec(32, 32, num_frames=5), 6.0),  # embedded guidance, no CFG
 }
 PROMPTS = ["a red circle", "two squares"]
 
@@ -33,7 +34,7 @@ def _pipeline_latents(name, pipe, noise, steps, guidance, spec):
                   output_type="latent", height=spec.height, width=spec.width, max_sequence_length=16)
     if name in ("sd3", "wan", "wan22", "wan22_ti2v"):
         kwargs["negative_prompt"] = [""] * len(PROMPTS)
-    if name in ("wan", "wan22", "wan22_ti2v"):
+    if name in ("wan", "wan22", "wan22_ti2v", "hunyuan_video"):
         kwargs["num_frames"] = spec.num_frames
     if name == "qwen_image":  # true CFG against the model card's negative prompt
         kwargs.update(negative_prompt=[" "] * len(PROMPTS), true_cfg_scale=kwargs.pop("guidance_scale"))
@@ -286,6 +287,25 @@ def test_flux2_decodes_as_the_pipeline_and_only_klein_base_takes_cfg(variant):
     if variant == "dev":
         other = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 2.0, initial_noise=noise)
         assert (other.final - ode.final).abs().max() > 1e-3
+
+
+def test_hunyuan_video_decodes_as_the_pipeline_and_takes_its_scale_as_an_embedding():
+    """HunyuanVideo: flowrl's decoded ODE videos are the pipeline's own (the latents are checked with every family
+    above); the guidance scale goes in as an embedding (another scale, other videos; no CFG branch), and the prompt
+    is what the Llama reads after the template's crop (another prompt, other embeddings)."""
+    pipe = tiny_hunyuan_video()
+    policy = policy_for(pipe, max_sequence_length=16)
+    spec = SampleSpec(32, 32, 5)
+    shape = policy.noise_shape(spec)
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    cond = policy.encode(PROMPTS, 6.0)
+    assert not cond.negative and cond.tensors["mask"].sum(1).tolist() == [4, 3]  # the prompt's words and <|eot_id|>
+    ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 6.0, initial_noise=noise)
+    video = pipe(prompt=PROMPTS, num_inference_steps=3, guidance_scale=6.0, latents=noise, output_type="pt",
+                 height=32, width=32, num_frames=5, max_sequence_length=16).frames
+    torch.testing.assert_close(policy.decode(ode.final), video.permute(0, 2, 1, 3, 4), atol=1e-5, rtol=1e-5)
+    other = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 2.0, initial_noise=noise)
+    assert (other.final - ode.final).abs().max() > 1e-3
 
 
 def test_wan22_ti2v_decodes_its_videos_as_the_pipeline():

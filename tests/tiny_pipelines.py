@@ -309,6 +309,58 @@ def tiny_flux2_dev(seed: int = 0):
     return pipe
 
 
+def tiny_hunyuan_video(seed: int = 0):
+    """A tiny random HunyuanVideoPipeline (sizes after diffusers' own tests): dual- and single-stream blocks with a
+    guidance embedding, the causal 3-D VAE (8x space, 4x time), a 2-layer Llama whose word-level tokenizer splits the
+    pipeline's system template into exactly its crop_start (95) tokens, so the crop leaves the prompt's own, and a
+    tiny CLIP for the pooled projection; the release's shift 7."""
+    from diffusers import AutoencoderKLHunyuanVideo, HunyuanVideoPipeline, HunyuanVideoTransformer3DModel
+    from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
+    from tokenizers import Regex, Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import LlamaConfig, LlamaModel, PreTrainedTokenizerFast
+
+    torch.manual_seed(seed)
+    transformer = HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
+                                                 attention_head_dim=10, num_layers=1, num_single_layers=1,
+                                                 num_refiner_layers=1, patch_size=1, patch_size_t=1,
+                                                 guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8,
+                                                 rope_axes_dim=(2, 4, 4))
+    vae = AutoencoderKLHunyuanVideo(in_channels=3, out_channels=3, latent_channels=4,
+                                    down_block_types=("HunyuanVideoDownBlock3D",) * 4,
+                                    up_block_types=("HunyuanVideoUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8),
+                                    layers_per_block=1, act_fn="silu", norm_num_groups=4, scaling_factor=0.476986,
+                                    spatial_compression_ratio=8, temporal_compression_ratio=4,
+                                    mid_block_add_attention=True)
+    specials = ["<unk>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    template = DEFAULT_PROMPT_TEMPLATE["template"]
+    for special in specials:
+        template = template.replace(special, " ")
+    split = pre_tokenizers.Sequence([pre_tokenizers.Split(" ", "removed"), pre_tokenizers.Split("\n", "isolated"),
+                                     pre_tokenizers.Split(Regex(r"[.,:]"), "isolated")])
+    words = [w for w, _ in split.pre_tokenize_str(template) if w != "{}"]
+    words = list(dict.fromkeys(words + [w for w in shapes_vocabulary() if w not in SPECIAL_TOKENS]))
+    core = Tokenizer(WordLevel({w: i for i, w in enumerate(specials + words)}, unk_token="<unk>"))
+    core.pre_tokenizer = split
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", pad_token="<|end_of_text|>",
+                                        additional_special_tokens=specials[2:])
+    text_encoder = LlamaModel(LlamaConfig(hidden_size=16, intermediate_size=37, num_attention_heads=4,
+                                          num_hidden_layers=2, vocab_size=len(tokenizer), pad_token_id=1,
+                                          max_position_embeddings=512)).eval()
+    clip_tokenizer = build_tokenizer(77)
+    clip = CLIPTextModel(CLIPTextConfig(hidden_size=8, intermediate_size=37, num_attention_heads=4,
+                                        num_hidden_layers=2, vocab_size=len(clip_tokenizer),
+                                        max_position_embeddings=77, projection_dim=32,
+                                        bos_token_id=clip_tokenizer.bos_token_id,
+                                        eos_token_id=clip_tokenizer.eos_token_id,
+                                        pad_token_id=clip_tokenizer.pad_token_id)).eval()
+    pipe = HunyuanVideoPipeline(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+                                text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=clip,
+                                tokenizer_2=clip_tokenizer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def _flux2_transformer_and_vae(seed: int, guidance_embeds: bool):
     """FLUX.2's transformer (one double and one single block, 4-D rope) and batch-norm VAE, tiny and random."""
     from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel

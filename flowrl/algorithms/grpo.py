@@ -37,6 +37,9 @@ class GRPOParams:
     kl_form: Literal["flow_grpo", "gaussian"] = "flow_grpo"
     timestep_fraction: float = 1.0
     shared_initial_noise: bool = False  # DanceGRPO: one initial noise per prompt group
+    # DanceGRPO's best-of-N (its video recipe: --bestofn 8 of 24): train only each group's best_of / 2 samples of
+    # highest and best_of / 2 of lowest advantage (advantages from the whole group); 0: every sample
+    best_of: int = 0
     drop_zero_std: bool = True
     credit: Literal["terminal", "incremental"] = "terminal"
     window_schedule: Literal["all", "incremental", "latter"] = "all"
@@ -49,6 +52,20 @@ class GRPOParams:
             raise ConfigError(f"algorithm.params.clip_range: expected a positive number, got {self.clip_range}")
         if self.window_size < 1:
             raise ConfigError(f"algorithm.params.window_size: expected an integer >= 1, got {self.window_size}")
+        if self.best_of < 0 or self.best_of % 2:
+            raise ConfigError(f"algorithm.params.best_of: expected 0 (every sample) or an even number of samples per "
+                              f"group, got {self.best_of}")
+
+
+def best_and_worst(advantages: torch.Tensor, group_ids: torch.Tensor, count: int) -> torch.Tensor:
+    """Per sample: whether it is among its group's count / 2 highest or count / 2 lowest advantages (the whole group
+    where it has at most `count` samples)."""
+    chosen = torch.zeros_like(advantages, dtype=torch.bool)
+    for group in torch.unique(group_ids):
+        members = torch.nonzero(group_ids == group).flatten()
+        order = members[torch.argsort(advantages[members], stable=True)]
+        chosen[order if len(order) <= count else torch.cat([order[:count // 2], order[-(count // 2):]])] = True
+    return chosen
 
 
 def clipped_surrogate(ratio: torch.Tensor, advantage: torch.Tensor, clip_range: float) -> torch.Tensor:
@@ -75,6 +92,8 @@ class GRPO(Algorithm):
         dead = zero_std_groups(batch.global_rewards, batch.global_group_ids)
         self.advantages = advantages[batch.local_index]
         keep = ~dead[batch.local_index] if p.drop_zero_std else torch.ones_like(self.advantages, dtype=torch.bool)
+        if p.best_of:
+            keep = keep & best_and_worst(advantages, batch.global_group_ids, p.best_of)[batch.local_index]
         if p.credit == "incremental":  # per-step credit carries signal even where final rewards tie
             credits = fold_deterministic_tail(incremental_credits(batch.global_step_rewards),
                                               batch.trajectory.stochastic)

@@ -1,0 +1,68 @@
+"""HunyuanVideoPipeline adapter (HunyuanVideo text to video, DanceGRPO's video model).
+
+5-D latents [B, C, F, H, W] (the causal VAE: 4x in time, 8x in space, one scaling factor); prompts read by a Llama
+(the second-to-last-but-one hidden states after the pipeline's system template, cut at its crop, padded to
+max_sequence_length with a mask) and CLIP (pooled); guidance-distilled: the scale goes in as the transformer's
+guidance embedding (x 1000, as the pipeline), so there is no CFG branch. The pipeline's optional true CFG
+(`true_cfg_scale` with a negative prompt, off by default) is not offered. Sigmas as the pipeline spaces them:
+linspace(1, 0, N + 1) without its last, through the scheduler's shift (the release's 7.0; DanceGRPO samples with 5).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import POLICIES
+from .base import Conditioning, FlowPolicy, SampleSpec
+
+# the attention projections of the dual-stream blocks (image and text), the single-stream blocks' q / k / v and
+# the text refiner's attention, as Flow-GRPO-style LoRAs target them
+HUNYUAN_VIDEO_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj",
+                              "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"]
+
+
+@POLICIES.register("HunyuanVideoPipeline")
+class HunyuanVideoPolicy(FlowPolicy):
+    family = "hunyuan_video"
+    modality = "video"
+    fps = 15  # as diffusers' HunyuanVideo examples export their clips
+    lora_targets = HUNYUAN_VIDEO_LORA_TARGETS
+    text_length_tokenizer = "tokenizer"  # the Llama's (its length counts after the template's crop)
+
+    def uses_cfg(self, guidance_scale: float) -> bool:
+        return False  # guidance-distilled: the scale is an embedding
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
+        embeds, pooled, mask = self.pipeline.encode_prompt(prompt=list(prompts), device=self.device,
+                                                           max_sequence_length=self.text_length())
+        return Conditioning({"embeds": embeds, "pooled": pooled, "mask": mask}, {}, list(prompts))
+
+    def default_spec(self) -> SampleSpec:
+        return SampleSpec(720, 1280, 129)  # HunyuanVideoPipeline.__call__'s defaults
+
+    def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
+        if spec.num_frames is None:
+            raise ValueError("a HunyuanVideo pipeline samples video: the sample spec needs num_frames "
+                             "(pipeline.num_frames)")
+        p = self.pipeline
+        return (self.transformer.config.in_channels, (spec.num_frames - 1) // p.vae_scale_factor_temporal + 1,
+                spec.height // p.vae_scale_factor_spatial, spec.width // p.vae_scale_factor_spatial)
+
+    def _raw_sigmas(self, scheduler, num_steps, noise_shape):
+        scheduler.set_timesteps(num_steps, sigmas=np.linspace(1.0, 0.0, num_steps + 1)[:-1])
+
+    def _forward(self, latents, sigma, tensors, guidance_scale):
+        dtype = self.transformer.dtype  # the pipeline hands the embeddings, mask and guidance over in it
+        b = latents.shape[0]
+        timestep = (torch.as_tensor(sigma, device=latents.device).reshape(-1) * 1000).expand(b).to(latents.dtype)
+        guidance = torch.full((b,), guidance_scale, dtype=dtype, device=latents.device) * 1000.0
+        return self.net()(hidden_states=latents, timestep=timestep,
+                          encoder_hidden_states=tensors["embeds"].to(dtype),
+                          encoder_attention_mask=tensors["mask"].to(dtype),
+                          pooled_projections=tensors["pooled"].to(dtype), guidance=guidance, return_dict=False)[0]
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Video in [0, 1], [B, 3, F, H, W]."""
+        vae = self.pipeline.vae
+        return self.to_images(vae.decode(latents.to(vae.dtype) / vae.config.scaling_factor, return_dict=False)[0])
