@@ -426,7 +426,7 @@ class Trainer:
         if data_sum is not None:
             metrics["data_loss"] = data_sum / c.optimizer_steps_per_update
         metrics["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
-        metrics["trained_items"] = self._global_sum(len(items))
+        metrics["trained_items"] = self._global_sum(int((items.weight > 0).sum()))  # (not a weight-0 placeholder)
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         return metrics
 
@@ -493,7 +493,8 @@ class Trainer:
 
     def restore(self, path: Path) -> None:
         saved = load_checkpoint(path)
-        ours, theirs = set(self.policy.trainable_state_dict()), set(saved["trainable"])
+        ours = {n for n, p in self.policy.named_trained_parameters().items() if p.requires_grad}  # names, no copies
+        theirs = set(saved["trainable"])
         if ours != theirs:  # another adapter, or another choice of what trains (pipeline.experts, lora vs full)
             only = sorted(theirs - ours)[:1] or sorted(ours - theirs)[:1]
             raise ConfigError(f"run.resume: checkpoint {path} trained other weights than this config does (e.g. "

@@ -86,6 +86,44 @@ def test_each_side_of_the_boundary_trains_its_own_expert():
         torch.testing.assert_close(fresh.velocity(x, sigma, cond, 1.0), tuned, rtol=0, atol=0)
 
 
+def test_the_reference_pass_restores_each_experts_adapter_state():
+    """The reference switches the adapters off and back to what they were: an expert whose adapter was off (the
+    demo showing a checkpoint that trained the high-noise expert only) stays off, and an expert without an adapter
+    is left alone."""
+    policy = _both_experts_policy()
+    pipe = policy.pipeline
+    x = torch.randn(1, *policy.noise_shape(SPEC), generator=torch.Generator().manual_seed(0))
+    cond = policy.encode(PROMPTS[:1], 1.0)
+    pipe.transformer_2.disable_adapters()
+    with torch.no_grad():
+        low_before = policy.velocity(x, 0.5, cond, 1.0)
+        with policy.reference():
+            pass
+        torch.testing.assert_close(policy.velocity(x, 0.5, cond, 1.0), low_before, rtol=0, atol=0)
+    bare = policy_for(tiny_wan22(), max_sequence_length=16)
+    bare.set_trained_experts("both", "pipeline.experts")
+    bare.transformer.add_adapter(__import__("peft").LoraConfig(r=4, lora_alpha=8, target_modules=bare.lora_targets))
+    with torch.no_grad(), bare.reference():  # transformer_2 has no adapter: nothing to switch there
+        bare.velocity(x, 0.5, cond, 1.0)
+
+
+def test_every_call_goes_through_the_pair_and_a_distributed_one_runs_both_experts():
+    """With both experts training, rollouts and evaluation (no gradient) call the experts through their one module
+    too, which FSDP2 needs to gather their shards; when distributed, an expert no row needs still runs one row."""
+    policy = _both_experts_policy()
+    calls = {"pair": 0, "low": 0}
+    policy.model.register_forward_hook(lambda *_: calls.__setitem__("pair", calls["pair"] + 1))
+    policy.pipeline.transformer_2.register_forward_hook(lambda *_: calls.__setitem__("low", calls["low"] + 1))
+    x = torch.randn(2, *policy.noise_shape(SPEC), generator=torch.Generator().manual_seed(0))
+    cond = policy.encode(PROMPTS, 1.0)
+    with torch.no_grad():
+        alone = policy.velocity(x, 0.97, cond, 1.0)  # every row above the boundary
+        assert calls == {"pair": 1, "low": 0}
+        policy.distributed = True
+        torch.testing.assert_close(policy.velocity(x, 0.97, cond, 1.0), alone, rtol=0, atol=0)
+        assert calls == {"pair": 2, "low": 1}
+
+
 def test_both_experts_needs_a_two_expert_pipeline():
     with pytest.raises(ConfigError, match=r"pipeline.experts: 'both' needs a Wan2.2 pipeline with two experts"):
         policy_for(tiny_wan(), max_sequence_length=16).set_trained_experts("both", "pipeline.experts")

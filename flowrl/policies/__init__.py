@@ -94,9 +94,10 @@ def place_for_sampling(policy: FlowPolicy, placement: tuple[torch.device, torch.
     import functools
 
     device, dtype = placement
-    for name, param in policy.transformer.named_parameters():
+    for name, param in policy.named_trained_parameters().items():
         # place() keeps trainable weights fp32: so does every adapter (the demo holds one per checkpoint, all but
-        # the active one frozen by peft), while the frozen denoiser takes the sampling dtype
+        # the active one frozen by peft; both Wan2.2 experts' when both trained), while the frozen weights take the
+        # sampling dtype
         if "lora_" in name:
             param.requires_grad_(True)
     policy.place(device, dtype)

@@ -63,6 +63,13 @@ class SampleSpec:
 LOW_NOISE_EXPERT = "transformer_2."
 
 
+def _adapters_enabled(module: torch.nn.Module) -> bool:
+    """Whether a peft-adapted module's adapters are switched on (peft's layers record it each)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return not next(layer.disable_adapters for layer in module.modules() if isinstance(layer, BaseTunerLayer))
+
+
 def declared_text_length(pipeline, tokenizer: str) -> int | None:
     """The text length the tokenizer that `max_sequence_length` governs (`tokenizer`: SD3's T5 is tokenizer_3) declares
     (`model_max_length`) where it is below the pipeline's own default, else None (the default stands; also without
@@ -492,18 +499,23 @@ class FlowPolicy:
         if self._adapters_off:  # nested (a gated velocity inside a reference pass): already off
             yield self
             return
+        was_on = [module for module in self._adapted_modules() if _adapters_enabled(module)]
         self.switch_adapters(False)
         self._adapters_off = True
         try:
             yield self
         finally:
             self._adapters_off = False
-            self.switch_adapters(True)
+            for module in was_on:  # as they were (the demo may have left a checkpoint's second expert off)
+                module.enable_adapters()
 
     def switch_adapters(self, on: bool) -> None:
-        """Every trained network's LoRA adapter on or off (both Wan2.2 experts when both train)."""
-        for module in self.trained_modules().values():
+        """Every trained network's LoRA adapter on or off (both Wan2.2 experts when both train and have one)."""
+        for module in self._adapted_modules():
             module.enable_adapters() if on else module.disable_adapters()
+
+    def _adapted_modules(self) -> list[torch.nn.Module]:
+        return [m for m in self.trained_modules().values() if getattr(m, "_hf_peft_config_loaded", False)]
 
     def set_guidance_scale_2(self, value: float | None, where: str) -> None:
         """A second CFG scale for the low-noise part of the schedule: only Wan2.2's two experts take one."""

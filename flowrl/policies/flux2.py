@@ -1,5 +1,5 @@
 """FLUX.2 adapters: Flux2KleinPipeline (FLUX.2 [klein]: the distilled 4-step models and the undistilled base models)
-and Flux2Pipeline (FLUX.2 [dev]), each also as an editor with one reference image.
+and Flux2Pipeline (FLUX.2 [dev]), each also as an editor with reference images.
 
 What they share with FLUX.1 is little: a text encoder whose hidden states at three layers are stacked per token
 (klein: Qwen3, layers 9 / 18 / 27; dev: Mistral Small 3.1 with FLUX.2's system message, layers 10 / 20 / 30; every
@@ -38,9 +38,15 @@ class Flux2Policy(FlowPolicy):
         singles = len(self.transformer.single_transformer_blocks)
         return [*FLUX2_LORA_TARGETS, *(f"single_transformer_blocks.{i}.attn.to_out" for i in range(singles))]
 
+    @property
+    def embedded_guidance(self) -> bool:
+        """Whether the scale goes in as the guidance embedding: Flux2Pipeline (dev) hands it over, Flux2KleinPipeline
+        never does (whatever its transformer's config says)."""
+        return type(self.pipeline).__name__ == "Flux2Pipeline"
+
     def uses_cfg(self, guidance_scale: float) -> bool:
         """As the pipelines decide: klein's distilled models take no CFG, dev's scale is an embedding."""
-        if self.transformer.config.guidance_embeds or self.pipeline.config.get("is_distilled", False):
+        if self.embedded_guidance or self.pipeline.config.get("is_distilled", False):
             return False
         return guidance_scale > 1.0
 
@@ -85,7 +91,7 @@ class Flux2Policy(FlowPolicy):
         time coordinates 10, 20, ... (the pipelines' reference images in order)."""
         b = latents.shape[0]
         guidance = None
-        if self.transformer.config.guidance_embeds:  # fp32, as the pipeline makes it
+        if self.embedded_guidance:  # fp32, as the pipeline makes it
             guidance = torch.full((b,), guidance_scale, device=latents.device, dtype=torch.float32)
         embeds = embeds.to(latents.dtype)
         pipe = self.pipeline

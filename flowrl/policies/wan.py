@@ -101,11 +101,11 @@ class WanPolicy(FlowPolicy):
         if self.boundary_timestep is None:
             return self.net()(**inputs, return_dict=False)[0]
         high = timestep >= self.boundary_timestep  # per sample: a training batch mixes steps
-        # a distributed wrapper must run its forward on every process in every microbatch, needed or not
-        synced = torch.is_grad_enabled() and self.distributed
-        if self.extra_trained and torch.is_grad_enabled():  # both experts train: through their one module
-            return self.model(high, inputs, synced)
-        return route_experts(self.net(), self.low_noise_expert, inputs, high, keep_high=synced)
+        # a distributed module must run its forward on every process, needed or not, so collectives match (FSDP2
+        # gathers shards in every forward, with or without gradients; under DDP the extra row is one row)
+        if self.extra_trained:  # both experts train: always through their one module, so FSDP2 gathers them
+            return self.model(high, inputs, self.distributed)
+        return route_experts(self.net(), self.low_noise_expert, inputs, high, keep_high=self.distributed)
 
     def transformer_inputs(self, latents: torch.Tensor, tensors: dict, timestep: torch.Tensor) -> dict:
         """The transformer's batch-first inputs (image-to-video adds its condition, and TI2V a timestep per token)."""
@@ -127,6 +127,8 @@ class ExpertPair(torch.nn.Module):
     def __init__(self, high: torch.nn.Module, low: torch.nn.Module):
         super().__init__()
         self.high, self.low = high, low
+        # FSDP2's auto wrap shards the experts' blocks one by one (the wrapper reads this off the wrapped module)
+        self._no_split_modules = getattr(high, "_no_split_modules", None)
 
     def forward(self, high: torch.Tensor, inputs: dict, synced: bool = False) -> torch.Tensor:
         return route_experts(self.high, self.low, inputs, high, keep_high=synced, keep_low=synced)

@@ -47,10 +47,13 @@ def encode_request(samples: torch.Tensor, prompts: list[str], meta: dict | None)
             if shareable["condition_refs"][i] != i:
                 continue
             for key, value in item.inputs.items():
-                numpy = not isinstance(value, torch.Tensor)
-                kinds[f"{i}/{key}"] = "numpy" if numpy else "tensor"
-                tensors[f"input/{i}/{key}"] = torch.tensor(np.asarray(value)) if numpy else \
-                    value.detach().cpu().contiguous().clone()
+                # a list (several reference images) travels element by element, as "<key>#<k>"
+                parts = {f"{key}#{k}": v for k, v in enumerate(value)} if isinstance(value, list) else {key: value}
+                for name, part in parts.items():
+                    numpy = not isinstance(part, torch.Tensor)
+                    kinds[f"{i}/{name}"] = "numpy" if numpy else "tensor"
+                    tensors[f"input/{i}/{name}"] = torch.tensor(np.asarray(part)) if numpy else \
+                        part.detach().cpu().contiguous().clone()
     header = {"prompts": json.dumps(prompts), "meta": json.dumps(shareable, default=str),
               "input_kinds": json.dumps(kinds)}
     return save(tensors, metadata=header)
@@ -69,7 +72,11 @@ def decode_request(body: bytes) -> tuple[torch.Tensor, list[str], dict]:
         for name, kind in json.loads(header["input_kinds"]).items():
             i, key = name.split("/", 1)
             value = tensors[f"input/{name}"]
-            inputs.setdefault(int(i), {})[key] = value.numpy() if kind == "numpy" else value
+            value = value.numpy() if kind == "numpy" else value
+            if "#" in key:  # one element of a list, in order (the kinds keep the order they were written in)
+                inputs.setdefault(int(i), {}).setdefault(key.split("#")[0], []).append(value)
+            else:
+                inputs.setdefault(int(i), {})[key] = value
         refs, metas, items = meta.pop("condition_refs"), meta.pop("condition_meta"), []
         for i, (prompt, ref) in enumerate(zip(prompts, refs)):
             items.append(items[ref] if ref != i else Condition(prompt, inputs=inputs.get(i, {}), meta=dict(metas[i])))
