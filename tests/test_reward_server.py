@@ -95,20 +95,22 @@ def test_a_request_carries_each_items_inputs_and_metadata_as_they_were():
     edit = Condition("edit me", inputs={"source_image": source}, meta={"tag": "a", "scene_seed": 3})
     references = [source, source[:3, :2].copy()]  # several reference images of different sizes: a list
     items = [edit, Condition("shape me", inputs={"image": image}), Condition("refs", inputs={"source_image": references}),
-             edit]  # a group shares `edit`
-    body = encode_request(torch.rand(4, 3, 8, 8), [i.prompt for i in items], {"conditions": items, "step": [1, 2, 3, 4]})
+             Condition("bare"), edit]  # a group shares `edit`
+    body = encode_request(torch.rand(5, 3, 8, 8), [i.prompt for i in items],
+                          {"conditions": items, "step": [1, 2, 3, 4, 5]})
     assert sorted(k for k in load(body) if k.startswith("input/")) == ["input/0/source_image", "input/1/image",
                                                                         "input/2/source_image#0",
                                                                         "input/2/source_image#1"]
     samples, prompts, meta = decode_request(body)
     got = meta["conditions"]
-    assert prompts == ["edit me", "shape me", "refs", "edit me"] and meta["step"] == [1, 2, 3, 4]
-    assert samples.shape == (4, 3, 8, 8) and got[3] is got[0]
+    assert prompts == ["edit me", "shape me", "refs", "bare", "edit me"] and meta["step"] == [1, 2, 3, 4, 5]
+    assert samples.shape == (5, 3, 8, 8) and got[4] is got[0]
     assert [c.prompt for c in got] == prompts and [c.meta for c in got] == [i.meta for i in items]
     assert isinstance(got[0].inputs["source_image"], np.ndarray) and np.array_equal(got[0].inputs["source_image"], source)
     assert isinstance(got[1].inputs["image"], torch.Tensor) and torch.equal(got[1].inputs["image"], image)
     assert [r.shape for r in got[2].inputs["source_image"]] == [(4, 6, 3), (3, 2, 3)]
     assert all(np.array_equal(a, b) for a, b in zip(got[2].inputs["source_image"], references))
+    assert got[3].inputs == {}
 
 
 def test_a_served_3d_reward_reads_the_condition_image_the_item_carries():
