@@ -136,5 +136,6 @@ def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
     settings = {"steps": ev.get("num_steps"), "guidance": ev.get("guidance_scale"), "height": pipe.get("height"),
                 "width": pipe.get("width"), "num_frames": pipe.get("num_frames"),
                 "max_sequence_length": pipe.get("max_sequence_length"), "guidance_2": pipe.get("guidance_scale_2"),
+                "shift": pipe.get("shift"),
                 "policy": pipe.get("policy")}
     return {k: v for k, v in settings.items() if v is not None}, config_file

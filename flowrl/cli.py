@@ -190,6 +190,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     policy = policy_for(load_pipeline(args.pipeline, placement[1]), args.policy, args.policy_where,
                         max_sequence_length=args.max_sequence_length)
     policy.set_guidance_scale_2(args.guidance_2, "--guidance-2")
+    policy.set_shift(args.shift, "--shift")
     if args.checkpoint:
         load_trained_weights(policy, args.checkpoint)
     stochastic = "ddim" if policy.prediction == "epsilon" else "flow"
@@ -279,6 +280,8 @@ def sampling_arguments(parser) -> None:
                         f"eval.guidance_scale, else {SAMPLING_DEFAULTS['guidance']})")
     parser.add_argument("--guidance-2", type=float, default=None, help="Wan2.2's two experts: the low-noise one's "
                         "CFG scale (default: the checkpoint's run's pipeline.guidance_scale_2, else --guidance)")
+    parser.add_argument("--shift", type=float, default=None, help="the flow schedule's shift (default: the "
+                        "checkpoint's run's pipeline.shift, else the pipeline folder's scheduler config)")
     size_arguments(parser)
     parser.add_argument("--max-sequence-length", type=int, default=None, help="text tokens (default: the "
                         "checkpoint's run's pipeline.max_sequence_length, else the pipeline's own or the shorter "
@@ -326,7 +329,7 @@ def cmd_demo(args) -> None:
     demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,
                       args.max_sequence_length, (args.height, args.width, args.num_frames), args.device,
                       args.weight_dtype, json_object(args.reward_params, "--reward-params"), args.guidance_2,
-                      args.policy, args.policy_where)
+                      args.policy, args.policy_where, args.shift)
     # a server stopped by SIGTERM (a service manager, `kill`) exits as after Ctrl-C, so its files are cleaned up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)

@@ -50,6 +50,10 @@ class PipelineSection:
     # Wan2.2's two experts: which train. high: the high-noise `transformer` (steps below the boundary train nothing);
     # both: `transformer_2` too, with its own adapter (or full weights), so every step trains
     experts: Literal["high", "both"] = "high"
+    # the flow-matching schedule's shift, sigma' = s sigma / (1 + (s - 1) sigma), in place of the pipeline folder's
+    # scheduler config (DanceGRPO samples HunyuanVideo at 5 where the release says 7); None: the folder's. Not for
+    # schedules shifted by the image size (use_dynamic_shifting: FLUX, Qwen-Image, Z-Image)
+    shift: float | None = None
     policy: str | None = None  # adapter override: a pipeline class name or package.module:Class
     attention: Literal["sdpa", "xformers"] = "sdpa"  # xformers: pip install -e ".[gpu]", CUDA only
     vae_slicing: bool = False  # decode one sample at a time inside the VAE
@@ -61,6 +65,8 @@ class PipelineSection:
         for name in ("height", "width", "num_frames"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"pipeline.{name}: expected a positive integer, got {getattr(self, name)}")
+        if self.shift is not None and self.shift <= 0:
+            raise ConfigError(f"pipeline.shift: expected a positive number, got {self.shift}")
 
 
 @dataclass

@@ -62,7 +62,8 @@ def export_pipeline(pipeline_dir, checkpoint, out, dtype: str = "fp32") -> Path:
     from .policies import WEIGHT_DTYPES, load_pipeline, policy_for
 
     pipeline = load_pipeline(pipeline_dir, WEIGHT_DTYPES[dtype])
-    run_policy = run_sampling_settings(str(checkpoint))[0].get("policy")  # the adapter the run trained through
+    settings = run_sampling_settings(str(checkpoint))[0]
+    run_policy = settings.get("policy")  # the adapter the run trained through
     policy = policy_for(pipeline, run_policy, "pipeline.policy of the checkpoint's run")
     load_trained_weights(policy, checkpoint)
     if policy.lora_active_from_sigma is not None:
@@ -73,6 +74,11 @@ def export_pipeline(pipeline_dir, checkpoint, out, dtype: str = "fp32") -> Path:
         for module in policy.trained_modules().values():
             module.fuse_lora(lora_scale=1.0)
             module.unload_lora()
+    if settings.get("shift") is not None:  # the run's schedule travels with the model: its scheduler's shift
+        config = pipeline.scheduler.config
+        key = "flow_shift" if "flow_shift" in config else "shift"  # UniPC's (Wan) or flow-match Euler's
+        pipeline.scheduler = type(pipeline.scheduler).from_config(config, **{key: settings["shift"]})
+        print(f"the exported scheduler's {key} is the run's pipeline.shift, {settings['shift']}", file=sys.stderr)
     pipeline.to(dtype=WEIGHT_DTYPES[dtype])  # a full fine-tune's trained fp32 weights, to the export dtype
     pipeline.save_pretrained(out)
     return Path(out)

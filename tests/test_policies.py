@@ -308,6 +308,35 @@ def test_hunyuan_video_decodes_as_the_pipeline_and_takes_its_scale_as_an_embeddi
     assert (other.final - ode.final).abs().max() > 1e-3
 
 
+def test_pipeline_shift_samples_as_the_pipeline_with_that_shift_and_is_refused_where_it_cannot_apply():
+    """pipeline.shift replaces the folder's: HunyuanVideo at DanceGRPO's 5 samples as the pipeline whose scheduler
+    says 5 (and not as at the folder's 7); a size-shifted schedule (FLUX) and DDIM (SD) name the setting."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from flowrl.policies.base import SampleSpec as Spec
+    from real_layouts import flux_dev
+    from tiny_pipelines import tiny_shapes_sd
+
+    pipe = tiny_hunyuan_video()
+    policy = policy_for(pipe, max_sequence_length=16)
+    spec = Spec(32, 32, 5)
+    shape = policy.noise_shape(spec)
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    cond = policy.encode(PROMPTS, 6.0)
+    at_seven = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 6.0, initial_noise=noise)
+    policy.set_shift(5.0, "pipeline.shift")
+    at_five = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 6.0, initial_noise=noise)
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, shift=5.0)
+    torch.testing.assert_close(at_five.final, _pipeline_latents("hunyuan_video", pipe, noise, 3, 6.0, spec).float(),
+                               atol=1e-4, rtol=1e-4)
+    assert (at_five.final - at_seven.final).abs().max() > 1e-3
+    with pytest.raises(ConfigError, match=r"--shift: FluxPipeline's scheduler shifts its schedule by the sample size"):
+        policy_for(flux_dev(), max_sequence_length=16).set_shift(3.0, "--shift")  # FLUX-dev's dynamic shifting
+    with pytest.raises(ConfigError, match=r"pipeline.shift: StableDiffusionPipeline samples with DDIMScheduler, "
+                                          "which takes no shift"):
+        policy_for(tiny_shapes_sd(), max_sequence_length=16).set_shift(3.0, "pipeline.shift")
+
+
 def test_wan22_ti2v_decodes_its_videos_as_the_pipeline():
     """Wan2.2-TI2V-5B's VAE (48 channels, 16x with a 2x2 patchify): flowrl's decoded ODE videos are WanPipeline's
     own (the latents are checked with every family above)."""

@@ -114,6 +114,11 @@ def test_real_config_trains_evaluates_and_exports(name, clip_folder, tmp_path):
             return policy.velocity(x, sigma, policy.encode(["a red apple", "a cat"], 2.0), 2.0)
 
     assert_checkpoint_loads_in_diffusers(pipeline_dir, checkpoint, velocity)
+    if config.pipeline.shift is not None:  # the run's schedule travels with an exported model
+        from flowrl.export import export_pipeline
+
+        exported = export_pipeline(pipeline_dir, checkpoint, tmp_path / "tuned")
+        assert json.loads((exported / "scheduler" / "scheduler_config.json").read_text())["shift"] == config.pipeline.shift
 
 
 def test_an_image_reward_on_a_video_pipeline_is_named_at_start_up(tmp_path):

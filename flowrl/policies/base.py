@@ -517,6 +517,23 @@ class FlowPolicy:
     def _adapted_modules(self) -> list[torch.nn.Module]:
         return [m for m in self.trained_modules().values() if getattr(m, "_hf_peft_config_loaded", False)]
 
+    def set_shift(self, value: float | None, where: str) -> None:
+        """Sample on a flow-matching schedule shifted by `value` in place of the folder's shift (None: keep it); a
+        ConfigError naming `where` for a scheduler without one, or one shifted by the image size."""
+        if value is None:
+            return
+        from ..errors import ConfigError
+
+        config = self.scheduler.config
+        if self.prediction != "flow" or "shift" not in config:
+            raise ConfigError(f"{where}: {type(self.pipeline).__name__} samples with {type(self.scheduler).__name__}, "
+                              "which takes no shift")
+        if config.get("use_dynamic_shifting"):
+            raise ConfigError(f"{where}: {type(self.pipeline).__name__}'s scheduler shifts its schedule by the sample "
+                              "size (use_dynamic_shifting); a fixed shift does not apply")
+        self.scheduler = type(self.scheduler).from_config(config, shift=value)
+        self._sigma_cache.clear()
+
     def set_guidance_scale_2(self, value: float | None, where: str) -> None:
         """A second CFG scale for the low-noise part of the schedule: only Wan2.2's two experts take one."""
         if value is not None:
