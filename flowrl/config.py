@@ -52,7 +52,7 @@ class PipelineSection:
     experts: Literal["high", "both"] = "high"
     # the flow-matching schedule's shift, sigma' = s sigma / (1 + (s - 1) sigma), in place of the pipeline folder's
     # scheduler config (DanceGRPO samples HunyuanVideo at 5 where the release says 7); None: the folder's. Not for
-    # schedules shifted by the image size (use_dynamic_shifting: FLUX, Qwen-Image, Z-Image)
+    # schedules shifted by the image size (use_dynamic_shifting: FLUX.1-dev, FLUX.2, Qwen-Image)
     shift: float | None = None
     policy: str | None = None  # adapter override: a pipeline class name or package.module:Class
     attention: Literal["sdpa", "xformers"] = "sdpa"  # xformers: pip install -e ".[gpu]", CUDA only

@@ -115,6 +115,8 @@ def test_best_of_trains_each_groups_highest_and_lowest_advantages():
     assert sorted(set(items.sample.tolist())) == [0, 1, 3, 4]  # each group's worst and best
     with pytest.raises(ConfigError, match="algorithm.params.best_of: expected 0 .* or an even number"):
         build_algorithm("grpo", {"best_of": 3}, SamplerSection())
+    with pytest.raises(ConfigError, match="algorithm.params.best_of: picks samples by their final reward"):
+        build_algorithm("grpo", {"best_of": 2, "credit": "incremental"}, SamplerSection())
 
 
 def test_bad_algorithm_params_are_named():

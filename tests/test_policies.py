@@ -253,6 +253,19 @@ def test_flux2_edits_with_several_reference_images_as_the_pipeline(variant):
         kontext.encode(items[:1], 3.5, SampleSpec(16, 16))
 
 
+def test_hunyuan_video_gives_its_transformer_the_time_in_fp32_under_bf16_weights(monkeypatch):
+    """HunyuanVideoPipeline's latents are fp32, so its timestep is; flowrl's latents reach `_forward` in the weights'
+    dtype, where bf16 would round 990.6 to 992."""
+    policy = policy_for(tiny_hunyuan_video(), max_sequence_length=16)
+    policy.transformer.to(torch.bfloat16)
+    seen = []
+    forward = policy.transformer.forward
+    monkeypatch.setattr(policy.transformer, "forward", lambda **kw: seen.append(kw["timestep"]) or forward(**kw))
+    x = torch.randn(1, *policy.noise_shape(SampleSpec(32, 32, 5)), generator=torch.Generator().manual_seed(0))
+    policy.velocity(x, 0.9905664, policy.encode(PROMPTS[:1], 6.0), 6.0)
+    assert seen[0].dtype == torch.float32 and abs(float(seen[0][0]) - 990.5664) < 1e-3
+
+
 def test_z_image_gives_its_transformer_the_time_in_fp32_under_bf16_weights(monkeypatch):
     """ZImagePipeline's latents are fp32, so its transformer sees 1 - sigma in fp32; in bf16 it would be rounded by up
     to 2 of its 1000 time units."""

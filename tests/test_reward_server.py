@@ -94,13 +94,14 @@ def test_a_request_carries_each_items_inputs_and_metadata_as_they_were():
     image = torch.rand(3, 5, 5)
     edit = Condition("edit me", inputs={"source_image": source}, meta={"tag": "a", "scene_seed": 3})
     references = [source, source[:3, :2].copy()]  # several reference images of different sizes: a list
-    items = [edit, Condition("shape me", inputs={"image": image}), Condition("refs", inputs={"source_image": references}),
+    items = [edit, Condition("shape me", inputs={"image": image}),
+             Condition("refs", inputs={"source_image": references, "none#yet": [], "weights": [0.5, 2.0]}),
              Condition("bare"), edit]  # a group shares `edit`
     body = encode_request(torch.rand(5, 3, 8, 8), [i.prompt for i in items],
                           {"conditions": items, "step": [1, 2, 3, 4, 5]})
     assert sorted(k for k in load(body) if k.startswith("input/")) == ["input/0/source_image", "input/1/image",
                                                                         "input/2/source_image#0",
-                                                                        "input/2/source_image#1"]
+                                                                        "input/2/source_image#1", "input/2/weights"]
     samples, prompts, meta = decode_request(body)
     got = meta["conditions"]
     assert prompts == ["edit me", "shape me", "refs", "bare", "edit me"] and meta["step"] == [1, 2, 3, 4, 5]
@@ -110,6 +111,7 @@ def test_a_request_carries_each_items_inputs_and_metadata_as_they_were():
     assert isinstance(got[1].inputs["image"], torch.Tensor) and torch.equal(got[1].inputs["image"], image)
     assert [r.shape for r in got[2].inputs["source_image"]] == [(4, 6, 3), (3, 2, 3)]
     assert all(np.array_equal(a, b) for a, b in zip(got[2].inputs["source_image"], references))
+    assert got[2].inputs["none#yet"] == [] and np.array_equal(got[2].inputs["weights"], [0.5, 2.0])
     assert got[3].inputs == {}
 
 

@@ -55,6 +55,9 @@ class GRPOParams:
         if self.best_of < 0 or self.best_of % 2:
             raise ConfigError(f"algorithm.params.best_of: expected 0 (every sample) or an even number of samples per "
                               f"group, got {self.best_of}")
+        if self.best_of and self.credit == "incremental":
+            raise ConfigError("algorithm.params.best_of: picks samples by their final reward's advantage; with credit: "
+                              "incremental every sample trains on its per-step credit: use one or the other")
 
 
 def best_and_worst(advantages: torch.Tensor, group_ids: torch.Tensor, count: int) -> torch.Tensor:

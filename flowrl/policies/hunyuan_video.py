@@ -55,7 +55,9 @@ class HunyuanVideoPolicy(FlowPolicy):
     def _forward(self, latents, sigma, tensors, guidance_scale):
         dtype = self.transformer.dtype  # the pipeline hands the embeddings, mask and guidance over in it
         b = latents.shape[0]
-        timestep = (torch.as_tensor(sigma, device=latents.device).reshape(-1) * 1000).expand(b).to(latents.dtype)
+        # fp32, as the pipeline's (its latents are fp32): the latents here are in the weights' dtype, where bf16
+        # would round a timestep of ~990 by up to 2
+        timestep = (torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1) * 1000).expand(b)
         guidance = torch.full((b,), guidance_scale, dtype=dtype, device=latents.device) * 1000.0
         return self.net()(hidden_states=latents, timestep=timestep,
                           encoder_hidden_states=tensors["embeds"].to(dtype),

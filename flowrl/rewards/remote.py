@@ -47,8 +47,11 @@ def encode_request(samples: torch.Tensor, prompts: list[str], meta: dict | None)
             if shareable["condition_refs"][i] != i:
                 continue
             for key, value in item.inputs.items():
-                # a list (several reference images) travels element by element, as "<key>#<k>"
-                parts = {f"{key}#{k}": v for k, v in enumerate(value)} if isinstance(value, list) else {key: value}
+                parts = {key: value}
+                if isinstance(value, list) and all(_is_image(v) for v in value):
+                    # several reference images (sizes may differ): marked as a list, then element by element
+                    kinds[f"{i}/{key}"] = "list"
+                    parts = {f"{key}#{k}": v for k, v in enumerate(value)}
                 for name, part in parts.items():
                     numpy = not isinstance(part, torch.Tensor)
                     kinds[f"{i}/{name}"] = "numpy" if numpy else "tensor"
@@ -69,19 +72,30 @@ def decode_request(body: bytes) -> tuple[torch.Tensor, list[str], dict]:
     prompts, meta = json.loads(header["prompts"]), json.loads(header["meta"])
     if meta.get("condition_meta") is not None:
         inputs = {}
-        for name, kind in json.loads(header["input_kinds"]).items():
+        kinds = json.loads(header["input_kinds"])
+        for name, kind in kinds.items():  # in the order written: a list's marker, then its elements in order
             i, key = name.split("/", 1)
+            mine = inputs.setdefault(int(i), {})
+            if kind == "list":
+                mine[key] = []
+                continue
             value = tensors[f"input/{name}"]
             value = value.numpy() if kind == "numpy" else value
-            if "#" in key:  # one element of a list, in order (the kinds keep the order they were written in)
-                inputs.setdefault(int(i), {}).setdefault(key.split("#")[0], []).append(value)
+            parent = key.rsplit("#", 1)[0]
+            if "#" in key and kinds.get(f"{i}/{parent}") == "list":
+                mine[parent].append(value)
             else:
-                inputs.setdefault(int(i), {})[key] = value
+                mine[key] = value
         refs, metas, items = meta.pop("condition_refs"), meta.pop("condition_meta"), []
         for i, (prompt, ref) in enumerate(zip(prompts, refs)):
             items.append(items[ref] if ref != i else Condition(prompt, inputs=inputs.get(i, {}), meta=dict(metas[i])))
         meta["conditions"] = items
     return tensors["samples"].float(), prompts, meta
+
+
+def _is_image(value) -> bool:
+    """An image as condition inputs hold one: a PIL image, an array or tensor of at least 2 dimensions."""
+    return hasattr(value, "convert") or getattr(value, "ndim", 0) >= 2
 
 
 def _metadata(body: bytes) -> str:
