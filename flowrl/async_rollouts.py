@@ -22,7 +22,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from pathlib import Path
 
-import torch
 from safetensors.torch import load_file, save_file
 
 
