@@ -42,6 +42,27 @@ def test_a_jsonl_line_lists_its_images_relative_to_the_file(tmp_path):
         read_prompt_file(prompts)
 
 
+def test_flowrl_sample_edits_from_a_jsonl_of_image_lists(tmp_path):
+    """`flowrl sample` with FLUX.2 [klein] editing (`--policy Flux2KleinEdit`) on a .jsonl whose lines give two
+    images and one: every edit is written, and the index keeps each line's images."""
+    from flowrl.cli import main
+
+    tiny_flux2_klein().save_pretrained(tmp_path / "klein")
+    _images(tmp_path, ["a.png", "b.png", "c.png"])
+    prompts = tmp_path / "edits.jsonl"
+    prompts.write_text(json.dumps({"prompt": "a red circle", "image": ["a.png", "b.png"]}) + "\n"
+                       + json.dumps({"prompt": "two squares", "image": "c.png"}) + "\n")
+    out = tmp_path / "edits"
+    assert main(["sample", "--pipeline", str(tmp_path / "klein"), "--policy", "Flux2KleinEdit", "--prompts",
+                 str(prompts), "--out", str(out), "--steps", "2", "--height", "32", "--width", "32",
+                 "--max-sequence-length", "16", "--num-per-prompt", "2", "--device", "cpu"]) == 0
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in records] == ["a red circle"] * 2 + ["two squares"] * 2
+    assert records[0]["image"] == [str(tmp_path / n) for n in ("a.png", "b.png")]
+    for r in records:
+        assert np.asarray(Image.open(out / r["file"])).shape == (32, 32, 3)
+
+
 @pytest.mark.slow
 def test_two_processes_train_rows_with_different_image_counts_as_one(tmp_path):
     """FLUX.2 [klein] editing from a .jsonl whose lines give 2 and 1 images: a step whose rows mix the two calls the
