@@ -103,4 +103,5 @@ LAYOUTS = {"sd35_medium": sd35_medium, "flux_dev": flux_dev, "flux_kontext_dev":
            "wan22_i2v_a14b": lambda seed=0: tiny_wan_i2v(seed, two_experts=True),  # boundary 0.9
            "sd15": sd15, "qwen_image": tiny_qwen_image, "z_image": tiny_z_image, "flux2_klein_base": tiny_flux2_klein,
            "flux2_dev": tiny_flux2_dev, "hunyuan_video": tiny_hunyuan_video,
+           "skyreels_i2v": lambda seed=0: tiny_hunyuan_video(seed, skyreels_i2v=True),
            "qwen_image_edit_plus": lambda seed=0: tiny_qwen_image_edit(seed, plus=True)}  # -2511's layout

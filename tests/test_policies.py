@@ -253,6 +253,47 @@ def test_flux2_edits_with_several_reference_images_as_the_pipeline(variant):
         kontext.encode(items[:1], 3.5, SampleSpec(16, 16))
 
 
+def test_skyreels_image_to_video_samples_as_the_pipeline_from_each_samples_first_frame(monkeypatch):
+    """HunyuanSkyreelsImageToVideoPipeline: each sample's first frame (its latents, then zero frames, on the channel
+    axis) in both branches of true CFG against "", the guidance embedding at the pipeline's 1.0; from the same noise
+    the 3-step ODE at CFG 4 gives the pipeline's latents for each frame (the pipeline's VAE posterior draw set to
+    its mode, flowrl's deterministic encoding); the frame changes the result; a prompt without a frame is one error;
+    every LoRA parameter gets a gradient."""
+    import numpy as np
+    from PIL import Image
+
+    import diffusers.pipelines.hunyuan_video.pipeline_hunyuan_skyreels_image2video as skyreels
+    from flowrl.errors import UserError
+    from flowrl.tasks.base import Condition
+
+    drawn = skyreels.retrieve_latents
+    monkeypatch.setattr(skyreels, "retrieve_latents", lambda out, generator=None, sample_mode="sample":
+                        drawn(out, generator, "argmax"))
+    pipe = tiny_hunyuan_video(skyreels_i2v=True)
+    policy = policy_for(pipe, max_sequence_length=16)
+    spec = SampleSpec(32, 32, 5)
+    shape = policy.noise_shape(spec)
+    frames = [Image.fromarray(np.random.default_rng(i).integers(0, 255, (32, 32, 3), dtype=np.uint8)) for i in (1, 2)]
+    items = [Condition(prompt, inputs={"source_image": frame}) for prompt, frame in zip(PROMPTS, frames)]
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    cond = policy.encode(items, 4.0, spec)
+    assert torch.equal(cond.negative["image_latents"], cond.tensors["image_latents"])
+    assert "embeds" not in policy.encode(items, 1.0, spec).negative  # no CFG branch at scale 1
+    ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
+    expected = torch.cat([pipe(image=frame, prompt=[prompt], negative_prompt=[""], true_cfg_scale=4.0,
+                               num_inference_steps=3, latents=noise[i:i + 1], output_type="latent", height=32,
+                               width=32, num_frames=5, max_sequence_length=16).frames
+                          for i, (prompt, frame) in enumerate(zip(PROMPTS, frames))])
+    torch.testing.assert_close(ode.final, expected, atol=1e-4, rtol=1e-4)
+    swapped = [Condition(prompt, inputs={"source_image": frame}) for prompt, frame in zip(PROMPTS, frames[::-1])]
+    other = rollout(policy, policy.encode(swapped, 4.0, spec), sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0,
+                    initial_noise=noise)
+    assert (other.final - ode.final).abs().max() > 1e-3
+    with pytest.raises(UserError, match="an image-to-video pipeline needs one"):
+        policy.encode(["a red circle"], 4.0, spec)
+    assert_lora_trains_every_adapter_and_reference_is_base(policy, noise, 0.6, cond, 4.0)
+
+
 def test_hunyuan_video_gives_its_transformer_the_time_in_fp32_under_bf16_weights(monkeypatch):
     """HunyuanVideoPipeline's latents are fp32, so its timestep is; flowrl's latents reach `_forward` in the weights'
     dtype, where bf16 would round 990.6 to 992."""

@@ -221,14 +221,15 @@ def test_the_arro_edit_configs_edit_files_with_a_vlm_rubric_and_export(name, tmp
 I2V_CASES = {  # config -> (layout, SDE window on the tiny 3-step schedule, a sigma the trained expert takes)
     "wan21_i2v_grpo": ("wan21_i2v", "[1,3]", 0.6),
     "wan22_i2v_a14b_grpo": ("wan22_i2v_a14b", "[0,1]", 0.95),  # shift 7: step 1 (sigma 0.875) is below 0.9
+    "skyreels_i2v_dance_grpo": ("skyreels_i2v", "[0,5]", 0.6),  # SDE on every step
 }
 
 
 @pytest.mark.parametrize("name", I2V_CASES)
 def test_the_image_to_video_configs_animate_first_frames_from_a_file_and_export(name, clip_folder, tmp_path):
-    """configs/real/wan21_i2v_grpo.yaml and wan22_i2v_a14b_grpo.yaml on their layouts (tiny, random; Wan2.2's two
-    experts): first frames of two sizes from a .jsonl file, 2 updates with PickScore on frames and their evaluations,
-    and the checkpoint's LoRA loads into diffusers' WanImageToVideoPipeline exactly."""
+    """configs/real/wan21_i2v_grpo.yaml, wan22_i2v_a14b_grpo.yaml and skyreels_i2v_dance_grpo.yaml on their layouts
+    (tiny, random; Wan2.2's two experts): first frames of two sizes from a .jsonl file, 2 updates with PickScore on
+    frames and their evaluations, and the checkpoint's LoRA loads into the diffusers pipeline exactly."""
     from flowrl.tasks.base import read_prompt_file
 
     layout, window, sigma = I2V_CASES[name]

@@ -309,19 +309,22 @@ def tiny_flux2_dev(seed: int = 0):
     return pipe
 
 
-def tiny_hunyuan_video(seed: int = 0):
+def tiny_hunyuan_video(seed: int = 0, skyreels_i2v: bool = False):
     """A tiny random HunyuanVideoPipeline (sizes after diffusers' own tests): dual- and single-stream blocks with a
     guidance embedding, the causal 3-D VAE (8x space, 4x time), a 2-layer Llama whose word-level tokenizer splits the
     pipeline's system template into exactly its crop_start (95) tokens, so the crop leaves the prompt's own, and a
-    tiny CLIP for the pooled projection; the release's shift 7."""
-    from diffusers import AutoencoderKLHunyuanVideo, HunyuanVideoPipeline, HunyuanVideoTransformer3DModel
+    tiny CLIP for the pooled projection; the release's shift 7. `skyreels_i2v`: a
+    HunyuanSkyreelsImageToVideoPipeline, whose transformer takes the first frame's latents on the channel axis."""
+    from diffusers import (AutoencoderKLHunyuanVideo, HunyuanSkyreelsImageToVideoPipeline, HunyuanVideoPipeline,
+                           HunyuanVideoTransformer3DModel)
     from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
     from tokenizers import Regex, Tokenizer, pre_tokenizers
     from tokenizers.models import WordLevel
     from transformers import LlamaConfig, LlamaModel, PreTrainedTokenizerFast
 
     torch.manual_seed(seed)
-    transformer = HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
+    transformer = HunyuanVideoTransformer3DModel(in_channels=8 if skyreels_i2v else 4, out_channels=4,
+                                                 num_attention_heads=2,
                                                  attention_head_dim=10, num_layers=1, num_single_layers=1,
                                                  num_refiner_layers=1, patch_size=1, patch_size_t=1,
                                                  guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8,
@@ -354,9 +357,9 @@ def tiny_hunyuan_video(seed: int = 0):
                                         bos_token_id=clip_tokenizer.bos_token_id,
                                         eos_token_id=clip_tokenizer.eos_token_id,
                                         pad_token_id=clip_tokenizer.pad_token_id)).eval()
-    pipe = HunyuanVideoPipeline(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
-                                text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=clip,
-                                tokenizer_2=clip_tokenizer)
+    pipeline_class = HunyuanSkyreelsImageToVideoPipeline if skyreels_i2v else HunyuanVideoPipeline
+    pipe = pipeline_class(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+                          text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=clip, tokenizer_2=clip_tokenizer)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

@@ -17,7 +17,8 @@ POLICIES = Registry("policy", {
     "WanPipeline": "flowrl.policies.wan", "WanImageToVideoPipeline": "flowrl.policies.wan_i2v",
     "QwenImagePipeline": "flowrl.policies.qwen_image", "QwenImageEditPipeline": "flowrl.policies.qwen_image_edit",
     "QwenImageEditPlusPipeline": "flowrl.policies.qwen_image_edit",
-    "ZImagePipeline": "flowrl.policies.z_image", "HunyuanVideoPipeline": "flowrl.policies.hunyuan_video", "Shapes3DFlowPipeline": "flowrl.policies.shapes3d",
+    "ZImagePipeline": "flowrl.policies.z_image", "HunyuanVideoPipeline": "flowrl.policies.hunyuan_video",
+    "HunyuanSkyreelsImageToVideoPipeline": "flowrl.policies.hunyuan_video", "Shapes3DFlowPipeline": "flowrl.policies.shapes3d",
 })
 
 

@@ -1,4 +1,5 @@
-"""HunyuanVideoPipeline adapter (HunyuanVideo text to video, DanceGRPO's video model).
+"""HunyuanVideoPipeline adapter (HunyuanVideo text to video, DanceGRPO's video model), and
+HunyuanSkyreelsImageToVideoPipeline (SkyReels-V1 image to video, DanceGRPO's image-to-video model).
 
 5-D latents [B, C, F, H, W] (the causal VAE: 4x in time, 8x in space, one scaling factor); prompts read by a Llama
 (the second-to-last-but-one hidden states after the pipeline's system template, cut at its crop, padded to
@@ -52,13 +53,19 @@ class HunyuanVideoPolicy(FlowPolicy):
     def _raw_sigmas(self, scheduler, num_steps, noise_shape):
         scheduler.set_timesteps(num_steps, sigmas=np.linspace(1.0, 0.0, num_steps + 1)[:-1])
 
+    def embedded_guidance(self, guidance_scale: float) -> float:
+        """The scale the guidance embedding gets: HunyuanVideo's is the sampler's scale (guidance-distilled)."""
+        return guidance_scale
+
     def _forward(self, latents, sigma, tensors, guidance_scale):
         dtype = self.transformer.dtype  # the pipeline hands the embeddings, mask and guidance over in it
         b = latents.shape[0]
         # fp32, as the pipeline's (its latents are fp32): the latents here are in the weights' dtype, where bf16
         # would round a timestep of ~990 by up to 2
         timestep = (torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1) * 1000).expand(b)
-        guidance = torch.full((b,), guidance_scale, dtype=dtype, device=latents.device) * 1000.0
+        guidance = torch.full((b,), self.embedded_guidance(guidance_scale), dtype=dtype, device=latents.device) * 1000.0
+        if "image_latents" in tensors:  # image to video: the first frame's latents on the channel axis
+            latents = torch.cat([latents, tensors["image_latents"].to(latents.dtype)], 1)
         return self.net()(hidden_states=latents, timestep=timestep,
                           encoder_hidden_states=tensors["embeds"].to(dtype),
                           encoder_attention_mask=tensors["mask"].to(dtype),
@@ -68,3 +75,53 @@ class HunyuanVideoPolicy(FlowPolicy):
         """Video in [0, 1], [B, 3, F, H, W]."""
         vae = self.pipeline.vae
         return self.to_images(vae.decode(latents.to(vae.dtype) / vae.config.scaling_factor, return_dict=False)[0])
+
+
+@POLICIES.register("HunyuanSkyreelsImageToVideoPipeline")
+class HunyuanSkyreelsImageToVideoPolicy(HunyuanVideoPolicy):
+    """SkyReels-V1 image to video on HunyuanVideo's transformer. Each sample starts from its own first frame, found
+    like an editor's source (`inputs["source_image"]`, or a .jsonl line's `image`). As the pipeline builds it: the
+    frame at the sample size is encoded by the VAE (times its scaling factor), followed by zero latent frames, and
+    concatenated to the noisy latents on the channel axis at every call, in both CFG branches. Unlike HunyuanVideo,
+    SkyReels takes true CFG (`sampler.guidance_scale` is the pipeline's true_cfg_scale, against the negative prompt
+    ""), while its guidance embedding keeps the pipeline's guidance_scale, 1.0. Deviations: the VAE's posterior mode
+    where the pipeline draws from the posterior (flowrl's conditioning is deterministic, as Wan image to video's);
+    the frame is resized bicubically with antialiasing (the pipeline resizes with PIL)."""
+    family = "hunyuan_skyreels_i2v"
+    source_input = "source_image"  # the first frame
+    source_needed_by = "an image-to-video pipeline"
+    embedded_scale = 1.0  # HunyuanSkyreelsImageToVideoPipeline's guidance_scale default
+
+    def uses_cfg(self, guidance_scale: float) -> bool:
+        return guidance_scale > 1.0
+
+    def embedded_guidance(self, guidance_scale: float) -> float:
+        return self.embedded_scale
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
+        cond = super().encode_prompts(prompts, guidance_scale)
+        if self.uses_cfg(guidance_scale):  # the pipeline guides only against a given negative prompt: "" here
+            embeds, pooled, mask = self.pipeline.encode_prompt(prompt=[""] * len(prompts), device=self.device,
+                                                               max_sequence_length=self.text_length())
+            cond.negative = {"embeds": embeds, "pooled": pooled, "mask": mask}
+        return cond
+
+    def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
+        shape = super().noise_shape(spec)  # the transformer's in_channels count the frame's latents too
+        return (shape[0] // 2, *shape[1:])
+
+    @torch.no_grad()
+    def encode_inputs(self, cond: Conditioning, items: list, spec: SampleSpec | None = None) -> Conditioning:
+        from ..images import resized
+
+        spec = spec or self.default_spec()
+        frames, rows = self.distinct_sources(items)  # one frame, one encoding, per distinct item
+        first = torch.stack([resized(frame, spec.height, spec.width) for frame in frames]).to(self.device)
+        vae = self.pipeline.vae
+        z = vae.encode((first * 2 - 1)[:, :, None].to(vae.dtype)).latent_dist.mode().float()
+        z = z * vae.config.scaling_factor
+        frames_count = self.noise_shape(spec)[1]  # latent frames: the frame's, then zeros, as the pipeline pads
+        latents = torch.cat([z, z.new_zeros(z.shape[0], z.shape[1], frames_count - 1, *z.shape[3:])], 2)
+        cond.add_inputs({"image_latents": latents[rows]})
+        return cond
