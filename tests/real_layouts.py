@@ -12,7 +12,7 @@ from transformers import CLIPTextConfig, CLIPTextModel
 
 from flowrl.models.shapes_sd3 import ShapesSD3Size, build_t5_encoder, build_text_encoder
 from flowrl.models.tokenizer import MODEL_MAX_LENGTH, build_tokenizer, shapes_vocabulary
-from tiny_pipelines import (tiny_flux2_dev, tiny_flux2_klein, tiny_hunyuan_video, tiny_qwen_image, tiny_qwen_image_edit, tiny_wan, tiny_wan_i2v,
+from tiny_pipelines import (tiny_flux2_dev, tiny_flux2_klein, tiny_hunyuan_video, tiny_ltx, tiny_qwen_image, tiny_qwen_image_edit, tiny_wan, tiny_wan_i2v,
                             tiny_z_image)
 
 TEXT = ShapesSD3Size(text_hidden=32, text_layers=1, text_projection=16)
@@ -102,6 +102,6 @@ LAYOUTS = {"sd35_medium": sd35_medium, "flux_dev": flux_dev, "flux_kontext_dev":
            "wan22_a14b": wan22_a14b, "wan21_i2v": tiny_wan_i2v,
            "wan22_i2v_a14b": lambda seed=0: tiny_wan_i2v(seed, two_experts=True),  # boundary 0.9
            "sd15": sd15, "qwen_image": tiny_qwen_image, "z_image": tiny_z_image, "flux2_klein_base": tiny_flux2_klein,
-           "flux2_dev": tiny_flux2_dev, "hunyuan_video": tiny_hunyuan_video,
+           "flux2_dev": tiny_flux2_dev, "hunyuan_video": tiny_hunyuan_video, "ltx": tiny_ltx,
            "skyreels_i2v": lambda seed=0: tiny_hunyuan_video(seed, skyreels_i2v=True),
            "qwen_image_edit_plus": lambda seed=0: tiny_qwen_image_edit(seed, plus=True)}  # -2511's layout

@@ -1,5 +1,5 @@
-"""Policy adapters on tiny offline SD3, FLUX, FLUX.2 ([klein] and [dev]), Wan (2.1, and 2.2's two experts), HunyuanVideo,
-Qwen-Image and Z-Image pipelines (real diffusers classes)."""
+"""Policy adapters on tiny offline SD3, FLUX, FLUX.2 ([klein] and [dev]), Wan (2.1, and 2.2's two experts), HunyuanVideo
+(and SkyReels image to video), LTX-Video, Qwen-Image and Z-Image pipelines (real diffusers classes)."""
 import pytest
 import torch
 
@@ -7,7 +7,7 @@ from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
 from flowrl.rollout import rollout, sample_generators
 from policy_checks import assert_lora_trains_every_adapter_and_reference_is_base
-from tiny_pipelines import (tiny_flux, tiny_flux2_dev, tiny_flux2_klein, tiny_hunyuan_video, tiny_qwen_image, tiny_shapes_sd3, tiny_wan, tiny_wan22,
+from tiny_pipelines import (tiny_flux, tiny_flux2_dev, tiny_flux2_klein, tiny_hunyuan_video, tiny_ltx, tiny_qwen_image, tiny_shapes_sd3, tiny_wan, tiny_wan22,
                             tiny_wan22_ti2v, tiny_z_image)
 from flowrl.policies.base import SampleSpec
 
@@ -22,6 +22,7 @@ CASES = {
     "flux2_klein": (tiny_flux2_klein, SampleSpec(32, 32), 4.0),  # the undistilled (base) model: true CFG
     "flux2_dev": (tiny_flux2_dev, SampleSpec(32, 32), 4.0),  # guidance-distilled: the scale is an embedding
     "hunyuan_video": (tiny_hunyuan_video, SampleSpec(32, 32, num_frames=5), 6.0),  # embedded guidance, no CFG
+    "ltx": (tiny_ltx, SampleSpec(32, 32, num_frames=9), 3.0),  # packed video tokens, shift from their count
 }
 PROMPTS = ["a red circle", "two squares"]
 
@@ -30,11 +31,12 @@ def _pipeline_latents(name, pipe, noise, steps, guidance, spec):
     """The pipeline's own latents from the same initial noise (FLUX's and Qwen-Image's packed into their 2x2 tokens
     and back)."""
     packed = pipe._pack_latents(noise, *noise.shape) if name in ("flux", "qwen_image") else noise
+    packed = pipe._pack_latents(noise) if name == "ltx" else packed
     kwargs = dict(prompt=PROMPTS, num_inference_steps=steps, guidance_scale=guidance, latents=packed,
                   output_type="latent", height=spec.height, width=spec.width, max_sequence_length=16)
-    if name in ("sd3", "wan", "wan22", "wan22_ti2v"):
+    if name in ("sd3", "wan", "wan22", "wan22_ti2v", "ltx"):
         kwargs["negative_prompt"] = [""] * len(PROMPTS)
-    if name in ("wan", "wan22", "wan22_ti2v", "hunyuan_video"):
+    if name in ("wan", "wan22", "wan22_ti2v", "hunyuan_video", "ltx"):
         kwargs["num_frames"] = spec.num_frames
     if name == "qwen_image":  # true CFG against the model card's negative prompt
         kwargs.update(negative_prompt=[" "] * len(PROMPTS), true_cfg_scale=kwargs.pop("guidance_scale"))
@@ -46,6 +48,8 @@ def _pipeline_latents(name, pipe, noise, steps, guidance, spec):
         return pipe._unpack_latents(latents, spec.height, spec.width, pipe.vae_scale_factor)
     if name == "qwen_image":
         return pipe._unpack_latents(latents, spec.height, spec.width, pipe.vae_scale_factor)[:, :, 0]
+    if name == "ltx":  # packed tokens back to [B, C, F, H, W]
+        return pipe._unpack_latents(latents, *noise.shape[2:])
     if name == "flux2_dev":  # Flux2Pipeline hands back its packed tokens: row-major, patchified and normalised
         return latents.permute(0, 2, 1).reshape(len(PROMPTS), -1, spec.height // 4, spec.width // 4)
     if name == "flux2_klein":  # the pipeline hands back its latents un-normalised and unpatchified
@@ -341,6 +345,21 @@ def test_flux2_decodes_as_the_pipeline_and_only_klein_base_takes_cfg(variant):
     if variant == "dev":
         other = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 2.0, initial_noise=noise)
         assert (other.final - ode.final).abs().max() > 1e-3
+
+
+def test_ltx_decodes_its_videos_as_the_pipeline():
+    """LTX-Video: flowrl's decoded ODE videos (per-channel statistics undone) are LTXPipeline's own (the latents are
+    checked with every family above)."""
+    pipe = tiny_ltx()
+    policy = policy_for(pipe, max_sequence_length=16)
+    shape = policy.noise_shape(SampleSpec(32, 32, 9))
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    ode = rollout(policy, policy.encode(PROMPTS, 3.0), sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.0,
+                  initial_noise=noise)
+    video = pipe(prompt=PROMPTS, negative_prompt=[""] * 2, guidance_scale=3.0, num_inference_steps=3,
+                 latents=pipe._pack_latents(noise), output_type="pt", height=32, width=32, num_frames=9,
+                 max_sequence_length=16).frames
+    torch.testing.assert_close(policy.decode(ode.final), video.permute(0, 2, 1, 3, 4), atol=1e-5, rtol=1e-5)
 
 
 def test_hunyuan_video_decodes_as_the_pipeline_and_takes_its_scale_as_an_embedding():

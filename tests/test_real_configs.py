@@ -1,6 +1,6 @@
 """The configs in configs/real/ run end to end on tiny random pipelines with the real layouts (SD3.5-Medium, FLUX.1-dev,
-Wan2.1, Wan2.2-A14B, Wan2.1-I2V, Wan2.2-I2V-A14B, HunyuanVideo, SD 1.5, Qwen-Image, Z-Image, FLUX.2 [klein] and [dev], and the editors
-FLUX.1 Kontext-dev and Qwen-Image-Edit-2511): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
+Wan2.1, Wan2.2-A14B, Wan2.1-I2V, Wan2.2-I2V-A14B, HunyuanVideo (and SkyReels-I2V), LTX-Video, SD 1.5, Qwen-Image,
+Z-Image, FLUX.2 [klein] and [dev], and the editors FLUX.1 Kontext-dev and Qwen-Image-Edit-2511): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
 `load_lora_weights` and gives flowrl's model exactly."""
 import json
 
@@ -30,6 +30,7 @@ CASES = {  # config -> (layout, size (and schedule) overrides, reward overrides)
                                                              "sampler.sde_window_range=[1,3]"], "pickscore"),
     "hunyuan_video_dance_grpo": ("hunyuan_video", ["pipeline.height=32", "pipeline.width=32", "pipeline.num_frames=5"],
                                  "per_frame"),
+    "ltx_video_grpo": ("ltx", ["pipeline.height=32", "pipeline.width=32", "pipeline.num_frames=9"], "per_frame"),
     "flux2_dev_clip_pickscore_grpo": ("flux2_dev", ["pipeline.height=32", "pipeline.width=32",
                                                     "sampler.sde_window_range=[1,3]"], "clip_pickscore"),
 }
@@ -105,7 +106,7 @@ def test_real_config_trains_evaluates_and_exports(name, clip_folder, tmp_path):
     def velocity(policy):
         spec = {"wan21": SampleSpec(16, 16, 5), "wan22_a14b": SampleSpec(16, 16, 5),
                 "z_image": SampleSpec(32, 32), "flux2_klein_base": SampleSpec(32, 32), "flux2_dev": SampleSpec(32, 32),
-                "hunyuan_video": SampleSpec(32, 32, 5)}.get(
+                "hunyuan_video": SampleSpec(32, 32, 5), "ltx": SampleSpec(32, 32, 9)}.get(
             layout, policy.default_spec())  # Z-Image's and FLUX.2's defaults: 1024 px
         x = torch.randn(2, *policy.noise_shape(spec), generator=torch.Generator().manual_seed(0))
         # Wan2.2 adapts its high-noise expert, above the boundary 0.875

@@ -364,6 +364,34 @@ def tiny_hunyuan_video(seed: int = 0, skyreels_i2v: bool = False):
     return pipe
 
 
+def tiny_ltx(seed: int = 0):
+    """A tiny random LTXPipeline (sizes after diffusers' own tests): one transformer block, the LTX VAE with 8-channel
+    blocks (4x in time and space here; the release's: 8x and 32x) and per-channel statistics, the tiny T5 with the
+    shapes tokenizer, and a scheduler shifted by the video's token count (mu), as the pipeline computes it."""
+    from diffusers import AutoencoderKLLTXVideo, LTXPipeline, LTXVideoTransformer3DModel
+
+    torch.manual_seed(seed)
+    transformer = LTXVideoTransformer3DModel(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1,
+                                             num_attention_heads=4, attention_head_dim=8, cross_attention_dim=32,
+                                             num_layers=1, caption_channels=32)
+    vae = AutoencoderKLLTXVideo(in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8, 8, 8, 8),
+                                decoder_block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1),
+                                decoder_layers_per_block=(1, 1, 1, 1, 1),
+                                spatio_temporal_scaling=(True, True, False, False),
+                                decoder_spatio_temporal_scaling=(True, True, False, False),
+                                decoder_inject_noise=(False, False, False, False, False), upsample_residual=(False,) * 4,
+                                upsample_factor=(1, 1, 1, 1), timestep_conditioning=False, patch_size=1,
+                                patch_size_t=1, encoder_causal=True, decoder_causal=False)
+    vae.use_framewise_encoding = vae.use_framewise_decoding = False
+    with torch.no_grad():  # per-channel statistics away from the identity, so decoding tests use them
+        vae.latents_mean.normal_(0, 0.3)
+        vae.latents_std.uniform_(0.5, 2.0)
+    pipe = LTXPipeline(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+                       text_encoder=_t5(32, seed), tokenizer=build_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def _flux2_transformer_and_vae(seed: int, guidance_embeds: bool):
     """FLUX.2's transformer (one double and one single block, 4-D rope) and batch-norm VAE, tiny and random."""
     from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel

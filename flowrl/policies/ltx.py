@@ -1,0 +1,79 @@
+"""LTXPipeline adapter (LTX-Video text to video).
+
+Trajectories hold unpacked latents [B, C, F, H, W] (LTX's VAE: 8x in time, 32x in space, per-channel statistics);
+`_forward` packs them into the transformer's tokens (its spatial and temporal patch sizes) with the pipeline's
+rope interpolation scale (VAE compression over the frame rate), and unpacks its output. T5 prompts padded to
+max_sequence_length (default 128) with a mask; true CFG against "" (the pipeline's guidance_rescale, off by default,
+is not offered); sigmas as the pipeline spaces them: linspace(1, 1/N, N) shifted by mu from the video's token count.
+Decoding is the pipeline's default: statistics undone, and a timestep-conditioned VAE decodes at timestep 0 with no
+added noise (the pipeline's decode_timestep / decode_noise_scale, which LTX's examples raise to 0.05 / 0.025, are not
+offered).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import POLICIES
+from .base import Conditioning, FlowPolicy, SampleSpec
+
+LTX_LORA_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+                    "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"]
+
+
+@POLICIES.register("LTXPipeline")
+class LTXVideoPolicy(FlowPolicy):
+    family = "ltx"
+    modality = "video"
+    fps = 25  # LTXPipeline's frame_rate default: what its rope scale assumes and its examples export at
+    lora_targets = LTX_LORA_TARGETS
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
+        cfg = self.uses_cfg(guidance_scale)
+        embeds, mask, neg, neg_mask = self.pipeline.encode_prompt(
+            list(prompts), negative_prompt=[""] * len(prompts) if cfg else None, do_classifier_free_guidance=cfg,
+            device=self.device, max_sequence_length=self.text_length())
+        negative = {"embeds": neg, "mask": neg_mask} if cfg else {}
+        return Conditioning({"embeds": embeds, "mask": mask}, negative, list(prompts))
+
+    def default_spec(self) -> SampleSpec:
+        return SampleSpec(512, 704, 161)  # LTXPipeline.__call__'s defaults
+
+    def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
+        if spec.num_frames is None:
+            raise ValueError("an LTX pipeline samples video: the sample spec needs num_frames (pipeline.num_frames)")
+        p = self.pipeline
+        return (self.transformer.config.in_channels, (spec.num_frames - 1) // p.vae_temporal_compression_ratio + 1,
+                spec.height // p.vae_spatial_compression_ratio, spec.width // p.vae_spatial_compression_ratio)
+
+    def _raw_sigmas(self, scheduler, num_steps, noise_shape):
+        from diffusers.pipelines.ltx.pipeline_ltx import calculate_shift
+
+        config = scheduler.config
+        mu = calculate_shift(int(np.prod(noise_shape[-3:])), config.get("base_image_seq_len", 256),
+                             config.get("max_image_seq_len", 4096), config.get("base_shift", 0.5),
+                             config.get("max_shift", 1.15))
+        scheduler.set_timesteps(num_steps, sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=mu)
+
+    def _forward(self, latents, sigma, tensors, guidance_scale):
+        pipe = self.pipeline
+        b, _, f, h, w = latents.shape
+        p, pt = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
+        timestep = (torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1) * 1000).expand(b)
+        scale = (pipe.vae_temporal_compression_ratio / self.fps, pipe.vae_spatial_compression_ratio,
+                 pipe.vae_spatial_compression_ratio)
+        out = self.net()(hidden_states=pipe._pack_latents(latents, p, pt),
+                         encoder_hidden_states=tensors["embeds"].to(latents.dtype), timestep=timestep,
+                         encoder_attention_mask=tensors["mask"], num_frames=f, height=h, width=w,  # as the pipeline
+                         rope_interpolation_scale=scale, return_dict=False)[0]
+        return pipe._unpack_latents(out, f // pt, h // p, w // p, p, pt)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Video in [0, 1], [B, 3, F, H, W]."""
+        vae = self.pipeline.vae
+        z = self.pipeline._denormalize_latents(latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+        timestep = None
+        if vae.config.timestep_conditioning:  # the pipeline's default decode_timestep 0, with no noise mixed in
+            timestep = torch.zeros(len(z), device=z.device, dtype=z.dtype)
+        return self.to_images(vae.decode(z.to(vae.dtype), timestep, return_dict=False)[0])
