@@ -275,6 +275,7 @@ def test_skyreels_image_to_video_samples_as_the_pipeline_from_each_samples_first
                         drawn(out, generator, "argmax"))
     pipe = tiny_hunyuan_video(skyreels_i2v=True)
     policy = policy_for(pipe, max_sequence_length=16)
+    assert policy.default_spec() == SampleSpec(544, 960, 97)  # the SkyReels pipeline's defaults, not HunyuanVideo's
     spec = SampleSpec(32, 32, 5)
     shape = policy.noise_shape(spec)
     frames = [Image.fromarray(np.random.default_rng(i).integers(0, 255, (32, 32, 3), dtype=np.uint8)) for i in (1, 2)]

@@ -92,6 +92,9 @@ class HunyuanSkyreelsImageToVideoPolicy(HunyuanVideoPolicy):
     source_needed_by = "an image-to-video pipeline"
     embedded_scale = 1.0  # HunyuanSkyreelsImageToVideoPipeline's guidance_scale default
 
+    def default_spec(self) -> SampleSpec:
+        return SampleSpec(544, 960, 97)  # HunyuanSkyreelsImageToVideoPipeline.__call__'s defaults
+
     def uses_cfg(self, guidance_scale: float) -> bool:
         return guidance_scale > 1.0
 

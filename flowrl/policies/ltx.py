@@ -1,12 +1,13 @@
 """LTXPipeline adapter (LTX-Video text to video).
 
 Trajectories hold unpacked latents [B, C, F, H, W] (LTX's VAE: 8x in time, 32x in space, per-channel statistics);
-`_forward` packs them into the transformer's tokens (its spatial and temporal patch sizes) with the pipeline's
-rope interpolation scale (VAE compression over the frame rate), and unpacks its output. T5 prompts padded to
+`_forward` packs them into the transformer's tokens with the pipeline's rope interpolation scale (VAE compression
+over the frame rate), and unpacks its output. Like the pipeline, it assumes transformer patch sizes of 1 (every
+released LTX-Video's). T5 prompts padded to
 max_sequence_length (default 128) with a mask; true CFG against "" (the pipeline's guidance_rescale, off by default,
 is not offered); sigmas as the pipeline spaces them: linspace(1, 1/N, N) shifted by mu from the video's token count.
 Decoding is the pipeline's default: statistics undone, and a timestep-conditioned VAE decodes at timestep 0 with no
-added noise (the pipeline's decode_timestep / decode_noise_scale, which LTX's examples raise to 0.05 / 0.025, are not
+added noise (the pipeline's decode_timestep / decode_noise_scale, for decoding with noise mixed in, are not
 offered).
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ LTX_LORA_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
 class LTXVideoPolicy(FlowPolicy):
     family = "ltx"
     modality = "video"
-    fps = 25  # LTXPipeline's frame_rate default: what its rope scale assumes and its examples export at
+    fps = 25  # LTXPipeline's frame_rate default, which its rope scale assumes (diffusers' example exports at 24)
     lora_targets = LTX_LORA_TARGETS
 
     @torch.no_grad()
