@@ -363,6 +363,47 @@ def test_ltx_decodes_its_videos_as_the_pipeline():
     torch.testing.assert_close(policy.decode(ode.final), video.permute(0, 2, 1, 3, 4), atol=1e-5, rtol=1e-5)
 
 
+def test_ltx_image_to_video_holds_each_samples_first_frame_as_the_pipeline():
+    """LTXImageToVideoPipeline: each sample's frame (VAE mode, normalised) is the first latent frame, at time 0 on its
+    tokens, in both CFG branches; from the same noise (the pipeline's latents given with that frame in place, as it
+    mixes them) the 3-step ODE gives the pipeline's latents; an SDE rollout ends every step on the frame and its
+    stored steps score as drawn; another frame changes the rest; every LoRA parameter gets a gradient."""
+    import numpy as np
+    from PIL import Image
+    from diffusers import LTXImageToVideoPipeline
+
+    from flowrl.tasks.base import Condition
+
+    pipe = LTXImageToVideoPipeline(**tiny_ltx().components)
+    pipe.set_progress_bar_config(disable=True)
+    policy = policy_for(pipe, max_sequence_length=16)
+    spec = SampleSpec(32, 32, 9)
+    shape = policy.noise_shape(spec)
+    frames = [Image.fromarray(np.random.default_rng(i).integers(0, 255, (32, 32, 3), dtype=np.uint8)) for i in (1, 2)]
+    items = [Condition(prompt, inputs={"source_image": frame}) for prompt, frame in zip(PROMPTS, frames)]
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    cond = policy.encode(items, 3.0, spec)
+    first = cond.tensors["condition"][:, :, 0]
+    ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.0, initial_noise=noise)
+    given = noise.clone()
+    given[:, :, 0] = first
+    out = pipe(image=frames, prompt=PROMPTS, negative_prompt=[""] * 2, guidance_scale=3.0, num_inference_steps=3,
+               latents=pipe._pack_latents(given), output_type="latent", height=32, width=32, num_frames=9,
+               max_sequence_length=16).frames
+    torch.testing.assert_close(ode.final, pipe._unpack_latents(out, *shape[1:]), atol=1e-4, rtol=1e-4)
+    sde = rollout(policy, cond, sample_generators([3, 4]), shape, 3, "flow", 0.7, 3.0)
+    assert all(torch.equal(sde.latents[i + 1][:, :, 0], first) for i in range(3))
+    for i in range(3):  # a stored step scores as drawn: GRPO's first ratio is 1
+        rescored = policy.step("flow", sde.latents[i], sde.sigmas[i], sde.sigmas[i + 1], cond, 3.0, 0.7,
+                               prev_sample=sde.latents[i + 1])[3]
+        torch.testing.assert_close(rescored, sde.log_probs[i], atol=1e-4, rtol=1e-5)
+    swapped = [Condition(prompt, inputs={"source_image": frame}) for prompt, frame in zip(PROMPTS, frames[::-1])]
+    other = rollout(policy, policy.encode(swapped, 3.0, spec), sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.0,
+                    initial_noise=noise)
+    assert (other.final[:, :, 1:] - ode.final[:, :, 1:]).abs().max() > 1e-3
+    assert_lora_trains_every_adapter_and_reference_is_base(policy, noise, 0.6, cond, 3.0)
+
+
 def test_hunyuan_video_decodes_as_the_pipeline_and_takes_its_scale_as_an_embedding():
     """HunyuanVideo: flowrl's decoded ODE videos are the pipeline's own (the latents are checked with every family
     above); the guidance scale goes in as an embedding (another scale, other videos; no CFG branch), and the prompt

@@ -18,7 +18,8 @@ POLICIES = Registry("policy", {
     "QwenImagePipeline": "flowrl.policies.qwen_image", "QwenImageEditPipeline": "flowrl.policies.qwen_image_edit",
     "QwenImageEditPlusPipeline": "flowrl.policies.qwen_image_edit",
     "ZImagePipeline": "flowrl.policies.z_image", "HunyuanVideoPipeline": "flowrl.policies.hunyuan_video",
-    "HunyuanSkyreelsImageToVideoPipeline": "flowrl.policies.hunyuan_video", "LTXPipeline": "flowrl.policies.ltx", "Shapes3DFlowPipeline": "flowrl.policies.shapes3d",
+    "HunyuanSkyreelsImageToVideoPipeline": "flowrl.policies.hunyuan_video", "LTXPipeline": "flowrl.policies.ltx",
+    "LTXImageToVideoPipeline": "flowrl.policies.ltx", "Shapes3DFlowPipeline": "flowrl.policies.shapes3d",
 })
 
 

@@ -1,4 +1,4 @@
-"""LTXPipeline adapter (LTX-Video text to video).
+"""LTXPipeline adapter (LTX-Video text to video), and LTXImageToVideoPipeline (image to video).
 
 Trajectories hold unpacked latents [B, C, F, H, W] (LTX's VAE: 8x in time, 32x in space, per-channel statistics);
 `_forward` packs them into the transformer's tokens with the pipeline's rope interpolation scale (VAE compression
@@ -17,6 +17,7 @@ import torch
 
 from . import POLICIES
 from .base import Conditioning, FlowPolicy, SampleSpec
+from .first_frame import FirstFrameHeld, hold_first_frame
 
 LTX_LORA_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
                     "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"]
@@ -58,10 +59,16 @@ class LTXVideoPolicy(FlowPolicy):
         scheduler.set_timesteps(num_steps, sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=mu)
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        pipe = self.pipeline
-        b, _, f, h, w = latents.shape
-        p, pt = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
+        b = latents.shape[0]
         timestep = (torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1) * 1000).expand(b)
+        return self.packed_velocity(latents, timestep, tensors)
+
+    def packed_velocity(self, latents, timestep, tensors) -> torch.Tensor:
+        """The transformer's output for unpacked latents, through its packed tokens (`timestep`: [B], or [B, tokens]
+        for a timestep per token)."""
+        pipe = self.pipeline
+        _, _, f, h, w = latents.shape
+        p, pt = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
         scale = (pipe.vae_temporal_compression_ratio / self.fps, pipe.vae_spatial_compression_ratio,
                  pipe.vae_spatial_compression_ratio)
         out = self.net()(hidden_states=pipe._pack_latents(latents, p, pt),
@@ -78,3 +85,38 @@ class LTXVideoPolicy(FlowPolicy):
         if vae.config.timestep_conditioning:  # the pipeline's default decode_timestep 0, with no noise mixed in
             timestep = torch.zeros(len(z), device=z.device, dtype=z.dtype)
         return self.to_images(vae.decode(z.to(vae.dtype), timestep, return_dict=False)[0])
+
+
+@POLICIES.register("LTXImageToVideoPipeline")
+class LTXImageToVideoPolicy(FirstFrameHeld, LTXVideoPolicy):
+    """LTX-Video image to video. Each sample's first frame (found like an editor's source: `inputs["source_image"]`,
+    or a .jsonl line's `image`) at the sample size is encoded by the VAE and normalised by its statistics; as in
+    LTXImageToVideoPipeline, it is the video's first latent frame, seen at time 0 (a timestep per token: zero on its
+    tokens) in both CFG branches, and every step ends with it in place (flowrl/policies/first_frame.py). Deviations:
+    the VAE's posterior mode where the pipeline draws from it; the frame resized bicubically with antialiasing."""
+    family = "ltx_i2v"
+    source_input = "source_image"  # the first frame
+    source_needed_by = "an image-to-video pipeline"
+
+    @torch.no_grad()
+    def encode_inputs(self, cond: Conditioning, items: list, spec: SampleSpec | None = None) -> Conditioning:
+        from ..images import resized
+
+        spec = spec or self.default_spec()
+        frames, rows = self.distinct_sources(items)  # one frame, one encoding, per distinct item
+        first = torch.stack([resized(frame, spec.height, spec.width) for frame in frames]).to(self.device)
+        vae = self.pipeline.vae
+        z = vae.encode((first * 2 - 1)[:, :, None].to(vae.dtype)).latent_dist.mode().float()
+        condition = self.pipeline._normalize_latents(z, vae.latents_mean, vae.latents_std)  # [B, C, 1, h, w]
+        cond.add_inputs({"condition": condition[rows]})
+        return cond
+
+    def _forward(self, latents, sigma, tensors, guidance_scale):
+        first = tensors["condition"][:, :, 0]
+        held = latents.clone()
+        held[:, :, 0] = first.to(latents.dtype)  # the transformer sees the frame there, as the pipeline's latents hold it
+        b, _, f, h, w = latents.shape
+        timestep = (torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1) * 1000).expand(b)
+        per_token = timestep[:, None].expand(-1, f * h * w).clone()  # one token per latent pixel (patch size 1)
+        per_token[:, :h * w] = 0  # the first frame's tokens (frame-major packing) at time 0
+        return hold_first_frame(self.packed_velocity(held, per_token, tensors), latents, first, sigma)

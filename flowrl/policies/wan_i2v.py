@@ -18,11 +18,12 @@ import torch
 
 from . import POLICIES
 from .base import Conditioning, SampleSpec
+from .first_frame import FirstFrameHeld, hold_first_frame
 from .wan import WanPolicy, wan_vae_encode
 
 
 @POLICIES.register("WanImageToVideoPipeline")
-class WanImageToVideoPolicy(WanPolicy):
+class WanImageToVideoPolicy(FirstFrameHeld, WanPolicy):
     family = "wan_i2v"
     source_input = "source_image"  # the first frame
     source_needed_by = "an image-to-video pipeline"
@@ -31,6 +32,7 @@ class WanImageToVideoPolicy(WanPolicy):
         super().__init__(pipeline, max_sequence_length)
         # Wan2.2-TI2V-5B: the first latent frame is the frame's own latents, at time 0 (a timestep per token)
         self.expand_timesteps = bool(getattr(pipeline.config, "expand_timesteps", False))
+        self.holds_first_frame = self.expand_timesteps
         if self.expand_timesteps and self.transformer.config.patch_size[0] != 1:
             from ..errors import ConfigError
             raise ConfigError("pipeline.path: a Wan image-to-video transformer with expanded timesteps and a temporal "
@@ -44,31 +46,8 @@ class WanImageToVideoPolicy(WanPolicy):
         out = super()._forward(latents, sigma, tensors, guidance_scale)
         if not self.expand_timesteps:
             return out
-        # TI2V's first latent frame is the given frame's: its velocity is the one that carries the sample there
-        # (v = (x - x0) / sigma with x0 the condition), so every rollout ends on it, as the pipeline's output does,
-        # and no weight moves it (its log-prob terms are equal under any policy)
-        # (in fp32: in bf16 the first frame's x0 prediction would miss the condition by ~0.02)
-        first = tensors["condition"][:, :, 0].float()
-        s = torch.as_tensor(sigma, dtype=torch.float32, device=out.device).reshape(-1).expand(len(out))
-        s = s.reshape(-1, 1, 1, 1)
-        out = out.float()
-        out[:, :, 0] = torch.where(s > 0, (latents[:, :, 0].float() - first) / s.clamp_min(1e-12), 0.0)
-        return out
-
-    def step(self, kind, x, sigma, sigma_next, cond, guidance_scale, noise_level, noise=None, prev_sample=None,
-             guide=None):
-        """TI2V: every step ends with the first latent frame on the given frame's (as the pipeline's output), also
-        under SDE noise; the log-prob is that of the sample kept, so a stored step scores as it was drawn (its first
-        frame's terms do not depend on the weights: see `_forward`)."""
-        from ..sampling import gaussian_log_prob
-
-        out = super().step(kind, x, sigma, sigma_next, cond, guidance_scale, noise_level, noise, prev_sample, guide)
-        if not self.expand_timesteps or prev_sample is not None:
-            return out
-        kept, mean, std, _, x0 = out
-        kept = kept.clone()
-        kept[:, :, 0] = cond.tensors["condition"][:, :, 0].to(kept.dtype)
-        return kept, mean, std, gaussian_log_prob(kept, mean, std), x0
+        # TI2V's first latent frame is the given frame's (flowrl/policies/first_frame.py)
+        return hold_first_frame(out, latents, tensors["condition"][:, :, 0], sigma)
 
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
         shape = super().noise_shape(spec)  # the transformer's in_channels count the condition's too
