@@ -314,6 +314,17 @@ class FlowPolicy:
         found, rows = self.distinct_references(items)
         return [images[0] for images in found], rows
 
+    @torch.no_grad()
+    def encode_first_frames(self, items: list, spec: SampleSpec) -> tuple[torch.Tensor, list[int]]:
+        """Each distinct item's source (an image-to-video pipeline's first frame) at the sample size, encoded once by
+        the VAE as a one-frame video: the posterior's mode, fp32 [N, C, 1, h, w]; and each item's row in it."""
+        from ..images import resized
+
+        frames, rows = self.distinct_sources(items)
+        first = torch.stack([resized(frame, spec.height, spec.width) for frame in frames]).to(self.device)
+        vae = self.pipeline.vae
+        return vae.encode((first * 2 - 1)[:, :, None].to(vae.dtype)).latent_dist.mode().float(), rows
+
     def distinct_references(self, items: list) -> tuple[list[list[torch.Tensor]], list[int]]:
         """`distinct_sources` with each item's every image (`reference_images`)."""
         distinct = {id(item): item for item in items}

@@ -116,14 +116,9 @@ class HunyuanSkyreelsImageToVideoPolicy(HunyuanVideoPolicy):
 
     @torch.no_grad()
     def encode_inputs(self, cond: Conditioning, items: list, spec: SampleSpec | None = None) -> Conditioning:
-        from ..images import resized
-
         spec = spec or self.default_spec()
-        frames, rows = self.distinct_sources(items)  # one frame, one encoding, per distinct item
-        first = torch.stack([resized(frame, spec.height, spec.width) for frame in frames]).to(self.device)
-        vae = self.pipeline.vae
-        z = vae.encode((first * 2 - 1)[:, :, None].to(vae.dtype)).latent_dist.mode().float()
-        z = z * vae.config.scaling_factor
+        z, rows = self.encode_first_frames(items, spec)  # one encoding per distinct item
+        z = z * self.pipeline.vae.config.scaling_factor
         frames_count = self.noise_shape(spec)[1]  # latent frames: the frame's, then zeros, as the pipeline pads
         latents = torch.cat([z, z.new_zeros(z.shape[0], z.shape[1], frames_count - 1, *z.shape[3:])], 2)
         cond.add_inputs({"image_latents": latents[rows]})

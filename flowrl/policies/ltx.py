@@ -100,13 +100,8 @@ class LTXImageToVideoPolicy(FirstFrameHeld, LTXVideoPolicy):
 
     @torch.no_grad()
     def encode_inputs(self, cond: Conditioning, items: list, spec: SampleSpec | None = None) -> Conditioning:
-        from ..images import resized
-
-        spec = spec or self.default_spec()
-        frames, rows = self.distinct_sources(items)  # one frame, one encoding, per distinct item
-        first = torch.stack([resized(frame, spec.height, spec.width) for frame in frames]).to(self.device)
+        z, rows = self.encode_first_frames(items, spec or self.default_spec())  # one encoding per distinct item
         vae = self.pipeline.vae
-        z = vae.encode((first * 2 - 1)[:, :, None].to(vae.dtype)).latent_dist.mode().float()
         condition = self.pipeline._normalize_latents(z, vae.latents_mean, vae.latents_std)  # [B, C, 1, h, w]
         cond.add_inputs({"condition": condition[rows]})
         return cond
