@@ -402,6 +402,31 @@ def test_ltx_image_to_video_holds_each_samples_first_frame_as_the_pipeline():
                     initial_noise=noise)
     assert (other.final[:, :, 1:] - ode.final[:, :, 1:]).abs().max() > 1e-3
     assert_lora_trains_every_adapter_and_reference_is_base(policy, noise, 0.6, cond, 3.0)
+    # an LTX-Video folder names LTXPipeline: `pipeline.policy: LTXImageToVideoPipeline` makes it the same adapter
+    chosen = policy_for(tiny_ltx(), "LTXImageToVideoPipeline", max_sequence_length=16)
+    again = rollout(chosen, chosen.encode(items, 3.0, spec), sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.0,
+                    initial_noise=noise)
+    torch.testing.assert_close(again.final, ode.final, rtol=0, atol=0)
+
+
+def test_first_frames_are_encoded_untiled_when_decoding_tiles():
+    """pipeline.vae_tiling tiles decoding; a first frame is encoded whole, as the pipelines encode it (tiled, the tiny
+    LTX VAE's latents of a 64 px frame in 32 px tiles move by 0.42)."""
+    import numpy as np
+    from PIL import Image
+
+    from flowrl.tasks.base import Condition
+
+    pipe = tiny_ltx()
+    policy = policy_for(pipe, "LTXImageToVideoPipeline", max_sequence_length=16)
+    spec = SampleSpec(64, 64, 9)
+    frame = Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 64, 3), dtype=np.uint8))
+    items = [Condition("a red circle", inputs={"source_image": frame})]
+    whole = policy.encode(items, 1.0, spec).tensors["condition"]
+    pipe.vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=16,
+                           tile_sample_stride_width=16)
+    torch.testing.assert_close(policy.encode(items, 1.0, spec).tensors["condition"], whole, rtol=0, atol=0)
+    assert pipe.vae.use_tiling  # and decoding still tiles
 
 
 def test_hunyuan_video_decodes_as_the_pipeline_and_takes_its_scale_as_an_embedding():

@@ -63,6 +63,18 @@ class SampleSpec:
 LOW_NOISE_EXPERT = "transformer_2."
 
 
+@contextlib.contextmanager
+def untiled(vae):
+    """The VAE with tiling off (pipeline.vae_tiling tiles decoding): conditions are encoded whole, as the pipelines
+    encode them."""
+    tiling = getattr(vae, "use_tiling", False)
+    vae.use_tiling = False
+    try:
+        yield vae
+    finally:
+        vae.use_tiling = tiling
+
+
 def _adapters_enabled(module: torch.nn.Module) -> bool:
     """Whether a peft-adapted module's adapters are switched on (peft's layers record it each)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
@@ -317,13 +329,14 @@ class FlowPolicy:
     @torch.no_grad()
     def encode_first_frames(self, items: list, spec: SampleSpec) -> tuple[torch.Tensor, list[int]]:
         """Each distinct item's source (an image-to-video pipeline's first frame) at the sample size, encoded once by
-        the VAE as a one-frame video: the posterior's mode, fp32 [N, C, 1, h, w]; and each item's row in it."""
+        the VAE (untiled) as a one-frame video: the posterior's mode, fp32 [N, C, 1, h, w]; and each item's row in
+        it."""
         from ..images import resized
 
         frames, rows = self.distinct_sources(items)
         first = torch.stack([resized(frame, spec.height, spec.width) for frame in frames]).to(self.device)
-        vae = self.pipeline.vae
-        return vae.encode((first * 2 - 1)[:, :, None].to(vae.dtype)).latent_dist.mode().float(), rows
+        with untiled(self.pipeline.vae) as vae:
+            return vae.encode((first * 2 - 1)[:, :, None].to(vae.dtype)).latent_dist.mode().float(), rows
 
     def distinct_references(self, items: list) -> tuple[list[list[torch.Tensor]], list[int]]:
         """`distinct_sources` with each item's every image (`reference_images`)."""

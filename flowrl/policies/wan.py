@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import POLICIES
-from .base import LOW_NOISE_EXPERT, Conditioning, FlowPolicy, SampleSpec
+from .base import LOW_NOISE_EXPERT, Conditioning, FlowPolicy, SampleSpec, untiled
 from .wan_vae import frame_convolutions
 
 WAN_LORA_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
@@ -164,12 +164,8 @@ def wan_vae_encode(vae, videos: torch.Tensor, dtype: torch.dtype | None = None) 
     """Videos float [B, 3, F, H, W] in [0, 1] -> a denoiser's latents: the Wan-style VAE posterior's mode, normalised
     by the per-channel latents_mean / latents_std in `dtype` (None: the VAE's) — what the Qwen-Image-Edit (VAE dtype)
     and Wan image-to-video (fp32) pipelines make of a condition image. Never tiled, as the pipelines encode it."""
-    tiling = getattr(vae, "use_tiling", False)
-    vae.use_tiling = False
-    try:
+    with untiled(vae):
         z = vae.encode((videos * 2 - 1).to(vae.dtype)).latent_dist.mode()
-    finally:
-        vae.use_tiling = tiling
     z = z if dtype is None else z.to(dtype)
     mean, std = _latent_statistics(vae, z.device, z.dtype)
     return (z - mean) / std
