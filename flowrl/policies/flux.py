@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from . import POLICIES
-from .base import Conditioning, FlowPolicy, SampleSpec
+from .base import Conditioning, FlowPolicy, SampleSpec, untiled
 
 FLUX_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
                      "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"]
@@ -101,8 +101,9 @@ class FluxKontextPolicy(FluxPolicy):
 
 def kontext_source_latents(vae, images: torch.Tensor) -> torch.Tensor:
     """Source images (float [B, 3, H, W] in [0, 1]) -> the context latents FluxKontextPipeline makes of them: the
-    VAE posterior's mode, shifted and scaled."""
-    z = vae.encode((images * 2 - 1).to(vae.dtype)).latent_dist.mode()
+    VAE posterior's mode (untiled), shifted and scaled."""
+    with untiled(vae):
+        z = vae.encode((images * 2 - 1).to(vae.dtype)).latent_dist.mode()
     return (z - vae.config.shift_factor) * vae.config.scaling_factor
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import POLICIES
-from .base import Conditioning, FlowPolicy, SampleSpec
+from .base import Conditioning, FlowPolicy, SampleSpec, untiled
 
 # the attention projections of both stream blocks: double blocks (image and text streams) and single blocks (the
 # fused qkv / MLP input projection; their output projections are added per block by `lora_targets`)
@@ -149,7 +149,8 @@ class Flux2EditPolicy(Flux2Policy):
         counts = torch.tensor([len(images) for images in found])
         flat = self.stack_sources([image for images in found for image in images]).to(self.device)
         vae, pipe = self.pipeline.vae, self.pipeline
-        z = pipe._patchify_latents(vae.encode((flat * 2 - 1).to(vae.dtype)).latent_dist.mode())
+        with untiled(vae):
+            z = pipe._patchify_latents(vae.encode((flat * 2 - 1).to(vae.dtype)).latent_dist.mode())
         mean, std = _bn_statistics(vae, z.device)
         z = (z - mean) / std
         latents = z.new_zeros(len(found), int(counts.max()), *z.shape[1:])
