@@ -59,6 +59,10 @@ class SampleSpec:
     num_frames: int | None = None
 
 
+# the self- and cross-attention projections of a video DiT's blocks (attn1 / attn2): Wan's and LTX-Video's LoRA targets
+SELF_CROSS_ATTENTION_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+                                "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"]
+
 # the prefix of Wan2.2's low-noise expert's parameter names in checkpoints when it trains (pipeline.experts: both)
 LOW_NOISE_EXPERT = "transformer_2."
 
@@ -337,6 +341,26 @@ class FlowPolicy:
         first = torch.stack([resized(frame, spec.height, spec.width) for frame in frames]).to(self.device)
         with untiled(self.pipeline.vae) as vae:
             return vae.encode((first * 2 - 1)[:, :, None].to(vae.dtype)).latent_dist.mode().float(), rows
+
+    @staticmethod
+    def by_reference_count(latents: torch.Tensor, sigma, tensors: dict, call) -> torch.Tensor:
+        """An editor's output when rows give different numbers of reference images (tensors["reference_count"]):
+        `call(rows, sigma, references)` on each number's rows (sigma per row, `references` their image latents cut to
+        that number), put back in row order."""
+        counts = tensors["reference_count"]
+        sigma = torch.as_tensor(sigma, device=latents.device).reshape(-1).expand(latents.shape[0])
+        groups = [torch.nonzero(counts == k).flatten() for k in counts.unique().tolist()]
+        outs = [call(rows, sigma[rows], tensors["image_latents"][rows, :int(counts[rows[0]])]) for rows in groups]
+        return outs[0] if len(groups) == 1 else torch.cat(outs)[torch.cat(groups).argsort()]
+
+    def video_noise_shape(self, spec: SampleSpec, temporal: int, spatial: int) -> tuple[int, ...]:
+        """[C, F, H, W] of a video sample's latents: the transformer's in_channels, the VAE's temporal (causal: the
+        first frame alone) and spatial compressions; a ValueError when the spec gives no frame count."""
+        if spec.num_frames is None:
+            raise ValueError(f"a {type(self.pipeline).__name__} samples video: the sample spec needs num_frames "
+                             "(pipeline.num_frames)")
+        return (self.transformer.config.in_channels, (spec.num_frames - 1) // temporal + 1, spec.height // spatial,
+                spec.width // spatial)
 
     def distinct_references(self, items: list) -> tuple[list[list[torch.Tensor]], list[int]]:
         """`distinct_sources` with each item's every image (`reference_images`)."""

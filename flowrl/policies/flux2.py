@@ -160,17 +160,11 @@ class Flux2EditPolicy(Flux2Policy):
         return cond
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        counts = tensors["reference_count"]
-        sigma = torch.as_tensor(sigma, device=latents.device).reshape(-1).expand(latents.shape[0])
-        groups = [torch.nonzero(counts == k).flatten() for k in counts.unique().tolist()]
-        outs = [self.call_transformer(self.transformer_inputs(latents[rows], sigma[rows], tensors["embeds"][rows],
-                                                              guidance_scale,
-                                                              tensors["image_latents"][rows, :int(counts[rows[0]])]),
-                                      latents[rows].shape) for rows in groups]
-        if len(groups) == 1:
-            return outs[0]
-        order = torch.cat(groups)
-        return torch.cat(outs)[order.argsort()]
+        def call(rows, sigma, references):
+            inputs = self.transformer_inputs(latents[rows], sigma, tensors["embeds"][rows], guidance_scale, references)
+            return self.call_transformer(inputs, latents[rows].shape)
+
+        return self.by_reference_count(latents, sigma, tensors, call)
 
 
 def _bn_statistics(vae, device) -> tuple[torch.Tensor, torch.Tensor]:

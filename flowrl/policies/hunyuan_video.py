@@ -43,12 +43,8 @@ class HunyuanVideoPolicy(FlowPolicy):
         return SampleSpec(720, 1280, 129)  # HunyuanVideoPipeline.__call__'s defaults
 
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
-        if spec.num_frames is None:
-            raise ValueError("a HunyuanVideo pipeline samples video: the sample spec needs num_frames "
-                             "(pipeline.num_frames)")
-        p = self.pipeline
-        return (self.transformer.config.in_channels, (spec.num_frames - 1) // p.vae_scale_factor_temporal + 1,
-                spec.height // p.vae_scale_factor_spatial, spec.width // p.vae_scale_factor_spatial)
+        return self.video_noise_shape(spec, self.pipeline.vae_scale_factor_temporal,
+                                      self.pipeline.vae_scale_factor_spatial)
 
     def _raw_sigmas(self, scheduler, num_steps, noise_shape):
         scheduler.set_timesteps(num_steps, sigmas=np.linspace(1.0, 0.0, num_steps + 1)[:-1])

@@ -16,19 +16,15 @@ import numpy as np
 import torch
 
 from . import POLICIES
-from .base import Conditioning, FlowPolicy, SampleSpec
+from .base import SELF_CROSS_ATTENTION_TARGETS, Conditioning, FlowPolicy, SampleSpec
 from .first_frame import FirstFrameHeld, hold_first_frame
-
-LTX_LORA_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
-                    "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"]
-
 
 @POLICIES.register("LTXPipeline")
 class LTXVideoPolicy(FlowPolicy):
     family = "ltx"
     modality = "video"
     fps = 25  # LTXPipeline's frame_rate default, which its rope scale assumes (diffusers' example exports at 24)
-    lora_targets = LTX_LORA_TARGETS
+    lora_targets = SELF_CROSS_ATTENTION_TARGETS
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
@@ -43,11 +39,8 @@ class LTXVideoPolicy(FlowPolicy):
         return SampleSpec(512, 704, 161)  # LTXPipeline.__call__'s defaults
 
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
-        if spec.num_frames is None:
-            raise ValueError("an LTX pipeline samples video: the sample spec needs num_frames (pipeline.num_frames)")
-        p = self.pipeline
-        return (self.transformer.config.in_channels, (spec.num_frames - 1) // p.vae_temporal_compression_ratio + 1,
-                spec.height // p.vae_spatial_compression_ratio, spec.width // p.vae_spatial_compression_ratio)
+        return self.video_noise_shape(spec, self.pipeline.vae_temporal_compression_ratio,
+                                      self.pipeline.vae_spatial_compression_ratio)
 
     def _raw_sigmas(self, scheduler, num_steps, noise_shape):
         from diffusers.pipelines.ltx.pipeline_ltx import calculate_shift

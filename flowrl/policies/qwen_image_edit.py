@@ -125,14 +125,8 @@ class QwenImageEditPolicy(QwenImagePolicy):
         raise NotImplementedError("Qwen-Image-Edit reads each instruction with its source image: use `encode`")
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        counts = tensors["reference_count"]  # rows with different numbers of images: one call per number
-        sigma = torch.as_tensor(sigma, device=latents.device).reshape(-1).expand(latents.shape[0])
-        groups = [torch.nonzero(counts == k).flatten() for k in counts.unique().tolist()]
-        outs = [self.packed_velocity(latents[rows], sigma[rows], {k: v[rows] for k, v in tensors.items()},
-                                     context=tensors["image_latents"][rows, :int(counts[rows[0]])]) for rows in groups]
-        if len(groups) == 1:
-            return outs[0]
-        return torch.cat(outs)[torch.cat(groups).argsort()]
+        return self.by_reference_count(latents, sigma, tensors, lambda rows, sigma, references: self.packed_velocity(
+            latents[rows], sigma, {k: v[rows] for k, v in tensors.items()}, context=references))
 
 
 @POLICIES.register("QwenImageEditPlusPipeline")

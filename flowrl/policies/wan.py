@@ -5,19 +5,15 @@ from __future__ import annotations
 import torch
 
 from . import POLICIES
-from .base import LOW_NOISE_EXPERT, Conditioning, FlowPolicy, SampleSpec, untiled
+from .base import LOW_NOISE_EXPERT, SELF_CROSS_ATTENTION_TARGETS, Conditioning, FlowPolicy, SampleSpec, untiled
 from .wan_vae import frame_convolutions
-
-WAN_LORA_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
-                    "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"]
-
 
 @POLICIES.register("WanPipeline")
 class WanPolicy(FlowPolicy):
     family = "wan"
     modality = "video"
     fps = 16  # Wan 2.1 / 2.2 generate 16 frames a second (diffusers' Wan examples export at 16)
-    lora_targets = WAN_LORA_TARGETS
+    lora_targets = SELF_CROSS_ATTENTION_TARGETS
 
     def __init__(self, pipeline, max_sequence_length: int | None = None):
         super().__init__(pipeline, max_sequence_length)
@@ -87,12 +83,8 @@ class WanPolicy(FlowPolicy):
         return SampleSpec(480, 832, 81)  # WanPipeline.__call__'s defaults
 
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
-        if spec.num_frames is None:
-            raise ValueError("a Wan pipeline samples video: the sample spec needs num_frames (pipeline.num_frames)")
-        p = self.pipeline
-        frames = (spec.num_frames - 1) // p.vae_scale_factor_temporal + 1
-        return (self.transformer.config.in_channels, frames, spec.height // p.vae_scale_factor_spatial,
-                spec.width // p.vae_scale_factor_spatial)
+        return self.video_noise_shape(spec, self.pipeline.vae_scale_factor_temporal,
+                                      self.pipeline.vae_scale_factor_spatial)
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
         timestep = sigma * 1000
