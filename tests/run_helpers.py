@@ -33,3 +33,32 @@ def train_and_collect(config_path: Path, overrides=(), accelerator=None) -> dict
     trainer = Trainer(load_config(config_path, list(overrides)), accelerator=accelerator, log=False)
     trainer.run()
     return {k: v.cpu() for k, v in trainer.policy.trainable_state_dict().items()}
+
+
+def train_on_two_processes(config_path, out_file: Path, port: int, overrides=()) -> dict[str, torch.Tensor]:
+    """Rank 0's weights after training `config_path` (with `overrides`) under torchrun on 2 gloo processes, through
+    tests/distributed_worker.py, on master port `port` (one per test, so tests in parallel do not collide)."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{repo / 'tests'}", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                             f"--master_port={port}", str(repo / "tests/distributed_worker.py"), str(config_path),
+                             str(out_file), *overrides], cwd=repo, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return load_file(out_file)
+
+
+def assert_same_weights(single: dict, double: dict, names=None, tolerance: float = 1e-4) -> None:
+    """Two runs' trained weights hold the same names, and those `names` (default: all) agree to `tolerance` relative
+    to the largest of them."""
+    assert single.keys() == double.keys()
+    names = list(single) if names is None else names
+    moved = max((single[k] - double[k]).abs().max().item() for k in names)
+    scale = max(single[k].abs().max().item() for k in names)
+    assert moved <= tolerance * scale, (moved, scale)

@@ -57,6 +57,14 @@ def _pipeline_latents(name, pipe, noise, steps, guidance, spec):
     return latents
 
 
+def _random_images(side: int, seeds) -> list:
+    """Random RGB PIL images of side x side pixels, one per seed (editors' sources, first frames)."""
+    import numpy as np
+    from PIL import Image
+
+    return [Image.fromarray(np.random.default_rng(i).integers(0, 255, (side, side, 3), dtype=np.uint8)) for i in seeds]
+
+
 def _flux2_bn(pipe):
     vae = pipe.vae
     return (vae.bn.running_mean.view(1, -1, 1, 1),
@@ -186,8 +194,6 @@ def test_flux2_edits_with_a_reference_image_as_the_pipeline(variant):
     image (tokens after the sample's, time coordinate 10, both CFG branches); from the same noise the 3-step ODE at
     scale 4 decodes to the pipeline's own edits (64 px: the pipeline takes no smaller reference), the source changes
     the result, and every LoRA parameter gets a gradient."""
-    import numpy as np
-    from PIL import Image
 
     from flowrl.tasks.base import Condition
 
@@ -196,7 +202,7 @@ def test_flux2_edits_with_a_reference_image_as_the_pipeline(variant):
     policy = policy_for(pipe, "Flux2Edit" if variant == "dev" else "Flux2KleinEdit", max_sequence_length=16)
     spec = SampleSpec(64, 64)
     shape = policy.noise_shape(spec)
-    sources = [Image.fromarray(np.random.default_rng(i).integers(0, 255, (64, 64, 3), dtype=np.uint8)) for i in (1, 2)]
+    sources = _random_images(64, (1, 2))
     items = [Condition(prompt, inputs={"source_image": source}) for prompt, source in zip(PROMPTS, sources)]
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     cond = policy.encode(items, 4.0, spec)
@@ -221,8 +227,6 @@ def test_flux2_edits_with_several_reference_images_as_the_pipeline(variant):
     """A sample's images in a list (the source, then further references) go in in order (time coordinates 10, 20);
     a batch mixing two images and one gives each sample the pipeline's own edit from that list, and what it gives
     alone; a pipeline that takes one image names the prompt that gives two."""
-    import numpy as np
-    from PIL import Image
 
     from flowrl.errors import UserError
     from flowrl.tasks.base import Condition
@@ -233,7 +237,7 @@ def test_flux2_edits_with_several_reference_images_as_the_pipeline(variant):
     policy = policy_for(pipe, "Flux2Edit", max_sequence_length=16)
     spec = SampleSpec(64, 64)
     shape = policy.noise_shape(spec)
-    images = [Image.fromarray(np.random.default_rng(i).integers(0, 255, (64, 64, 3), dtype=np.uint8)) for i in range(3)]
+    images = _random_images(64, range(3))
     lists = [images[:2], images[2:]]
     items = [Condition(prompt, inputs={"source_image": given}) for prompt, given in zip(PROMPTS, lists)]
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
@@ -263,8 +267,6 @@ def test_skyreels_image_to_video_samples_as_the_pipeline_from_each_samples_first
     the 3-step ODE at CFG 4 gives the pipeline's latents for each frame (the pipeline's VAE posterior draw set to
     its mode, flowrl's deterministic encoding); the frame changes the result; a prompt without a frame is one error;
     every LoRA parameter gets a gradient."""
-    import numpy as np
-    from PIL import Image
 
     import diffusers.pipelines.hunyuan_video.pipeline_hunyuan_skyreels_image2video as skyreels
     from flowrl.errors import UserError
@@ -278,7 +280,7 @@ def test_skyreels_image_to_video_samples_as_the_pipeline_from_each_samples_first
     assert policy.default_spec() == SampleSpec(544, 960, 97)  # the SkyReels pipeline's defaults, not HunyuanVideo's
     spec = SampleSpec(32, 32, 5)
     shape = policy.noise_shape(spec)
-    frames = [Image.fromarray(np.random.default_rng(i).integers(0, 255, (32, 32, 3), dtype=np.uint8)) for i in (1, 2)]
+    frames = _random_images(32, (1, 2))
     items = [Condition(prompt, inputs={"source_image": frame}) for prompt, frame in zip(PROMPTS, frames)]
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     cond = policy.encode(items, 4.0, spec)
@@ -368,8 +370,6 @@ def test_ltx_image_to_video_holds_each_samples_first_frame_as_the_pipeline():
     tokens, in both CFG branches; from the same noise (the pipeline's latents given with that frame in place, as it
     mixes them) the 3-step ODE gives the pipeline's latents; an SDE rollout ends every step on the frame and its
     stored steps score as drawn; another frame changes the rest; every LoRA parameter gets a gradient."""
-    import numpy as np
-    from PIL import Image
     from diffusers import LTXImageToVideoPipeline
 
     from flowrl.tasks.base import Condition
@@ -379,7 +379,7 @@ def test_ltx_image_to_video_holds_each_samples_first_frame_as_the_pipeline():
     policy = policy_for(pipe, max_sequence_length=16)
     spec = SampleSpec(32, 32, 9)
     shape = policy.noise_shape(spec)
-    frames = [Image.fromarray(np.random.default_rng(i).integers(0, 255, (32, 32, 3), dtype=np.uint8)) for i in (1, 2)]
+    frames = _random_images(32, (1, 2))
     items = [Condition(prompt, inputs={"source_image": frame}) for prompt, frame in zip(PROMPTS, frames)]
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     cond = policy.encode(items, 3.0, spec)
@@ -412,15 +412,13 @@ def test_ltx_image_to_video_holds_each_samples_first_frame_as_the_pipeline():
 def test_first_frames_are_encoded_untiled_when_decoding_tiles():
     """pipeline.vae_tiling tiles decoding; a first frame is encoded whole, as the pipelines encode it (tiled, the tiny
     LTX VAE's latents of a 64 px frame in 32 px tiles move by 0.42)."""
-    import numpy as np
-    from PIL import Image
 
     from flowrl.tasks.base import Condition
 
     pipe = tiny_ltx()
     policy = policy_for(pipe, "LTXImageToVideoPipeline", max_sequence_length=16)
     spec = SampleSpec(64, 64, 9)
-    frame = Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 64, 3), dtype=np.uint8))
+    frame, = _random_images(64, (1,))
     items = [Condition("a red circle", inputs={"source_image": frame})]
     whole = policy.encode(items, 1.0, spec).tensors["condition"]
     pipe.vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=16,

@@ -1,21 +1,16 @@
 """Several reference images per sample (an editor's source, then further references): read from .jsonl prompt
 files, and trained on several processes as on one when rows with different numbers of images share a step."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 import yaml
 from PIL import Image
-from safetensors.torch import load_file
 
-from conftest import REPO
 from flowrl.errors import UserError
 from flowrl.tasks.base import read_prompt_file
-from run_helpers import train_and_collect
+from run_helpers import assert_same_weights, train_and_collect, train_on_two_processes
 from tiny_pipelines import tiny_flux2_klein
 
 
@@ -23,6 +18,16 @@ def _images(folder, names):
     rng = np.random.default_rng(0)
     for name in names:
         Image.fromarray(rng.integers(0, 255, (40, 24, 3), dtype=np.uint8)).save(folder / name)
+
+
+def _edits_of_two_and_one_images(folder):
+    """A saved tiny FLUX.2 [klein] in `folder`/klein and an edits.jsonl beside it whose lines give 2 images and 1."""
+    tiny_flux2_klein().save_pretrained(folder / "klein")
+    _images(folder, ["a.png", "b.png", "c.png"])
+    prompts = folder / "edits.jsonl"
+    prompts.write_text(json.dumps({"prompt": "a red circle", "image": ["a.png", "b.png"]}) + "\n"
+                       + json.dumps({"prompt": "two squares", "image": "c.png"}) + "\n")
+    return folder / "klein", prompts
 
 
 def test_a_jsonl_line_lists_its_images_relative_to_the_file(tmp_path):
@@ -47,13 +52,9 @@ def test_flowrl_sample_edits_from_a_jsonl_of_image_lists(tmp_path):
     images and one: every edit is written, and the index keeps each line's images."""
     from flowrl.cli import main
 
-    tiny_flux2_klein().save_pretrained(tmp_path / "klein")
-    _images(tmp_path, ["a.png", "b.png", "c.png"])
-    prompts = tmp_path / "edits.jsonl"
-    prompts.write_text(json.dumps({"prompt": "a red circle", "image": ["a.png", "b.png"]}) + "\n"
-                       + json.dumps({"prompt": "two squares", "image": "c.png"}) + "\n")
+    klein, prompts = _edits_of_two_and_one_images(tmp_path)
     out = tmp_path / "edits"
-    assert main(["sample", "--pipeline", str(tmp_path / "klein"), "--policy", "Flux2KleinEdit", "--prompts",
+    assert main(["sample", "--pipeline", str(klein), "--policy", "Flux2KleinEdit", "--prompts",
                  str(prompts), "--out", str(out), "--steps", "2", "--height", "32", "--width", "32",
                  "--max-sequence-length", "16", "--num-per-prompt", "2", "--device", "cpu"]) == 0
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
@@ -68,16 +69,12 @@ def test_two_processes_train_rows_with_different_image_counts_as_one(tmp_path):
     """FLUX.2 [klein] editing from a .jsonl whose lines give 2 and 1 images: a step whose rows mix the two calls the
     transformer once per image count (through its DDP wrapper, twice before one backward), and 2 gloo processes
     give the weights of one."""
-    tiny_flux2_klein().save_pretrained(tmp_path / "klein")
-    _images(tmp_path, ["a.png", "b.png", "c.png"])
-    prompts = tmp_path / "edits.jsonl"
-    prompts.write_text(json.dumps({"prompt": "a red circle", "image": ["a.png", "b.png"]}) + "\n"
-                       + json.dumps({"prompt": "two squares", "image": "c.png"}) + "\n")
+    klein, prompts = _edits_of_two_and_one_images(tmp_path)
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({
         "run": {"name": "one", "out_dir": str(tmp_path / "runs"), "seed": 0},
         "task": {"name": "prompt_file"},
-        "pipeline": {"path": str(tmp_path / "klein"), "height": 32, "width": 32, "max_sequence_length": 16,
+        "pipeline": {"path": str(klein), "height": 32, "width": 32, "max_sequence_length": 16,
                      "policy": "Flux2KleinEdit"},
         "lora": {"rank": 4, "alpha": 8},
         "sampler": {"kind": "flow", "noise_level": 0.7, "num_steps": 3, "guidance_scale": 2.0},
@@ -90,15 +87,5 @@ def test_two_processes_train_rows_with_different_image_counts_as_one(tmp_path):
         "eval": {"enabled": False},
     }))
     single = train_and_collect(config)
-    out = tmp_path / "two.safetensors"
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                             "--master_port=29535", str(REPO / "tests/distributed_worker.py"), str(config), str(out),
-                             "run.name=two"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    double = load_file(out)
-    assert single.keys() == double.keys()
-    moved = max((single[k] - double[k]).abs().max().item() for k in single)
-    scale = max(single[k].abs().max().item() for k in single)
-    assert moved <= 1e-4 * scale, (moved, scale)
+    assert_same_weights(single, train_on_two_processes(config, tmp_path / "two.safetensors", 29535, ["run.name=two"]))
     assert all(torch.isfinite(v).all() for v in single.values())

@@ -6,10 +6,9 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from conftest import REPO
-from run_helpers import tiny_run_config, train_and_collect
+from run_helpers import assert_same_weights, tiny_run_config, train_and_collect, train_on_two_processes
 
 
 def test_resume_is_exact(tiny_sd3_dir, tmp_path):
@@ -54,17 +53,7 @@ def test_two_processes_match_one(tiny_sd3_dir, tmp_path):
     config = tiny_run_config(tmp_path / "d.yaml", tiny_sd3_dir, tmp_path / "runs", "dist", updates=2,
                              checkpoint_every=0)
     single = train_and_collect(config, ["run.name=single"])
-    out = tmp_path / "two.safetensors"
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                             "--master_port=29531", str(REPO / "tests/distributed_worker.py"), str(config), str(out)],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    double = load_file(out)
-    assert single.keys() == double.keys()
-    moved = max((single[k] - double[k]).abs().max().item() for k in single)
-    scale = max(single[k].abs().max().item() for k in single)
-    assert moved <= 1e-4 * scale, (moved, scale)
+    assert_same_weights(single, train_on_two_processes(config, tmp_path / "two.safetensors", 29531))
 
 
 def test_eval_shares_cover_the_set_in_order_with_one_length_on_every_process():

@@ -1,20 +1,15 @@
 """Wan2.2's two experts both training (pipeline.experts: both): each side of the boundary trains its own expert's
 adapter, checkpoints name the low-noise expert's weights apart, diffusers loads both adapters, and two processes
 train as one."""
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
 
-from conftest import REPO
 from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
 from flowrl.policies.base import LOW_NOISE_EXPERT, SampleSpec
-from run_helpers import train_and_collect
+from run_helpers import assert_same_weights, train_and_collect, train_on_two_processes
 from tiny_pipelines import tiny_wan, tiny_wan22
 
 PROMPTS = ["a red circle", "two squares"]
@@ -161,6 +156,13 @@ def wan22_run(tmp_path_factory):
     return root, config, train_and_collect(config)
 
 
+def _velocities(policy) -> torch.Tensor:
+    """The policy's velocity on two fixed samples of the run's size, one on each side of the boundary."""
+    x = torch.randn(2, *policy.noise_shape(SampleSpec(16, 16, 5)), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return policy.velocity(x, torch.tensor([0.5, 0.97]), policy.encode(PROMPTS, 1.0), 1.0)
+
+
 def test_a_run_trains_both_experts_and_diffusers_loads_both_adapters(wan22_run):
     from diffusers import WanPipeline
 
@@ -170,27 +172,19 @@ def test_a_run_trains_both_experts_and_diffusers_loads_both_adapters(wan22_run):
 
     root, _, trained = wan22_run
     checkpoint = root / "runs/both/checkpoints/update_000002"
-    base = policy_for(load_pipeline(root / "wan22"), max_sequence_length=16)
-    x = torch.randn(2, *base.noise_shape(SampleSpec(16, 16, 5)), generator=torch.Generator().manual_seed(0))
-    sigma = torch.tensor([0.5, 0.97])
-
-    def velocity(policy):
-        with torch.no_grad():
-            return policy.velocity(x, sigma, policy.encode(PROMPTS, 1.0), 1.0)
-
-    before = velocity(base)
+    before = _velocities(policy_for(load_pipeline(root / "wan22"), max_sequence_length=16))
     ours = policy_for(load_pipeline(root / "wan22"), max_sequence_length=16)
     load_trained_weights(ours, checkpoint)  # finds the low-noise expert's weights and trains it too
     assert set(ours.trainable_state_dict()) == set(trained)
-    expected = velocity(ours)
+    expected = _velocities(ours)
     assert (expected[0] - before[0]).abs().max() > 0 and (expected[1] - before[1]).abs().max() > 0  # both moved
     pipe = WanPipeline.from_pretrained(root / "wan22")
     pipe.load_lora_weights(checkpoint)
     pipe.load_lora_weights(checkpoint, weight_name=DIFFUSERS_LORA_FILE_2, load_into_transformer_2=True)
-    torch.testing.assert_close(velocity(policy_for(pipe, max_sequence_length=16)), expected, rtol=0, atol=0)
+    torch.testing.assert_close(_velocities(policy_for(pipe, max_sequence_length=16)), expected, rtol=0, atol=0)
     exported = export_pipeline(root / "wan22", checkpoint, root / "tuned")  # both adapters fused
     plain = policy_for(WanPipeline.from_pretrained(exported), max_sequence_length=16)
-    torch.testing.assert_close(velocity(plain), expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(_velocities(plain), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_resuming_with_other_experts_is_one_config_error(wan22_run):
@@ -208,39 +202,23 @@ def test_the_demo_switches_both_experts_adapters(wan22_run):
     root, _, _ = wan22_run
     checkpoint = root / "runs/both/checkpoints/update_000002"
     policy = policy_for(load_pipeline(root / "wan22"), max_sequence_length=16)
-    x = torch.randn(2, *policy.noise_shape(SampleSpec(16, 16, 5)), generator=torch.Generator().manual_seed(0))
-    sigma = torch.tensor([0.5, 0.97])
-
-    def velocity(p):
-        with torch.no_grad():
-            return p.velocity(x, sigma, p.encode(PROMPTS, 1.0), 1.0)
-
-    base = velocity(policy)
+    base = _velocities(policy)
     tuned = policy_for(load_pipeline(root / "wan22"), max_sequence_length=16)
     load_trained_weights(tuned, checkpoint)
     checkpoints = CheckpointSet(policy, [str(checkpoint)])
     checkpoints.activate("both/update_000002")
-    torch.testing.assert_close(velocity(policy), velocity(tuned), rtol=0, atol=0)
+    torch.testing.assert_close(_velocities(policy), _velocities(tuned), rtol=0, atol=0)
     checkpoints.activate("base")
-    torch.testing.assert_close(velocity(policy), base, rtol=0, atol=0)
+    torch.testing.assert_close(_velocities(policy), base, rtol=0, atol=0)
 
 
 @pytest.mark.slow
 def test_two_processes_train_both_experts_as_one(wan22_run, tmp_path):
-    """Under DDP each expert is wrapped; a microbatch that leaves one expert unused still runs it (one row,
-    weighted zero), so the processes' gradient collectives match and the result is one process's."""
+    """Under DDP both experts are one wrapped module (ExpertPair); a microbatch that leaves one expert unused still
+    runs it (one row, weighted zero), so the processes' gradient collectives match and each expert's weights are one
+    process's."""
     _, config, single = wan22_run
-    out = tmp_path / "two.safetensors"
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                             "--master_port=29533", str(REPO / "tests/distributed_worker.py"), config, str(out),
-                             "run.name=two", "train.checkpoint_every=0"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    double = load_file(out)
-    assert single.keys() == double.keys()
-    for prefix in ("", LOW_NOISE_EXPERT):
-        names = [k for k in single if k.startswith(LOW_NOISE_EXPERT) == bool(prefix)]
-        moved = max((single[k] - double[k]).abs().max().item() for k in names)
-        scale = max(single[k].abs().max().item() for k in names)
-        assert moved <= 1e-4 * scale, (prefix, moved, scale)
+    double = train_on_two_processes(config, tmp_path / "two.safetensors", 29533,
+                                    ["run.name=two", "train.checkpoint_every=0"])
+    for low in (False, True):
+        assert_same_weights(single, double, [k for k in single if k.startswith(LOW_NOISE_EXPERT) == low])
