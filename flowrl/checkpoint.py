@@ -18,7 +18,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .errors import UserError
-from .policies.base import LOW_NOISE_EXPERT
 
 
 def save_checkpoint(folder: Path, update: int, trainable: dict, optimizer_state: dict, ema: dict | None,
@@ -106,8 +105,7 @@ def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True
     if not weights_file.is_file():
         raise UserError(f"checkpoint {path} has no trainable.safetensors; expected runs/<name>/checkpoints/update_N")
     weights = load_file(weights_file)
-    if any(k.startswith(LOW_NOISE_EXPERT) for k in weights) and not policy.extra_trained:
-        policy.set_trained_experts("both", f"checkpoint {path} (Wan2.2's two experts trained)")
+    policy.train_networks_named(weights, f"checkpoint {path}")
     if any("lora_" in k for k in weights) and not policy.has_lora:
         adapter = json.loads((path / "adapter.json").read_text()) if (path / "adapter.json").is_file() else None
         if adapter is None:

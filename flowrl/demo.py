@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from .errors import UserError
-from .policies.base import LOW_NOISE_EXPERT
 
 DISPLAY_SIZE = 192  # the shapes pipelines make 32x32 images; show them large, with crisp pixels
 
@@ -45,8 +44,8 @@ class CheckpointSet:
             label = f"{path.parent.parent.name}/{path.name}" if path.parent.name == "checkpoints" else path.name
             label = label if label not in self.labels else f"{label} ({number})"
             weights = load_file(weights_file)
-            if any(k.startswith(LOW_NOISE_EXPERT) for k in weights) and not policy.extra_trained:
-                policy.set_trained_experts("both", f"--checkpoint {path} (Wan2.2's two experts trained)")
+            if not policy.extra_trained:
+                policy.train_networks_named(weights, f"--checkpoint {path}")
                 params = policy.named_trained_parameters()
             if any("lora_" in k for k in weights):
                 self.gates[label] = self._add_adapter(path, f"ckpt{number}", weights)
@@ -87,16 +86,13 @@ class CheckpointSet:
         with torch.no_grad():
             for key, value in self.base_full.items():
                 params[key].copy_(value)
-        modules = self.policy.trained_modules().values()
-        for module in modules:
-            if getattr(module, "_hf_peft_config_loaded", False):
-                module.disable_adapters()
+        self.policy.switch_adapters(False)
         self.policy.lora_active_from_sigma = self.gates.get(label)
         if label == "base":
             return
         kind, payload = self.kinds[label]
         if kind == "lora":
-            for module in modules:
+            for module in self.policy.trained_modules().values():
                 if payload in getattr(module, "peft_config", {}):
                     module.enable_adapters()
                     module.set_adapter(payload)

@@ -385,7 +385,7 @@ class Trainer:
         self._set_learning_rate(update)
         for chunk_index in range(c.optimizer_steps_per_update):
             chunk = items.subset(torch.nonzero(step_of_item == chunk_index).flatten())
-            total = self._global_sum(int((chunk.weight > 0).sum()))  # (a placeholder of weight 0 trains nothing)
+            total = self._global_sum(chunk.trained())
             if total == 0:
                 continue
             micro = max(1, math.ceil(self._global_max(len(chunk)) / c.microbatch_size))
@@ -427,7 +427,7 @@ class Trainer:
         if data_sum is not None:
             metrics["data_loss"] = data_sum / c.optimizer_steps_per_update
         metrics["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
-        metrics["trained_items"] = self._global_sum(int((items.weight > 0).sum()))  # (not a weight-0 placeholder)
+        metrics["trained_items"] = self._global_sum(items.trained())
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         return metrics
 

@@ -73,6 +73,10 @@ class WorkItems:
     def __len__(self) -> int:
         return int(self.sample.numel())
 
+    def trained(self) -> int:
+        """How many items carry a loss weight (not a weight-0 placeholder that keeps a process's passes in step)."""
+        return int((self.weight > 0).sum())
+
     def subset(self, index) -> "WorkItems":
         return WorkItems(self.sample[index], self.step[index], self.weight[index], self.key[index])
 

@@ -149,6 +149,12 @@ class FlowPolicy:
         (the names stay as they always were), e.g. "transformer_2." for Wan2.2's low-noise expert."""
         return {"": self.transformer, **self.extra_trained}
 
+    def train_networks_named(self, names, where: str) -> None:
+        """Train every network a checkpoint's weight `names` belong to (Wan2.2's low-noise expert, when a run trained
+        it too), before its weights or adapter are loaded; `where` names the checkpoint in errors."""
+        if any(n.startswith(LOW_NOISE_EXPERT) for n in names) and not self.extra_trained:
+            self.set_trained_experts("both", f"{where} (Wan2.2's two experts trained)")
+
     def distributed_module(self) -> torch.nn.Module:
         """The module a distributed wrapper (DDP, FSDP2, DeepSpeed) wraps; `model` becomes the wrapper."""
         return self.transformer
