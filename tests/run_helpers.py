@@ -35,6 +35,14 @@ def train_and_collect(config_path: Path, overrides=(), accelerator=None) -> dict
     return {k: v.cpu() for k, v in trainer.policy.trainable_state_dict().items()}
 
 
+def gloo_env(**extra) -> dict[str, str]:
+    """The environment of a test's child processes: CPU processes over gloo, as the multi-process tests mean, also on
+    a GPU machine (GPUs hidden: two processes on one GPU cannot form an NCCL group), one thread each."""
+    import os
+
+    return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **extra}
+
+
 def train_on_two_processes(config_path, out_file: Path, port: int, overrides=()) -> dict[str, torch.Tensor]:
     """Rank 0's weights after training `config_path` (with `overrides`) under torchrun on 2 gloo processes, through
     tests/distributed_worker.py, on master port `port` (one per test, so tests in parallel do not collide)."""
@@ -45,7 +53,7 @@ def train_on_two_processes(config_path, out_file: Path, port: int, overrides=())
     from safetensors.torch import load_file
 
     repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{repo / 'tests'}", "OMP_NUM_THREADS": "1"}
+    env = gloo_env(PYTHONPATH=os.pathsep.join([str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                              f"--master_port={port}", str(repo / "tests/distributed_worker.py"), str(config_path),
                              str(out_file), *overrides], cwd=repo, env=env, capture_output=True, text=True,

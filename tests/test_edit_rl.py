@@ -149,7 +149,8 @@ def test_sample_cli_edits_world_scenes_and_image_files_and_eval_reads_them_back(
              {"prompt": "make the red square blue", "image": str(tmp_path / "mine.png")}]
     (tmp_path / "edits.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     assert main(["sample", "--pipeline", str(tmp_path / "kontext"), "--prompts", str(tmp_path / "edits.jsonl"),
-                 "--out", str(tmp_path / "out"), "--steps", "2", "--height", "32", "--width", "32"]) == 0
+                 "--out", str(tmp_path / "out"), "--steps", "2", "--height", "32", "--width", "32",
+                 "--device", "cpu"]) == 0  # as `direct` below (a GPU samples in bf16)
     records = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in records] == [line["prompt"] for line in lines] and records[0]["scene_seed"] == 5
     # the same edit as sampling the world's item directly: the record's scene seed chose the source

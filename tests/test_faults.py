@@ -18,7 +18,7 @@ class NaNForSomeSeeds(Reward):
 
     def __call__(self, samples, prompts, meta=None):
         scores = samples.flatten(1).mean(1)
-        bad = torch.tensor([s % 5 == 0 for s in meta["seeds"]])
+        bad = torch.tensor([s % 5 == 0 for s in meta["seeds"]], device=scores.device)
         return RewardOutput(torch.where(bad, torch.full_like(scores, float("nan")), scores))
 
 

@@ -1,6 +1,5 @@
 """`flowrl sample` and `flowrl eval shapes` end to end."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ import pytest
 from PIL import Image
 
 from conftest import REPO
+from run_helpers import gloo_env
 from flowrl.shapes.scenes import sample_pairs
 
 
@@ -154,7 +154,7 @@ def _sample(pipeline, prompts, out, *flags, env=None, torchrun=False):
     return subprocess.run([*launcher, "-m", "flowrl", "sample", "--pipeline", str(pipeline), "--prompts", str(prompts),
                            "--out", str(out), "--num-per-prompt", "2", "--seed", "3", "--steps", "2",
                            "--batch-size", "1", *flags], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+                          env=gloo_env(**(env or {})))
 
 
 def _pixels(folder):
@@ -198,13 +198,13 @@ def test_sample_under_torchrun_shares_the_prompts_and_writes_one_index(tiny_sd3_
     # scoring the folder on two processes (two batches each) gives the one-process result
     score = ["-m", "flowrl", "eval", "rewards", "--samples", str(tmp_path / "two"), "--reward", "jpeg_compressibility",
              "--batch-size", "1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    alone = subprocess.run([sys.executable, *score], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    alone = subprocess.run([sys.executable, *score], cwd=REPO, capture_output=True, text=True, timeout=300,
+                           env=gloo_env())
     assert alone.returncode == 0, alone.stderr[-2000:]
     expected = json.loads((tmp_path / "two" / "rewards_eval.json").read_text())
     (tmp_path / "two" / "rewards_eval.json").unlink()
     shared = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29534",
-                             *score], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+                             *score], cwd=REPO, capture_output=True, text=True, timeout=300, env=gloo_env())
     assert shared.returncode == 0, shared.stderr[-2000:]
     assert json.loads((tmp_path / "two" / "rewards_eval.json").read_text()) == expected
     assert "process 0 of 2: scoring 2 samples" in shared.stdout and "process 1 of 2: scoring 2 samples" in shared.stdout

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from run_helpers import assert_same_weights, tiny_run_config, train_and_collect, train_on_two_processes
+from run_helpers import assert_same_weights, gloo_env, tiny_run_config, train_and_collect, train_on_two_processes
 
 
 def test_resume_is_exact(tiny_sd3_dir, tmp_path):
@@ -106,10 +106,9 @@ def test_a_two_process_run_shares_its_evaluations_and_judges_them_as_one_process
     # of 2 in both runs, so the same samples share a forward pass and the numbers match to the last digit
     overrides = ["task.name=prompt_file", f"prompts.source={tmp_path / 'train.txt'}", "eval.enabled=true",
                  f"eval.prompts={tmp_path / 'eval.jsonl'}", "eval.every=1", "eval.num_per_prompt=2", "eval.num_steps=2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                              "--master_port=29532", "-m", "flowrl", "train", str(config), *overrides], cwd=REPO,
-                            env=env, capture_output=True, text=True, timeout=600)
+                            env=gloo_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     evals = json.loads((tmp_path / "runs" / "dist_eval" / "eval.json").read_text())
     assert sorted(evals, key=int) == ["0", "1", "2"] and all(len(e["tags"]) == 3 for e in evals.values())

@@ -48,7 +48,7 @@ class Reinforce(Algorithm):
                                            traj.sigmas[items.step + 1], traj.cond.select(items.sample),
                                            traj.guidance_scale, traj.noise_level,
                                            prev_sample=traj.latents[items.step + 1, items.sample])
-        return -self.advantages[items.sample] * log_prob, {"log_prob": log_prob.detach()}
+        return -self.advantages[items.sample].to(log_prob.device) * log_prob, {"log_prob": log_prob.detach()}
 
 
 class Colours(Task):
