@@ -117,7 +117,8 @@ def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True
 
 def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
     """What the run a checkpoint belongs to (runs/<name>/checkpoints/update_N) evaluated with, from its config.yaml:
-    eval steps and guidance, the pipeline's size, text length, second guidance scale and adapter override; ({}, None)
+    eval steps and guidance, the pipeline's size, text length, second guidance scale, shift, reference image size and
+    adapter override; ({}, None)
     for a folder outside a run."""
     import yaml
 
@@ -134,6 +135,6 @@ def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
     settings = {"steps": ev.get("num_steps"), "guidance": ev.get("guidance_scale"), "height": pipe.get("height"),
                 "width": pipe.get("width"), "num_frames": pipe.get("num_frames"),
                 "max_sequence_length": pipe.get("max_sequence_length"), "guidance_2": pipe.get("guidance_scale_2"),
-                "shift": pipe.get("shift"),
+                "shift": pipe.get("shift"), "reference_size": pipe.get("reference_size"),
                 "policy": pipe.get("policy")}
     return {k: v for k, v in settings.items() if v is not None}, config_file

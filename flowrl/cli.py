@@ -191,6 +191,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
                         max_sequence_length=args.max_sequence_length)
     policy.set_guidance_scale_2(args.guidance_2, "--guidance-2")
     policy.set_shift(args.shift, "--shift")
+    policy.set_reference_size(args.reference_size, "--reference-size")
     if args.checkpoint:
         load_trained_weights(policy, args.checkpoint)
     stochastic = "ddim" if policy.prediction == "epsilon" else "flow"
@@ -282,6 +283,9 @@ def sampling_arguments(parser) -> None:
                         "CFG scale (default: the checkpoint's run's pipeline.guidance_scale_2, else --guidance)")
     parser.add_argument("--shift", type=float, default=None, help="the flow schedule's shift (default: the "
                         "checkpoint's run's pipeline.shift, else the pipeline folder's scheduler config)")
+    parser.add_argument("--reference-size", type=int, default=None, help="editors with reference images (FLUX.2, "
+                        "Qwen-Image-Edit): size each as the pipeline does for an N x N area (1024: the pipeline's "
+                        "own; default: the checkpoint's run's pipeline.reference_size, else the sample size)")
     size_arguments(parser)
     parser.add_argument("--max-sequence-length", type=int, default=None, help="text tokens (default: the "
                         "checkpoint's run's pipeline.max_sequence_length, else the pipeline's own or the shorter "
@@ -329,7 +333,7 @@ def cmd_demo(args) -> None:
     demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,
                       args.max_sequence_length, (args.height, args.width, args.num_frames), args.device,
                       args.weight_dtype, json_object(args.reward_params, "--reward-params"), args.guidance_2,
-                      args.policy, args.policy_where, args.shift)
+                      args.policy, args.policy_where, args.shift, args.reference_size)
     # a server stopped by SIGTERM (a service manager, `kill`) exits as after Ctrl-C, so its files are cleaned up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)

@@ -54,6 +54,10 @@ class PipelineSection:
     # scheduler config (DanceGRPO samples HunyuanVideo at 5 where the release says 7); None: the folder's. Not for
     # schedules shifted by the image size (use_dynamic_shifting: FLUX.1-dev, FLUX.2, Qwen-Image)
     shift: float | None = None
+    # editors with reference images (FLUX.2, Qwen-Image-Edit): each image sized as the pipeline sizes it for an area
+    # of this side squared (1024: the pipelines' own; FLUX.2 shrinks larger images to it, Qwen-Image-Edit brings
+    # every image to it), keeping its aspect ratio; None: every image takes the sample size
+    reference_size: int | None = None
     policy: str | None = None  # adapter override: a pipeline class name or package.module:Class
     attention: Literal["sdpa", "xformers"] = "sdpa"  # xformers: pip install -e ".[gpu]", CUDA only
     vae_slicing: bool = False  # decode one sample at a time inside the VAE
@@ -62,7 +66,7 @@ class PipelineSection:
     def validate(self):
         if not self.path:
             raise ConfigError("pipeline.path: expected a local diffusers pipeline folder")
-        for name in ("height", "width", "num_frames"):
+        for name in ("height", "width", "num_frames", "reference_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"pipeline.{name}: expected a positive integer, got {getattr(self, name)}")
         if self.shift is not None and self.shift <= 0:

@@ -197,13 +197,13 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
                guidance_scale: float = 4.5, max_sequence_length: int | None = None, size: tuple = (None, None, None),
                device: str | None = None, weight_dtype: str | None = None, reward_params: dict | None = None,
                guidance_2: float | None = None, policy_name: str | None = None, policy_where: str = "--policy",
-               shift: float | None = None):
+               shift: float | None = None, reference_size: int | None = None):
     """The page; `size` (height, width, frames) overrides the pipeline's default sample size where given; `reward`
     defaults to the page kind's (shapes_clip; silhouette_iou for 3D, shapes_edit for editing, frame_consistency
     for video), built with `reward_params`; `device` and `weight_dtype` as `flowrl sample` places the model
     (policies.sampling_placement); `guidance_2` is Wan2.2's low-noise CFG scale; `policy_name` overrides the
     adapter (as pipeline.policy; `policy_where` names where it came from in errors); `shift` the flow schedule's
-    (as pipeline.shift)."""
+    (as pipeline.shift); `reference_size` an editor's reference image size (as pipeline.reference_size)."""
     import gradio as gr
 
     from .cli import sample_spec
@@ -215,6 +215,7 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
                         max_sequence_length=max_sequence_length)
     policy.set_guidance_scale_2(guidance_2, "--guidance-2")
     policy.set_shift(shift, "--shift")
+    policy.set_reference_size(reference_size, "--reference-size")
     models = CheckpointSet(policy, checkpoints)
     precision = place_for_sampling(policy, placement)  # every checkpoint's adapter, and the base weights kept aside
     modality, kind = policy.modality, page_kind(policy)

@@ -63,6 +63,7 @@ def build_policy(config: RunConfig):
     policy.set_guidance_scale_2(config.pipeline.guidance_scale_2, "pipeline.guidance_scale_2")
     policy.set_trained_experts(config.pipeline.experts, "pipeline.experts")
     policy.set_shift(config.pipeline.shift, "pipeline.shift")
+    policy.set_reference_size(config.pipeline.reference_size, "pipeline.reference_size")
     if config.lora is not None:
         targets = config.lora.target_modules or policy.lora_targets
         policy.add_lora(config.lora.rank, config.lora.alpha, targets)

@@ -182,3 +182,46 @@ def test_a_source_that_cannot_be_found_is_named():
     policy = policy_for(tiny_qwen_image_edit())
     with pytest.raises(UserError, match="needs a condition image"):
         policy.encode(["a red circle above a square"], 4.0, SPEC)
+
+
+def test_the_plus_pipeline_sizes_each_image_as_the_pipeline_with_a_reference_size(monkeypatch):
+    """pipeline.reference_size N: each image goes into the VAE at the pipeline's own size for an N x N area at its
+    aspect ratio (calculate_dimensions: sides in multiples of 32), here with the pipeline's area (VAE_IMAGE_SIZE) set
+    to 48 x 48 on both sides to keep the tiny model tiny; a batch whose rows differ in their images' number and
+    sizes gives the pipeline's latents for each list, where the sample size would have squashed them."""
+    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus as plus
+
+    real = plus.calculate_dimensions
+    # the reader's 384 x 384 area kept small, as keep_sources_small keeps it
+    monkeypatch.setattr(plus, "calculate_dimensions", lambda area, ratio: (32, 32) if area == 384 * 384 else
+                        real(area, ratio))
+    monkeypatch.setattr(plus, "VAE_IMAGE_SIZE", 48 * 48)
+    pipe = tiny_qwen_image_edit(plus=True)
+    policy = policy_for(pipe)
+    policy.set_reference_size(48, "pipeline.reference_size")
+    lists = [[_source(1, (32, 64)), _source(3, (48, 32))], [_source(2, (64, 32))]]
+    items = [Condition(text, inputs={"source_image": given}) for text, given in zip(INSTRUCTIONS, lists)]
+    cond = policy.encode(items, 4.0, SPEC)
+    # 32 x 64 stays; 48 x 32 (w / h = 2/3) becomes 64 x 32 over 48 x 48 = 2304 px: width sqrt(2304 * 2/3) = 39 -> 32,
+    # height 59 -> 64; in latents (the tiny VAE's 8x): 4 x 8 and 8 x 4
+    assert cond.tensors["reference_shapes"].tolist() == [[[4, 8], [8, 4]], [[8, 4], [0, 0]]]
+    shape = policy.noise_shape(SPEC)
+    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    traj = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
+    expected = torch.cat([_pipeline_latents(pipe, given, text, noise[i:i + 1], 4.0)
+                          for i, (text, given) in enumerate(zip(INSTRUCTIONS, lists))])
+    torch.testing.assert_close(traj.final, expected, atol=1e-4, rtol=1e-4)
+    squashed = policy_for(pipe)
+    at_sample_size = rollout(squashed, squashed.encode(items, 4.0, SPEC), sample_generators([1, 2]), shape, 3, "ode",
+                             0.0, 4.0, initial_noise=noise)
+    assert (at_sample_size.final - traj.final).abs().max() > 1e-3
+    # without a sample size or a reference size, each image keeps its own size (to whole 2x2 latent patches): images
+    # of different sizes share the batch
+    unsized = squashed.encode(items, 4.0)
+    assert unsized.tensors["reference_shapes"].tolist() == [[[4, 8], [6, 4]], [[8, 4], [0, 0]]]
+    # an area whose rounding to multiples of 32 leaves a side of 0 is one error naming the setting
+    from flowrl.errors import UserError
+
+    policy.set_reference_size(16, "pipeline.reference_size")
+    with pytest.raises(UserError, match=r"pipeline.reference_size 16: an image of 64x8 would become 32x0"):
+        policy.pipeline_sized(torch.rand(3, 8, 64))

@@ -14,19 +14,23 @@ from run_helpers import assert_same_weights, train_and_collect, train_on_two_pro
 from tiny_pipelines import tiny_flux2_klein
 
 
-def _images(folder, names):
+def _images(folder, names, sizes=((40, 24),)):
+    """Random images saved as `names` in `folder`, of `sizes` (height, width) in turn."""
     rng = np.random.default_rng(0)
-    for name in names:
-        Image.fromarray(rng.integers(0, 255, (40, 24, 3), dtype=np.uint8)).save(folder / name)
+    for i, name in enumerate(names):
+        Image.fromarray(rng.integers(0, 255, (*sizes[i % len(sizes)], 3), dtype=np.uint8)).save(folder / name)
 
 
-def _edits_of_two_and_one_images(folder):
-    """A saved tiny FLUX.2 [klein] in `folder`/klein and an edits.jsonl beside it whose lines give 2 images and 1."""
+def _edits_of_two_and_one_images(folder, sizes=((40, 24),), swapped=False):
+    """A saved tiny FLUX.2 [klein] in `folder`/klein and an edits.jsonl beside it whose lines give 2 images and 1
+    (`swapped`: and a third line with the first's two images the other way round)."""
     tiny_flux2_klein().save_pretrained(folder / "klein")
-    _images(folder, ["a.png", "b.png", "c.png"])
+    _images(folder, ["a.png", "b.png", "c.png"], sizes)
+    lines = [{"prompt": "a red circle", "image": ["a.png", "b.png"]}, {"prompt": "two squares", "image": "c.png"}]
+    if swapped:
+        lines.append({"prompt": "a blue triangle", "image": ["b.png", "a.png"]})
     prompts = folder / "edits.jsonl"
-    prompts.write_text(json.dumps({"prompt": "a red circle", "image": ["a.png", "b.png"]}) + "\n"
-                       + json.dumps({"prompt": "two squares", "image": "c.png"}) + "\n")
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return folder / "klein", prompts
 
 
@@ -65,17 +69,18 @@ def test_flowrl_sample_edits_from_a_jsonl_of_image_lists(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_train_rows_with_different_image_counts_as_one(tmp_path):
-    """FLUX.2 [klein] editing from a .jsonl whose lines give 2 and 1 images: a step whose rows mix the two calls the
-    transformer once per image count (through its DDP wrapper, twice before one backward), and 2 gloo processes
+def test_two_processes_train_rows_with_different_image_layouts_as_one(tmp_path):
+    """FLUX.2 [klein] editing from a .jsonl whose lines give 2 images, 1, and the 2 the other way round, of three
+    sizes kept as the pipeline keeps them (pipeline.reference_size): a step whose rows mix the layouts calls the
+    transformer once per layout (through its DDP wrapper, three times before one backward), and 2 gloo processes
     give the weights of one."""
-    klein, prompts = _edits_of_two_and_one_images(tmp_path)
+    klein, prompts = _edits_of_two_and_one_images(tmp_path, sizes=((40, 24), (24, 40), (32, 32)), swapped=True)
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({
         "run": {"name": "one", "out_dir": str(tmp_path / "runs"), "seed": 0},
         "task": {"name": "prompt_file"},
         "pipeline": {"path": str(klein), "height": 32, "width": 32, "max_sequence_length": 16,
-                     "policy": "Flux2KleinEdit"},
+                     "policy": "Flux2KleinEdit", "reference_size": 1024},
         "lora": {"rank": 4, "alpha": 8},
         "sampler": {"kind": "flow", "noise_level": 0.7, "num_steps": 3, "guidance_scale": 2.0},
         "algorithm": {"name": "grpo", "params": {"clip_range": 1e-3}},
@@ -89,3 +94,62 @@ def test_two_processes_train_rows_with_different_image_counts_as_one(tmp_path):
     single = train_and_collect(config)
     assert_same_weights(single, train_on_two_processes(config, tmp_path / "two.safetensors", 29535, ["run.name=two"]))
     assert all(torch.isfinite(v).all() for v in single.values())
+
+
+def test_flux2_sizes_each_reference_as_the_pipeline_with_a_reference_size():
+    """pipeline.reference_size 1024 (the pipeline's own): images of other sizes and aspect ratios keep them (cropped
+    to whole patches) where the sample size would have squashed them, and a batch whose rows differ in their
+    images' number and sizes decodes to the pipeline's own edit of each list; a smaller area shrinks an image as the
+    pipeline shrinks one over 1024 x 1024 (worked out by hand below); the setting is refused where it does not
+    apply."""
+    from flowrl.errors import ConfigError
+    from flowrl.policies import policy_for
+    from flowrl.policies.base import SampleSpec
+    from flowrl.rollout import rollout, sample_generators
+    from flowrl.tasks.base import Condition
+    from tiny_pipelines import tiny_flux_kontext, tiny_shapes_sd3
+
+    pipe = tiny_flux2_klein()
+    policy = policy_for(pipe, "Flux2KleinEdit", max_sequence_length=16)
+    policy.set_reference_size(1024, "pipeline.reference_size")
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8))
+              for size in [(64, 96), (80, 64), (98, 66)]]  # (height, width); the last is off the 4-pixel grid
+    lists = [images[:2], images[2:], images[1::-1]]  # two layouts of two images, and one of one
+    prompts = ["a red circle", "two squares", "a blue triangle"]
+    spec = SampleSpec(64, 64)
+    cond = policy.encode([Condition(p, inputs={"source_image": given}) for p, given in zip(prompts, lists)], 4.0, spec)
+    # in latent patches of 4 pixels a side (the tiny VAE's 2x, then 2x2 patches); 98 x 66 cropped to 96 x 64
+    assert cond.tensors["reference_shapes"].tolist() == [[[16, 24], [20, 16]], [[24, 16], [0, 0]],
+                                                         [[20, 16], [16, 24]]]
+    shape = policy.noise_shape(spec)
+    noise = torch.randn(3, *shape, generator=torch.Generator().manual_seed(0))
+    ode = rollout(policy, cond, sample_generators([1, 2, 3]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
+    expected = torch.cat([pipe(image=given, prompt=[p], guidance_scale=4.0, num_inference_steps=3,
+                               latents=noise[i:i + 1], output_type="pt", height=64, width=64,
+                               max_sequence_length=16).images for i, (p, given) in enumerate(zip(prompts, lists))])
+    torch.testing.assert_close(policy.decode(ode.final), expected, atol=1e-5, rtol=1e-5)
+    squashed = policy_for(pipe, "Flux2KleinEdit", max_sequence_length=16)  # every image at the sample size
+    at_sample_size = rollout(squashed, squashed.encode([Condition(prompts[0], inputs={"source_image": lists[0]})],
+                                                       4.0, spec), sample_generators([1]), shape, 3, "ode", 0.0, 4.0,
+                             initial_noise=noise[:1])
+    assert (at_sample_size.final - ode.final[:1]).abs().max() > 1e-3
+    # 96 x 80 over a 64 x 64 area: scale sqrt(4096 / 7680) -> 70 x 58 (int), cropped to the 4-pixel grid: 68 x 56
+    policy.set_reference_size(64, "pipeline.reference_size")
+    shrunk = policy.pipeline_sized(torch.rand(3, 96, 80))
+    assert tuple(shrunk.shape) == (3, 68, 56) and 0 <= float(shrunk.min()) and float(shrunk.max()) <= 1
+    for other, message in [(tiny_shapes_sd3(), "takes no input images"),
+                           (tiny_flux_kontext(), "takes its input image at the sample size")]:
+        with pytest.raises(ConfigError, match=f"pipeline.reference_size: .*{message}"):
+            policy_for(other, max_sequence_length=16).set_reference_size(512, "pipeline.reference_size")
+    with pytest.raises(ConfigError, match="expected a positive number of pixels, got 0"):
+        policy.set_reference_size(0, "--reference-size")
+    with pytest.raises(UserError, match="'a red circle' gives an empty list of images"):
+        policy.encode([Condition(prompts[0], inputs={"source_image": []})], 4.0, spec)
+    # under FSDP2 (every call gathers the sharded weights on every process) several layouts in one pass are refused;
+    # one layout runs
+    policy.sharded = lambda: True
+    with pytest.raises(UserError, match="3 layouts of reference images"):
+        policy.velocity(noise, 0.5, cond, 4.0)
+    one = policy.encode([Condition(prompts[0], inputs={"source_image": lists[0]})] * 2, 4.0, spec)
+    assert torch.isfinite(policy.velocity(noise[:2], 0.5, one, 4.0)).all()

@@ -291,5 +291,5 @@ def test_the_demo_and_export_take_the_adapter_override_of_the_checkpoints_run(ti
     monkeypatch.setattr(flowrl.demo, "build_demo", lambda *args: built.update(args=args) or Page())
     monkeypatch.setattr("flowrl.cli.signal.signal", lambda *args: None)
     assert main(["demo", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint)]) == 0
-    assert built["args"][-3:] == (f"{__name__}:MarkedPolicy", f"pipeline.policy in {tmp_path / 'run' / 'config.yaml'}",
-                                  None)  # (the run's pipeline.shift: none)
+    assert built["args"][-4:] == (f"{__name__}:MarkedPolicy", f"pipeline.policy in {tmp_path / 'run' / 'config.yaml'}",
+                                  None, None)  # (the run's pipeline.shift and reference_size: none)

@@ -82,16 +82,17 @@ def test_a_runs_checkpoint_samples_with_the_runs_eval_settings_unless_flags_say_
     (run / "checkpoints" / "update_000010").mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump({
         "pipeline": {"path": "p", "height": 48, "width": 64, "num_frames": None, "max_sequence_length": 128,
-                     "guidance_scale_2": 2.5, "policy": "Flux2KleinEdit", "shift": 5.0},
+                     "guidance_scale_2": 2.5, "policy": "Flux2KleinEdit", "shift": 5.0, "reference_size": 512},
         "eval": {"num_steps": 40, "guidance_scale": 3.5}}))
     given = Namespace(steps=None, guidance=1.0, height=None, width=None, num_frames=None, max_sequence_length=None,
-                      guidance_2=None, policy=None, shift=None)
+                      guidance_2=None, policy=None, shift=None, reference_size=None)
     fill_sampling_settings(given, str(run / "checkpoints" / "update_000010"))
     assert vars(given) == {"steps": 40, "guidance": 1.0, "height": 48, "width": 64, "num_frames": None,
                            "max_sequence_length": 128, "guidance_2": 2.5, "policy": "Flux2KleinEdit", "shift": 5.0,
+                           "reference_size": 512,
                            "policy_where": f"pipeline.policy in {run / 'config.yaml'}"}  # a given flag wins
     assert ("--steps 40, --height 48, --width 64, --max-sequence-length 128, --guidance-2 2.5, --shift 5.0, "
-            "--policy Flux2KleinEdit" in capsys.readouterr().out)
+            "--reference-size 512, --policy Flux2KleinEdit" in capsys.readouterr().out)
     outside = Namespace(steps=None, guidance=None, height=None, width=None, num_frames=None, max_sequence_length=None,
                         policy=None)
     fill_sampling_settings(outside, str(tmp_path))  # a folder outside a run: the built-in defaults

@@ -85,10 +85,10 @@ class Flux2Policy(FlowPolicy):
                                      latents.shape)
 
     def transformer_inputs(self, latents, sigma, embeds, guidance_scale: float,
-                           references: torch.Tensor | None = None) -> dict:
-        """The transformer's keyword inputs for latents [B, 4C, h, w]; `references` [B, K, 4C, h', w'] (K images of
-        one size for every row: an editor's source and further references) go in as tokens after the sample's with
-        time coordinates 10, 20, ... (the pipelines' reference images in order)."""
+                           references: list[torch.Tensor] | None = None) -> dict:
+        """The transformer's keyword inputs for latents [B, 4C, h, w]; `references` (an editor's source and further
+        reference images: each [B, 4C, h_k, w_k], one size per image for every row) go in as tokens after the
+        sample's with time coordinates 10, 20, ... (the pipelines' reference images in order)."""
         b = latents.shape[0]
         guidance = None
         if self.embedded_guidance:  # fp32, as the pipeline makes it
@@ -96,9 +96,8 @@ class Flux2Policy(FlowPolicy):
         embeds = embeds.to(latents.dtype)
         pipe = self.pipeline
         tokens, ids = pipe._pack_latents(latents), pipe._prepare_latent_ids(latents)
-        if references is not None and references.shape[1]:
-            references = references.to(latents.dtype)
-            images = [references[:, k] for k in range(references.shape[1])]
+        if references:
+            images = [image.to(latents.dtype) for image in references]
             tokens = torch.cat([tokens, *(pipe._pack_latents(image) for image in images)], 1)
             ids = torch.cat([ids, pipe._prepare_image_ids([image[:1] for image in images]).expand(b, -1, -1)], 1)
         return {"hidden_states": tokens, "timestep": sigma.to(latents.dtype), "guidance": guidance,
@@ -127,12 +126,16 @@ class Flux2EditPolicy(Flux2Policy):
     inputs["source_image"] or a .jsonl line's `image`; the first is the source rewards and grids show). Their VAE
     latents (posterior mode, patchified, batch-norm normalised) go in as tokens after the sample's, with time
     coordinates 10, 20, ... in order, in both CFG branches; only the sample's tokens come out. Rows with different
-    numbers of images take one transformer call per number (a step's calls share the weights, which DDP takes: two
-    gloo processes train as one, tests/test_reference_images.py). Deviation, as
-    for Kontext: every image takes the run's sample size (bicubic, antialiased), where the pipeline shrinks an image
-    over 1024x1024 pixels to about that area, centre-crops it to whole 16-pixel patches and, without a size given,
-    makes the output the first image's size (it also needs images of at least 64 px and at most 8:1; flowrl does
-    not)."""
+    numbers or sizes of images take one transformer call per layout (a step's calls share the weights, which DDP
+    takes: two gloo processes train as one, tests/test_reference_images.py; FSDP2 does not: `by_reference_layout`).
+
+    Image sizes: by default every image takes the run's sample size (bicubic, antialiased), as Kontext's source does,
+    so the pipeline's defaults are a deviation: it shrinks an image over 1024x1024 pixels to about that area (its
+    aspect ratio kept) and centre-crops it to whole 16-pixel patches. `pipeline.reference_size: N` does what the
+    pipeline does for an N x N area (1024: the pipeline's; Flow-Factory's condition_image_size), so references keep
+    their aspect ratio. Not done either way:
+    the pipeline's check for images of at least 64 px and at most 8:1, and its output at the first image's size when
+    no size is given (a run always gives one)."""
     family = "flux2_edit"
     source_input = "source_image"
     source_world = "shapes_edit"
@@ -140,31 +143,48 @@ class Flux2EditPolicy(Flux2Policy):
 
     @torch.no_grad()
     def encode_inputs(self, cond: Conditioning, items: list, spec: SampleSpec | None = None) -> Conditioning:
-        """Each image at the size the sample's latents cover: the sample size rounded down to whole 2x2 latent
-        patches (16 px on the released models), as the sample itself is. `image_latents` [B, K, 4C, h, w] holds
-        each row's images first, zeros after (K: the most any row has); `reference_count` [B] how many are its own."""
+        """Each image at the size the sample's latents cover (the sample size rounded down to whole 2x2 latent
+        patches, 16 px on the released models, as the sample itself is), or as the pipeline sizes it with
+        pipeline.reference_size; its latents (posterior mode, patchified, normalised) in `pack_references`' tensors."""
         _, h, w = self.noise_shape(spec or self.default_spec())
         pixels = self.pipeline.vae_scale_factor * 2
-        found = self.reference_images(items, SampleSpec(h * pixels, w * pixels))
-        counts = torch.tensor([len(images) for images in found])
-        flat = self.stack_sources([image for images in found for image in images]).to(self.device)
+        found, rows = self.distinct_references(items)  # a group repeats one item: its images are encoded once
+        sized = [[self.sized_reference(image, (h * pixels, w * pixels)) for image in images] for images in found]
         vae, pipe = self.pipeline.vae, self.pipeline
-        with untiled(vae):
-            z = pipe._patchify_latents(vae.encode((flat * 2 - 1).to(vae.dtype)).latent_dist.mode())
-        mean, std = _bn_statistics(vae, z.device)
-        z = (z - mean) / std
-        latents = z.new_zeros(len(found), int(counts.max()), *z.shape[1:])
-        for row, part in enumerate(z.split(counts.tolist())):
-            latents[row, :len(part)] = part
-        cond.add_inputs({"image_latents": latents, "reference_count": counts.to(self.device)})
+        mean, std = _bn_statistics(vae, self.device)
+
+        def encode(images):
+            with untiled(vae):
+                z = pipe._patchify_latents(vae.encode((images * 2 - 1).to(vae.dtype)).latent_dist.mode())
+            return (z - mean) / std
+
+        packed = self.pack_references(sized, encode)
+        cond.add_inputs({name: tensor[rows] for name, tensor in packed.items()})
         return cond
+
+    def pipeline_sized(self, image: torch.Tensor) -> torch.Tensor:
+        """As the FLUX.2 pipelines take an image (for an area of reference_size squared in place of their 1024 x
+        1024): shrunk to about that area if larger (Lanczos, aspect ratio kept), then centre-cropped to whole
+        16-pixel patches (the pipeline's image processor, resize_mode "crop")."""
+        from PIL import Image
+
+        from ..images import to_uint8
+
+        processor = self.pipeline.image_processor
+        shown = Image.fromarray(to_uint8(image[None])[0])
+        area = self.reference_size ** 2
+        if shown.width * shown.height > area:
+            shown = processor._resize_to_target_area(shown, area)
+        multiple = self.pipeline.vae_scale_factor * 2
+        width, height = (max(multiple, side // multiple * multiple) for side in shown.size)
+        return (processor.preprocess(shown, height=height, width=width, resize_mode="crop")[0].float() + 1) / 2
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
         def call(rows, sigma, references):
             inputs = self.transformer_inputs(latents[rows], sigma, tensors["embeds"][rows], guidance_scale, references)
             return self.call_transformer(inputs, latents[rows].shape)
 
-        return self.by_reference_count(latents, sigma, tensors, call)
+        return self.by_reference_layout(latents, sigma, tensors, call)
 
 
 def _bn_statistics(vae, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -71,9 +71,9 @@ class QwenImagePolicy(FluxPolicy):
     def _forward(self, latents, sigma, tensors, guidance_scale):
         return self.packed_velocity(latents, sigma, tensors)
 
-    def packed_velocity(self, latents, sigma, tensors, context: torch.Tensor | None = None) -> torch.Tensor:
+    def packed_velocity(self, latents, sigma, tensors, context: list[torch.Tensor] | None = None) -> torch.Tensor:
         """The transformer's output for unpacked latents [B, C, h, w]: packed 2x2 tokens in, the text columns no row
-        uses dropped, unpacked out. `context` (latents [B, K, C, h', w']: an editor's K images, its source first)
+        uses dropped, unpacked out. `context` (an editor's images, its source first: latents [B, C, h_k, w_k] each)
         goes in as packed tokens after the sample's, each listed in img_shapes after it as the edit pipelines do;
         only the sample's come out."""
         b, c, h, w = latents.shape
@@ -82,8 +82,8 @@ class QwenImagePolicy(FluxPolicy):
         mask = mask[:, :used]
         tokens = self.pipeline._pack_latents(latents, b, c, h, w)
         shapes = [(1, h // 2, w // 2)]
-        for k in range(context.shape[1] if context is not None else 0):
-            image = context[:, k].to(latents.dtype)
+        for image in context or []:
+            image = image.to(latents.dtype)
             shapes.append((1, image.shape[-2] // 2, image.shape[-1] // 2))
             tokens = torch.cat([tokens, self.pipeline._pack_latents(image, b, *image.shape[1:])], 1)
         out = self.net()(hidden_states=tokens, timestep=sigma.to(latents.dtype), guidance=None,

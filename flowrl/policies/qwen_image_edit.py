@@ -8,10 +8,13 @@ transformer), and the output keeps the sample's tokens. Guidance (norm-rescaled 
 same source), the schedule and decoding are Qwen-Image's. The Plus pipeline also takes several images per
 instruction (the source first): read together as one multi-image prompt, each image's tokens after the sample's.
 
-Deviation, as for FLUX Kontext: the VAE takes the source at the run's sample size (the pipelines take it at about
-1024x1024 and make the output that size), so sources of any size share a batch and memory follows the size a run
-sets. The reader (Qwen2.5-VL) sees the source as the pipeline shows it: resized with the pipeline's own image
-processor to its area (1024x1024 for Qwen-Image-Edit, 384x384 for the Plus pipeline), from the original image.
+Image sizes: by default the VAE takes each image at the run's sample size, as FLUX Kontext's source, where the
+pipelines take it at about 1024x1024 pixels at its own aspect ratio (and make the output that size without one
+given): sources of any size share a batch and memory follows the size a run sets. `pipeline.reference_size: N`
+sizes each as the pipelines do for an N x N area (1024: theirs); rows whose images differ in size then take one
+transformer call per layout. The reader (Qwen2.5-VL) sees the source as the pipeline shows it, either way: resized
+with the pipeline's own image processor to its area (1024x1024 for Qwen-Image-Edit, 384x384 for the Plus pipeline),
+from the original image.
 `pipeline.max_sequence_length` has no effect here: the pipelines do not cut the prompt either.
 """
 from __future__ import annotations
@@ -47,7 +50,6 @@ class QwenImageEditPolicy(QwenImagePolicy):
         " " read with it), padded and masked to one length, and the source's VAE latents as `image_latents`. Each
         distinct (instruction, source) is read once per call (a group's samples share one), and once per run with
         the embedding cache."""
-        from ..images import resized
         from ..tasks.base import Condition
 
         items = [c if isinstance(c, Condition) else Condition(c) for c in conditions]
@@ -67,23 +69,39 @@ class QwenImageEditPolicy(QwenImagePolicy):
 
         cond = Conditioning(padded(branches[0]), padded(branches[1]) if cfg else {}, [item.prompt for item in items],
                             items)
-        # the VAE encodes each distinct item's images once too; `image_latents` [B, K, C, h, w] holds each row's
-        # images first, zeros after (K: the most any row has), `reference_count` [B] how many are its own
+        # the VAE encodes each distinct item's images once too (`pack_references`' tensors)
         unique = list(dict.fromkeys(digests))
         images = [originals[digests.index(d)] for d in unique]
-        if spec is None:  # the packing needs whole 2x2 patches of latents: the nearest size below that has them
-            flat = [resized(image, *(max(side - side % self.patch_pixels, self.patch_pixels)
-                                     for side in image.shape[-2:])) for group in images for image in group]
-        else:
-            flat = [resized(image, spec.height, spec.width) for group in images for image in group]
-        encoded = wan_vae_encode(self.pipeline.vae, self.stack_sources(flat)[:, :, None].to(self.device))[:, :, 0]
-        counts = [len(group) for group in images]
-        latents = encoded.new_zeros(len(unique), max(counts), *encoded.shape[1:])
-        for row, part in enumerate(encoded.split(counts)):
-            latents[row, :len(part)] = part
+
+        def vae_sized(image):  # without a sample size, the nearest size below with whole 2x2 patches of latents
+            size = None if spec is None else (spec.height, spec.width)
+            if size is None and self.reference_size is None:
+                size = tuple(max(side - side % self.patch_pixels, self.patch_pixels) for side in image.shape[-2:])
+            return self.sized_reference(image, size)
+
+        packed = self.pack_references([[vae_sized(image) for image in group] for group in images], lambda batch:
+                                      wan_vae_encode(self.pipeline.vae, batch[:, :, None])[:, :, 0])
         picked = [unique.index(d) for d in digests]
-        cond.add_inputs({"image_latents": latents[picked], "reference_count": torch.tensor(counts)[picked]})
+        cond.add_inputs({name: tensor[picked] for name, tensor in packed.items()})
         return cond.to(self.device)
+
+    def pipeline_sized(self, image: torch.Tensor) -> torch.Tensor:
+        """As the pipelines take an image into the VAE (for an area of reference_size squared in place of their 1024
+        x 1024): resized (Lanczos, the pipeline's image processor) to that area at its aspect ratio, sides rounded to
+        multiples of 32 (the pipeline's calculate_dimensions)."""
+        from PIL import Image
+
+        from ..images import to_uint8
+
+        module = importlib.import_module(self.pipeline_module)
+        shown = Image.fromarray(to_uint8(image[None])[0])
+        width, height = module.calculate_dimensions(self.reference_size ** 2, shown.width / shown.height)[:2]
+        if not width or not height:
+            from ..errors import UserError
+
+            raise UserError(f"pipeline.reference_size {self.reference_size}: an image of {shown.width}x{shown.height} "
+                            f"would become {width}x{height} (sides in multiples of 32); choose a larger size")
+        return (self.pipeline.image_processor.preprocess(shown, height, width)[0].float() + 1) / 2
 
     def _read(self, branches: list[list[tuple[str, str]]], originals: dict) -> dict:
         """(prompt, source digest) -> (embeddings [L, D], mask [L]) on the host, for every pair of `branches`: from
@@ -125,7 +143,7 @@ class QwenImageEditPolicy(QwenImagePolicy):
         raise NotImplementedError("Qwen-Image-Edit reads each instruction with its source image: use `encode`")
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        return self.by_reference_count(latents, sigma, tensors, lambda rows, sigma, references: self.packed_velocity(
+        return self.by_reference_layout(latents, sigma, tensors, lambda rows, sigma, references: self.packed_velocity(
             latents[rows], sigma, {k: v[rows] for k, v in tensors.items()}, context=references))
 
 
