@@ -1,13 +1,18 @@
-"""GPU check: an SD3.5-Medium-sized transformer (random weights, no download) through flowrl's rollout and GRPO update
-at 512 px in bf16 with LoRA; prints rollout and update throughput, peak GPU memory and model FLOPs utilisation.
+"""GPU check: a real model family's denoiser at full size (random weights, no download) through flowrl's rollout and
+GRPO update in bf16 with LoRA; prints rollout and update throughput, peak GPU memory and model FLOPs utilisation.
+Also what to run before a real job, to see whether a size, batch and memory setting fit a GPU.
 
-    bash benchmarks/gpu_check.sh            # on a CUDA machine: the full-size check (a few minutes)
-    python benchmarks/gpu_check.py --tiny   # anywhere: the same code path on a toy model (what the test suite runs)
+    bash benchmarks/gpu_check.sh                                   # on a CUDA machine: SD3.5-Medium, 512 px
+    python benchmarks/gpu_check.py --model flux1-dev --size 1024 --batch 4
+    python benchmarks/gpu_check.py --model wan2.1-1.3b --frames 33 --batch 4
+    python benchmarks/gpu_check.py --tiny [--model M]               # anywhere: the same code path on a toy model
 
-Text encoders are not built (T5-XXL alone is 4.7B parameters): prompt embeddings are random tensors of SD3's shapes
-(333 joint tokens of width 4096, pooled 2048), so the numbers are the denoiser's, which dominates RL fine-tuning.
-The VAE decode is included (SD3.5's VAE layout, random weights). MFU counts the transformer's matmul FLOPs
-(2 x parameters x tokens per forward, plus attention) against the GPU's dense bf16 peak given by --peak-tflops.
+Each model is the real diffusers pipeline class with its denoiser and VAE at the released layout; text encoders are
+not built (T5-XXL alone is 4.7B parameters): prompt embeddings are random tensors of the encoders' shapes, so the
+numbers are the denoiser's and the VAE decode's, which dominate RL fine-tuning. MFU counts the transformer's matmul
+FLOPs (2 x weights x tokens per forward, plus attention; the update 3x a forward, not the checkpointed re-forward)
+against the GPU's dense bf16 peak (--peak-tflops); it is approximate (e.g. Wan's cross-attention projections run on
+text tokens, counted here on video tokens).
 """
 from __future__ import annotations
 
@@ -23,83 +28,145 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flowrl.algorithms import RolloutBatch, build_algorithm  # noqa: E402
 from flowrl.config import SamplerSection  # noqa: E402
+from flowrl.policies import policy_for  # noqa: E402
 from flowrl.policies.base import Conditioning, SampleSpec  # noqa: E402
-from flowrl.policies.sd3 import SD3_LORA_TARGETS, SD3Policy  # noqa: E402
 from flowrl.rollout import rollout, sample_generators  # noqa: E402
 
-FULL = {"transformer": dict(sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24,
-                            attention_head_dim=64, num_attention_heads=24, joint_attention_dim=4096,
-                            caption_projection_dim=1536, pooled_projection_dim=2048, pos_embed_max_size=384,
-                            dual_attention_layers=tuple(range(13)), qk_norm="rms_norm"),
-        "vae": dict(block_out_channels=(128, 256, 512, 512), latent_channels=16, norm_num_groups=32),
-        "size": 512, "text_tokens": 333, "text_dim": 4096, "pooled_dim": 2048}
-TINY = {"transformer": dict(sample_size=8, patch_size=2, in_channels=16, out_channels=16, num_layers=2,
-                            attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
-                            caption_projection_dim=16, pooled_projection_dim=16, pos_embed_max_size=16,
-                            dual_attention_layers=(0,), qk_norm="rms_norm"),
-        "vae": dict(block_out_channels=(8, 8, 8, 8), latent_channels=16, norm_num_groups=4),
-        "size": 64, "text_tokens": 12, "text_dim": 32, "pooled_dim": 16}
+
+def _sd3_pipeline(full: bool):
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    transformer = SD3Transformer2DModel(**(
+        dict(sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24, attention_head_dim=64,
+             num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048,
+             pos_embed_max_size=384, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm") if full else
+        dict(sample_size=8, patch_size=2, in_channels=16, out_channels=16, num_layers=2, attention_head_dim=8,
+             num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=16,
+             pos_embed_max_size=16, dual_attention_layers=(0,), qk_norm="rms_norm")))
+    vae = _image_vae(full, latent_channels=16, shift_factor=0.0609, scaling_factor=1.5305)
+    with torch.device("cpu"):  # schedulers keep their tables on the host, as loaded pipelines do
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    return StableDiffusion3Pipeline(transformer=transformer, scheduler=scheduler,
+                                    vae=vae, text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+                                    text_encoder_3=None, tokenizer_3=None)
 
 
-class _Pipeline:
-    """The parts of a StableDiffusion3Pipeline the policy touches, without text encoders."""
+def _flux_pipeline(full: bool):
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
-    def __init__(self, spec: dict, device, dtype):
-        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+    transformer = FluxTransformer2DModel(**(
+        dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+             num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+             axes_dims_rope=(16, 56, 56)) if full else
+        dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=8,
+             num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=True,
+             axes_dims_rope=(2, 2, 4))))
+    with torch.device("cpu"):
+        scheduler = FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=4096,
+                                                    max_shift=1.15, shift=3.0, use_dynamic_shifting=True)
+    vae = _image_vae(full, latent_channels=16, shift_factor=0.1159, scaling_factor=0.3611)
+    return FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=None, tokenizer=None, text_encoder_2=None,
+                        tokenizer_2=None, transformer=transformer)
 
-        self.transformer = SD3Transformer2DModel(**spec["transformer"]).to(device, dtype)
-        blocks = len(spec["vae"]["block_out_channels"])
-        self.vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * blocks,
-                                 up_block_types=("UpDecoderBlock2D",) * blocks, layers_per_block=2,
-                                 shift_factor=0.0609, scaling_factor=1.5305, **spec["vae"]).to(device, dtype)
-        self.vae_scale_factor = 2 ** (blocks - 1)
-        self.scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
-        self.components = {"transformer": self.transformer, "vae": self.vae}
+
+def _wan_pipeline(full: bool):
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+
+    transformer = WanTransformer3DModel(**(
+        dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+             text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
+             qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024) if full else
+        dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=16, out_channels=16,
+             text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+             qk_norm="rms_norm_across_heads", rope_max_seq_len=32)))
+    # the released VAE's layout is the class's default
+    vae = AutoencoderKLWan() if full else AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1],
+                                                           num_res_blocks=1, temperal_downsample=[False, True, True])
+    with torch.device("cpu"):
+        scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    return WanPipeline(tokenizer=None, text_encoder=None, transformer=transformer, vae=vae, scheduler=scheduler)
 
 
-def transformer_flops(transformer, tokens: int) -> float:
-    """Matmul FLOPs of one forward: 2 x weights x tokens, plus QK^T and AV in every attention (4 T^2 d)."""
-    config = transformer.config
-    width = config.num_attention_heads * config.attention_head_dim
+def _image_vae(full: bool, **config):
+    from diffusers import AutoencoderKL
+
+    blocks = (128, 256, 512, 512) if full else (8, 8, 8, 8)
+    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * len(blocks),
+                         up_block_types=("UpDecoderBlock2D",) * len(blocks), block_out_channels=blocks,
+                         layers_per_block=2, norm_num_groups=32 if full else 4, **config)
+
+
+# per model: the pipeline, the prompt embeddings the encoders would give ({key: (full shape, tiny shape)} per
+# sample), whether the guidance is true CFG (a second branch) or an embedding, the default size, the joint text
+# tokens the image tokens attend with (SD3 and FLUX: one sequence), and the cross-attention text length (Wan)
+MODELS = {
+    "sd3.5-medium": dict(build=_sd3_pipeline, embeds={"embeds": ((333, 4096), (12, 32)), "pooled": ((2048,), (16,))},
+                         cfg=True, size=512, joint_text=(333, 12), cross_text=(0, 0)),
+    "flux1-dev": dict(build=_flux_pipeline, embeds={"embeds": ((512, 4096), (12, 32)), "pooled": ((768,), (16,))},
+                      cfg=False, size=1024, joint_text=(512, 12), cross_text=(0, 0)),
+    "wan2.1-1.3b": dict(build=_wan_pipeline, embeds={"embeds": ((512, 4096), (12, 32))}, cfg=True, size=(480, 832),
+                        joint_text=(0, 0), cross_text=(512, 12)),
+}
+
+
+def transformer_flops(transformer, tokens: int, cross_text: int) -> float:
+    """Matmul FLOPs of one forward: 2 x weights x tokens, plus QK^T and AV in every attention module (4 T S d: T
+    queries over S keys): over the whole sequence, or over `cross_text` text tokens for a cross-attention (Wan's
+    attn2; SD3.5's attn2 attends the image tokens, counted here over the whole sequence)."""
     weights = sum(p.numel() for p in transformer.parameters() if p.ndim == 2)
-    attentions = config.num_layers + len(config.dual_attention_layers)
-    return 2 * weights * tokens + attentions * 4 * tokens**2 * width
+    flops = 2 * weights * tokens
+    for name, module in transformer.named_modules():
+        if hasattr(module, "to_q") and hasattr(module, "to_k"):  # an attention module
+            keys = cross_text if cross_text and name.endswith("attn2") else tokens
+            flops += 4 * tokens * keys * module.to_q.out_features
+    return flops
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tiny", action="store_true", help="a toy model (CPU smoke test of this script)")
+    parser.add_argument("--model", choices=list(MODELS), default="sd3.5-medium")
+    parser.add_argument("--tiny", action="store_true", help="a toy model of the family (CPU smoke test of this script)")
+    parser.add_argument("--size", type=int, nargs="+", default=None, help="height [width] in pixels (default: the "
+                        "model's training size in the anchors' examples)")
+    parser.add_argument("--frames", type=int, default=33, help="video models: frames per clip (1 + 4k)")
     parser.add_argument("--batch", type=int, default=8, help="samples per rollout (2 prompt groups of batch / 2)")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--lora-rank", type=int, default=32)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H100/H200: 989)")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     parser.add_argument("--no-checkpointing", action="store_true",
                         help="keep the transformer's activations (faster update, more memory)")
     args = parser.parse_args()
-    spec = TINY if args.tiny else FULL
+    spec = MODELS[args.model]
+    full = not args.tiny
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16
     torch.manual_seed(0)
-    policy = SD3Policy(_Pipeline(spec, device, dtype))
-    policy.add_lora(32, 64, SD3_LORA_TARGETS)
+    with device:  # weights initialised where they run: a 12B FLUX is not built on the host first
+        policy = policy_for(spec["build"](full).to(dtype=dtype))
+    base_params = sum(p.numel() for p in policy.transformer.parameters())
+    policy.add_lora(args.lora_rank, 2 * args.lora_rank, policy.lora_targets)
     for p in policy.trainable_parameters():
         p.data = p.data.float()
     if not args.no_checkpointing:
         policy.transformer.enable_gradient_checkpointing()
+    size = args.size or ([spec["size"]] if isinstance(spec["size"], int) else list(spec["size"]))
+    height, width = (size[0], size[-1]) if full else (64, 64)
+    frames = (args.frames if full else 5) if policy.modality == "video" else None
     b, guidance = args.batch, 4.5
-    embeds = torch.randn(b, spec["text_tokens"], spec["text_dim"], device=device, dtype=dtype)
-    pooled = torch.randn(b, spec["pooled_dim"], device=device, dtype=dtype)
-    cond = Conditioning({"embeds": embeds, "pooled": pooled}, {"embeds": embeds * 0, "pooled": pooled * 0},
+    which = 0 if full else 1
+    embeds = {key: torch.randn(b, *shapes[which], device=device, dtype=dtype) for key, shapes in spec["embeds"].items()}
+    cond = Conditioning(embeds, {key: value * 0 for key, value in embeds.items()} if spec["cfg"] else {},
                         ["prompt"] * b)
-    shape = policy.noise_shape(SampleSpec(spec["size"], spec["size"]))
+    shape = policy.noise_shape(SampleSpec(height, width, frames))
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-4)
     algorithm = build_algorithm("grpo", {"clip_range": 1e-4}, SamplerSection(kind="flow", num_steps=args.steps))
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     timings = {}
     for attempt in range(2):  # the first pass warms up kernels and allocators; the second is reported
-        sync = torch.cuda.synchronize if cuda else (lambda: None)
         sync()
         started = time.perf_counter()
         with torch.autocast(device.type, dtype=dtype):
@@ -108,8 +175,8 @@ def main() -> None:
                 samples = policy.decode(traj.final)
         sync()
         rolled = time.perf_counter()
-        rewards = samples.float().mean(dim=(1, 2, 3)).cpu()
-        groups = torch.arange(b) // (b // 2)
+        rewards = samples.float().flatten(1).mean(1).cpu()
+        groups = torch.arange(b) // max(1, b // 2)
         batch = RolloutBatch(traj, rewards, groups, list(range(b)), rewards, groups, torch.arange(b), cond.prompts)
         items, _ = algorithm.prepare(batch, policy)
         for start in range(0, len(items), b):
@@ -121,16 +188,18 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         sync()
         timings = {"rollout_s": rolled - started, "update_s": time.perf_counter() - rolled, "items": len(items)}
-    tokens = (shape[-1] // 2) * (shape[-2] // 2) + spec["text_tokens"]
-    flops = transformer_flops(policy.transformer, tokens)
-    rollout_flops = flops * 2 * b * args.steps  # CFG doubles the batch
-    # CFG x (forward + backward ~2x, + the checkpointed re-forward): the model's FLOPs, not the recomputation's
-    update_flops = flops * 2 * timings["items"] * 3
+    latent_tokens = torch.Size(shape[1:]).numel() // 4  # every family here takes 2x2 patches of latents as tokens
+    flops = transformer_flops(policy.transformer, latent_tokens + spec["joint_text"][which],
+                              spec["cross_text"][which])
+    branches = 2 if spec["cfg"] else 1
+    rollout_flops = flops * branches * b * args.steps
+    update_flops = flops * branches * timings["items"] * 3  # forward + backward (~2x)
     result = {
-        "device": torch.cuda.get_device_name() if cuda else "cpu", "model": "tiny" if args.tiny else "SD3.5-Medium-size",
-        "transformer_params_M": sum(p.numel() for p in policy.transformer.parameters()) / 1e6,
-        "resolution": spec["size"], "batch": b, "steps": args.steps,
-        "gradient_checkpointing": not args.no_checkpointing, **timings,
+        "device": torch.cuda.get_device_name() if cuda else "cpu", "model": args.model + (" (tiny)" if args.tiny else ""),
+        "transformer_params_M": base_params / 1e6,
+        "lora_params_M": sum(p.numel() for p in policy.trainable_parameters()) / 1e6,
+        "height": height, "width": width, "frames": frames, "tokens": latent_tokens, "batch": b, "steps": args.steps,
+        "lora_rank": args.lora_rank, "gradient_checkpointing": not args.no_checkpointing, **timings,
         "rollout_samples_per_s": b / timings["rollout_s"], "update_items_per_s": timings["items"] / timings["update_s"],
         "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "rollout_mfu": rollout_flops / timings["rollout_s"] / (args.peak_tflops * 1e12),

@@ -21,6 +21,13 @@ accelerate.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tee -a "$out/
 echo "== 1. GPU check"
 timeout 240 python benchmarks/gpu_check.py --out "$out/gpu_check.json" > "$out/gpu_check.log" 2>&1
 echo "rc=$?"; tail -25 "$out/gpu_check.log"
+# GPU_SESSION_MODELS="flux1-dev wan2.1-1.3b": the other families at their anchors' sizes too (about 2 minutes each on
+# an H200 by their FLOPs; their logs join gpu_check.log)
+for model in ${GPU_SESSION_MODELS:-}; do
+    timeout 300 python benchmarks/gpu_check.py --model "$model" --batch 4 --out "$out/gpu_check_$model.json" \
+        >> "$out/gpu_check.log" 2>&1
+    echo "$model rc=$?"; cat "$out/gpu_check_$model.json" 2>/dev/null
+done
 
 echo "== 2. main job, 4 updates"
 runs="$(mktemp -d)"

@@ -37,9 +37,11 @@ def test_lora_checkpoint_loads_with_diffusers_and_peft(tiny_sd3_dir, tmp_path):
     torch.testing.assert_close(_velocity(policy_for(pipe, max_sequence_length=16)), expected, rtol=0, atol=0)
 
 
-def test_gpu_check_script_runs_its_code_path_on_a_toy_model(tmp_path):
+@pytest.mark.parametrize("model", ["sd3.5-medium", "flux1-dev", "wan2.1-1.3b"])
+def test_gpu_check_script_runs_its_code_path_on_a_toy_model(tmp_path, model):
     """benchmarks/gpu_check.py is meant for a GPU machine; its --tiny mode runs the same rollout, update and
-    accounting anywhere, so the script cannot rot between GPU sessions."""
+    accounting anywhere, for each family it sizes (the real pipeline classes without text encoders), so the script
+    cannot rot between GPU sessions."""
     import json
     import subprocess
     import sys
@@ -47,11 +49,14 @@ def test_gpu_check_script_runs_its_code_path_on_a_toy_model(tmp_path):
     from conftest import REPO
 
     out = tmp_path / "gpu_check.json"
-    done = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--tiny", "--batch", "4", "--steps", "3",
-                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--tiny", "--model", model, "--batch", "4",
+                           "--steps", "3", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["items"] == 4 * 3 and result["rollout_samples_per_s"] > 0 and result["update_mfu"] > 0
+    # 64 x 64 px: 8 x 8 latents (8x VAEs) in 2x2 patches; the video model's 5 frames are 2 latent frames
+    assert result["model"] == f"{model} (tiny)" and result["lora_params_M"] > 0
+    assert result["tokens"] == {"sd3.5-medium": 16, "flux1-dev": 16, "wan2.1-1.3b": 32}[model]
 
 
 @pytest.mark.parametrize("lora", [True, False])
