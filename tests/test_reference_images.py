@@ -72,8 +72,8 @@ def test_flowrl_sample_edits_from_a_jsonl_of_image_lists(tmp_path):
 def test_two_processes_train_rows_with_different_image_layouts_as_one(tmp_path):
     """FLUX.2 [klein] editing from a .jsonl whose lines give 2 images, 1, and the 2 the other way round, of three
     sizes kept as the pipeline keeps them (pipeline.reference_size): a step whose rows mix the layouts calls the
-    transformer once per layout (through its DDP wrapper, three times before one backward), and 2 gloo processes
-    give the weights of one."""
+    transformer once per layout (through its DDP wrapper, three times before one backward, with gradient
+    checkpointing as the real edit configs train), and 2 gloo processes give the weights of one."""
     klein, prompts = _edits_of_two_and_one_images(tmp_path, sizes=((40, 24), (24, 40), (32, 32)), swapped=True)
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({
@@ -88,7 +88,7 @@ def test_two_processes_train_rows_with_different_image_layouts_as_one(tmp_path):
         "prompts": {"source": str(prompts)},
         "train": {"updates": 1, "groups_per_update": 8, "group_size": 2, "lr": 1e-3, "microbatch_size": 32,
                   "ema_decay": 0.0, "checkpoint_every": 0, "threads": 1, "mixed_precision": "no",
-                  "weight_dtype": "fp32"},
+                  "weight_dtype": "fp32", "gradient_checkpointing": True},  # as the real edit configs train
         "eval": {"enabled": False},
     }))
     single = train_and_collect(config)
