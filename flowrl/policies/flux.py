@@ -72,7 +72,7 @@ class FluxPolicy(FlowPolicy):
 @POLICIES.register("FluxKontextPipeline")
 class FluxKontextPolicy(FluxPolicy):
     """FluxKontextPipeline adapter (instruction-based editing): the source image is per-sample conditioning. It is
-    encoded once per condition item (`encode_inputs`: VAE posterior mode, shifted and scaled as the pipeline does)
+    encoded once per distinct condition item in a call (a group's samples share one; `encode_inputs`: VAE posterior mode, shifted and scaled as the pipeline does)
     into `image_latents` of the conditioning, and every forward appends its packed tokens after the sample's, with
     position ids whose first axis is 1 (Kontext's context-image marker); the output keeps the sample's tokens."""
     family = "flux_kontext"
@@ -87,8 +87,10 @@ class FluxKontextPolicy(FluxPolicy):
         the source takes the run's sample size instead, so sources of any size share a batch, memory follows the
         size a run sets, and no sample depends on its batch-mates (deviation: bicubic with antialiasing, not
         Kontext's snap to its preferred resolutions with Lanczos)."""
-        sources = self.stack_sources(self.source_images(items, spec))
-        cond.tensors["image_latents"] = kontext_source_latents(self.pipeline.vae, sources.to(self.device))
+        found, rows = self.distinct_sources(items)  # a group repeats one item: its source is encoded once
+        size = None if spec is None else (spec.height, spec.width)
+        sources = self.stack_sources([self.sized_reference(source, size) for source in found])
+        cond.tensors["image_latents"] = kontext_source_latents(self.pipeline.vae, sources.to(self.device))[rows]
         return cond
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
