@@ -119,15 +119,19 @@ def page_kind(policy) -> str:
     return "edit" if policy.source_input and policy.modality == "image" else policy.modality
 
 
-def edit_condition(policy, instruction: str, seed: int, source: np.ndarray | None):
-    """The condition of an edit: an uploaded source (uint8 [H, W, 3]) as it is, or else the scene the editing
+def edit_condition(policy, instruction: str, seed: int, source: np.ndarray | None, references=()):
+    """The condition of an edit: an uploaded source (uint8 [H, W, 3]) as it is, followed by any further reference
+    images (editors that take several: FLUX.2, Qwen-Image-Edit-2509 / -2511), or else the scene the editing
     pipeline's world makes for the instruction (scene seed = the page's seed), asked of it through the registry; an
-    instruction outside its grammar without an upload is a UserError."""
+    instruction outside its grammar without an upload is a UserError, and so are references without a source."""
     from .images import item_image, to_uint8
     from .tasks.base import Condition
 
+    if references and source is None:
+        raise UserError("upload the source image too: further reference images follow it")
     if source is not None:
-        return Condition(instruction, inputs={policy.source_input: np.ascontiguousarray(source[..., :3], np.uint8)})
+        images = [np.ascontiguousarray(image[..., :3], np.uint8) for image in [source, *references]]
+        return Condition(instruction, inputs={policy.source_input: images if references else images[0]})
     if policy.source_world is None:  # no world makes a source for it (image to video): the page needs the upload
         raise UserError(f"upload a {source_noun(policy)}: {type(policy.pipeline).__name__} starts from one")
     condition = Condition(instruction, meta={"scene_seed": int(seed)})
@@ -138,6 +142,22 @@ def edit_condition(policy, instruction: str, seed: int, source: np.ndarray | Non
                         "image to edit with any instruction") from None
     condition.inputs[policy.source_input] = to_uint8(image[None])[0]
     return condition
+
+
+def uploaded_images(files) -> list[np.ndarray]:
+    """Uploaded image files (paths, or objects with a .name path, as gradio gives them) as uint8 [H, W, 3] arrays;
+    a UserError naming a file that is not an image."""
+    from PIL import Image, UnidentifiedImageError
+
+    images = []
+    for file in files:
+        path = getattr(file, "name", file)
+        try:
+            with Image.open(path) as opened:
+                images.append(np.asarray(opened.convert("RGB")))
+        except (OSError, UnidentifiedImageError):
+            raise UserError(f"{Path(path).name} is not an image file") from None
+    return images
 
 
 def source_noun(policy) -> str:
@@ -155,10 +175,11 @@ class Comparison:
         self.steps, self.guidance_scale, self.spec, self.folder = steps, guidance_scale, spec, folder
         self.precision = precision  # a new context per generation (autocast for half-precision weights)
 
-    def __call__(self, prompt: str, seed: int, progress=None, source: np.ndarray | None = None) -> list[dict]:
-        """Editing pipelines take the instruction as `prompt` and `source` (else the world's scene); the first
-        entry is then the source, unscored, and an uploaded source's edits go unscored too (the world's verifier
-        needs the world's scene)."""
+    def __call__(self, prompt: str, seed: int, progress=None, source: np.ndarray | None = None,
+                 references=()) -> list[dict]:
+        """Editing pipelines take the instruction as `prompt` and `source` (else the world's scene), then any
+        further `references` (uint8 [H, W, 3] each); the first entries are then the source and each reference,
+        unscored, and an uploaded source's edits go unscored too (the world's verifier needs the world's scene)."""
         from .generate import generate_samples
         from .tasks.base import Condition
 
@@ -166,8 +187,11 @@ class Comparison:
         out = []
         condition = Condition(prompt)
         if self.policy.source_input:
-            condition = edit_condition(self.policy, prompt, seed, source)
-            out.append({"label": "source", "score": None, "shown": upscale(condition.inputs[self.policy.source_input])})
+            condition = edit_condition(self.policy, prompt, seed, source, references)
+            given = condition.inputs[self.policy.source_input]
+            for number, image in enumerate(given if isinstance(given, list) else [given]):
+                label = "source" if number == 0 else f"reference {number}"
+                out.append({"label": label, "score": None, "shown": upscale(image)})
         for number, label in enumerate(self.models.labels):
             if progress is not None:
                 progress(number / len(self.models.labels), desc=f"generating with {label}")
@@ -231,22 +255,23 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
     atexit.register(shutil.rmtree, folder, ignore_errors=True)  # served while the demo runs; gone when it exits
     compare = Comparison(policy, models, scorer, steps, guidance_scale, spec, folder, precision)
 
-    def run(prompt: str, seed: float, source=None, progress=gr.Progress()):  # source: editing pages only
+    def run(prompt: str, seed: float, source=None, references=None, progress=gr.Progress()):  # editing pages
         prompt = (prompt or "").strip()
         if not prompt:
             raise gr.Error("Enter a prompt.")
         try:
-            entries = compare(prompt, int(seed), progress, source)
+            entries = compare(prompt, int(seed), progress, source, uploaded_images(references or []))
         except UserError as error:
             raise gr.Error(str(error)) from None
 
         def shown(score):
             return "-" if score is None else f"{score:.3f}"
 
-        gallery = [(e["shown"], e["label"] if e["label"] == "source" else f"{e['label']} | {reward} {shown(e['score'])}")
+        inputs = {e["label"] for e in entries if e["score"] is None and e["label"] not in models.labels}
+        gallery = [(e["shown"], e["label"] if e["label"] in inputs else f"{e['label']} | {reward} {shown(e['score'])}")
                    for e in entries]
         table = "| model | " + reward + " |\n|---|---|\n" + "\n".join(
-            f"| {e['label']} | {shown(e['score'])} |" for e in entries if e["label"] != "source")
+            f"| {e['label']} | {shown(e['score'])} |" for e in entries if e["label"] not in inputs)
         return [gallery, table, *[e["mesh"] for e in entries if "mesh" in e]]
 
     with gr.Blocks(title="flowrl: base vs tuned") as demo:
@@ -262,6 +287,9 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
             label = (f"{source_noun(policy)} (empty: the {policy.source_world} world's scene, chosen by the seed)"
                      if policy.source_world else f"{source_noun(policy)} (required)")
             sources = [gr.Image(label=label, type="numpy", image_mode="RGB", height=200, elem_id="source")]
+            if policy.max_references is None:  # editors that take several images: the rest, in order
+                sources.append(gr.File(label="further reference images (in order; optional)", file_count="multiple",
+                                       file_types=["image"], elem_id="references"))
         button = gr.Button("Generate", variant="primary", elem_id="generate")
         scores = gr.Markdown(elem_id="scores")
         meshes = []

@@ -153,3 +153,33 @@ def test_flux2_sizes_each_reference_as_the_pipeline_with_a_reference_size():
         policy.velocity(noise, 0.5, cond, 4.0)
     one = policy.encode([Condition(prompts[0], inputs={"source_image": lists[0]})] * 2, 4.0, spec)
     assert torch.isfinite(policy.velocity(noise[:2], 0.5, one, 4.0)).all()
+
+
+def test_the_demo_edits_with_further_reference_images(tmp_path):
+    """An editor that takes several images (FLUX.2 [klein] as Flux2KleinEdit) gets an upload for further reference
+    images beside its source: the page shows the source and each reference, and the reference changes the edit;
+    references without a source, or a file that is no image, are one message on the page."""
+    import gradio as gr
+
+    from flowrl.demo import build_demo
+
+    klein, _ = _edits_of_two_and_one_images(tmp_path)
+    demo = build_demo(str(klein), [], steps=2, size=(32, 32, None), max_sequence_length=16,
+                      policy_name="Flux2KleinEdit")
+    handler = next(iter(demo.fns.values())).fn
+    source = np.asarray(Image.open(tmp_path / "a.png"))
+
+    def edit(*references):
+        gallery, _ = handler("put the hat on the cat", 0, source, list(references), progress=lambda *a, **k: None)
+        return gallery
+
+    with_reference = edit(str(tmp_path / "b.png"))
+    assert [caption.split(" |")[0] for _, caption in with_reference] == ["source", "reference 1", "base"]
+    alone = edit()
+    assert [caption.split(" |")[0] for _, caption in alone] == ["source", "base"]
+    assert not np.array_equal(np.asarray(with_reference[-1][0]), np.asarray(alone[-1][0]))
+    with pytest.raises(gr.Error, match="upload the source image too"):
+        handler("put the hat on the cat", 0, None, [str(tmp_path / "b.png")], progress=lambda *a, **k: None)
+    (tmp_path / "notes.txt").write_text("not an image")
+    with pytest.raises(gr.Error, match="notes.txt is not an image file"):
+        edit(str(tmp_path / "notes.txt"))
