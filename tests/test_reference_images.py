@@ -66,6 +66,14 @@ def test_flowrl_sample_edits_from_a_jsonl_of_image_lists(tmp_path):
     assert records[0]["image"] == [str(tmp_path / n) for n in ("a.png", "b.png")]
     for r in records:
         assert np.asarray(Image.open(out / r["file"])).shape == (32, 32, 3)
+    # the images at their own sizes, as the pipeline sizes them: other edits, recorded with the setting
+    sized = tmp_path / "sized"
+    assert main(["sample", "--pipeline", str(klein), "--policy", "Flux2KleinEdit", "--prompts", str(prompts),
+                 "--out", str(sized), "--steps", "2", "--height", "32", "--width", "32", "--max-sequence-length", "16",
+                 "--num-per-prompt", "2", "--device", "cpu", "--reference-size", "1024"]) == 0
+    assert json.loads((sized / "sampling.json").read_text())["reference_size"] == 1024
+    first = [json.loads(line)["file"] for line in (sized / "samples.jsonl").read_text().splitlines()][0]
+    assert not np.array_equal(np.asarray(Image.open(sized / first)), np.asarray(Image.open(out / records[0]["file"])))
 
 
 @pytest.mark.slow
