@@ -17,7 +17,7 @@ from .generate import contiguous_share, generate_samples, sample_seeds
 from .prompt_source import PromptSource
 from .report import MetricsLog, image_grid, plot_rewards, save_json, tile, write_report
 from .samples import VideoSamples, side_by_side_clips
-from .tasks.base import format_metrics, tag_metrics
+from .tasks.base import build_task, format_metrics, tag_metrics
 from .train import Trainer, adapter_description, write_config
 
 GRID_PROMPTS = 12
@@ -53,7 +53,7 @@ def evaluate(trainer: Trainer, desc: str, judge: bool = True):
     from .train import RewardFailure
 
     c = trainer.config.eval
-    conditions = eval_conditions(trainer)
+    conditions = eval_conditions(trainer.task, c.prompts)
     k = c.num_per_prompt
     items = [item for item in conditions for _ in range(k)]
     seeds = sample_seeds(c.seed, len(conditions), k)
@@ -139,12 +139,13 @@ def all_processes(value, world: int, timeout_minutes: int = 180) -> list:
     return values
 
 
-def eval_conditions(trainer: Trainer) -> list:
-    """The eval set's conditions, each checked by the task (one clear error for an item it cannot judge)."""
-    conditions = PromptSource(trainer.task, trainer.config.eval.prompts).all()
+def eval_conditions(task, prompts: str) -> list:
+    """The conditions of the eval set `prompts` (one of the task's sets, or a prompt file), each checked by the task
+    (one clear error for an item it cannot judge)."""
+    conditions = PromptSource(task, prompts).all()
     for item in conditions:
         try:
-            trainer.task.check(item)
+            task.check(item)
         except ValueError as error:
             raise ConfigError(f"eval.prompts: {error}") from None
     return conditions
@@ -206,9 +207,9 @@ def log_samples(log: MetricsLog, samples, update: int, per_prompt: int, prompts:
 
 
 def run_experiment(config: RunConfig) -> Path:
+    if config.eval.enabled:  # fail in seconds, before the model loads, not after training
+        eval_conditions(build_task(config.task.name, config.task.params), config.eval.prompts)
     trainer = Trainer(config)
-    if config.eval.enabled:
-        eval_conditions(trainer)  # fail before training, not after it
     run_dir = trainer.run_dir
     evals_path = run_dir / "eval.json"
     if trainer.is_main:

@@ -99,12 +99,20 @@ def build_term(term, where: str):
 def build_rewards(config: RunConfig, modality: str | None = None):
     """The weighted sum of the config's rewards; each must accept `modality` (the pipeline's) when given."""
     terms = [build_term(t, f"reward[{i}]") for i, t in enumerate(config.reward)]
-    for i, (term, reward) in enumerate(zip(config.reward, terms)):
-        if modality is not None and modality not in reward.modalities:
-            raise ConfigError(f"reward[{i}].name: {term.name} scores {' and '.join(reward.modalities)}, but the "
+    reward = WeightedSum(terms, [t.weight for t in config.reward], [t.batch_size for t in config.reward])
+    if modality is not None:
+        check_reward_modalities(config, reward, modality)
+    return reward
+
+
+def check_reward_modalities(config: RunConfig, reward, modality: str) -> None:
+    """A ConfigError naming the first of the config's rewards (`reward`: their WeightedSum) that cannot score the
+    pipeline's `modality`."""
+    for i, (term, one) in enumerate(zip(config.reward, reward.rewards)):
+        if modality not in one.modalities:
+            raise ConfigError(f"reward[{i}].name: {term.name} scores {' and '.join(one.modalities)}, but the "
                               f"pipeline samples {modality}; score frames with {{name: per_frame, params: "
                               f"{{reward: {term.name}}}}}")
-    return WeightedSum(terms, [t.weight for t in config.reward], [t.batch_size for t in config.reward])
 
 
 def build_optimizer(train, params):
@@ -160,6 +168,12 @@ class Trainer:
         if config.sampler.fk is not None and config.train.groups_per_update % self.world:
             raise ConfigError(f"train.groups_per_update: FK rollouts keep each prompt's particles on one process; "
                               f"expected a multiple of {self.world} processes, got {config.train.groups_per_update}")
+        # what the run needs besides the model comes first: a wrong prompt file or reward folder stops the run in
+        # seconds, not after a large pipeline has loaded (reward models load on the host and move later)
+        self.task = build_task(config.task.name, config.task.params)
+        self.prompts = PromptSource(self.task, config.prompts.source)
+        with torch.random.fork_rng(devices=[]):  # reward models' initialisation leaves the run's seeding alone
+            reward = build_rewards(config)
         torch.manual_seed(config.run.seed)  # LoRA initialisation draws from the global generator
         self.policy = placed_policy(config, self.accelerator.device)
         if config.sampler.kind not in self.policy.kinds:
@@ -186,12 +200,11 @@ class Trainer:
         if self.algorithm.needs_ode_rollout and self.policy.prediction == "epsilon":
             raise ConfigError(f"algorithm.name: {config.algorithm.name!r} is implemented for flow-matching pipelines; "
                               f"{type(self.policy.pipeline).__name__} predicts noise")
-        self.reward = build_rewards(config, self.policy.modality).to(self.accelerator.device)
+        check_reward_modalities(config, reward, self.policy.modality)
+        self.reward = reward.to(self.accelerator.device)
         self.algorithm.bind_reward(self.reward)
-        self.task = build_task(config.task.name, config.task.params)
         self.spec = sample_spec(config, self.policy)
         self.check_trained_steps()
-        self.prompts = PromptSource(self.task, config.prompts.source)
         self.data_loss = None
         if config.train.data_loss is not None and config.train.data_loss.weight > 0:
             from .data_loss import DataLoss

@@ -97,3 +97,28 @@ def test_task_shorthand_takes_param_overrides(tmp_path):
     path.write_text((REPO / "configs" / "shapes_safe_grpo.yaml").read_text().replace("task: {name: safety}", "task: safety"))
     config = load_config(path, ["task.params.steering={mode: negative}"])
     assert config.task.name == "safety" and config.task.params == {"steering": {"mode": "negative"}}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["reward=[{name: pickscore, params: {path: /nowhere/PickScore_v1}}]"], "/nowhere/PickScore_v1"),
+    (["task.name=shapes", "eval.prompts={tmp}/cats.txt"], "eval.prompts: .*a photo of a cat"),
+    (["prompts.source=/nowhere/train.txt"], "/nowhere/train.txt"),
+])
+def test_a_wrong_reward_folder_or_eval_set_stops_the_run_before_the_model_loads(tiny_sd3_dir, tmp_path, monkeypatch,
+                                                                                overrides, message):
+    """What a run needs besides the model is read first: a real pipeline takes minutes to load, a wrong reward
+    folder or an eval set the task cannot judge should not (the shapes verifier cannot judge a cat)."""
+    from flowrl.errors import UserError
+    from flowrl.experiment import run_experiment
+    from run_helpers import tiny_run_config
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the pipeline loaded before the error")
+
+    monkeypatch.setattr("flowrl.train.load_pipeline", no_loading)
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "early", updates=1)
+    (tmp_path / "cats.txt").write_text("a photo of a cat\n")
+    prompts = REPO / "assets/prompts/eval_prompts.txt"
+    with pytest.raises((ConfigError, UserError), match=message):  # (prompt files: checked as the config loads)
+        run_experiment(load_config(path, ["task.name=prompt_file", f"prompts.source={prompts}", "eval.enabled=true",
+                                          f"eval.prompts={prompts}", *(o.replace("{tmp}", str(tmp_path)) for o in overrides)]))
