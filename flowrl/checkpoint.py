@@ -117,8 +117,8 @@ def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True
 
 def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
     """What the run a checkpoint belongs to (runs/<name>/checkpoints/update_N) evaluated with, from its config.yaml:
-    eval steps and guidance, the pipeline's size, text length, second guidance scale, shift, reference image size and
-    adapter override; ({}, None)
+    eval steps and guidance, the pipeline's size, text length, second guidance scale, shift, reference image size,
+    adapter override and memory settings; ({}, None)
     for a folder outside a run."""
     import yaml
 
@@ -131,10 +131,16 @@ def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
         return {}, None
     if not isinstance(config, dict):  # an empty or truncated file: the built-in defaults
         return {}, None
-    ev, pipe = config.get("eval") or {}, config.get("pipeline") or {}
+    ev, pipe, train = config.get("eval") or {}, config.get("pipeline") or {}, config.get("train") or {}
     settings = {"steps": ev.get("num_steps"), "guidance": ev.get("guidance_scale"), "height": pipe.get("height"),
                 "width": pipe.get("width"), "num_frames": pipe.get("num_frames"),
                 "max_sequence_length": pipe.get("max_sequence_length"), "guidance_2": pipe.get("guidance_scale_2"),
                 "shift": pipe.get("shift"), "reference_size": pipe.get("reference_size"),
+                # how it fitted in memory (settings that are off stay unsaid): flowrl sample's batch is the run's
+                # rollout batch, as its evaluations sampled
+                "batch_size": train.get("rollout_microbatch") or None, "vae_tiling": pipe.get("vae_tiling") or None,
+                "vae_slicing": pipe.get("vae_slicing") or None,
+                "decode_microbatch": train.get("decode_microbatch") or None,
+                "offload_text_encoders": train.get("offload_text_encoders") or None,
                 "policy": pipe.get("policy")}
     return {k: v for k, v in settings.items() if v is not None}, config_file

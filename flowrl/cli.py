@@ -67,8 +67,9 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
                         "resumes an interrupted one (other settings into it are an error)")
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--num-per-prompt", type=int, default=1)
-    sample.add_argument("--batch-size", type=int, default=64, help="samples per sampler call (lower it for large "
-                        "images or long videos)")
+    sample.add_argument("--batch-size", type=int, default=None, help="samples per sampler call (default: the "
+                        "checkpoint's run's train.rollout_microbatch, else 64; lower it for large images or long "
+                        "videos)")
     sampling_arguments(sample)
     sample.add_argument("--kind", default=None, help="sampler: ode (default) or a stochastic kind (flow, dance, "
                         "sage, cps; ddim for epsilon pipelines; the default with --fk-particles)")
@@ -179,11 +180,14 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     from .sample_job import draw_samples
     from .tasks.base import read_prompt_file
 
-    for flag, value in (("--num-per-prompt", args.num_per_prompt), ("--batch-size", args.batch_size)):
-        if value < 1:
-            raise UserError(f"{flag}: expected an integer >= 1, got {value}")
     conditions = read_prompt_file(args.prompts)
     fill_sampling_settings(args, args.checkpoint)
+    if args.batch_size is None:
+        args.batch_size = SAMPLE_BATCH_SIZE
+    for flag, value in (("--num-per-prompt", args.num_per_prompt), ("--batch-size", args.batch_size),
+                        ("--decode-microbatch", args.decode_microbatch)):
+        if value is not None and value < 1:
+            raise UserError(f"{flag}: expected an integer >= 1, got {value}")
     state = job_processes()  # under torchrun / accelerate launch: one share of the samples per process
     placement = sampling_placement(args.device, args.weight_dtype)
     # loaded in the dtype it samples in: no fp32 copy of a large model in host memory (an adapter is kept fp32)
@@ -213,8 +217,11 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     if len(steers) > 1:
         raise UserError("--fk-particles and a task's steering flag: choose one kind of steering")
     precision = place_for_sampling(policy, placement)  # with any adapter a steer loaded
+    apply_memory_flags(policy, args)
     spec = sample_spec(args, policy)
-    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "batch_size", "device")
+    # what fixes the samples; not where they are made or how work is split (a resumed job may change those)
+    unrecorded = ("out", "batch_size", "device", "vae_slicing", "decode_microbatch", "offload_text_encoders")
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in unrecorded
                 and isinstance(v, (str, int, float, bool, type(None), list))}
     settings.update(device_type=placement[0].type, weight_dtype=str(placement[1]).removeprefix("torch."),
                     kind=kind, noise_level=noise_level, height=spec.height, width=spec.width,
@@ -270,6 +277,14 @@ def size_arguments(parser) -> None:
 
 
 SAMPLING_DEFAULTS = {"steps": 20, "guidance": 4.5}  # where neither the command line nor a run's config says
+SAMPLE_BATCH_SIZE = 64  # flowrl sample's samples per sampler call, where neither --batch-size nor a run says
+
+
+def apply_memory_flags(policy, args) -> None:
+    """The sampling commands' memory flags (given, or the checkpoint's run's) on a placed policy."""
+    policy.set_memory_options(vae_slicing=bool(args.vae_slicing), vae_tiling=bool(args.vae_tiling),
+                              offload_text_encoders=bool(args.offload_text_encoders),
+                              decode_microbatch=args.decode_microbatch or 0)
 
 
 def sampling_arguments(parser) -> None:
@@ -290,6 +305,17 @@ def sampling_arguments(parser) -> None:
     parser.add_argument("--max-sequence-length", type=int, default=None, help="text tokens (default: the "
                         "checkpoint's run's pipeline.max_sequence_length, else the pipeline's own or the shorter "
                         "length its tokenizers declare: 16 for the embedded ones)")
+    memory = "(default: the checkpoint's run's {}, else off)"
+    parser.add_argument("--vae-tiling", action=argparse.BooleanOptionalAction, default=None,
+                        help="decode in overlapping tiles (large images, long videos) "
+                        + memory.format("pipeline.vae_tiling"))
+    parser.add_argument("--vae-slicing", action=argparse.BooleanOptionalAction, default=None,
+                        help="decode one sample at a time inside the VAE " + memory.format("pipeline.vae_slicing"))
+    parser.add_argument("--decode-microbatch", type=int, default=None, help="samples per VAE decode (default: the "
+                        "checkpoint's run's train.decode_microbatch, else all of a sampler call's)")
+    parser.add_argument("--offload-text-encoders", action=argparse.BooleanOptionalAction, default=None,
+                        help="keep the text encoders on the CPU except while encoding "
+                        + memory.format("train.offload_text_encoders"))
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the GPU when there is one)")
     parser.add_argument("--weight-dtype", default=None, choices=["fp32", "fp16", "bf16"],
                         help="frozen weights' precision (default: bf16 on a GPU, fp32 on the CPU)")
@@ -304,13 +330,13 @@ def fill_sampling_settings(args, checkpoint: str | None) -> None:
     from .checkpoint import run_sampling_settings
 
     settings, source = run_sampling_settings(checkpoint)
-    taken = {k: v for k, v in settings.items() if getattr(args, k) is None}
+    taken = {k: v for k, v in settings.items() if hasattr(args, k) and getattr(args, k) is None}
     args.policy_where = f"pipeline.policy in {source}" if "policy" in taken else "--policy"
     for key, value in {**SAMPLING_DEFAULTS, **taken}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if taken:
-        flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in taken.items())
+        flags = ", ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in taken.items())
         print(f"sampling as the run evaluated ({source}): {flags}")
 
 
@@ -333,7 +359,8 @@ def cmd_demo(args) -> None:
     demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,
                       args.max_sequence_length, (args.height, args.width, args.num_frames), args.device,
                       args.weight_dtype, json_object(args.reward_params, "--reward-params"), args.guidance_2,
-                      args.policy, args.policy_where, args.shift, args.reference_size)
+                      args.policy, args.policy_where, args.shift, args.reference_size,
+                      lambda policy: apply_memory_flags(policy, args))
     # a server stopped by SIGTERM (a service manager, `kill`) exits as after Ctrl-C, so its files are cleaned up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)

@@ -155,7 +155,7 @@ def uploaded_images(files) -> list[np.ndarray]:
         try:
             with Image.open(path) as opened:
                 images.append(np.asarray(opened.convert("RGB")))
-        except (OSError, UnidentifiedImageError):
+        except (OSError, UnidentifiedImageError, Image.DecompressionBombError):
             raise UserError(f"{Path(path).name} is not an image file") from None
     return images
 
@@ -221,13 +221,14 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
                guidance_scale: float = 4.5, max_sequence_length: int | None = None, size: tuple = (None, None, None),
                device: str | None = None, weight_dtype: str | None = None, reward_params: dict | None = None,
                guidance_2: float | None = None, policy_name: str | None = None, policy_where: str = "--policy",
-               shift: float | None = None, reference_size: int | None = None):
+               shift: float | None = None, reference_size: int | None = None, memory=None):
     """The page; `size` (height, width, frames) overrides the pipeline's default sample size where given; `reward`
     defaults to the page kind's (shapes_clip; silhouette_iou for 3D, shapes_edit for editing, frame_consistency
     for video), built with `reward_params`; `device` and `weight_dtype` as `flowrl sample` places the model
     (policies.sampling_placement); `guidance_2` is Wan2.2's low-noise CFG scale; `policy_name` overrides the
     adapter (as pipeline.policy; `policy_where` names where it came from in errors); `shift` the flow schedule's
-    (as pipeline.shift); `reference_size` an editor's reference image size (as pipeline.reference_size)."""
+    (as pipeline.shift); `reference_size` an editor's reference image size (as pipeline.reference_size); `memory`
+    sets the placed policy's memory options (the command's flags)."""
     import gradio as gr
 
     from .cli import sample_spec
@@ -242,6 +243,8 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
     policy.set_reference_size(reference_size, "--reference-size")
     models = CheckpointSet(policy, checkpoints)
     precision = place_for_sampling(policy, placement)  # every checkpoint's adapter, and the base weights kept aside
+    if memory is not None:
+        memory(policy)
     modality, kind = policy.modality, page_kind(policy)
     reward = reward or DEFAULT_REWARD.get(kind, "shapes_clip")
     scorer = build_reward(reward, where="--reward", **(reward_params or {})).to(placement[0])
@@ -298,7 +301,7 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
                 meshes = [gr.Model3D(label=label, height=300, elem_id=f"mesh{i}")
                           for i, label in enumerate(models.labels)]
         gallery = gr.Gallery(label="turntable views" if modality == "3d" else "samples",
-                             columns=len(models.labels) + len(sources), height=340, object_fit="contain",
+                             columns=len(models.labels) + bool(sources), height=340, object_fit="contain",
                              elem_id="gallery")
         button.click(run, inputs=[prompt, seed, *sources], outputs=[gallery, scores, *meshes])
     return demo

@@ -115,6 +115,24 @@ def check_reward_modalities(config: RunConfig, reward, modality: str) -> None:
                               f"{{reward: {term.name}}}}}")
 
 
+def check_reward_terms(config: RunConfig) -> None:
+    """What can be checked of the config's rewards without loading them: each name is registered, and each local
+    folder or file a `path` parameter names (at any depth: a judge's, a wrapped reward's) exists."""
+    def paths(params: dict, where: str):
+        for key, value in params.items():
+            if isinstance(value, dict):
+                yield from paths(value, f"{where}.{key}")
+            elif key == "path" and isinstance(value, str):
+                yield f"{where}.{key}", value
+
+    for i, term in enumerate(config.reward):
+        REWARDS.get(term.name, f"reward[{i}].name")
+        for where, value in paths(term.params, f"reward[{i}].params"):
+            if not Path(value).exists():
+                raise ConfigError(f"{where}: {value} does not exist; expected a local folder (nothing is fetched "
+                                  "from a hub)")
+
+
 def build_optimizer(train, params):
     """The optimizer named by train.optimizer over `params`."""
     if train.optimizer == "sgd":
@@ -168,12 +186,11 @@ class Trainer:
         if config.sampler.fk is not None and config.train.groups_per_update % self.world:
             raise ConfigError(f"train.groups_per_update: FK rollouts keep each prompt's particles on one process; "
                               f"expected a multiple of {self.world} processes, got {config.train.groups_per_update}")
-        # what the run needs besides the model comes first: a wrong prompt file or reward folder stops the run in
-        # seconds, not after a large pipeline has loaded (reward models load on the host and move later)
+        # checked before the model loads (minutes for a large pipeline): the task, its prompts, the rewards' names
+        # and local folders (the reward models load after the pipeline is placed, so host memory holds one at a time)
         self.task = build_task(config.task.name, config.task.params)
         self.prompts = PromptSource(self.task, config.prompts.source)
-        with torch.random.fork_rng(devices=[]):  # reward models' initialisation leaves the run's seeding alone
-            reward = build_rewards(config)
+        check_reward_terms(config)
         torch.manual_seed(config.run.seed)  # LoRA initialisation draws from the global generator
         self.policy = placed_policy(config, self.accelerator.device)
         if config.sampler.kind not in self.policy.kinds:
@@ -200,8 +217,7 @@ class Trainer:
         if self.algorithm.needs_ode_rollout and self.policy.prediction == "epsilon":
             raise ConfigError(f"algorithm.name: {config.algorithm.name!r} is implemented for flow-matching pipelines; "
                               f"{type(self.policy.pipeline).__name__} predicts noise")
-        check_reward_modalities(config, reward, self.policy.modality)
-        self.reward = reward.to(self.accelerator.device)
+        self.reward = build_rewards(config, self.policy.modality).to(self.accelerator.device)
         self.algorithm.bind_reward(self.reward)
         self.spec = sample_spec(config, self.policy)
         self.check_trained_steps()

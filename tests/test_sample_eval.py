@@ -291,5 +291,39 @@ def test_the_demo_and_export_take_the_adapter_override_of_the_checkpoints_run(ti
     monkeypatch.setattr(flowrl.demo, "build_demo", lambda *args: built.update(args=args) or Page())
     monkeypatch.setattr("flowrl.cli.signal.signal", lambda *args: None)
     assert main(["demo", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint)]) == 0
-    assert built["args"][-4:] == (f"{__name__}:MarkedPolicy", f"pipeline.policy in {tmp_path / 'run' / 'config.yaml'}",
-                                  None, None)  # (the run's pipeline.shift and reference_size: none)
+    assert built["args"][-5:-1] == (f"{__name__}:MarkedPolicy", f"pipeline.policy in {tmp_path / 'run' / 'config.yaml'}",
+                                    None, None)  # (the run's pipeline.shift and reference_size: none; then memory)
+
+
+def test_sample_fits_in_memory_as_the_checkpoints_run_did(tiny_sd3_dir, tmp_path, capsys, monkeypatch):
+    """A run's memory settings (its rollout batch, VAE tiling, decode split, text encoders kept on the host) carry to
+    `flowrl sample` from its checkpoint, said on one line: a large model that trained does not run out of memory
+    sampling. Flags override them; the samples are the same as without them."""
+    import yaml
+
+    from flowrl.cli import main
+    from flowrl.policies.base import FlowPolicy
+    from tiny_pipelines import random_lora_checkpoint
+
+    checkpoint = random_lora_checkpoint(tiny_sd3_dir, tmp_path / "run")
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({
+        "pipeline": {"vae_tiling": True}, "train": {"rollout_microbatch": 2, "decode_microbatch": 1,
+                                                    "offload_text_encoders": True}}))
+    (tmp_path / "prompts.txt").write_text("a red circle\ntwo squares\n")
+    applied = []
+    original = FlowPolicy.set_memory_options
+    monkeypatch.setattr(FlowPolicy, "set_memory_options",
+                        lambda self, *a, **k: applied.append(k) or original(self, *a, **k))
+    common = ["sample", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint), "--prompts",
+              str(tmp_path / "prompts.txt"), "--steps", "2", "--num-per-prompt", "2", "--device", "cpu"]
+    assert main([*common, "--out", str(tmp_path / "as_run")]) == 0
+    assert ("--batch-size 2, --vae-tiling, --decode-microbatch 1, --offload-text-encoders"
+            in capsys.readouterr().out)
+    assert applied[-1] == {"vae_slicing": False, "vae_tiling": True, "offload_text_encoders": True,
+                           "decode_microbatch": 1}
+    assert main([*common, "--out", str(tmp_path / "plain"), "--no-vae-tiling", "--decode-microbatch", "4",
+                 "--no-offload-text-encoders", "--batch-size", "4"]) == 0
+    assert applied[-1] == {"vae_slicing": False, "vae_tiling": False, "offload_text_encoders": False,
+                           "decode_microbatch": 4}
+    (_, a), (_, b) = _pixels(tmp_path / "as_run"), _pixels(tmp_path / "plain")
+    assert all(np.abs(x.astype(int) - y.astype(int)).max() <= 1 for x, y in zip(a, b))

@@ -82,17 +82,22 @@ def test_a_runs_checkpoint_samples_with_the_runs_eval_settings_unless_flags_say_
     (run / "checkpoints" / "update_000010").mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump({
         "pipeline": {"path": "p", "height": 48, "width": 64, "num_frames": None, "max_sequence_length": 128,
-                     "guidance_scale_2": 2.5, "policy": "Flux2KleinEdit", "shift": 5.0, "reference_size": 512},
-        "eval": {"num_steps": 40, "guidance_scale": 3.5}}))
+                     "guidance_scale_2": 2.5, "policy": "Flux2KleinEdit", "shift": 5.0, "reference_size": 512,
+                     "vae_tiling": True},
+        "eval": {"num_steps": 40, "guidance_scale": 3.5},
+        "train": {"rollout_microbatch": 4, "decode_microbatch": 2, "offload_text_encoders": False}}))
     given = Namespace(steps=None, guidance=1.0, height=None, width=None, num_frames=None, max_sequence_length=None,
-                      guidance_2=None, policy=None, shift=None, reference_size=None)
+                      guidance_2=None, policy=None, shift=None, reference_size=None, batch_size=None,
+                      vae_tiling=None, vae_slicing=None, decode_microbatch=None, offload_text_encoders=None)
     fill_sampling_settings(given, str(run / "checkpoints" / "update_000010"))
     assert vars(given) == {"steps": 40, "guidance": 1.0, "height": 48, "width": 64, "num_frames": None,
                            "max_sequence_length": 128, "guidance_2": 2.5, "policy": "Flux2KleinEdit", "shift": 5.0,
-                           "reference_size": 512,
+                           "reference_size": 512, "batch_size": 4, "vae_tiling": True, "vae_slicing": None,
+                           "decode_microbatch": 2, "offload_text_encoders": None,
                            "policy_where": f"pipeline.policy in {run / 'config.yaml'}"}  # a given flag wins
     assert ("--steps 40, --height 48, --width 64, --max-sequence-length 128, --guidance-2 2.5, --shift 5.0, "
-            "--reference-size 512, --policy Flux2KleinEdit" in capsys.readouterr().out)
+            "--reference-size 512, --batch-size 4, --vae-tiling, --decode-microbatch 2, --policy Flux2KleinEdit"
+            in capsys.readouterr().out)  # (settings that are off stay unsaid)
     outside = Namespace(steps=None, guidance=None, height=None, width=None, num_frames=None, max_sequence_length=None,
                         policy=None)
     fill_sampling_settings(outside, str(tmp_path))  # a folder outside a run: the built-in defaults
