@@ -10,9 +10,8 @@ Also what to run before a real job, to see whether a size, batch and memory sett
 Each model is the real diffusers pipeline class with its denoiser and VAE at the released layout; text encoders are
 not built (T5-XXL alone is 4.7B parameters): prompt embeddings are random tensors of the encoders' shapes, so the
 numbers are the denoiser's and the VAE decode's, which dominate RL fine-tuning. MFU counts the transformer's matmul
-FLOPs (2 x weights x tokens per forward, plus attention; the update 3x a forward, not the checkpointed re-forward)
-against the GPU's dense bf16 peak (--peak-tflops); it is approximate (e.g. Wan's cross-attention projections run on
-text tokens, counted here on video tokens).
+FLOPs (`transformer_flops`: each layer on the tokens it runs on, plus attention; the update 3x a forward, not the
+checkpointed re-forward) against the GPU's dense bf16 peak (--peak-tflops); the VAE's FLOPs are not counted.
 """
 from __future__ import annotations
 
@@ -97,28 +96,53 @@ def _image_vae(full: bool, **config):
 
 
 # per model: the pipeline, the prompt embeddings the encoders would give ({key: (full shape, tiny shape)} per
-# sample), whether the guidance is true CFG (a second branch) or an embedding, the default size, the joint text
-# tokens the image tokens attend with (SD3 and FLUX: one sequence), and the cross-attention text length (Wan)
+# sample), whether the guidance is true CFG (a second branch) or an embedding, the default size, and whether the
+# text enters by cross-attention (Wan) or as tokens of one joint sequence (SD3, FLUX)
 MODELS = {
     "sd3.5-medium": dict(build=_sd3_pipeline, embeds={"embeds": ((333, 4096), (12, 32)), "pooled": ((2048,), (16,))},
-                         cfg=True, size=512, joint_text=(333, 12), cross_text=(0, 0)),
+                         cfg=True, size=512, cross=False),
     "flux1-dev": dict(build=_flux_pipeline, embeds={"embeds": ((512, 4096), (12, 32)), "pooled": ((768,), (16,))},
-                      cfg=False, size=1024, joint_text=(512, 12), cross_text=(0, 0)),
+                      cfg=False, size=1024, cross=False),
     "wan2.1-1.3b": dict(build=_wan_pipeline, embeds={"embeds": ((512, 4096), (12, 32))}, cfg=True, size=(480, 832),
-                        joint_text=(0, 0), cross_text=(512, 12)),
+                        cross=True),
 }
 
 
-def transformer_flops(transformer, tokens: int, cross_text: int) -> float:
-    """Matmul FLOPs of one forward: 2 x weights x tokens, plus QK^T and AV in every attention module (4 T S d: T
-    queries over S keys): over the whole sequence, or over `cross_text` text tokens for a cross-attention (Wan's
-    attn2; SD3.5's attn2 attends the image tokens, counted here over the whole sequence)."""
-    weights = sum(p.numel() for p in transformer.parameters() if p.ndim == 2)
-    flops = 2 * weights * tokens
+# linear layers run once per sample, not per token: adaptive-norm modulations and the time / pooled-text embedders
+PER_SAMPLE = ("norm", "time_text_embed", "time_embed", "timestep", "guidance_embed", "time_proj")
+
+
+def transformer_flops(transformer, image_tokens: int, text_tokens: int, cross: bool) -> float:
+    """Matmul FLOPs of one forward of one sample: each linear layer at 2 x in x out for every token it runs on
+    (image tokens through the image stream; text tokens through the text stream: SD3's and FLUX's `context` / `add_`
+    layers, Wan's text embedder and its cross-attention's keys and values; every token through FLUX's single
+    blocks; PER_SAMPLE layers once), the patch-embedding convolution per image token, and QK^T and AV in every
+    attention (4 Q K d: joint attention over image and text tokens, SD3.5's second attention over the image tokens,
+    Wan's self-attention over the image tokens and its cross-attention (`cross`) from them to the text)."""
+    joint = image_tokens + (0 if cross else text_tokens)
+
+    def tokens_through(name: str) -> int:
+        if any(part in name for part in PER_SAMPLE):
+            return 1
+        if "single_transformer_blocks" in name:
+            return joint
+        if ("context" in name or ".add_" in name or "to_add_out" in name or "text_embedder" in name
+                or (cross and name.endswith(("attn2.to_k", "attn2.to_v")))):
+            return text_tokens
+        return image_tokens
+
+    flops = 0.0
     for name, module in transformer.named_modules():
-        if hasattr(module, "to_q") and hasattr(module, "to_k"):  # an attention module
-            keys = cross_text if cross_text and name.endswith("attn2") else tokens
-            flops += 4 * tokens * keys * module.to_q.out_features
+        if isinstance(module, torch.nn.Linear):
+            flops += 2 * module.in_features * module.out_features * tokens_through(name)
+        elif isinstance(module, (torch.nn.Conv2d, torch.nn.Conv3d)):  # patch embedding: one output per token
+            flops += 2 * module.weight.numel() * image_tokens
+        elif hasattr(module, "to_q") and hasattr(module, "to_k"):  # an attention module
+            if name.endswith("attn2"):
+                queries, keys = image_tokens, (text_tokens if cross else image_tokens)
+            else:
+                queries = keys = joint
+            flops += 4 * queries * keys * module.to_q.out_features
     return flops
 
 
@@ -189,8 +213,8 @@ def main() -> None:
         sync()
         timings = {"rollout_s": rolled - started, "update_s": time.perf_counter() - rolled, "items": len(items)}
     latent_tokens = torch.Size(shape[1:]).numel() // 4  # every family here takes 2x2 patches of latents as tokens
-    flops = transformer_flops(policy.transformer, latent_tokens + spec["joint_text"][which],
-                              spec["cross_text"][which])
+    text_tokens = spec["embeds"]["embeds"][which][0]
+    flops = transformer_flops(policy.transformer, latent_tokens, text_tokens, spec["cross"])
     branches = 2 if spec["cfg"] else 1
     rollout_flops = flops * branches * b * args.steps
     update_flops = flops * branches * timings["items"] * 3  # forward + backward (~2x)

@@ -122,3 +122,44 @@ def test_a_half_precision_export_loads_in_half_precision_and_fuses_as_fp32_would
     assert not moved, moved[:5]
     base = load_pipeline(tmp_path / "bf16_base", torch.bfloat16).transformer.state_dict()
     assert any(not torch.equal(base[k], exported[k]) for k in base)  # the LoRA was fused in
+
+
+@pytest.mark.parametrize("model", ["sd3.5-medium", "flux1-dev", "wan2.1-1.3b"])
+def test_gpu_checks_flop_count_equals_what_a_forward_runs(model, monkeypatch):
+    """benchmarks/gpu_check.py's MFU divides by transformer_flops: the count, layer by layer on the tokens each runs
+    on, equals the matmul FLOPs one forward of a toy model of each family actually runs, counted from every linear
+    layer's and convolution's inputs (hooks) and every attention call's query and key lengths."""
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+    from flowrl.policies import policy_for
+    from flowrl.policies.base import Conditioning, SampleSpec
+
+    spec = gpu_check.MODELS[model]
+    policy = policy_for(spec["build"](False))
+    counted = []
+    for module in policy.transformer.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_hook(lambda m, args, out: counted.append(
+                2 * m.in_features * m.out_features * (args[0].numel() // m.in_features)))
+        elif isinstance(module, (torch.nn.Conv2d, torch.nn.Conv3d)):
+            module.register_forward_hook(lambda m, args, out: counted.append(
+                2 * m.weight.numel() * (out.numel() // m.out_channels)))
+    attention = torch.nn.functional.scaled_dot_product_attention
+
+    def counting_attention(query, key, value, *args, **kwargs):  # [batch, heads, length, head dim]
+        counted.append(4 * query.shape[0] * query.shape[-2] * key.shape[-2] * query.shape[1] * query.shape[-1])
+        return attention(query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting_attention)
+    frames = 5 if policy.modality == "video" else None
+    shape = policy.noise_shape(SampleSpec(64, 64, frames))
+    embeds = {key: torch.randn(1, *shapes[1]) for key, shapes in spec["embeds"].items()}
+    with torch.no_grad():
+        policy.velocity(torch.randn(1, *shape), torch.tensor([0.5]), Conditioning(embeds, {}, ["p"]), 1.0)
+    tokens = torch.Size(shape[1:]).numel() // 4
+    expected = gpu_check.transformer_flops(policy.transformer, tokens, spec["embeds"]["embeds"][1][0], spec["cross"])
+    assert counted and sum(counted) == expected
