@@ -184,9 +184,8 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     fill_sampling_settings(args, args.checkpoint)
     if args.batch_size is None:
         args.batch_size = SAMPLE_BATCH_SIZE
-    for flag, value in (("--num-per-prompt", args.num_per_prompt), ("--batch-size", args.batch_size),
-                        ("--decode-microbatch", args.decode_microbatch)):
-        if value is not None and value < 1:
+    for flag, value in (("--num-per-prompt", args.num_per_prompt), ("--batch-size", args.batch_size)):
+        if value < 1:
             raise UserError(f"{flag}: expected an integer >= 1, got {value}")
     state = job_processes()  # under torchrun / accelerate launch: one share of the samples per process
     placement = sampling_placement(args.device, args.weight_dtype)
@@ -223,6 +222,8 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     unrecorded = ("out", "batch_size", "device", "vae_slicing", "decode_microbatch", "offload_text_encoders")
     settings = {k: v for k, v in sorted(vars(args).items()) if k not in unrecorded
                 and isinstance(v, (str, int, float, bool, type(None), list))}
+    if settings.pop("vae_tiling", None):  # recorded only when on: off is the default a folder written before it had
+        settings["vae_tiling"] = True
     settings.update(device_type=placement[0].type, weight_dtype=str(placement[1]).removeprefix("torch."),
                     kind=kind, noise_level=noise_level, height=spec.height, width=spec.width,
                     num_frames=spec.num_frames)
@@ -282,6 +283,9 @@ SAMPLE_BATCH_SIZE = 64  # flowrl sample's samples per sampler call, where neithe
 
 def apply_memory_flags(policy, args) -> None:
     """The sampling commands' memory flags (given, or the checkpoint's run's) on a placed policy."""
+    if args.decode_microbatch is not None and args.decode_microbatch < 0:
+        raise UserError(f"--decode-microbatch: expected an integer >= 0 (0: a whole sampler call), got "
+                        f"{args.decode_microbatch}")
     policy.set_memory_options(vae_slicing=bool(args.vae_slicing), vae_tiling=bool(args.vae_tiling),
                               offload_text_encoders=bool(args.offload_text_encoders),
                               decode_microbatch=args.decode_microbatch or 0)
@@ -311,8 +315,8 @@ def sampling_arguments(parser) -> None:
                         + memory.format("pipeline.vae_tiling"))
     parser.add_argument("--vae-slicing", action=argparse.BooleanOptionalAction, default=None,
                         help="decode one sample at a time inside the VAE " + memory.format("pipeline.vae_slicing"))
-    parser.add_argument("--decode-microbatch", type=int, default=None, help="samples per VAE decode (default: the "
-                        "checkpoint's run's train.decode_microbatch, else all of a sampler call's)")
+    parser.add_argument("--decode-microbatch", type=int, default=None, help="samples per VAE decode, 0: all of a "
+                        "sampler call's (default: the checkpoint's run's train.decode_microbatch, else 0)")
     parser.add_argument("--offload-text-encoders", action=argparse.BooleanOptionalAction, default=None,
                         help="keep the text encoders on the CPU except while encoding "
                         + memory.format("train.offload_text_encoders"))

@@ -117,7 +117,8 @@ def check_reward_modalities(config: RunConfig, reward, modality: str) -> None:
 
 def check_reward_terms(config: RunConfig) -> None:
     """What can be checked of the config's rewards without loading them: each name is registered, and each local
-    folder or file a `path` parameter names (at any depth: a judge's, a wrapped reward's) exists."""
+    folder or file a built-in reward's `path` parameter names (at any depth: a judge's, a wrapped reward's)
+    exists."""
     def paths(params: dict, where: str):
         for key, value in params.items():
             if isinstance(value, dict):
@@ -127,6 +128,8 @@ def check_reward_terms(config: RunConfig) -> None:
 
     for i, term in enumerate(config.reward):
         REWARDS.get(term.name, f"reward[{i}].name")
+        if ":" in term.name:  # a plug-in's parameters mean what it says: only flowrl's own `path`s are local folders
+            continue
         for where, value in paths(term.params, f"reward[{i}].params"):
             if not Path(value).exists():
                 raise ConfigError(f"{where}: {value} does not exist; expected a local folder (nothing is fetched "

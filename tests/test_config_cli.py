@@ -76,6 +76,8 @@ def test_cli_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path):
      "prompt file /nonexistent.txt does not exist"),
     (["sample", "--pipeline", "pipelines/shapes-sd3", "--prompts", "assets/shapes/eval_prompts.txt", "--out",
       "/tmp/never_written", "--batch-size", "0"], "--batch-size: expected an integer >= 1, got 0"),
+    (["sample", "--pipeline", "pipelines/shapes-sd3", "--prompts", "assets/shapes/eval_prompts.txt", "--out",
+      "/tmp/never_written", "--decode-microbatch", "-1"], "--decode-microbatch: expected an integer >= 0"),
     (["pretrain", "shapes3d", "--card-only", "--out", "/tmp/never_written"],
      "--card-only: the shapes3d recipe cannot re-measure a folder without training"),
 ])
@@ -117,8 +119,23 @@ def test_a_wrong_reward_folder_or_eval_set_stops_the_run_before_the_model_loads(
 
     monkeypatch.setattr("flowrl.train.load_pipeline", no_loading)
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "early", updates=1)
-    (tmp_path / "cats.txt").write_text("a photo of a cat\n")
     prompts = REPO / "assets/prompts/eval_prompts.txt"
+    (tmp_path / "cats.txt").write_text("a photo of a cat\n")
     with pytest.raises((ConfigError, UserError), match=message):  # (prompt files: checked as the config loads)
         run_experiment(load_config(path, ["task.name=prompt_file", f"prompts.source={prompts}", "eval.enabled=true",
                                           f"eval.prompts={prompts}", *(o.replace("{tmp}", str(tmp_path)) for o in overrides)]))
+
+
+def test_only_flowrls_own_rewards_have_their_paths_checked_early(monkeypatch):
+    """A built-in reward's `path` is a local folder, checked before the model loads; a plug-in's parameters mean what
+    the plug-in says (a hub id, an output file), so they are left to it."""
+    from flowrl.train import check_reward_terms
+
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "plugins"))
+    plugin = load_config(REPO / "configs/shapes_grpo.yaml",
+                         ["reward=[{name: 'toy_plugin:Redness', params: {path: some-org/some-model}}]"])
+    check_reward_terms(plugin)
+    builtin = load_config(REPO / "configs/shapes_grpo.yaml",
+                          ["reward=[{name: per_frame, params: {reward: pickscore, params: {path: /nowhere/ps}}}]"])
+    with pytest.raises(ConfigError, match=r"reward\[0\]\.params\.params\.path: /nowhere/ps does not exist"):
+        check_reward_terms(builtin)

@@ -327,3 +327,10 @@ def test_sample_fits_in_memory_as_the_checkpoints_run_did(tiny_sd3_dir, tmp_path
                            "decode_microbatch": 4}
     (_, a), (_, b) = _pixels(tmp_path / "as_run"), _pixels(tmp_path / "plain")
     assert all(np.abs(x.astype(int) - y.astype(int)).max() <= 1 for x, y in zip(a, b))
+    # how work is split is not part of a folder's settings, tiling (it changes pixels) is: a rerun with other splits
+    # resumes; tiling turned off in a tiled folder is refused, naming it
+    capsys.readouterr()
+    assert main([*common, "--out", str(tmp_path / "plain"), "--no-vae-tiling", "--decode-microbatch", "0"]) == 0
+    assert "4 of 4 samples already" in capsys.readouterr().out
+    assert main([*common, "--out", str(tmp_path / "as_run"), "--no-vae-tiling"]) == 2
+    assert "vae_tiling" in capsys.readouterr().err
