@@ -233,9 +233,11 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
 
     from .cli import sample_spec
     from .policies import load_pipeline, place_for_sampling, policy_for, sampling_placement
-    from .rewards import build_reward
+    from .rewards import build_reward, check_reward
 
     placement = sampling_placement(device, weight_dtype)
+    if reward is not None:  # a wrong name or folder is said before the pipeline loads (minutes for a large one)
+        check_reward(reward, reward_params or {}, "--reward")
     policy = policy_for(load_pipeline(pipeline_dir, placement[1]), policy_name, policy_where,
                         max_sequence_length=max_sequence_length)
     policy.set_guidance_scale_2(guidance_2, "--guidance-2")

@@ -29,7 +29,7 @@ from .export import write_lora_files
 from .policies import WEIGHT_DTYPES, load_pipeline, policy_for
 from .policies.base import SampleSpec
 from .prompt_source import PromptSource, derived_seed
-from .rewards import WeightedSum, build_reward, latent_scorer
+from .rewards import WeightedSum, build_reward, check_reward, latent_scorer
 from .rewards.base import REWARDS
 from .rewards.base import RewardOutput, score_robustly, standardized_sum
 from .rollout import join_trajectories, per_sample_noise, rollout, rollout_chunks, rollout_in_chunks, sample_generators
@@ -116,24 +116,9 @@ def check_reward_modalities(config: RunConfig, reward, modality: str) -> None:
 
 
 def check_reward_terms(config: RunConfig) -> None:
-    """What can be checked of the config's rewards without loading them: each name is registered, and each local
-    folder or file a built-in reward's `path` parameter names (at any depth: a judge's, a wrapped reward's)
-    exists."""
-    def paths(params: dict, where: str):
-        for key, value in params.items():
-            if isinstance(value, dict):
-                yield from paths(value, f"{where}.{key}")
-            elif key == "path" and isinstance(value, str):
-                yield f"{where}.{key}", value
-
+    """The config's rewards checked without loading them (`check_reward`): before the model loads."""
     for i, term in enumerate(config.reward):
-        REWARDS.get(term.name, f"reward[{i}].name")
-        if ":" in term.name:  # a plug-in's parameters mean what it says: only flowrl's own `path`s are local folders
-            continue
-        for where, value in paths(term.params, f"reward[{i}].params"):
-            if not Path(value).exists():
-                raise ConfigError(f"{where}: {value} does not exist; expected a local folder (nothing is fetched "
-                                  "from a hub)")
+        check_reward(term.name, term.params, f"reward[{i}]")
 
 
 def build_optimizer(train, params):

@@ -139,3 +139,16 @@ def test_only_flowrls_own_rewards_have_their_paths_checked_early(monkeypatch):
                           ["reward=[{name: per_frame, params: {reward: pickscore, params: {path: /nowhere/ps}}}]"])
     with pytest.raises(ConfigError, match=r"reward\[0\]\.params\.params\.path: /nowhere/ps does not exist"):
         check_reward_terms(builtin)
+
+
+
+def test_the_demo_names_a_wrong_reward_folder_before_the_pipeline_loads(monkeypatch, capsys):
+    """`flowrl demo --reward pickscore --reward-params '{"path": ...}'` with a folder that does not exist: one line,
+    exit status 2, before any pipeline loads."""
+    pytest.importorskip("gradio")
+    from flowrl.cli import main
+
+    monkeypatch.setattr("flowrl.policies.load_pipeline", lambda *a, **k: pytest.fail("the pipeline loaded first"))
+    assert main(["demo", "--pipeline", "pipelines/shapes-sd3", "--reward", "pickscore", "--reward-params",
+                 '{"path": "/nowhere/PickScore_v1"}']) == 2
+    assert "--reward.params.path: /nowhere/PickScore_v1 does not exist" in capsys.readouterr().err

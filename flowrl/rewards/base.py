@@ -85,6 +85,27 @@ def build_reward(name: str, where: str = "reward", **params) -> Reward:
         raise ConfigError(f"{where}.params: {error}") from None
 
 
+def check_reward(name: str, params: dict, where: str = "reward") -> None:
+    """What can be checked of a reward without loading it: its name is registered, and each local folder or file a
+    built-in reward's `path` parameter names (at any depth: a judge's, a wrapped reward's) exists; a ConfigError
+    naming `where` otherwise. A plug-in's parameters mean what it says (a `path` may be a hub id): left to it."""
+    from pathlib import Path
+
+    def paths(values: dict, at: str):
+        for key, value in values.items():
+            if isinstance(value, dict):
+                yield from paths(value, f"{at}.{key}")
+            elif key == "path" and isinstance(value, str):
+                yield f"{at}.{key}", value
+
+    REWARDS.get(name, f"{where}.name")
+    if ":" in name:
+        return
+    for at, value in paths(params, f"{where}.params"):
+        if not Path(value).exists():
+            raise ConfigError(f"{at}: {value} does not exist; expected a local folder (nothing is fetched from a hub)")
+
+
 def condition_items(prompts: list[str], meta: dict | None) -> list:
     """The condition items of a reward call: meta['conditions'] as the loop passes them (a reward server rebuilds
     them, inputs and metadata, from the request); else bare prompts. Rewards that read a world's scene from an
