@@ -187,6 +187,10 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     for flag, value in (("--num-per-prompt", args.num_per_prompt), ("--batch-size", args.batch_size)):
         if value < 1:
             raise UserError(f"{flag}: expected an integer >= 1, got {value}")
+    if args.fk_particles:  # a wrong reward name or folder is said before the pipeline loads
+        from .rewards import check_reward
+
+        check_reward(args.fk_reward, json_object(args.fk_reward_params, "--fk-reward-params"), "--fk-reward")
     state = job_processes()  # under torchrun / accelerate launch: one share of the samples per process
     placement = sampling_placement(args.device, args.weight_dtype)
     # loaded in the dtype it samples in: no fp32 copy of a large model in host memory (an adapter is kept fp32)

@@ -78,6 +78,9 @@ def test_cli_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path):
       "/tmp/never_written", "--batch-size", "0"], "--batch-size: expected an integer >= 1, got 0"),
     (["sample", "--pipeline", "pipelines/shapes-sd3", "--prompts", "assets/shapes/eval_prompts.txt", "--out",
       "/tmp/never_written", "--decode-microbatch", "-1"], "--decode-microbatch: expected an integer >= 0"),
+    (["sample", "--pipeline", "/nonexistent", "--prompts", "assets/shapes/eval_prompts.txt", "--out",
+      "/tmp/never_written", "--fk-particles", "2", "--fk-reward", "pickscore", "--fk-reward-params",
+      '{"path": "/nowhere/ps"}'], "--fk-reward.params.path: /nowhere/ps does not exist"),
     (["pretrain", "shapes3d", "--card-only", "--out", "/tmp/never_written"],
      "--card-only: the shapes3d recipe cannot re-measure a folder without training"),
 ])
