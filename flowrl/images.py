@@ -11,6 +11,13 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
     return images.movedim(1, -1).cpu().numpy()
 
 
+def to_pil(image: torch.Tensor):
+    """One image [3, H, W] in [0, 1] -> an RGB PIL image (what pipelines' image processors and VLM readers take)."""
+    from PIL import Image
+
+    return Image.fromarray(to_uint8(image[None])[0])
+
+
 def to_unit(images: np.ndarray) -> torch.Tensor:
     """uint8 [B, H, W, 3] -> float [B, 3, H, W] in [0, 1] (what rewards take)."""
     return torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float() / 255

@@ -72,8 +72,8 @@ class FluxPolicy(FlowPolicy):
 @POLICIES.register("FluxKontextPipeline")
 class FluxKontextPolicy(FluxPolicy):
     """FluxKontextPipeline adapter (instruction-based editing): the source image is per-sample conditioning. It is
-    encoded once per distinct condition item in a call (a group's samples share one; `encode_inputs`: VAE posterior mode, shifted and scaled as the pipeline does)
-    into `image_latents` of the conditioning, and every forward appends its packed tokens after the sample's, with
+    encoded once per distinct condition item in a call (a group's samples share one; `encode_inputs`: VAE posterior
+    mode, shifted and scaled as the pipeline does) into `image_latents` of the conditioning, and every forward appends its packed tokens after the sample's, with
     position ids whose first axis is 1 (Kontext's context-image marker); the output keeps the sample's tokens."""
     family = "flux_kontext"
     source_input = "source_image"

@@ -166,12 +166,10 @@ class Flux2EditPolicy(Flux2Policy):
         """As the FLUX.2 pipelines take an image (for an area of reference_size squared in place of their 1024 x
         1024): shrunk to about that area if larger (Lanczos, aspect ratio kept), then centre-cropped to whole
         16-pixel patches (the pipeline's image processor, resize_mode "crop")."""
-        from PIL import Image
-
-        from ..images import to_uint8
+        from ..images import to_pil
 
         processor = self.pipeline.image_processor
-        shown = Image.fromarray(to_uint8(image[None])[0])
+        shown = to_pil(image)
         area = self.reference_size ** 2
         if shown.width * shown.height > area:
             shown = processor._resize_to_target_area(shown, area)

@@ -23,22 +23,15 @@ class InputImages:
     # (`pipeline_sized`); None: each takes the sample size
     reference_size: int | None = None
 
-    def source_images(self, items: list, spec: SampleSpec | None = None) -> list[torch.Tensor]:
-        """An editing pipeline's source image of each condition item (float [3, H, W] in [0, 1]): its
-        inputs[source_input], its meta["image"] file, or the `source_world` scene for a prompt of that world's
-        grammar; brought to the sample size `spec` when given (see FluxKontextPolicy.encode_inputs for why)."""
-        return [images[0] for images in self.reference_images(items, spec)]
-
-    def reference_images(self, items: list, spec: SampleSpec | None = None) -> list[list[torch.Tensor]]:
-        """Each condition item's input images (its source, then any further reference images: a list in
-        inputs[source_input] or meta["image"]), as `source_images` finds them; a UserError naming the prompt where
-        an item gives more than this pipeline takes (`max_references`)."""
+    def reference_images(self, items: list) -> list[list[torch.Tensor]]:
+        """Each condition item's input images, as given (float [3, H, W] in [0, 1]; `sized_reference` sizes them):
+        its source (inputs[source_input], its meta["image"] file, or the `source_world` scene for a prompt of that
+        world's grammar), then any further reference images (a list in either); a UserError naming the prompt where
+        an item gives none, or more than this pipeline takes (`max_references`)."""
         from ..errors import UserError
         from ..images import item_images
 
-        size = (spec.height, spec.width) if spec is not None else None
-        found = [item_images(item, self.source_input, self.source_world, self.source_needed_by, resize_to=size)
-                 for item in items]
+        found = [item_images(item, self.source_input, self.source_world, self.source_needed_by) for item in items]
         for item, images in zip(items, found):
             if not images:
                 raise UserError(f"prompt {item.prompt!r} gives an empty list of images; {type(self.pipeline).__name__} "

@@ -89,12 +89,10 @@ class QwenImageEditPolicy(QwenImagePolicy):
         """As the pipelines take an image into the VAE (for an area of reference_size squared in place of their 1024
         x 1024): resized (Lanczos, the pipeline's image processor) to that area at its aspect ratio, sides rounded to
         multiples of 32 (the pipeline's calculate_dimensions)."""
-        from PIL import Image
-
-        from ..images import to_uint8
+        from ..images import to_pil
 
         module = importlib.import_module(self.pipeline_module)
-        shown = Image.fromarray(to_uint8(image[None])[0])
+        shown = to_pil(image)
         width, height = module.calculate_dimensions(self.reference_size ** 2, shown.width / shown.height)[:2]
         if not width or not height:
             from ..errors import UserError
@@ -124,14 +122,12 @@ class QwenImageEditPolicy(QwenImagePolicy):
     def _read_one(self, prompt: str, sources: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """One instruction read with its images (several: one multi-image prompt, "Picture 1: ... Picture 2: ...",
         as the Plus pipeline reads a list), each resized to the reader's area as the pipeline resizes it."""
-        from PIL import Image
-
-        from ..images import to_uint8
+        from ..images import to_pil
 
         module = importlib.import_module(self.pipeline_module)  # the pipeline's calculate_dimensions, as it reads it
         shown = []
         for source in sources:
-            image = Image.fromarray(to_uint8(source[None])[0])
+            image = to_pil(source)
             width, height = module.calculate_dimensions(self.reader_area, image.width / image.height)[:2]
             shown.append(self.pipeline.image_processor.resize(image, height, width))
         embeds, _ = self.pipeline.encode_prompt([prompt], image=shown if len(shown) > 1 else shown[0],

@@ -78,11 +78,9 @@ class WanImageToVideoPolicy(FirstFrameHeld, WanPolicy):
     def _clip(self, frames: list[torch.Tensor]) -> torch.Tensor:
         """CLIP's features of each frame (the image encoder stays on the device: about 0.6B parameters for Wan's
         ViT-H, where offloading moves the text encoder, umT5-XXL)."""
-        from PIL import Image
+        from ..images import to_pil
 
-        from ..images import to_uint8
-
-        return self.pipeline.encode_image([Image.fromarray(to_uint8(frame[None])[0]) for frame in frames], self.device)
+        return self.pipeline.encode_image([to_pil(frame) for frame in frames], self.device)
 
     def transformer_inputs(self, latents: torch.Tensor, tensors: dict, timestep: torch.Tensor) -> dict:
         inputs = super().transformer_inputs(latents, tensors, timestep)

@@ -137,15 +137,13 @@ class VLMEditAuditor:
         (`sample_size`, which the rubric reward sets per call), as the editing policy resizes it to the sample size,
         so a stretch the editor saw is not judged an unintended change (read or rendered once for consecutive calls
         on the same item)."""
-        from PIL import Image
-
-        from ..images import item_image, to_uint8
+        from ..images import item_image, to_pil
 
         cached = self._last_source
         if cached is None or cached[0] is not item or cached[1] != self.sample_size:
             image = item_image(item, self.source_input, self.world, "the edit_rubric VLM auditor",
                                resize_to=self.sample_size)
-            self._last_source = (item, self.sample_size, Image.fromarray(to_uint8(image[None])[0]))
+            self._last_source = (item, self.sample_size, to_pil(image))
         return self._last_source[2]
 
     def passes(self, images, text) -> bool:
