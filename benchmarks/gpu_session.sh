@@ -2,6 +2,8 @@
 # One GPU session's checks, in order of value, each under its own time limit so a slow stage cannot eat the rest:
 #   1. the GPU check (benchmarks/gpu_check.py): an SD3.5-Medium-sized transformer's rollout and GRPO update in bf16
 #   2. the main job (configs/shapes_grpo.yaml) for 4 updates on the GPU, evaluations off: seconds per update
+#   2b. the main job twice with run.deterministic=true, 8 updates each: do the two give the same numbers (without it,
+#       two GPU runs part from update 3)
 #   3. the whole test suite on the GPU machine: the tests that run the trainer (the shipped real-model configs on tiny
 #      instances of the real diffusers classes, placement, precision, memory controls) run on the GPU, the trainer's
 #      default device; files whose optional packages are missing there fail to collect
@@ -39,6 +41,20 @@ python - "$out/main_job_metrics.csv" <<'EOF'
 import csv, sys
 rows = [row for row in csv.DictReader(open(sys.argv[1])) if row.get("seconds")]
 print("seconds per update:", [round(float(row["seconds"]), 2) for row in rows])
+EOF
+
+echo "== 2b. main job twice with deterministic kernels, 8 updates each"
+for copy in a b; do
+    timeout 150 python -m flowrl train configs/shapes_grpo.yaml train.updates=8 eval.enabled=false \
+        run.deterministic=true run.name="det_$copy" run.out_dir="$runs" > "$out/deterministic_$copy.log" 2>&1
+    echo "$copy rc=$?"; tail -3 "$out/deterministic_$copy.log"; cp "$runs/det_$copy/metrics.csv" "$out/deterministic_$copy.csv" 2>/dev/null
+done
+python - "$out/deterministic_a.csv" "$out/deterministic_b.csv" <<'EOF'
+import csv, sys
+a, b = ([{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(open(f))] for f in sys.argv[1:])
+first = next((i + 1 for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+print(f"{len(a)} / {len(b)} updates; identical" if first is None and len(a) == len(b) else f"first difference: update {first}")
+print("seconds per update:", [round(float(row["seconds"]), 2) for row in csv.DictReader(open(sys.argv[1]))])
 EOF
 
 echo "== 3. whole suite"

@@ -51,6 +51,8 @@ def _write(tmp: Path, update: int, trainable: dict, optimizer_state: dict, ema: 
         (tmp / "adapter.json").write_text(json.dumps(adapter))
     state = {"update": update, "python_rng": repr(random.getstate()),
              "numpy_rng": np.random.get_state()[1].tolist(), "torch_rng": torch.get_rng_state().tolist()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # the GPU's generator: dropout in a trained model
+        state["cuda_rng"] = torch.cuda.get_rng_state().tolist()
     if write_extra is not None:
         write_extra(tmp)
     (tmp / "state.json").write_text(json.dumps(state))  # last: a folder without it is never taken for a checkpoint
@@ -82,12 +84,15 @@ def load_checkpoint(path: Path) -> dict:
                  "optimizer": torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")}
         rng = (torch.tensor(state["torch_rng"], dtype=torch.uint8), np.array(state["numpy_rng"], dtype=np.uint32),
                ast.literal_eval(state["python_rng"]))
+        cuda_rng = torch.tensor(state["cuda_rng"], dtype=torch.uint8) if "cuda_rng" in state else None
     except Exception as error:  # truncated or garbled files: whatever the reader raised
         raise CorruptCheckpoint(f"checkpoint {path} is corrupt ({type(error).__name__}: {error})") from None
     torch.set_rng_state(rng[0])
     np_state = np.random.get_state()
     np.random.set_state((np_state[0], rng[1], *np_state[2:]))
     random.setstate(rng[2])
+    if cuda_rng is not None and torch.cuda.is_available():  # a GPU run's checkpoint resumed on a CPU needs none
+        torch.cuda.set_rng_state(cuda_rng)
     return saved
 
 

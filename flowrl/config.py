@@ -25,6 +25,9 @@ class RunSection:
     name: str = "run"
     out_dir: str = "runs"
     seed: int = 0
+    # deterministic GPU kernels, so two runs (and a resumed one) give the same numbers on a GPU too; slower, and some
+    # ops have no such kernel (PyTorch names them in an error); CPU runs repeat either way
+    deterministic: bool = False
     resume: str | None = None  # a checkpoint dir, or "auto" (the newest in the run dir), or None (also auto)
     wandb: bool = False  # also log to Weights & Biases (offline unless WANDB_MODE is set; needs `pip install wandb`)
     wandb_project: str = "flowrl"

@@ -16,6 +16,18 @@ def default_device() -> str:
     return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
 
 
+def use_deterministic_kernels() -> None:
+    """Bitwise-repeatable runs on a GPU (`run.deterministic`). CPU kernels already repeat; GPU ones do not: atomics
+    in some backward kernels (scatter, index_add, attention's backward), cuDNN's benchmarked algorithm choice and
+    cuBLAS's split-K workspaces change the rounding from run to run. PyTorch then raises an error at any op without a
+    deterministic kernel rather than silently differ. cuBLAS reads CUBLAS_WORKSPACE_CONFIG when an op runs, so it is
+    set here, before the run's first GPU op (a value the user set is kept)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+
+
 # how long a command's collectives wait (flowrl sample, eval rewards): the last one waits for the slowest share of the
 # job (minutes a clip, or a VLM judge's scoring), past NCCL's 10-minute default
 JOB_TIMEOUT_MINUTES = 6 * 60

@@ -24,6 +24,7 @@ from .algorithms import RolloutBatch, WorkItems, build_algorithm
 from .algorithms.base import drop_groups
 from .checkpoint import CorruptCheckpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from .config import RunConfig, config_to_dict
+from .devices import use_deterministic_kernels
 from .errors import ConfigError, UserError
 from .export import write_lora_files
 from .policies import WEIGHT_DTYPES, load_pipeline, policy_for
@@ -157,6 +158,8 @@ class Trainer:
         from accelerate.utils import InitProcessGroupKwargs
 
         self.config = config
+        if config.run.deterministic:  # before the accelerator touches the GPU
+            use_deterministic_kernels()
         if config.train.threads:
             torch.set_num_threads(config.train.threads)
         wait = InitProcessGroupKwargs(timeout=timedelta(minutes=config.train.collective_timeout_minutes))

@@ -191,3 +191,44 @@ def test_a_resumed_run_ends_with_its_before_after_grid(tiny_sd3_dir, tmp_path, l
     straight = run_experiment(load_config(path, [*overrides, "run.name=straight"]))  # base | tuned, not resumed
     width, full_width = (Image.open(d / "before_after.png").size[0] for d in (run_dir, straight))
     assert width == full_width if lora else width < full_width
+
+
+def test_a_deterministic_run_turns_on_deterministic_kernels_and_trains_as_a_default_one(tiny_sd3_dir, tmp_path,
+                                                                                           monkeypatch):
+    """`run.deterministic` is for GPUs (CPU kernels repeat either way): it must switch PyTorch to deterministic
+    kernels before the run's first GPU op, and no op of the training loop may lack one (PyTorch would stop the run)."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    config = tiny_run_config(tmp_path / "d.yaml", tiny_sd3_dir, tmp_path / "runs", "det", updates=2,
+                             checkpoint_every=0)
+    default = train_and_collect(config, ["run.name=default"])
+    assert not torch.are_deterministic_algorithms_enabled()
+    benchmark = torch.backends.cudnn.benchmark
+    try:
+        strict = train_and_collect(config, ["run.name=strict", "run.deterministic=true"])
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:  # process-wide switches: leave the next test in this worker as it found them
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, benchmark
+    assert_same_weights(default, strict)
+
+
+def test_a_checkpoint_carries_the_gpus_generator_when_a_gpu_is_in_use(tmp_path, monkeypatch):
+    """Dropout in a trained model draws from the GPU's generator, so exact resume needs its state too (written only
+    once the GPU is in use; a checkpoint without it, from a CPU run or an older flowrl, still loads)."""
+    from flowrl.checkpoint import load_checkpoint, save_checkpoint
+
+    weights = {"w": torch.ones(2)}
+    plain = save_checkpoint(tmp_path / "cpu", 1, weights, {}, None)
+    gpu_state = torch.arange(16, dtype=torch.uint8)
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: gpu_state.clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", restored.append)
+    with_gpu = save_checkpoint(tmp_path / "gpu", 1, weights, {}, None)
+    load_checkpoint(plain)
+    assert restored == []
+    load_checkpoint(with_gpu)
+    assert len(restored) == 1 and torch.equal(restored[0], gpu_state)
