@@ -35,6 +35,7 @@ from .rewards.base import REWARDS
 from .rewards.base import RewardOutput, score_robustly, standardized_sum
 from .rollout import join_trajectories, per_sample_noise, rollout, rollout_chunks, rollout_in_chunks, sample_generators
 from .schedules import cosine_decay
+from .sharding import gathered, gathered_optimizer_state, is_sharded, like, sharded_optimizer_state
 from .tasks.base import build_task
 
 
@@ -226,10 +227,12 @@ class Trainer:
             # the gradient collectives alike on every process)
             self.policy.model, self.optimizer = self.accelerator.prepare(self.policy.distributed_module(), optimizer)
             self.policy.distributed = True
+            params = self.policy.trainable_parameters()  # FSDP2 puts sharded parameters in place of the module's own
         else:  # one process: the bare module (no wrapper, no output casting), as before
             self.optimizer = self.accelerator.prepare_optimizer(optimizer)
         self.params = params
         self.state = RunState()
+        self.saved_update: int | None = None  # the update this run dir's newest checkpoint holds, once known
         self.saved_snapshots: dict[int, dict] = {}  # rollout-worker snapshots a resumed checkpoint carried
         self.worker = None  # the asynchronous rollout worker while run() goes (train.async_rollouts)
         if config.train.ema_decay > 0:
@@ -470,11 +473,22 @@ class Trainer:
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoints"
 
+    def trainable_names(self) -> list[str]:
+        """The trained parameters' names in checkpoints, in the order of self.params (and of the EMA)."""
+        return [n for n, p in self.policy.named_trained_parameters().items() if p.requires_grad]
+
     def save(self) -> Path | None:
-        if not self.is_main:
+        """Write a checkpoint from the main process; under FSDP2 every process calls this, to gather the shards."""
+        self.saved_update = self.state.update  # on every process (not read from disk, which the main one writes)
+        sharded = any(is_sharded(p) for p in self.params)
+        if not (self.is_main or sharded):
             return None
-        trainable = self.policy.trainable_state_dict()
-        ema = dict(zip(trainable, [e.detach().cpu() for e in self.state.ema])) if self.state.ema is not None else None
+        names, keep = self.trainable_names(), self.is_main
+        trainable = gathered(dict(zip(names, self.params)), keep)
+        ema = gathered(dict(zip(names, self.state.ema)), keep) if self.state.ema is not None else None
+        optimizer_state = gathered_optimizer_state(self.optimizer.state_dict(), keep)
+        if not keep:
+            return None
         update = self.state.update
 
         def export(folder):
@@ -485,7 +499,7 @@ class Trainer:
             fault_point("checkpoint", update)  # files written, state.json not yet
 
         return save_checkpoint(self.checkpoint_dir, update, trainable,
-                               self.optimizer.state_dict(), ema, adapter_description(self.config, self.policy),
+                               optimizer_state, ema, adapter_description(self.config, self.policy),
                                keep=self.config.train.keep_checkpoints, write_extra=export)
 
     def resume_path(self) -> Path | None:
@@ -523,11 +537,15 @@ class Trainer:
                               f"{only[0]} is in {'the checkpoint' if theirs - ours else 'this run'} only): resume "
                               "with the run's own lora and pipeline.experts settings, or start a new run.name")
         self.policy.load_trainable_state_dict(saved["trainable"])
-        self.optimizer.load_state_dict(saved["optimizer"])
+        in_order = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self.optimizer.load_state_dict(sharded_optimizer_state(saved["optimizer"], in_order))
         if saved["ema"] is not None and self.state.ema is not None:
-            for e, name in zip(self.state.ema, self.policy.trainable_state_dict()):
-                e.copy_(saved["ema"][name])
+            with torch.no_grad():
+                for e, name in zip(self.state.ema, self.trainable_names()):
+                    e.copy_(like(saved["ema"][name], e))
         self.state.update = saved["update"]
+        if Path(path).resolve().parent == self.checkpoint_dir.resolve():  # the run dir holds it (not another run's)
+            self.saved_update = saved["update"]
         from .async_rollouts import read_snapshots
 
         self.saved_snapshots = read_snapshots(path)
@@ -588,7 +606,7 @@ class Trainer:
             bar.close()
             if self.worker is not None:
                 self.worker.close()
-        if list_checkpoints(self.checkpoint_dir)[-1:] != [self.checkpoint_dir / f"update_{self.state.update:06d}"]:
+        if self.saved_update != self.state.update:
             self.save()
         self.accelerator.wait_for_everyone()
         return self.state

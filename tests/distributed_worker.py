@@ -1,9 +1,12 @@
 """Run a tiny config under torchrun (gloo on CPU) and save the trained weights from rank 0: argv is the config, the
-output file, then any overrides."""
+output file, then any overrides. FLOWRL_TEST_FSDP2=1 shards the denoiser with FSDP2, as `accelerate launch
+--config_file configs/accelerate/fsdp2.yaml` does on GPUs."""
+import os
 import sys
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, FullyShardedDataParallelPlugin
+from accelerate.utils import DistributedType
 from safetensors.torch import save_file
 
 from run_helpers import train_and_collect
@@ -11,7 +14,16 @@ from run_helpers import train_and_collect
 if __name__ == "__main__":
     torch.set_num_threads(1)
     config_path, out_file = sys.argv[1], sys.argv[2]
-    accelerator = Accelerator(cpu=True)
+    if os.environ.get("FLOWRL_TEST_FSDP2") == "1":
+        # configs/accelerate/fsdp2.yaml's plugin; accelerate resolves cpu=True to plain gloo DDP (MULTI_CPU) and drops
+        # the plugin, so it is put back: prepare() then shards with FSDP2 on the CPU as it does on GPUs
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True,
+                                                auto_wrap_policy="transformer_based_wrap")
+        accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
+        accelerator.state.distributed_type, accelerator.state.fsdp_plugin = DistributedType.FSDP, plugin
+        assert accelerator.is_fsdp2
+    else:
+        accelerator = Accelerator(cpu=True)
     assert accelerator.num_processes == 2, accelerator.num_processes
     weights = train_and_collect(config_path, sys.argv[3:], accelerator=accelerator)
     if accelerator.is_main_process:

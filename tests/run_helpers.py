@@ -43,9 +43,10 @@ def gloo_env(**extra) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **extra}
 
 
-def train_on_two_processes(config_path, out_file: Path, port: int, overrides=()) -> dict[str, torch.Tensor]:
+def train_on_two_processes(config_path, out_file: Path, port: int, overrides=(), fsdp2=False) -> dict[str, torch.Tensor]:
     """Rank 0's weights after training `config_path` (with `overrides`) under torchrun on 2 gloo processes, through
-    tests/distributed_worker.py, on master port `port` (one per test, so tests in parallel do not collide)."""
+    tests/distributed_worker.py, on master port `port` (one per test, so tests in parallel do not collide); the
+    denoiser sharded by FSDP2 with `fsdp2`, else wrapped in DDP."""
     import os
     import subprocess
     import sys
@@ -53,7 +54,8 @@ def train_on_two_processes(config_path, out_file: Path, port: int, overrides=())
     from safetensors.torch import load_file
 
     repo = Path(__file__).resolve().parents[1]
-    env = gloo_env(PYTHONPATH=os.pathsep.join([str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")]))
+    env = gloo_env(PYTHONPATH=os.pathsep.join([str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")]),
+                   FLOWRL_TEST_FSDP2="1" if fsdp2 else "0")
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                              f"--master_port={port}", str(repo / "tests/distributed_worker.py"), str(config_path),
                              str(out_file), *overrides], cwd=repo, env=env, capture_output=True, text=True,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..sampling import SDE_KINDS
+from ..sharding import like, whole
 from .input_images import InputImages
 
 
@@ -537,7 +538,8 @@ class FlowPolicy(InputImages):
         return {prefix + n: p for prefix, module in self.trained_modules().items() for n, p in module.named_parameters()}
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in self.named_trained_parameters().items() if p.requires_grad}
+        """Copies of the trained weights, whole (FSDP2's shards gathered: every process calls this)."""
+        return {n: whole(p.detach()).clone() for n, p in self.named_trained_parameters().items() if p.requires_grad}
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         params = self.named_trained_parameters()
@@ -546,7 +548,7 @@ class FlowPolicy(InputImages):
             raise ValueError(f"checkpoint has parameters this policy lacks, e.g. {missing[:3]}")
         with torch.no_grad():
             for name, value in state.items():
-                params[name].copy_(value)
+                params[name].copy_(like(value, params[name]))  # this process's shard of it under FSDP2
 
     def to_images(self, decoded: torch.Tensor) -> torch.Tensor:
         """VAE output in [-1, 1] -> [0, 1] fp32."""

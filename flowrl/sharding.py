@@ -1,0 +1,62 @@
+"""FSDP2's sharded tensors in checkpoints: gathered whole when written, cut back to each process's shard when read, so
+a checkpoint holds the same full tensors whether the run was sharded, and loads into a run of any layout.
+
+Under FSDP2 every parameter of the wrapped denoiser (and the optimizer's state of the trained ones) is a DTensor
+holding this process's shard; gathering one is a collective, so every process calls `gathered` for the same tensors
+in the same order. Tensors are gathered one at a time and moved to host memory, so a full fine-tune's checkpoint never
+holds two whole copies on a GPU, and only the process that writes keeps them.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def is_sharded(tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """The full tensor of a shard (a collective), or the tensor itself."""
+    return tensor.full_tensor() if is_sharded(tensor) else tensor
+
+
+def gathered(tensors: dict, keep: bool) -> dict:
+    """Host-memory copies of `tensors`' full values (shards gathered one at a time), kept only where `keep`; values
+    that are not tensors pass through."""
+    out = {}
+    for name, value in tensors.items():
+        full = whole(value.detach()).cpu().clone() if isinstance(value, torch.Tensor) else value
+        if keep:
+            out[name] = full
+    return out
+
+
+def gathered_optimizer_state(state: dict, keep: bool) -> dict | None:
+    """An optimizer's state_dict with every sharded state tensor (Adam's moments of a sharded parameter) whole, on the
+    host; None where not `keep`."""
+    per_param = {index: gathered(values, keep) for index, values in state["state"].items()}
+    return {"state": per_param, "param_groups": state["param_groups"]} if keep else None
+
+
+def like(value: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """`value` (a full tensor) as `reference` holds it: this process's shard of it when `reference` is sharded (no
+    communication: every process read the same file), on its device."""
+    if not is_sharded(reference):
+        return value
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(value.to(reference.device_mesh.device_type), reference.device_mesh, reference.placements,
+                             src_data_rank=None)
+
+
+def sharded_optimizer_state(state: dict, params: list[torch.Tensor]) -> dict:
+    """A checkpoint's optimizer state_dict (full tensors) cut to shards where its parameters (`params`, in the
+    optimizer's order) are sharded: full-size state tensors become shards; scalars (Adam's step) stay as they are."""
+    per_param = {}
+    for index, values in state["state"].items():
+        param = params[int(index)]
+        per_param[index] = {key: like(value, param) if isinstance(value, torch.Tensor) and value.shape == param.shape
+                            else value for key, value in values.items()}
+    return {"state": per_param, "param_groups": state["param_groups"]}
