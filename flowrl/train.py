@@ -350,7 +350,16 @@ class Trainer:
             if self.log:
                 tqdm.write(f"update {update}: {int(failed.sum())} samples without a finite reward"
                            + (f" ({error})" if error else "") + "; their groups are skipped")
-            batch = drop_groups(batch, torch.unique(global_groups[failed]))
+            dropped = torch.unique(global_groups[failed])
+            kept = ~torch.isin(global_groups, dropped)
+            if not kept.view(self.world, -1).any(dim=1).all():
+                # a process left without samples could not join the others' forward and backward passes (DDP's
+                # and FSDP2's collectives would wait for it): nobody trains on this update; every process sees the
+                # global rewards, so all decide alike
+                metrics["update_skipped"] = 1.0
+                if self.log:
+                    tqdm.write(f"update {update}: every group of a process failed; the update trains nothing")
+            batch = drop_groups(batch, dropped)
             global_rewards = batch.global_rewards
         metrics.update({"reward_mean": global_rewards.mean().item(), "reward_std": global_rewards.std().item()})
         if steering is not None:  # FK-resampled groups are biased towards the reward: say so in every row
@@ -577,12 +586,13 @@ class Trainer:
                                  disable=not self.log)
                     batch, metrics = self.collect(update, inner)
                     inner.close()
-                with self.accelerator.autocast():  # the same precision as the loss's forward passes
-                    items, prep = self.algorithm.prepare(batch, self.policy)
-                metrics.update(prep)
-                inner = tqdm(desc=f"train {update}", leave=False, disable=not self.log)
-                metrics.update(self.optimize(batch, items, update, inner))
-                inner.close()
+                if not metrics.get("update_skipped"):
+                    with self.accelerator.autocast():  # the same precision as the loss's forward passes
+                        items, prep = self.algorithm.prepare(batch, self.policy)
+                    metrics.update(prep)
+                    inner = tqdm(desc=f"train {update}", leave=False, disable=not self.log)
+                    metrics.update(self.optimize(batch, items, update, inner))
+                    inner.close()
                 self.state.update += 1
                 if self.worker is not None:
                     self.worker.trained(update, c.train.updates)

@@ -13,12 +13,16 @@ from run_helpers import tiny_run_config
 
 
 class NaNForSomeSeeds(Reward):
-    """Brightness, but NaN for every sample whose seed is divisible by 5."""
+    """Brightness, but NaN for every sample whose seed is divisible by `modulus`."""
     name = "nan_for_some"
+
+    def __init__(self, modulus: int = 5):
+        super().__init__()
+        self.modulus = modulus
 
     def __call__(self, samples, prompts, meta=None):
         scores = samples.flatten(1).mean(1)
-        bad = torch.tensor([s % 5 == 0 for s in meta["seeds"]], device=scores.device)
+        bad = torch.tensor([s % self.modulus == 0 for s in meta["seeds"]], device=scores.device)
         return RewardOutput(torch.where(bad, torch.full_like(scores, float("nan")), scores))
 
 
@@ -50,6 +54,38 @@ def test_failed_samples_skip_their_groups_and_the_run_goes_on(tiny_sd3_dir, tmp_
     trainer.run(lambda update, m: rows.append(m))
     assert len(rows) == 2 and any("loss" in r for r in rows)
     assert all(math.isfinite(r["loss"]) for r in rows if "loss" in r)  # an update with no group left trains nothing
+
+
+@pytest.mark.slow
+def test_a_process_whose_every_group_failed_skips_the_update_with_the_others(tiny_sd3_dir, tmp_path):
+    """2 gloo processes, one group each: where one process's group has a failed sample and the other's has none, the
+    first would hold no sample to train while the other waits in the gradient all-reduce (a crash on one, a hang on
+    the other): every process skips that update, and the run goes on."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from flowrl.prompt_source import derived_seed
+    from run_helpers import gloo_env
+
+    modulus, updates = 15, 3
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "two", updates=updates,
+                           groups_per_update=2, checkpoint_every=0, ema_decay=0.0)
+    reward = f"reward=[{{name: test_faults:NaNForSomeSeeds, params: {{modulus: {modulus}}}}}]"
+    env = gloo_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29537",
+                             "-m", "flowrl", "train", str(path), reward, "train.max_failed_reward_share=0.9"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    failed = [[any(derived_seed(0, u, i) % modulus == 0 for i in range(4 * g, 4 * g + 4)) for g in range(2)]
+              for u in range(updates)]
+    expected = [any(f) for f in failed]
+    assert expected.count(True) == 1 and failed.count([True, False]) == 1  # this seed: process 0's group, once
+    rows = list(csv.DictReader((tmp_path / "runs/two/metrics.csv").open()))
+    assert [bool(r.get("update_skipped")) for r in rows] == expected
+    assert all(bool(r.get("loss")) != skipped for r, skipped in zip(rows, expected))  # the others trained
 
 
 def test_a_raising_reward_is_scored_sample_by_sample_and_too_many_failures_stop_cleanly(tiny_sd3_dir, tmp_path):
