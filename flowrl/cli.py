@@ -219,7 +219,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
         steers.append(FKSteer(fk, build_reward(args.fk_reward, where="--fk-reward", **params).to(placement[0])))
     if len(steers) > 1:
         raise UserError("--fk-particles and a task's steering flag: choose one kind of steering")
-    precision = place_for_sampling(policy, placement)  # with any adapter a steer loaded
+    precision = place_for_sampling(policy, placement, bool(args.offload_text_encoders))  # with a steer's adapter
     apply_memory_flags(policy, args)
     spec = sample_spec(args, policy)
     # what fixes the samples; not where they are made or how work is split (a resumed job may change those)
@@ -368,7 +368,7 @@ def cmd_demo(args) -> None:
                       args.max_sequence_length, (args.height, args.width, args.num_frames), args.device,
                       args.weight_dtype, json_object(args.reward_params, "--reward-params"), args.guidance_2,
                       args.policy, args.policy_where, args.shift, args.reference_size,
-                      lambda policy: apply_memory_flags(policy, args))
+                      lambda policy: apply_memory_flags(policy, args), bool(args.offload_text_encoders))
     # a server stopped by SIGTERM (a service manager, `kill`) exits as after Ctrl-C, so its files are cleaned up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)

@@ -221,14 +221,16 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
                guidance_scale: float = 4.5, max_sequence_length: int | None = None, size: tuple = (None, None, None),
                device: str | None = None, weight_dtype: str | None = None, reward_params: dict | None = None,
                guidance_2: float | None = None, policy_name: str | None = None, policy_where: str = "--policy",
-               shift: float | None = None, reference_size: int | None = None, memory=None):
+               shift: float | None = None, reference_size: int | None = None, memory=None,
+               text_encoders_on_host: bool = False):
     """The page; `size` (height, width, frames) overrides the pipeline's default sample size where given; `reward`
     defaults to the page kind's (shapes_clip; silhouette_iou for 3D, shapes_edit for editing, frame_consistency
     for video), built with `reward_params`; `device` and `weight_dtype` as `flowrl sample` places the model
     (policies.sampling_placement); `guidance_2` is Wan2.2's low-noise CFG scale; `policy_name` overrides the
     adapter (as pipeline.policy; `policy_where` names where it came from in errors); `shift` the flow schedule's
     (as pipeline.shift); `reference_size` an editor's reference image size (as pipeline.reference_size); `memory`
-    sets the placed policy's memory options (the command's flags)."""
+    sets the placed policy's memory options (the command's flags; `text_encoders_on_host` when they offload the text
+    encoders, which then never reach the device)."""
     import gradio as gr
 
     from .cli import sample_spec
@@ -244,7 +246,8 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
     policy.set_shift(shift, "--shift")
     policy.set_reference_size(reference_size, "--reference-size")
     models = CheckpointSet(policy, checkpoints)
-    precision = place_for_sampling(policy, placement)  # every checkpoint's adapter, and the base weights kept aside
+    # every checkpoint's adapter, and the base weights kept aside; offloaded text encoders never reach the device
+    precision = place_for_sampling(policy, placement, text_encoders_on_host)
     if memory is not None:
         memory(policy)
     modality, kind = policy.modality, page_kind(policy)

@@ -81,8 +81,8 @@ def placed_policy(config: RunConfig, device):
     memory options (the learner's policy, and the asynchronous rollout worker's copy)."""
     policy = build_policy(config)
     policy.cfg_uncond_grad = config.train.cfg_uncond_grad
-    policy.place(device, WEIGHT_DTYPES[config.train.weight_dtype])
     t = config.train
+    policy.place(device, WEIGHT_DTYPES[t.weight_dtype], text_encoders_on_host=t.offload_text_encoders)
     policy.set_memory_options(t.gradient_checkpointing, config.pipeline.vae_slicing, config.pipeline.vae_tiling,
                               t.offload_text_encoders, t.embedding_cache, t.decode_microbatch, config.pipeline.attention)
     return policy

@@ -86,3 +86,41 @@ def test_async_scoring_equals_scoring_each_chunk_in_turn(tiny_sd3_dir, tmp_path)
     assert sync[1] == overlapped[1]  # every reward metric, including the verifier's accuracy
     with pytest.raises(ConfigError, match="train.async_rewards: overlaps"):
         Trainer(load_config(path, ["train.async_rewards=true"]), log=False)
+
+
+def test_offloaded_text_encoders_are_never_placed_on_the_device(tiny_sd3_dir, tmp_path, monkeypatch):
+    """With train.offload_text_encoders (or --offload-text-encoders) the text encoders take the weight dtype on the
+    host and are not moved to the device when the policy is placed: a 24B text encoder beside a 32B denoiser would not
+    fit an 80 GB GPU even for the moment before offloading moved it back."""
+    from flowrl.policies.base import FlowPolicy
+    from flowrl.train import placed_policy
+
+    moved = []  # (module class, device) of every move to a device
+    original_to = torch.nn.Module.to
+
+    def recording_to(module, *args, **kwargs):
+        device = kwargs.get("device", args[0] if args and not isinstance(args[0], torch.dtype) else None)
+        if device is not None:
+            moved.append((type(module).__name__, str(device)))
+        return original_to(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", recording_to)
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "host", updates=1)
+    placed = {}
+    original_place = FlowPolicy.place
+
+    def recording_place(self, *args, **kwargs):
+        moved.clear()
+        original_place(self, *args, **kwargs)
+        placed.update(kwargs, moves=list(moved))
+
+    monkeypatch.setattr(FlowPolicy, "place", recording_place)
+    for offload in (False, True):
+        policy = placed_policy(load_config(path, [f"train.offload_text_encoders={str(offload).lower()}",
+                                                  "train.weight_dtype=bf16", "train.mixed_precision=bf16"]),
+                               torch.device("cpu"))
+        encoders = {type(m).__name__ for m in policy.text_encoders()}
+        assert placed["text_encoders_on_host"] is offload
+        assert ("SD3Transformer2DModel", "cpu") in placed["moves"]
+        assert any(name in encoders for name, _ in placed["moves"]) is not offload  # placed with the others or not
+        assert all(p.dtype == torch.bfloat16 for m in policy.text_encoders() for p in m.parameters())

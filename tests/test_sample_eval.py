@@ -291,8 +291,9 @@ def test_the_demo_and_export_take_the_adapter_override_of_the_checkpoints_run(ti
     monkeypatch.setattr(flowrl.demo, "build_demo", lambda *args: built.update(args=args) or Page())
     monkeypatch.setattr("flowrl.cli.signal.signal", lambda *args: None)
     assert main(["demo", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint)]) == 0
-    assert built["args"][-5:-1] == (f"{__name__}:MarkedPolicy", f"pipeline.policy in {tmp_path / 'run' / 'config.yaml'}",
-                                    None, None)  # (the run's pipeline.shift and reference_size: none; then memory)
+    assert built["args"][-6:-2] == (f"{__name__}:MarkedPolicy", f"pipeline.policy in {tmp_path / 'run' / 'config.yaml'}",
+                                    None, None)  # (the run's pipeline.shift and reference_size: none; then memory,
+    assert built["args"][-1] is False  # and whether the text encoders stay on the host: the run did not offload)
 
 
 def test_sample_fits_in_memory_as_the_checkpoints_run_did(tiny_sd3_dir, tmp_path, capsys, monkeypatch):
@@ -310,10 +311,12 @@ def test_sample_fits_in_memory_as_the_checkpoints_run_did(tiny_sd3_dir, tmp_path
         "pipeline": {"vae_tiling": True}, "train": {"rollout_microbatch": 2, "decode_microbatch": 1,
                                                     "offload_text_encoders": True}}))
     (tmp_path / "prompts.txt").write_text("a red circle\ntwo squares\n")
-    applied = []
+    applied, placed = [], []
     original = FlowPolicy.set_memory_options
     monkeypatch.setattr(FlowPolicy, "set_memory_options",
                         lambda self, *a, **k: applied.append(k) or original(self, *a, **k))
+    original_place = FlowPolicy.place
+    monkeypatch.setattr(FlowPolicy, "place", lambda self, *a: placed.append(a[2:]) or original_place(self, *a))
     common = ["sample", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint), "--prompts",
               str(tmp_path / "prompts.txt"), "--steps", "2", "--num-per-prompt", "2", "--device", "cpu"]
     assert main([*common, "--out", str(tmp_path / "as_run")]) == 0
@@ -321,10 +324,12 @@ def test_sample_fits_in_memory_as_the_checkpoints_run_did(tiny_sd3_dir, tmp_path
             in capsys.readouterr().out)
     assert applied[-1] == {"vae_slicing": False, "vae_tiling": True, "offload_text_encoders": True,
                            "decode_microbatch": 1}
+    assert placed[-1] == (True,)  # the text encoders stayed on the host when the model was placed
     assert main([*common, "--out", str(tmp_path / "plain"), "--no-vae-tiling", "--decode-microbatch", "4",
                  "--no-offload-text-encoders", "--batch-size", "4"]) == 0
     assert applied[-1] == {"vae_slicing": False, "vae_tiling": False, "offload_text_encoders": False,
                            "decode_microbatch": 4}
+    assert placed[-1] == (False,)
     (_, a), (_, b) = _pixels(tmp_path / "as_run"), _pixels(tmp_path / "plain")
     assert all(np.abs(x.astype(int) - y.astype(int)).max() <= 1 for x, y in zip(a, b))
     # how work is split is not part of a folder's settings, tiling (it changes pixels) is: a rerun with other splits

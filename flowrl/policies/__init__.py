@@ -90,9 +90,11 @@ def sampling_placement(device: str | None = None, weight_dtype: str | None = Non
     return target, WEIGHT_DTYPES[weight_dtype or ("bf16" if target.type == "cuda" else "fp32")]
 
 
-def place_for_sampling(policy: FlowPolicy, placement: tuple[torch.device, torch.dtype]):
-    """Place the policy (after any checkpoint or adapter is loaded) and return what to sample under: a new autocast
-    context per call, since half-precision weights run under autocast, as in a run."""
+def place_for_sampling(policy: FlowPolicy, placement: tuple[torch.device, torch.dtype],
+                       text_encoders_on_host: bool = False):
+    """Place the policy (after any checkpoint or adapter is loaded; the text encoders left on the host where they are
+    to be offloaded) and return what to sample under: a new autocast context per call, since half-precision weights
+    run under autocast, as in a run."""
     import functools
 
     device, dtype = placement
@@ -102,7 +104,7 @@ def place_for_sampling(policy: FlowPolicy, placement: tuple[torch.device, torch.
         # sampling dtype
         if "lora_" in name:
             param.requires_grad_(True)
-    policy.place(device, dtype)
+    policy.place(device, dtype, text_encoders_on_host)
     return functools.partial(torch.autocast, device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 

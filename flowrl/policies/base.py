@@ -168,15 +168,19 @@ class FlowPolicy(InputImages):
         """The pipeline's modules (denoiser, VAE, text encoders, ...) by name."""
         return {name: module for name, module in self.pipeline.components.items() if isinstance(module, torch.nn.Module)}
 
-    def place(self, device, frozen_dtype: torch.dtype = torch.float32) -> None:
-        """Every component on `device`; frozen weights in `frozen_dtype` (bf16 / fp16 halve their memory), trainable
-        ones (LoRA, or the whole denoiser) kept fp32 as the optimizer and the log-prob maths need."""
+    def place(self, device, frozen_dtype: torch.dtype = torch.float32, text_encoders_on_host: bool = False) -> None:
+        """Every component on `device` (the text encoders stay on the host with `text_encoders_on_host`, as
+        offload_text_encoders keeps them: FLUX.2's 24B text encoder never reaches a GPU that could not hold it beside
+        the denoiser); frozen weights in `frozen_dtype` (bf16 / fp16 halve their memory), trainable ones (LoRA, or
+        the whole denoiser) kept fp32 as the optimizer and the log-prob maths need."""
         trainable = self.trainable_parameters()
         kept = [param.data for param in trainable]  # their fp32 values, not rounded through half precision
+        on_host = {id(module) for module in self.text_encoders()} if text_encoders_on_host else set()
         for module in self.components().values():
             if frozen_dtype != torch.float32:  # (casting an fp32 module to fp32 only makes diffusers warn)
                 module.to(dtype=frozen_dtype)  # on the host first: no fp32 copy of a frozen weight reaches the device
-            module.to(device)
+            if id(module) not in on_host:
+                module.to(device)
         for param, data in zip(trainable, kept):
             param.data = data.to(device=device, dtype=torch.float32)
 
