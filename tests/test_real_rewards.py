@@ -80,3 +80,27 @@ def test_clipscore_is_two_and_a_half_times_the_clipped_cosine(reward_folders):
 def test_missing_weights_get_one_clear_message(name, tmp_path):
     with pytest.raises(UserError, match=f"reward {name}: params.path {tmp_path / 'nowhere'} does not exist"):
         build_reward(name, path=str(tmp_path / "nowhere"))
+
+
+@pytest.mark.parametrize("height, width", [(240, 416), (640, 480), (1024, 1024)])
+def test_clip_inputs_are_made_as_clips_image_processor_makes_them(height, width):
+    """PickScore, CLIPScore, HPS and the safety checker see what CLIPImageProcessor gives them (the shorter side
+    shrunk with PIL's antialiased bicubic, the centre cropped), from torch so gradients flow: a wide Wan frame is
+    cropped, not squashed, and a large square image is not aliased. Measured: mean 0.004 apart in normalised units
+    (PIL rounds to uint8 between resize and normalise); squashing without antialiasing was 0.77 (wide) and 0.047
+    (1024 square) apart."""
+    import numpy as np
+    from PIL import Image
+
+    from flowrl.rewards.clip import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, clip_pixels
+
+    coarse = torch.rand(1, 3, height // 8, width // 8, generator=torch.Generator().manual_seed(0))
+    smooth = torch.nn.functional.interpolate(coarse, size=(height, width), mode="bilinear", align_corners=False)
+    pixels = (smooth * 255).round().byte()
+    processor = CLIPImageProcessor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224},
+                                   image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD)
+    theirs = processor(images=[Image.fromarray(np.ascontiguousarray(pixels[0].permute(1, 2, 0).numpy()))],
+                       return_tensors="pt").pixel_values
+    ours = clip_pixels(pixels.float() / 255, 224, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD)
+    assert ours.shape == theirs.shape == (1, 3, 224, 224)
+    assert (ours - theirs).abs().mean() < 0.01 and (ours - theirs).abs().max() < 0.05

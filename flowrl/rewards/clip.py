@@ -3,8 +3,9 @@ and CLIPScore. All three are a `transformers.CLIPModel` loaded from a local fold
 - shapes_clip / pickscore: logit_scale * cos(image, text) (PickScore's form; Kirstain et al., arXiv 2305.01569)
 - clipscore: 2.5 * max(cos, 0) (Hessel et al., arXiv 2104.08718)
 (HPSv2.1, a CLIP too, scores plain cos; see learned_real.py.)
-Images are resized to the model's input size and normalised with the folder's preprocessor_config.json (CLIP's
-OpenAI statistics when absent) in torch, so gradients reach the pixels.
+Images are resized and centre-cropped to the model's input size as CLIP's image processor does, and normalised with
+the folder's preprocessor_config.json (CLIP's OpenAI statistics when absent), in torch, so gradients reach the
+pixels (`clip_pixels`).
 """
 from __future__ import annotations
 
@@ -41,10 +42,18 @@ def image_statistics(folder: Path) -> tuple[list[float], list[float]]:
 
 
 def clip_pixels(samples: torch.Tensor, size: int, mean, std) -> torch.Tensor:
-    """[B, 3, H, W] in [0, 1] -> the CLIP vision input: bicubic resize to size x size, then normalise."""
+    """[B, 3, H, W] in [0, 1] -> the CLIP vision input as CLIPImageProcessor (PickScore, CLIPScore, the safety checker)
+    and open_clip (HPS) make it: the shorter side resized to `size` (bicubic, antialiased when shrinking, as PIL
+    resizes), the centre `size` x `size` cropped, clamped to [0, 1] (as uint8 pixels are), normalised. In torch, so
+    gradients reach the pixels; a wide video frame is cropped, not squashed."""
     x = samples.float()
-    if x.shape[-1] != size or x.shape[-2] != size:
-        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bicubic", align_corners=False)
+    height, width = x.shape[-2:]
+    if min(height, width) != size:
+        shape = (size, int(size * width / height)) if height <= width else (int(size * height / width), size)
+        x = torch.nn.functional.interpolate(x, size=shape, mode="bicubic", align_corners=False, antialias=True)
+        x = x.clamp(0, 1)
+    top, left = (x.shape[-2] - size) // 2, (x.shape[-1] - size) // 2
+    x = x[..., top:top + size, left:left + size]
     mean = torch.tensor(mean, device=x.device).view(1, 3, 1, 1)
     std = torch.tensor(std, device=x.device).view(1, 3, 1, 1)
     return (x - mean) / std
