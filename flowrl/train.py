@@ -151,6 +151,19 @@ def adapter_description(config: RunConfig, policy) -> dict | None:
             "active_from_sigma": config.lora.active_from_sigma, "sample_from_sigma": config.lora.sample_from_sigma}
 
 
+def refuse_deepspeed(accelerator) -> None:
+    """DeepSpeed is not supported: accelerate's DeepSpeed backward steps the optimizer after every backward unless told
+    each microbatch's place (the trainer takes several microbatches per optimizer step), its bf16 mode casts the
+    trained weights the log-prob maths keeps in fp32, and its sharded optimizer state needs checkpoints of its own;
+    none of it can be tested without CUDA. DDP (LoRA) and FSDP2 (full fine-tunes; tested on CPU processes) can."""
+    from accelerate.utils import DistributedType
+
+    if getattr(accelerator, "distributed_type", None) == DistributedType.DEEPSPEED:
+        raise ConfigError("accelerate launch: DeepSpeed is not supported by flowrl's trainer (it would step the "
+                          "optimizer once per microbatch); launch with configs/accelerate/ddp.yaml (LoRA) or "
+                          "configs/accelerate/fsdp2.yaml (full fine-tunes: weights, gradients and Adam's state sharded)")
+
+
 class Trainer:
     def __init__(self, config: RunConfig, accelerator=None, run_dir: Path | None = None, log=True):
         from datetime import timedelta
@@ -166,6 +179,7 @@ class Trainer:
         wait = InitProcessGroupKwargs(timeout=timedelta(minutes=config.train.collective_timeout_minutes))
         self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[wait],
                                                       mixed_precision=config.train.mixed_precision)
+        refuse_deepspeed(self.accelerator)
         self.world = self.accelerator.num_processes
         self.rank = self.accelerator.process_index
         self.is_main = self.accelerator.is_main_process
@@ -222,7 +236,7 @@ class Trainer:
         if not params:
             raise ConfigError("nothing to train: the policy has no trainable parameters")
         optimizer = build_optimizer(config.train, params)
-        if self.world > 1:  # one prepare() call: what DDP, DeepSpeed and FSDP2 each need to wrap model and optimizer
+        if self.world > 1:  # one prepare() call: what DDP and FSDP2 each need to wrap model and optimizer
             # (one module: with Wan2.2's two experts both training, one module holding both, so one reducer orders
             # the gradient collectives alike on every process)
             self.policy.model, self.optimizer = self.accelerator.prepare(self.policy.distributed_module(), optimizer)

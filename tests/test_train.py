@@ -256,3 +256,18 @@ def test_a_checkpoint_carries_the_gpus_generator_when_a_gpu_is_in_use(tmp_path, 
     assert restored == []
     load_checkpoint(with_gpu)
     assert len(restored) == 1 and torch.equal(restored[0], gpu_state)
+
+
+def test_a_deepspeed_launch_is_one_clear_error(tiny_sd3_dir, tmp_path):
+    """accelerate's DeepSpeed backward would step the optimizer once per microbatch: refused before anything loads."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from flowrl.config import load_config
+    from flowrl.errors import ConfigError
+    from flowrl.train import Trainer
+
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "ds", updates=1)
+    with pytest.raises(ConfigError, match="DeepSpeed is not supported.*ddp.yaml.*fsdp2.yaml"):
+        Trainer(load_config(path), accelerator=SimpleNamespace(distributed_type=DistributedType.DEEPSPEED), log=False)

@@ -154,7 +154,7 @@ class FlowPolicy(InputImages):
             self.set_trained_experts("both", f"{where} (Wan2.2's two experts trained)")
 
     def distributed_module(self) -> torch.nn.Module:
-        """The module a distributed wrapper (DDP, FSDP2, DeepSpeed) wraps; `model` becomes the wrapper."""
+        """The module a distributed wrapper (DDP, FSDP2) wraps; `model` becomes the wrapper."""
         return self.transformer
 
     def set_trained_experts(self, experts: str, where: str) -> None:
