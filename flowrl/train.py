@@ -545,9 +545,13 @@ class Trainer:
                 return path
             except CorruptCheckpoint as error:  # set aside (kept for inspection) so pruning and resumes skip it
                 aside = path.with_name(f"corrupt_{path.name}")
-                shutil.rmtree(aside, ignore_errors=True)
-                path.rename(aside)
-                tqdm.write(f"{error}; moved to {aside.name}, trying the checkpoint before it")
+                # by the main process, once every process has read the same files and failed (several renaming at
+                # once, or one reading while another moves it, would stop the run)
+                self.accelerator.wait_for_everyone()
+                if self.is_main:
+                    shutil.rmtree(aside, ignore_errors=True)
+                    path.rename(aside)
+                    tqdm.write(f"{error}; moved to {aside.name}, trying the checkpoint before it")
         return None
 
     def restore(self, path: Path) -> None:

@@ -125,6 +125,23 @@ def test_a_corrupt_newest_checkpoint_is_reported_and_the_one_before_it_resumes_e
     assert all(torch.equal(expected[k], resumed[k]) for k in expected)
 
 
+@pytest.mark.slow
+def test_two_processes_resume_past_a_corrupt_checkpoint(tiny_sd3_dir, tmp_path):
+    """Every process finds the newest checkpoint corrupt; the main one alone sets it aside, and both resume from the
+    one before it (before, both renamed it, or one read it while the other moved it: the run stopped)."""
+    from run_helpers import train_on_two_processes
+
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "corrupt2", updates=3,
+                           keep_checkpoints=3)
+    train_on_two_processes(path, tmp_path / "a.safetensors", 29538, ["train.updates=2"])
+    folder = tmp_path / "runs" / "corrupt2" / "checkpoints"
+    newest = folder / "update_000002" / "trainable.safetensors"
+    newest.write_bytes(newest.read_bytes()[:100])
+    train_on_two_processes(path, tmp_path / "b.safetensors", 29538)
+    assert (folder / "corrupt_update_000002").is_dir()
+    assert sorted(p.name for p in folder.glob("update_*")) == ["update_000001", "update_000002", "update_000003"]
+
+
 def test_a_full_disk_while_saving_is_one_clear_error_and_the_previous_checkpoint_survives(tiny_sd3_dir, tmp_path,
                                                                                          monkeypatch):
     import flowrl.checkpoint as checkpoint
