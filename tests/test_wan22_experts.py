@@ -213,12 +213,13 @@ def test_the_demo_switches_both_experts_adapters(wan22_run):
 
 
 @pytest.mark.slow
-def test_two_processes_train_both_experts_as_one(wan22_run, tmp_path):
-    """Under DDP both experts are one wrapped module (ExpertPair); a microbatch that leaves one expert unused still
-    runs it (one row, weighted zero), so the processes' gradient collectives match and each expert's weights are one
-    process's."""
+@pytest.mark.parametrize("fsdp2", [False, True], ids=["ddp", "fsdp2"])
+def test_two_processes_train_both_experts_as_one(wan22_run, tmp_path, fsdp2):
+    """Under DDP or FSDP2 both experts are one wrapped module (ExpertPair); a microbatch that leaves one expert unused
+    still runs it (one row, weighted zero), so the processes' collectives (DDP's gradient buckets; FSDP2's gathers of
+    each expert's shards) match and each expert's weights are one process's."""
     _, config, single = wan22_run
-    double = train_on_two_processes(config, tmp_path / "two.safetensors", 29533,
-                                    ["run.name=two", "train.checkpoint_every=0"])
+    double = train_on_two_processes(config, tmp_path / "two.safetensors", 29533 + 10 * fsdp2,
+                                    ["run.name=two", "train.checkpoint_every=0"], fsdp2=fsdp2)
     for low in (False, True):
         assert_same_weights(single, double, [k for k in single if k.startswith(LOW_NOISE_EXPERT) == low])
