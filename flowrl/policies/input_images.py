@@ -64,25 +64,37 @@ class InputImages:
     def by_reference_layout(self, latents: torch.Tensor, sigma, tensors: dict, call) -> torch.Tensor:
         """An editor's output when rows differ in their reference images' number or sizes (`pack_references`'
         tensors): `call(rows, sigma, references)` once per layout on its rows (sigma per row, `references` a list of
-        their images' latents [n, C, h, w], each cut to its size), put back in row order. A UserError for several
-        layouts under FSDP2, which gathers the sharded denoiser's weights in every call on every process: processes
-        calling it unequally often would wait on each other for ever."""
-        from ..errors import UserError
+        their images' latents [n, C, h, w], each cut to its size), put back in row order.
 
+        Under FSDP2 every call gathers the sharded denoiser's weights on every process, so all must call it equally
+        often: a process with fewer layouts than the most any process has in this pass calls it again on its first
+        row, and adds that output times zero to its own, so the extra calls' backward passes (FSDP2's gathers and
+        gradient reductions) run on every process too while changing no number."""
         sigma = torch.as_tensor(sigma, device=latents.device).reshape(-1).expand(latents.shape[0])
         layouts: dict[tuple, list[int]] = {}
         for row, (count, shapes) in enumerate(zip(tensors["reference_count"].tolist(),
                                                   tensors["reference_shapes"].tolist())):
             layouts.setdefault(tuple(map(tuple, shapes[:count])), []).append(row)
-        if len(layouts) > 1 and self.sharded():
-            raise UserError(f"one forward pass holds rows with {len(layouts)} layouts of reference images (numbers "
-                            "and sizes); under FSDP2 every process must call the sharded denoiser equally often: "
-                            "give every edit the same number of images of one size (without pipeline.reference_size "
-                            "they all take the sample size), or train with DDP (configs/accelerate/ddp.yaml)")
         groups = [torch.tensor(rows, device=latents.device) for rows in layouts.values()]
-        outs = [call(rows, sigma[rows], [tensors["image_latents"][rows, k, :, :h, :w] for k, (h, w) in
-                                         enumerate(layout)]) for layout, rows in zip(layouts, groups)]
+
+        def run(layout, rows):
+            return call(rows, sigma[rows], [tensors["image_latents"][rows, k, :, :h, :w] for k, (h, w) in
+                                            enumerate(layout)])
+
+        # agreed before any call: a process still gathering for its own calls cannot answer a count
+        padding = self.most_calls_of_any_process(len(layouts)) - len(layouts) if self.sharded() else 0
+        outs = [run(layout, rows) for layout, rows in zip(layouts, groups)]
+        for _ in range(padding):
+            outs[0] = outs[0] + 0 * run(next(iter(layouts)), groups[0][:1]).sum()
         return outs[0] if len(groups) == 1 else torch.cat(outs)[torch.cat(groups).argsort()]
+
+    def most_calls_of_any_process(self, count: int) -> int:
+        """The largest `count` any process passes here (a collective: every process calls it at the same point)."""
+        import torch.distributed as dist
+
+        most = torch.tensor([count], device=self.device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        return int(most.item())
 
     def sharded(self) -> bool:
         """Whether the denoiser is sharded by FSDP2 (fully_shard makes the module an FSDPModule in place)."""
