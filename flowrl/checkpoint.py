@@ -1,7 +1,7 @@
 """Checkpoints that resume a run exactly: trained weights (or LoRA), optimizer, EMA, RNG states and the update.
 
-Layout: <run>/checkpoints/update_000010/{trainable,ema}.safetensors, optimizer.pt, state.json, adapter.json, and
-for LoRA runs the adapter as diffusers and peft load it (flowrl/export.py).
+Layout: <run>/checkpoints/update_000010/{trainable,ema}.safetensors, optimizer.pt, state.json, adapter.json,
+run_config.yaml (the run's config, which sampling commands read), and for LoRA runs the adapter as diffusers and peft load it (flowrl/export.py).
 A checkpoint is written to a temporary folder and renamed, so an interruption never leaves a half-written one.
 optimizer.pt holds only tensors and plain values and loads with weights_only=True.
 """
@@ -120,16 +120,28 @@ def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True
     policy.load_trainable_state_dict(weights)
 
 
+RUN_CONFIG = "run_config.yaml"  # in each checkpoint: the run's config, so a copied checkpoint samples as its run did
+
+
+def run_config_file(checkpoint: str | Path) -> Path | None:
+    """The config of the run a checkpoint belongs to: the copy in the checkpoint (written since flowrl kept one there),
+    else the run dir's config.yaml (runs/<name>/checkpoints/update_N); None when neither is there."""
+    path = Path(checkpoint)
+    for candidate in (path / RUN_CONFIG, path.parent.parent / "config.yaml" if path.parent.name == "checkpoints" else None):
+        if candidate is not None and candidate.is_file():
+            return candidate
+    return None
+
+
 def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
-    """What the run a checkpoint belongs to (runs/<name>/checkpoints/update_N) evaluated with, from its config.yaml:
-    eval steps and guidance, the pipeline's size, text length, second guidance scale, shift, reference image size,
-    adapter override and memory settings; ({}, None)
-    for a folder outside a run."""
+    """What the run a checkpoint belongs to evaluated with, from its config (`run_config_file`): eval steps and
+    guidance, the pipeline's size, text length, second guidance scale, shift, reference image size, adapter override
+    and memory settings; ({}, None) where no run config is found."""
     import yaml
 
-    if not checkpoint or Path(checkpoint).parent.name != "checkpoints":
+    config_file = run_config_file(checkpoint) if checkpoint else None
+    if config_file is None:
         return {}, None
-    config_file = Path(checkpoint).parent.parent / "config.yaml"
     try:
         config = yaml.safe_load(config_file.read_text())
     except (OSError, yaml.YAMLError):

@@ -335,9 +335,13 @@ def sampling_arguments(parser) -> None:
 def fill_sampling_settings(args, checkpoint: str | None) -> None:
     """Fill the sampling flags not given: from the checkpoint's run (said on stdout), then SAMPLING_DEFAULTS. Sets
     `args.policy_where`, what an error about the adapter names: --policy, or the run's config."""
-    from .checkpoint import run_sampling_settings
+    from .checkpoint import RUN_CONFIG, run_sampling_settings
 
     settings, source = run_sampling_settings(checkpoint)
+    if checkpoint and source is None:
+        print(f"checkpoint {checkpoint}: no run config found (its {RUN_CONFIG}, or the run dir's config.yaml two "
+              "folders up): sampling with flowrl's defaults and the pipeline's own settings, which may not be what the "
+              "run evaluated with")
     taken = {k: v for k, v in settings.items() if hasattr(args, k) and getattr(args, k) is None}
     args.policy_where = f"pipeline.policy in {source}" if "policy" in taken else "--policy"
     for key, value in {**SAMPLING_DEFAULTS, **taken}.items():

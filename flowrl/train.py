@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from .algorithms import RolloutBatch, WorkItems, build_algorithm
 from .algorithms.base import drop_groups
-from .checkpoint import CorruptCheckpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from .checkpoint import RUN_CONFIG, CorruptCheckpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from .config import RunConfig, config_to_dict
 from .devices import use_deterministic_kernels
 from .errors import ConfigError, UserError
@@ -515,6 +515,7 @@ class Trainer:
         update = self.state.update
 
         def export(folder):
+            (folder / RUN_CONFIG).write_text(yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
             if self.worker is not None:  # the weights the batches after this update are sampled with
                 self.worker.write_snapshots(folder, update)
             if self.policy.has_lora:  # the weights flowrl samples with, loadable by diffusers and peft

@@ -339,3 +339,29 @@ def test_sample_fits_in_memory_as_the_checkpoints_run_did(tiny_sd3_dir, tmp_path
     assert "4 of 4 samples already" in capsys.readouterr().out
     assert main([*common, "--out", str(tmp_path / "as_run"), "--no-vae-tiling"]) == 2
     assert "vae_tiling" in capsys.readouterr().err
+
+
+def test_a_copied_checkpoint_still_samples_as_its_run_did(tiny_sd3_dir, tmp_path, capsys):
+    """Each checkpoint keeps its run's config (run_config.yaml), so one copied out of its run dir (kept as the best,
+    shared) still samples with the run's steps, guidance and sizes; a checkpoint without any run config is said."""
+    import shutil
+
+    from flowrl.checkpoint import run_sampling_settings
+    from argparse import Namespace
+
+    from flowrl.cli import SAMPLING_DEFAULTS, fill_sampling_settings
+    from run_helpers import tiny_run_config, train_and_collect
+
+    config = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "kept", updates=1)
+    train_and_collect(config, ["eval.num_steps=3", "eval.guidance_scale=3.5"])
+    inside = tmp_path / "runs/kept/checkpoints/update_000001"
+    copied = shutil.copytree(inside, tmp_path / "best")
+    settings, source = run_sampling_settings(str(copied))
+    assert source == copied / "run_config.yaml"
+    assert settings == run_sampling_settings(str(inside))[0]
+    assert (settings["steps"], settings["guidance"], settings["height"]) == (3, 3.5, 32)
+    (copied / "run_config.yaml").unlink()
+    args = Namespace(**{key: None for key in SAMPLING_DEFAULTS}, policy=None)
+    fill_sampling_settings(args, str(copied))
+    assert args.steps == SAMPLING_DEFAULTS["steps"]
+    assert "no run config found" in capsys.readouterr().out
