@@ -17,6 +17,11 @@ from flowrl.samples import VideoSamples, _read_mp4, write_samples
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# subject consistency, background consistency and motion smoothness missing: each a raw 0 (VBench's
+# cal_final_score.py), normalised with its minimum above 0
+MISSING_QUALITY = -0.1462 / (1 - 0.1462) - 0.2615 / (1 - 0.2615) - 0.706 / (0.9975 - 0.706)
+
+
 def results_file(tmp_path, scores: dict) -> Path:
     path = tmp_path / "x_eval_results.json"
     path.write_text(json.dumps({d: [s, [{"video_path": f"/v/{d}-0.mp4", "video_results": s}]]
@@ -30,11 +35,12 @@ def test_vbench_total_follows_the_published_normalisation(tmp_path):
     assert at_max["quality_score"] == pytest.approx(1) and at_max["total_score"] == pytest.approx(1)
     at_min = vbench.parse_results(results_file(tmp_path, {d: lo for d, (lo, _, _) in every.items()}))
     assert at_min["total_score"] == pytest.approx(0) and at_min["missing"] == []
-    # by hand: flickering 0.9, dynamic degree 0.6 (weight 0.5), scene 0.4 and nothing else
+    # by hand: flickering 0.9, dynamic degree 0.6 (weight 0.5), scene 0.4 and nothing else; a missing dimension is a
+    # raw 0, as VBench's cal_final_score.py fills it: below 0 once normalised where its minimum is above 0
     one = vbench.parse_results(results_file(tmp_path, {"temporal_flickering": 0.9, "dynamic_degree": 0.6,
                                                        "scene": 0.4}))
-    quality = ((0.9 - 0.6293) / (1 - 0.6293) + 0.5 * 0.6) / 6.5
-    semantic = (0.4 / 0.8222) / 9
+    quality = ((0.9 - 0.6293) / (1 - 0.6293) + 0.5 * 0.6 + MISSING_QUALITY) / 6.5
+    semantic = (0.4 / 0.8222 - 0.0009 / (0.2855 - 0.0009)) / 9
     assert one["quality_score"] == pytest.approx(quality)
     assert one["semantic_score"] == pytest.approx(semantic)
     assert one["total_score"] == pytest.approx((4 * quality + semantic) / 5)
@@ -127,4 +133,4 @@ def test_real_vbench_scores_temporal_flickering_end_to_end(tmp_path, vbench_pyth
         assert score == pytest.approx(expected[name], abs=2e-3)
     assert result["dimensions"]["temporal_flickering"] == pytest.approx(np.mean(list(per_video.values())))
     assert result["quality_score"] == pytest.approx(
-        (result["dimensions"]["temporal_flickering"] - 0.6293) / (1 - 0.6293) / 6.5)
+        ((result["dimensions"]["temporal_flickering"] - 0.6293) / (1 - 0.6293) + MISSING_QUALITY) / 6.5)

@@ -70,9 +70,10 @@ def _normalised(score: float, bounds: tuple[float, float, float]) -> float:
 
 def vbench_scores(results: dict[str, float]) -> dict:
     """Quality, Semantic and Total from per-dimension scores, VBench's way: each score min-max normalised and
-    weighted, a missing dimension counting 0 (as the leaderboard script does; `missing` lists them)."""
+    weighted, a missing dimension taking the raw score 0 before normalising, as scripts/cal_final_score.py fills it
+    (so below 0 where the dimension's minimum is above 0); `missing` lists them: the aggregates then say little."""
     def group(table):
-        return (sum(_normalised(results[d], bounds) for d, bounds in table.items() if d in results)
+        return (sum(_normalised(results.get(d, 0.0), bounds) for d, bounds in table.items())
                 / sum(weight for _, _, weight in table.values()))
 
     quality, semantic = group(QUALITY), group(SEMANTIC)
@@ -210,5 +211,6 @@ def format_scores(result: dict) -> str:
     keys = [k for k in result if k.endswith("_score")]
     lines += [f"{k:<28}{result[k]:8.4f}" for k in keys]
     if result["missing"]:
-        lines.append(f"(missing dimensions count 0 in the aggregate: {len(result['missing'])})")
+        lines.append(f"({len(result['missing'])} dimensions missing: each counts as a raw score of 0, as VBench's "
+                     "cal_final_score.py fills it; the aggregates are not comparable with a run of every dimension)")
     return "\n".join(lines)
