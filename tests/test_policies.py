@@ -487,6 +487,8 @@ def test_wan22_ti2v_decodes_its_videos_as_the_pipeline():
     video = pipe(prompt=PROMPTS, negative_prompt=[""] * 2, num_inference_steps=3, guidance_scale=5.0, latents=noise,
                  output_type="pt", height=32, width=32, num_frames=9, max_sequence_length=16).frames
     torch.testing.assert_close(policy.decode(ode.final).permute(0, 2, 1, 3, 4), video, atol=1e-5, rtol=1e-5)
+    # its clips play at 24 frames a second (the A14B experts' and Wan2.1's at 16)
+    assert policy.fps == 24 and policy_for(tiny_wan22(), max_sequence_length=16).fps == 16
 
 
 def test_wan22_steps_high_noise_with_the_trained_expert_and_low_noise_with_the_frozen_one():

@@ -25,6 +25,8 @@ class WanPolicy(FlowPolicy):
         self.low_noise_expert = expert if ratio is not None else None
         self.boundary_timestep = None
         self.guidance_scale_2 = None  # the low-noise expert's CFG scale (None: the one scale); set_guidance_scale_2
+        if getattr(pipeline.config, "expand_timesteps", False):  # Wan2.2 TI2V-5B: 24 frames a second (121 in 5 s;
+            self.fps = 24  # Wan's and diffusers' 5B examples export at 24), which VBench's frame intervals read
         if self.low_noise_expert is not None:
             self.low_noise_expert.requires_grad_(False)
             self.boundary_timestep = ratio * pipeline.scheduler.config.num_train_timesteps
