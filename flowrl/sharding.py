@@ -23,11 +23,12 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def gathered(tensors: dict, keep: bool) -> dict:
-    """Host-memory copies of `tensors`' full values (shards gathered one at a time), kept only where `keep`; values
-    that are not tensors pass through."""
+    """`tensors`' full values in host memory (shards gathered one at a time; a tensor already whole on the host is
+    not copied: a checkpoint is written before training goes on), kept only where `keep`; values that are not tensors
+    pass through."""
     out = {}
     for name, value in tensors.items():
-        full = whole(value.detach()).cpu().clone() if isinstance(value, torch.Tensor) else value
+        full = whole(value.detach()).cpu() if isinstance(value, torch.Tensor) else value
         if keep:
             out[name] = full
     return out
