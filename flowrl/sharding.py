@@ -12,8 +12,10 @@ import torch
 
 
 def is_sharded(tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without distributed support, or before DTensor was public: nothing is sharded
+        return False
     return isinstance(tensor, DTensor)
 
 
@@ -23,14 +25,18 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def gathered(tensors: dict, keep: bool) -> dict:
-    """`tensors`' full values in host memory (shards gathered one at a time; a tensor already whole on the host is
-    not copied: a checkpoint is written before training goes on), kept only where `keep`; values that are not tensors
-    pass through."""
+    """`tensors` with every shard gathered whole (one at a time) into host memory, kept only where `keep`; whole
+    tensors pass through as they are (detached, not copied: a checkpoint is written before training goes on, and
+    the writer moves them to the host one at a time), as do values that are not tensors."""
     out = {}
     for name, value in tensors.items():
-        full = whole(value.detach()).cpu() if isinstance(value, torch.Tensor) else value
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+            if is_sharded(value):
+                value = value.full_tensor()  # a collective: every process, in the same order
+                value = value.cpu() if keep else None
         if keep:
-            out[name] = full
+            out[name] = value
     return out
 
 
@@ -48,8 +54,11 @@ def like(value: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
         return value
     from torch.distributed.tensor import distribute_tensor
 
-    return distribute_tensor(value.to(reference.device_mesh.device_type), reference.device_mesh, reference.placements,
-                             src_data_rank=None)
+    value = value.to(reference.device_mesh.device_type)
+    try:
+        return distribute_tensor(value, reference.device_mesh, reference.placements, src_data_rank=None)
+    except TypeError:  # a torch before src_data_rank: rank 0's value is scattered (every process calls this alike)
+        return distribute_tensor(value, reference.device_mesh, reference.placements)
 
 
 def sharded_optimizer_state(state: dict, params: list[torch.Tensor]) -> dict:

@@ -270,6 +270,10 @@ class Trainer:
         if len(below) == len(steps):
             raise ConfigError(f"sampler: every SDE step ({list(steps)}) sits at {where}: the run would train nothing; "
                               "set sampler.sde_window_size and sde_window_range on those steps")
+        if getattr(self.accelerator, "is_fsdp2", False):  # a microbatch of only such steps has no gradient through
+            # the sharded module, so its process would skip the gradient reduction the others run
+            raise ConfigError(f"sampler: SDE steps {below} sit at {where}; under FSDP2 every SDE step must train: set "
+                              "sampler.sde_window_size and sde_window_range on the steps at or above it, or use DDP")
         logging.getLogger("flowrl").warning("sampler: SDE steps %s sit at %s: they train nothing (sampler."
                                             "sde_window_size and sde_window_range choose the SDE steps)", below, where)
 
@@ -365,14 +369,16 @@ class Trainer:
                 tqdm.write(f"update {update}: {int(failed.sum())} samples without a finite reward"
                            + (f" ({error})" if error else "") + "; their groups are skipped")
             dropped = torch.unique(global_groups[failed])
-            kept = ~torch.isin(global_groups, dropped)
-            if not kept.view(self.world, -1).any(dim=1).all():
-                # a process left without samples could not join the others' forward and backward passes (DDP's
-                # and FSDP2's collectives would wait for it): nobody trains on this update; every process sees the
-                # global rewards, so all decide alike
+            per_process = (~torch.isin(global_groups, dropped)).view(self.world, -1).sum(dim=1)
+            # every process sees the global rewards, so all decide alike: a process left without samples could not
+            # join the others' forward and backward passes (DDP's and FSDP2's collectives would wait for it), and
+            # under FSDP2 unequal shares would also run unequal numbers of an algorithm's own no-grad passes (NFT's,
+            # DHO's and DPO's old velocities), each gathering the sharded weights: nobody trains on this update
+            if (per_process == 0).any() or (self.sharded() and (per_process != per_process[0]).any()):
                 metrics["update_skipped"] = 1.0
                 if self.log:
-                    tqdm.write(f"update {update}: every group of a process failed; the update trains nothing")
+                    tqdm.write(f"update {update}: the failed groups left the processes unequal shares; the update "
+                               "trains nothing")
             batch = drop_groups(batch, dropped)
             global_rewards = batch.global_rewards
         metrics.update({"reward_mean": global_rewards.mean().item(), "reward_std": global_rewards.std().item()})
@@ -496,6 +502,10 @@ class Trainer:
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoints"
 
+    def sharded(self) -> bool:
+        """Whether FSDP2 shards the trained parameters (every process then takes part in gathering them)."""
+        return any(is_sharded(p) for p in self.params)
+
     def trainable_names(self) -> list[str]:
         """The trained parameters' names in checkpoints, in the order of self.params (and of the EMA)."""
         return [n for n, p in self.policy.named_trained_parameters().items() if p.requires_grad]
@@ -503,8 +513,7 @@ class Trainer:
     def save(self) -> Path | None:
         """Write a checkpoint from the main process; under FSDP2 every process calls this, to gather the shards."""
         self.saved_update = self.state.update  # on every process (not read from disk, which the main one writes)
-        sharded = any(is_sharded(p) for p in self.params)
-        if not (self.is_main or sharded):
+        if not (self.is_main or self.sharded()):
             return None
         names, keep = self.trainable_names(), self.is_main
         trainable = gathered(dict(zip(names, self.params)), keep)
@@ -541,18 +550,22 @@ class Trainer:
             self.restore(Path(requested))
             return Path(requested)
         for path in reversed(list_checkpoints(self.checkpoint_dir)):
+            error = None
             try:
                 self.restore(path)
+            except CorruptCheckpoint as failure:
+                error = failure
+            # every process takes the checkpoint or sets it aside together (one that read it whole while another
+            # did not would train on while the other waits)
+            if (self._global_sum(int(error is not None)) if self.world > 1 else error is not None) == 0:
                 return path
-            except CorruptCheckpoint as error:  # set aside (kept for inspection) so pruning and resumes skip it
-                aside = path.with_name(f"corrupt_{path.name}")
-                # by the main process, once every process has read the same files and failed (several renaming at
-                # once, or one reading while another moves it, would stop the run)
-                self.accelerator.wait_for_everyone()
-                if self.is_main:
-                    shutil.rmtree(aside, ignore_errors=True)
-                    path.rename(aside)
-                    tqdm.write(f"{error}; moved to {aside.name}, trying the checkpoint before it")
+            aside = path.with_name(f"corrupt_{path.name}")  # kept for inspection; pruning and resumes skip it
+            self.accelerator.wait_for_everyone()  # every process is done reading it before the main one moves it
+            if self.is_main:
+                shutil.rmtree(aside, ignore_errors=True)
+                path.rename(aside)
+                tqdm.write(f"{error or 'another process could not read it'}; moved to {aside.name}, trying the "
+                           "checkpoint before it")
         return None
 
     def restore(self, path: Path) -> None:
@@ -623,6 +636,12 @@ class Trainer:
                 if c.train.checkpoint_every and self.state.update % c.train.checkpoint_every == 0:
                     self.save()
         except KeyboardInterrupt:
+            if self.sharded():  # each process stopped at its own point: gathering shards now could pair with the
+                # collectives another process still has pending
+                if self.log:
+                    tqdm.write(f"interrupted at update {self.state.update}: under FSDP2 no checkpoint is written now; "
+                               "the run resumes from its last periodic one (train.checkpoint_every)")
+                raise
             if self.log:
                 tqdm.write(f"interrupted: saving a checkpoint at update {self.state.update}")
             self.save()

@@ -73,6 +73,7 @@ def test_fsdp2_trains_checkpoints_and_resumes_as_one_process(tiny_sd3_dir, tmp_p
     for name in ["trainable", "ema"]:  # whole tensors, as one process writes them
         assert_same_weights(load_file(single / f"{name}.safetensors"), load_file(halfway / f"{name}.safetensors"))
     resumed = train_on_two_processes(config, tmp_path / "resumed.safetensors", 29536, fsdp2=True)
+    assert not list(halfway.parent.glob("corrupt_*"))  # resumed from update 2, not set aside
     straight = train_on_two_processes(config, tmp_path / "straight.safetensors", 29536, ["run.name=straight"],
                                       fsdp2=True)
     assert_same_weights(straight, resumed, tolerance=1e-6)
@@ -174,6 +175,18 @@ def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unc
     # the same window without the gate does train the adapter
     ungated = train_and_collect(config, ["run.name=ungated", *low_window])
     assert any(ungated[name].any() for name in up)
+    # a window across the gate: a warning on one process or under DDP, an error under FSDP2, whose gradient reduction
+    # a microbatch of untrained steps would skip on its process alone
+    monkeypatch.undo()
+    from types import SimpleNamespace
+
+    from flowrl.config import load_config
+
+    across = Trainer(load_config(config, ["lora.active_from_sigma=0.9", "sampler.sde_window_size=2",
+                                          "sampler.sde_window_range=[0, 1]"]), log=False)
+    across.accelerator = SimpleNamespace(is_fsdp2=True)
+    with pytest.raises(ConfigError, match=r"SDE steps \[1\] sit at sigma < 0.9.*under FSDP2 every SDE step must train"):
+        across.check_trained_steps()
 
 
 def test_collectives_wait_as_long_as_the_config_says(tiny_sd3_dir, tmp_path):
@@ -221,12 +234,13 @@ def test_a_deterministic_run_turns_on_deterministic_kernels_and_trains_as_a_defa
                                                                                            monkeypatch):
     """`run.deterministic` is for GPUs (CPU kernels repeat either way): it must switch PyTorch to deterministic
     kernels before the run's first GPU op, and no op of the training loop may lack one (PyTorch would stop the run)."""
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # recorded, so the test's end restores the variable's absence
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     config = tiny_run_config(tmp_path / "d.yaml", tiny_sd3_dir, tmp_path / "runs", "det", updates=2,
                              checkpoint_every=0)
     default = train_and_collect(config, ["run.name=default"])
     assert not torch.are_deterministic_algorithms_enabled()
-    benchmark = torch.backends.cudnn.benchmark
+    benchmark, deterministic = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
     try:
         strict = train_and_collect(config, ["run.name=strict", "run.deterministic=true"])
         assert torch.are_deterministic_algorithms_enabled()
@@ -234,7 +248,7 @@ def test_a_deterministic_run_turns_on_deterministic_kernels_and_trains_as_a_defa
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     finally:  # process-wide switches: leave the next test in this worker as it found them
         torch.use_deterministic_algorithms(False)
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, benchmark
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = deterministic, benchmark
     assert_same_weights(default, strict)
 
 

@@ -12,7 +12,7 @@ from .wan_vae import frame_convolutions
 class WanPolicy(FlowPolicy):
     family = "wan"
     modality = "video"
-    fps = 16  # Wan 2.1 / 2.2 generate 16 frames a second (diffusers' Wan examples export at 16)
+    fps = 16  # Wan2.1 and Wan2.2 A14B generate 16 frames a second (diffusers' Wan examples export at 16); TI2V-5B: 24
     lora_targets = SELF_CROSS_ATTENTION_TARGETS
 
     def __init__(self, pipeline, max_sequence_length: int | None = None):
