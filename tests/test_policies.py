@@ -491,6 +491,16 @@ def test_wan22_ti2v_decodes_its_videos_as_the_pipeline():
     assert policy.fps == 24 and policy_for(tiny_wan22(), max_sequence_length=16).fps == 16
 
 
+def test_a_frame_count_the_video_vae_cannot_take_is_one_error():
+    """Wan's causal VAE takes 1 + 4k frames: 8 would have come out as a 5-frame clip (and been recorded as 8)."""
+    from flowrl.errors import UserError
+
+    policy = policy_for(tiny_wan22_ti2v(), max_sequence_length=16)
+    with pytest.raises(UserError, match=r"num_frames .*: 8 frames; WanPipeline's VAE takes 1 \+ 4 k frames: 5 or 9"):
+        policy.noise_shape(SampleSpec(32, 32, num_frames=8))
+    assert policy.noise_shape(SampleSpec(32, 32, num_frames=9))[1] == 3
+
+
 def test_wan22_steps_high_noise_with_the_trained_expert_and_low_noise_with_the_frozen_one():
     """Per sample, as WanPipeline splits its steps: t >= boundary_ratio x 1000 goes to `transformer` (the one the
     LoRA adapts), below to `transformer_2`, which stays frozen; a batch mixing both equals each sample alone."""

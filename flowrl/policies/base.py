@@ -315,6 +315,13 @@ class FlowPolicy(InputImages):
         if spec.num_frames is None:
             raise ValueError(f"a {type(self.pipeline).__name__} samples video: the sample spec needs num_frames "
                              "(pipeline.num_frames)")
+        if (spec.num_frames - 1) % temporal:  # the clip would come out shorter than asked (and be recorded as asked)
+            from ..errors import UserError
+
+            below = (spec.num_frames - 1) // temporal * temporal + 1
+            raise UserError(f"num_frames (pipeline.num_frames / --num-frames): {spec.num_frames} frames; "
+                            f"{type(self.pipeline).__name__}'s VAE takes 1 + {temporal} k frames: {below} or "
+                            f"{below + temporal}")
         return (self.transformer.config.in_channels, (spec.num_frames - 1) // temporal + 1, spec.height // spatial,
                 spec.width // spatial)
 
