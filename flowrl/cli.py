@@ -86,9 +86,10 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     export.add_argument("--pipeline", required=True, help="the pipeline folder the run trained")
     export.add_argument("--checkpoint", required=True, help="a run's checkpoint folder (LoRA or full weights)")
     export.add_argument("--out", required=True, help="the new pipeline folder (save_pretrained layout)")
-    export.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"], help="the written weights' "
+    export.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="the written weights' "
                         "precision, and the one it loads in (each weight gets the fp32 LoRA update, rounded once); "
-                        "bf16 halves a real model's folder and host memory")
+                        "default: the one the pipeline folder stores its denoiser in (bf16 for released models: "
+                        "fp32 would double their folder and host memory)")
 
     serve = sub.add_parser("serve-reward", help="serve a registered reward over HTTP (for the `remote` reward)")
     serve.add_argument("name", help="a registered reward or package.module:Name")

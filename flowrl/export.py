@@ -50,9 +50,26 @@ def write_lora_files(policy, weights: dict, folder: Path) -> None:
         save_file({f"base_model.model.{k}": v for k, v in state.items()}, peft_folder / PEFT_WEIGHTS_FILE)
 
 
-def export_pipeline(pipeline_dir, checkpoint, out, dtype: str = "fp32") -> Path:
+def stored_dtype(pipeline_dir) -> str:
+    """The precision a pipeline folder stores its denoiser in (its first weights file's first tensor): bf16, fp16,
+    else fp32."""
+    from safetensors import safe_open
+
+    for component in ("transformer", "unet"):
+        files = sorted((Path(pipeline_dir) / component).glob("*.safetensors"))
+        if files:
+            with safe_open(files[0], "pt") as weights:
+                first = next(iter(weights.keys()), None)
+                stored = weights.get_slice(first).get_dtype() if first is not None else None
+            return {"BF16": "bf16", "F16": "fp16"}.get(stored, "fp32")
+    return "fp32"
+
+
+def export_pipeline(pipeline_dir, checkpoint, out, dtype: str | None = None) -> Path:
     """The pipeline with a checkpoint's weights (EMA when present; a LoRA fused into the base weights), saved in
-    `dtype` with `save_pretrained` so `DiffusionPipeline.from_pretrained(out)` loads the tuned model without flowrl.
+    `dtype` (default: the precision the folder stores its denoiser in, `stored_dtype`: a released bf16 model is
+    written in bf16, not doubled to fp32) with `save_pretrained` so `DiffusionPipeline.from_pretrained(out)` loads the
+    tuned model without flowrl.
 
     The pipeline loads in `dtype`, not fp32 then cast: FLUX with T5-XXL needs about 34 GB of host memory in bf16, 67
     in fp32. The fp32 LoRA's update is added to each half-precision weight in fp32 and rounded once, so for base
@@ -61,6 +78,10 @@ def export_pipeline(pipeline_dir, checkpoint, out, dtype: str = "fp32") -> Path:
     from .checkpoint import load_trained_weights, run_sampling_settings
     from .policies import WEIGHT_DTYPES, load_pipeline, policy_for
 
+    if dtype is None:
+        dtype = stored_dtype(pipeline_dir)
+        print(f"exporting in {dtype}, the precision {pipeline_dir} stores its denoiser in (--dtype chooses)",
+              file=sys.stderr)
     pipeline = load_pipeline(pipeline_dir, WEIGHT_DTYPES[dtype])
     settings = run_sampling_settings(str(checkpoint))[0]
     run_policy = settings.get("policy")  # the adapter the run trained through

@@ -103,14 +103,16 @@ def test_flowrl_export_writes_a_plain_pipeline_folder(tiny_sd3_dir, tmp_path, lo
 
 def test_a_half_precision_export_loads_in_half_precision_and_fuses_as_fp32_would(tiny_sd3_dir, tmp_path):
     """export in bf16 loads the pipeline in bf16 (half a real model's host memory): for base weights bf16 holds
-    exactly, the fused weights equal fusing in fp32 and rounding once."""
-    from flowrl.export import export_pipeline
+    exactly, the fused weights equal fusing in fp32 and rounding once. A folder stored in bf16, as models are
+    released, exports in bf16 without being asked (an fp32 one in fp32)."""
+    from flowrl.export import export_pipeline, stored_dtype
 
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "half", updates=1, lr=3e-2)
     train_and_collect(path)
     checkpoint = tmp_path / "runs" / "half" / "checkpoints" / "update_000001"
     load_pipeline(tiny_sd3_dir, torch.bfloat16).save_pretrained(tmp_path / "bf16_base")  # bf16 weights, as released
-    export_pipeline(tmp_path / "bf16_base", checkpoint, tmp_path / "half", "bf16")
+    assert (stored_dtype(tiny_sd3_dir), stored_dtype(tmp_path / "bf16_base")) == ("fp32", "bf16")
+    export_pipeline(tmp_path / "bf16_base", checkpoint, tmp_path / "half")  # the folder's precision: bf16
     reference = policy_for(load_pipeline(tmp_path / "bf16_base"))  # the fp32 route: load, fuse, round
     load_trained_weights(reference, checkpoint)
     reference.transformer.fuse_lora(lora_scale=1.0)
