@@ -50,6 +50,29 @@ def write_lora_files(policy, weights: dict, folder: Path) -> None:
         save_file({f"base_model.model.{k}": v for k, v in state.items()}, peft_folder / PEFT_WEIGHTS_FILE)
 
 
+def lora_gate_callback(from_sigma: float):
+    """A diffusers `callback_on_step_end` that samples a LoRA as flowrl does under lora.sample_from_sigma (or
+    active_from_sigma): the adapter acts at the steps whose sigma is at least `from_sigma` and is off below. Call
+    `pipe.enable_lora()` before each generation; after each step the callback switches the adapters off once the next
+    step's sigma falls below the gate (flow-match schedulers: sigmas fall step by step). Six lines, so it can be
+    copied where flowrl is not installed:
+
+        def gate(pipe, step, timestep, callback_kwargs):
+            sigmas = pipe.scheduler.sigmas
+            if step + 1 < len(sigmas) and float(sigmas[step + 1]) < from_sigma:
+                pipe.disable_lora()
+            return callback_kwargs
+        pipe(prompt, callback_on_step_end=gate)
+    """
+    def gate(pipe, step, timestep, callback_kwargs):
+        sigmas = pipe.scheduler.sigmas
+        if step + 1 < len(sigmas) and float(sigmas[step + 1]) < from_sigma:
+            pipe.disable_lora()
+        return callback_kwargs
+
+    return gate
+
+
 def stored_dtype(pipeline_dir) -> str:
     """The precision a pipeline folder stores its denoiser in (its first weights file's first tensor): bf16, fp16,
     else fp32."""
@@ -90,7 +113,8 @@ def export_pipeline(pipeline_dir, checkpoint, out, dtype: str | None = None) -> 
     if policy.lora_active_from_sigma is not None:
         print(f"warning: {checkpoint} samples with its LoRA only at sigma >= {policy.lora_active_from_sigma} "
               "(lora.active_from_sigma / sample_from_sigma); the exported pipeline applies the tuned weights at every "
-              "step", file=sys.stderr)
+              "step (to keep the gate: the checkpoint's LoRA with load_lora_weights and "
+              "flowrl.export.lora_gate_callback, docs/cli.md)", file=sys.stderr)
     if policy.has_lora:
         for module in policy.trained_modules().values():
             module.fuse_lora(lora_scale=1.0)
