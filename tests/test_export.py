@@ -157,37 +157,6 @@ def test_a_half_precision_export_loads_in_half_precision_and_fuses_as_fp32_would
     assert any(not torch.equal(base[k], exported[k]) for k in base)  # the LoRA was fused in
 
 
-def test_a_gated_lora_samples_in_diffusers_as_in_flowrl_with_the_gate_callback(tiny_sd3_dir, tmp_path):
-    """A checkpoint trained with lora.sample_from_sigma (the main job's 0.6), loaded with `load_lora_weights`, acts at
-    every step; with `lora_gate_callback` as the pipeline's callback_on_step_end it samples as flowrl does."""
-    from flowrl.export import lora_gate_callback
-    from flowrl.rollout import rollout, sample_generators
-
-    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "gated", updates=2, lr=3e-2)
-    train_and_collect(path, ["lora.sample_from_sigma=0.6"])
-    checkpoint = tmp_path / "runs" / "gated" / "checkpoints" / "update_000002"
-    policy = policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)
-    load_trained_weights(policy, checkpoint)
-    assert policy.lora_active_from_sigma == 0.6
-    prompts, spec = ["a red circle", "two squares"], SampleSpec(32, 32)
-    shape = policy.noise_shape(spec)
-    noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        ours = rollout(policy, policy.encode(prompts, 2.0, spec), sample_generators([1, 2]), shape, 4, "ode", 0.0,
-                       2.0, initial_noise=noise).final
-    pipe = load_pipeline(tiny_sd3_dir)
-    pipe.load_lora_weights(checkpoint)
-
-    def sample(callback):
-        pipe.enable_lora()
-        return pipe(prompt=prompts, negative_prompt=[""] * 2, num_inference_steps=4, guidance_scale=2.0,
-                    latents=noise, output_type="latent", height=32, width=32, max_sequence_length=16,
-                    callback_on_step_end=callback).images
-
-    torch.testing.assert_close(sample(lora_gate_callback(0.6)), ours, atol=1e-5, rtol=1e-5)
-    assert (sample(None) - ours).abs().max() > 1e-4  # ungated, it is another model
-
-
 @pytest.mark.parametrize("model", ["sd3.5-medium", "flux1-dev", "wan2.1-1.3b"])
 def test_gpu_checks_flop_count_equals_what_a_forward_runs(model, monkeypatch):
     """benchmarks/gpu_check.py's MFU divides by transformer_flops: the count, layer by layer on the tokens each runs
