@@ -51,12 +51,14 @@ class CheckpointSet:
                 self.gates[label] = self._add_adapter(path, f"ckpt{number}", weights)
                 self.kinds[label] = ("lora", f"ckpt{number}")
             else:
-                unknown = [k for k in weights if k not in params]
+                unknown = [k for k in weights if full_weight(params, k) is None]
                 if unknown:
                     raise UserError(f"--checkpoint {path}: weights do not fit this pipeline (e.g. {unknown[0]})")
                 self.kinds[label] = ("full", weights)
             self.labels.append(label)
-        self.base_full = {k: params[k].detach().clone() for _, (kind, w) in self.kinds.items() if kind == "full" for k in w}
+        params = policy.named_trained_parameters()  # the names once every adapter is in
+        self.base_full = {k: full_weight(params, k).detach().clone() for _, (kind, w) in self.kinds.items()
+                          if kind == "full" for k in w}
         self.activate("base")
 
     def _add_adapter(self, path: Path, name: str, weights: dict) -> float | None:
@@ -85,7 +87,7 @@ class CheckpointSet:
         params = self.policy.named_trained_parameters()
         with torch.no_grad():
             for key, value in self.base_full.items():
-                params[key].copy_(value)
+                full_weight(params, key).copy_(value)
         self.policy.switch_adapters(False)
         self.policy.lora_active_from_sigma = self.gates.get(label)
         if label == "base":
@@ -99,7 +101,14 @@ class CheckpointSet:
         else:
             with torch.no_grad():
                 for key, value in payload.items():
-                    params[key].copy_(value)
+                    full_weight(params, key).copy_(value)
+
+
+def full_weight(params: dict, key: str):
+    """The parameter a full fine-tune's weight `key` names, also once a LoRA wraps its layer (peft moves a wrapped
+    layer's own weight to `<layer>.base_layer.weight`); None when there is none."""
+    layer, leaf = key.rsplit(".", 1) if "." in key else ("", key)
+    return params.get(key, params.get(f"{layer}.base_layer.{leaf}"))
 
 
 def upscale(image: np.ndarray, size: int = DISPLAY_SIZE) -> np.ndarray:

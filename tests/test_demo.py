@@ -164,3 +164,34 @@ def test_the_demo_shows_a_video_pipeline_as_animated_clips(tmp_path):
     default = build_demo(str(tmp_path / "wan"), [], steps=2, size=(32, 32, 9))  # no --reward: one for any clip
     (_, caption), = next(iter(default.fns.values())).fn("a cat walking", 0, progress=lambda *a, **k: None)[0]
     assert caption.startswith("base | frame_consistency")
+
+
+@pytest.mark.parametrize("lora_first", [False, True])
+def test_the_demo_shows_a_full_fine_tune_beside_a_lora(tiny_sd3_dir, tmp_path, lora_first):
+    """A full fine-tune's weights keep naming their layers once a LoRA checkpoint wraps them (peft moves a wrapped
+    layer's weight to base_layer.weight), in either order: each label samples as its checkpoint does alone."""
+    from flowrl.checkpoint import load_trained_weights, save_checkpoint
+    from flowrl.demo import CheckpointSet
+    from flowrl.generate import generate_samples
+
+    lora = _lora_checkpoint(tiny_sd3_dir, tmp_path, step=3)
+    full_policy = policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)
+    with torch.no_grad():
+        for p in full_policy.transformer.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    weights = {f"{n}": p.detach().clone() for n, p in full_policy.transformer.named_parameters()}
+    full = save_checkpoint(tmp_path / "full" / "checkpoints", 5, weights, {}, None)
+    policy = policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)
+    demo = CheckpointSet(policy, [str(lora), str(full)] if lora_first else [str(full), str(lora)])
+
+    def draw(some_policy):
+        return generate_samples(some_policy, ["a red circle"], num_steps=3, guidance_scale=1.0, desc=None)[0].tensor
+
+    for checkpoint, label in [(lora, "tuned/update_000003"), (full, "full/update_000005")]:
+        demo.activate(label)
+        alone = policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)
+        load_trained_weights(alone, checkpoint)
+        assert torch.allclose(draw(policy), draw(alone), atol=1e-5), label
+    demo.activate("base")
+    assert torch.allclose(draw(policy), draw(policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)),
+                          atol=1e-5)
