@@ -88,6 +88,27 @@ def test_a_process_whose_every_group_failed_skips_the_update_with_the_others(tin
     assert all(bool(r.get("loss")) != skipped for r, skipped in zip(rows, expected))  # the others trained
 
 
+@pytest.mark.slow
+def test_under_fsdp2_failed_groups_that_leave_unequal_shares_skip_the_update(tiny_sd3_dir, tmp_path):
+    """FSDP2, DiffusionNFT (whose preparation runs no-grad passes over each process's samples, a rollout batch at a
+    time), 2 processes with 2 groups each: where one process loses a group to a failed reward and the other none,
+    the two would run unequal numbers of passes through the sharded denoiser (gathers that cannot pair: measured to
+    stop the run without the rule); every process skips that update instead, and the run ends."""
+    from flowrl.prompt_source import derived_seed
+    from run_helpers import train_on_two_processes
+
+    modulus = 7
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "nft", updates=3, group_size=2,
+                           groups_per_update=4, rollout_microbatch=2, checkpoint_every=0)
+    failed = [[any(derived_seed(0, u, i) % modulus == 0 for i in range(2 * g, 2 * g + 2)) for g in range(4)]
+              for u in range(3)]
+    assert any(sum(f[:2]) != sum(f[2:]) for f in failed) and all(sum(f[:2]) < 2 and sum(f[2:]) < 2 for f in failed)
+    weights = train_on_two_processes(path, tmp_path / "w.safetensors", 29539, [
+        "algorithm={name: nft, params: {}}", "sampler.kind=ode", "train.max_failed_reward_share=0.9",
+        f"reward=[{{name: test_faults:NaNForSomeSeeds, params: {{modulus: {modulus}}}}}]"], fsdp2=True)
+    assert all(torch.isfinite(v).all() for v in weights.values())
+
+
 def test_a_raising_reward_is_scored_sample_by_sample_and_too_many_failures_stop_cleanly(tiny_sd3_dir, tmp_path):
     from flowrl.prompt_source import derived_seed
 
