@@ -85,7 +85,8 @@ class InputImages:
         padding = self.most_calls_of_any_process(len(layouts)) - len(layouts) if self.sharded() else 0
         outs = [run(layout, rows) for layout, rows in zip(layouts, groups)]
         for _ in range(padding):
-            outs[0] = outs[0] + 0 * run(next(iter(layouts)), groups[0][:1]).sum()
+            # (a non-finite padding output must not turn the real rows' zero into NaN)
+            outs[0] = outs[0] + 0 * run(next(iter(layouts)), groups[0][:1]).sum().nan_to_num(0.0, 0.0, 0.0)
         return outs[0] if len(groups) == 1 else torch.cat(outs)[torch.cat(groups).argsort()]
 
     def most_calls_of_any_process(self, count: int) -> int:
