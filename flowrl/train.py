@@ -506,18 +506,14 @@ class Trainer:
         """Whether FSDP2 shards the trained parameters (every process then takes part in gathering them)."""
         return any(is_sharded(p) for p in self.params)
 
-    def trainable_names(self) -> list[str]:
-        """The trained parameters' names in checkpoints, in the order of self.params (and of the EMA)."""
-        return [n for n, p in self.policy.named_trained_parameters().items() if p.requires_grad]
-
     def save(self) -> Path | None:
         """Write a checkpoint from the main process; under FSDP2 every process calls this, to gather the shards."""
         self.saved_update = self.state.update  # on every process (not read from disk, which the main one writes)
         if not (self.is_main or self.sharded()):
             return None
-        names, keep = self.trainable_names(), self.is_main
-        trainable = gathered(dict(zip(names, self.params)), keep)
-        ema = gathered(dict(zip(names, self.state.ema)), keep) if self.state.ema is not None else None
+        keep, named = self.is_main, self.policy.named_trainable_parameters()  # in the order of self.params and the EMA
+        trainable = gathered(named, keep)
+        ema = gathered(dict(zip(named, self.state.ema)), keep) if self.state.ema is not None else None
         optimizer_state = gathered_optimizer_state(self.optimizer.state_dict(), keep)
         if not keep:
             return None
@@ -557,7 +553,7 @@ class Trainer:
                 error = failure
             # every process takes the checkpoint or sets it aside together (one that read it whole while another
             # did not would train on while the other waits)
-            if (self._global_sum(int(error is not None)) if self.world > 1 else error is not None) == 0:
+            if self._global_sum(int(error is not None)) == 0:
                 return path
             aside = path.with_name(f"corrupt_{path.name}")  # kept for inspection; pruning and resumes skip it
             self.accelerator.wait_for_everyone()  # every process is done reading it before the main one moves it
@@ -570,7 +566,7 @@ class Trainer:
 
     def restore(self, path: Path) -> None:
         saved = load_checkpoint(path)
-        ours = {n for n, p in self.policy.named_trained_parameters().items() if p.requires_grad}  # names, no copies
+        ours = set(self.policy.named_trainable_parameters())  # names, no copies
         theirs = set(saved["trainable"])
         if ours != theirs:  # another adapter, or another choice of what trains (pipeline.experts, lora vs full)
             only = sorted(theirs - ours)[:1] or sorted(ours - theirs)[:1]
@@ -582,7 +578,7 @@ class Trainer:
         self.optimizer.load_state_dict(sharded_optimizer_state(saved["optimizer"], in_order))
         if saved["ema"] is not None and self.state.ema is not None:
             with torch.no_grad():
-                for e, name in zip(self.state.ema, self.trainable_names()):
+                for e, name in zip(self.state.ema, self.policy.named_trainable_parameters()):
                     e.copy_(like(saved["ema"][name], e))
         self.state.update = saved["update"]
         if Path(path).resolve().parent == self.checkpoint_dir.resolve():  # the run dir holds it (not another run's)

@@ -542,7 +542,11 @@ class FlowPolicy(InputImages):
         return None
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for module in self.trained_modules().values() for p in module.parameters() if p.requires_grad]
+        return list(self.named_trainable_parameters().values())
+
+    def named_trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """The parameters that train (requires_grad), by their names in checkpoints, in trainable_parameters' order."""
+        return {n: p for n, p in self.named_trained_parameters().items() if p.requires_grad}
 
     def named_trained_parameters(self) -> dict[str, torch.nn.Parameter]:
         """Every parameter of the trained networks (frozen ones too) by its name in checkpoints."""
@@ -550,7 +554,7 @@ class FlowPolicy(InputImages):
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Copies of the trained weights, whole (FSDP2's shards gathered: every process calls this)."""
-        return {n: whole(p.detach()).clone() for n, p in self.named_trained_parameters().items() if p.requires_grad}
+        return {n: whole(p.detach()).clone() for n, p in self.named_trainable_parameters().items()}
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         params = self.named_trained_parameters()
