@@ -27,6 +27,19 @@ def test_the_text_length_defaults_to_what_the_tokenizers_declare():
     assert policy_for(pipe).max_sequence_length is None
 
 
+def test_a_wan_prompt_is_padded_to_the_pipelines_default_not_encode_prompts():
+    """WanPipeline.__call__ pads prompts to 512 tokens, its encode_prompt to 226 by default; Wan's cross-attention
+    has no mask, so the padding length changes every velocity: sampling must pad as the pipeline does."""
+    from tiny_pipelines import tiny_wan
+
+    pipe = tiny_wan()
+    pipe.tokenizer.model_max_length = 512  # umT5's: not below the pipeline's 512, so that default stands
+    policy = policy_for(pipe)
+    assert policy.max_sequence_length is None
+    assert policy.encode(["a red circle"], 1.0).tensors["embeds"].shape[1] == 512
+    assert policy_for(pipe, max_sequence_length=226).encode(["a red circle"], 1.0).tensors["embeds"].shape[1] == 226
+
+
 def test_an_adapter_on_a_half_precision_base_is_fp32():
     """peft makes an adapter in its base's dtype; a checkpoint's fp32 weights must load into it exactly."""
     policy = policy_for(tiny_shapes_sd3().to(torch.bfloat16))

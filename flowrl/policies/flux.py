@@ -27,7 +27,7 @@ class FluxPolicy(FlowPolicy):
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
-        kwargs = {} if self.max_sequence_length is None else {"max_sequence_length": self.max_sequence_length}
+        kwargs = {"max_sequence_length": self.text_length()}  # __call__'s default, not encode_prompt's
         embeds, pooled, _ = self.pipeline.encode_prompt(prompts, prompts, device=self.device, **kwargs)
         return Conditioning({"embeds": embeds, "pooled": pooled}, {}, list(prompts))
 

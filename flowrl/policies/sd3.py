@@ -29,7 +29,7 @@ class SD3Policy(FlowPolicy):
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
         cfg = self.uses_cfg(guidance_scale)
-        kwargs = {} if self.max_sequence_length is None else {"max_sequence_length": self.max_sequence_length}
+        kwargs = {"max_sequence_length": self.text_length()}  # __call__'s default, not encode_prompt's
         embeds, neg, pooled, neg_pooled = self.pipeline.encode_prompt(
             prompts, prompts, prompts, device=self.device, do_classifier_free_guidance=cfg,
             negative_prompt=[""] * len(prompts) if cfg else None, **kwargs)

@@ -34,7 +34,7 @@ class WanPolicy(FlowPolicy):
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
         cfg = self.uses_cfg(guidance_scale)
-        kwargs = {} if self.max_sequence_length is None else {"max_sequence_length": self.max_sequence_length}
+        kwargs = {"max_sequence_length": self.text_length()}  # __call__'s default, not encode_prompt's
         embeds, neg = self.pipeline.encode_prompt(prompts, negative_prompt=[""] * len(prompts) if cfg else None,
                                                   do_classifier_free_guidance=cfg, device=self.device, **kwargs)
         return Conditioning({"embeds": embeds}, {"embeds": neg} if cfg else {}, list(prompts))
