@@ -355,10 +355,7 @@ def fill_sampling_settings(args, checkpoint: str | None) -> None:
 
 def sample_spec(args, policy):
     """The sample size from --height / --width / --num-frames, each defaulting to the pipeline's own."""
-    from .policies.base import SampleSpec
-
-    default = policy.default_spec()
-    return SampleSpec(args.height or default.height, args.width or default.width, args.num_frames or default.num_frames)
+    return policy.sample_spec(args.height, args.width, args.num_frames, ("--height", "--width"))
 
 
 def cmd_demo(args) -> None:

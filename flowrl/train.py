@@ -139,8 +139,8 @@ def build_optimizer(train, params):
 
 def sample_spec(config: RunConfig, policy) -> SampleSpec:
     """The configured sample size and frames, the pipeline's own defaults where the config leaves them out."""
-    default, c = policy.default_spec(), config.pipeline
-    return SampleSpec(c.height or default.height, c.width or default.width, c.num_frames or default.num_frames)
+    c = config.pipeline
+    return policy.sample_spec(c.height, c.width, c.num_frames)
 
 
 def adapter_description(config: RunConfig, policy) -> dict | None:

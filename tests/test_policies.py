@@ -501,6 +501,25 @@ def test_a_frame_count_the_video_vae_cannot_take_is_one_error():
     assert policy.noise_shape(SampleSpec(32, 32, num_frames=9))[1] == 3
 
 
+@pytest.mark.parametrize("make", [tiny_shapes_sd3, tiny_flux, tiny_wan, tiny_ltx, tiny_hunyuan_video, tiny_qwen_image,
+                                  tiny_flux2_klein])
+def test_a_size_the_pipeline_cannot_draw_exactly_is_one_error_naming_the_setting(make):
+    """A side that is a multiple of size_multiple decodes to exactly that size; any other is refused up front (the
+    pipelines would round it down, and FLUX Kontext's source would not pack)."""
+    from flowrl.errors import UserError
+
+    policy = policy_for(make(), max_sequence_length=16)
+    step = policy.size_multiple
+    spec = policy.sample_spec(3 * step, 2 * step, 9 if policy.modality == "video" else None)
+    shape = policy.noise_shape(spec)
+    sample = policy.decode(torch.zeros(1, *shape))
+    assert tuple(sample.shape[-2:]) == (3 * step, 2 * step)
+    with pytest.raises(UserError, match=rf"pipeline.width: {2 * step + 1} pixels; .* needs a multiple of {step}"):
+        policy.sample_spec(3 * step, 2 * step + 1, spec.num_frames)
+    with pytest.raises(UserError, match=rf"--height: {3 * step - 1} pixels"):
+        policy.sample_spec(3 * step - 1, None, spec.num_frames, ("--height", "--width"))
+
+
 def test_wan22_steps_high_noise_with_the_trained_expert_and_low_noise_with_the_frozen_one():
     """Per sample, as WanPipeline splits its steps: t >= boundary_ratio x 1000 goes to `transformer` (the one the
     LoRA adapts), below to `transformer_2`, which stays frozen; a batch mixing both equals each sample alone."""

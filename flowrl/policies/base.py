@@ -356,6 +356,29 @@ class FlowPolicy(InputImages):
         size = self.transformer.config.sample_size * self.pipeline.vae_scale_factor
         return SampleSpec(size, size)
 
+    @property
+    def size_multiple(self) -> int:
+        """Pixels a sample's height and width must be multiples of: the VAE's compression times the denoiser's patch
+        side (SD3: 8 x 2; SD's UNet: 8)."""
+        return self.pipeline.vae_scale_factor * self.transformer.config.get("patch_size", 1)
+
+    def sample_spec(self, height: int | None, width: int | None, num_frames: int | None,
+                    names: tuple[str, str] = ("pipeline.height", "pipeline.width")) -> SampleSpec:
+        """The size asked for, the pipeline's own default where None. A side that is not a multiple of
+        `size_multiple` is a UserError naming its setting (`names`): the pipelines round such sizes down (a sample
+        drawn at one size and recorded at another) or refuse them, and an editor's source would not pack."""
+        from ..errors import UserError
+
+        default = self.default_spec()
+        spec = SampleSpec(height or default.height, width or default.width, num_frames or default.num_frames)
+        step = self.size_multiple
+        for name, side in zip(names, (spec.height, spec.width)):
+            if side % step:
+                below = max(side // step * step, step)
+                raise UserError(f"{name}: {side} pixels; {type(self.pipeline).__name__} needs a multiple of {step} "
+                                f"(its VAE's compression times the denoiser's patch): {below} or {below + step}")
+        return spec
+
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents -> samples in [0, 1], differentiable: images [B, 3, H, W] or video [B, 3, F, H, W] (the VAE's
         layout); `decode_samples` wraps them as a typed batch."""

@@ -35,6 +35,10 @@ class FluxPolicy(FlowPolicy):
         size = self.pipeline.default_sample_size * self.pipeline.vae_scale_factor
         return SampleSpec(size, size)
 
+    @property
+    def size_multiple(self) -> int:
+        return self.pipeline.vae_scale_factor * 2  # latents packed in 2 x 2 patches (FLUX, Qwen-Image, Z-Image)
+
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
         factor = self.pipeline.vae_scale_factor
         h, w = 2 * (spec.height // (factor * 2)), 2 * (spec.width // (factor * 2))

@@ -64,8 +64,12 @@ class Flux2Policy(FlowPolicy):
         size = self.pipeline.default_sample_size * self.pipeline.vae_scale_factor
         return SampleSpec(size, size)
 
+    @property
+    def size_multiple(self) -> int:
+        return self.pipeline.vae_scale_factor * 2  # latents patchified 2 x 2
+
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
-        factor = self.pipeline.vae_scale_factor * 2
+        factor = self.size_multiple
         return (self.transformer.config.in_channels, spec.height // factor, spec.width // factor)
 
     def _raw_sigmas(self, scheduler, num_steps, noise_shape):

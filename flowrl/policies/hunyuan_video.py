@@ -42,6 +42,10 @@ class HunyuanVideoPolicy(FlowPolicy):
     def default_spec(self) -> SampleSpec:
         return SampleSpec(720, 1280, 129)  # HunyuanVideoPipeline.__call__'s defaults
 
+    @property
+    def size_multiple(self) -> int:
+        return self.pipeline.vae_scale_factor_spatial * self.transformer.config.patch_size
+
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
         return self.video_noise_shape(spec, self.pipeline.vae_scale_factor_temporal,
                                       self.pipeline.vae_scale_factor_spatial)

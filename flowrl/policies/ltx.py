@@ -38,6 +38,10 @@ class LTXVideoPolicy(FlowPolicy):
     def default_spec(self) -> SampleSpec:
         return SampleSpec(512, 704, 161)  # LTXPipeline.__call__'s defaults
 
+    @property
+    def size_multiple(self) -> int:
+        return self.pipeline.vae_spatial_compression_ratio * self.transformer.config.patch_size  # check_inputs: 32
+
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
         return self.video_noise_shape(spec, self.pipeline.vae_temporal_compression_ratio,
                                       self.pipeline.vae_spatial_compression_ratio)

@@ -39,11 +39,6 @@ class QwenImageEditPolicy(QwenImagePolicy):
     reader_area = 1024 * 1024  # the area Qwen2.5-VL reads the source at: the pipeline's own (calculate_dimensions)
     pipeline_module = "diffusers.pipelines.qwenimage.pipeline_qwenimage_edit"  # whose calculate_dimensions sizes it
 
-    @property
-    def patch_pixels(self) -> int:
-        """Pixels per packed token's side: a source's sides must be multiples of this."""
-        return self.pipeline.vae_scale_factor * 2
-
     @torch.no_grad()
     def encode(self, conditions: list, guidance_scale: float, spec: SampleSpec | None = None) -> Conditioning:
         """Condition items (an instruction and its source) -> the instruction read with the source (and, under CFG,
@@ -76,7 +71,7 @@ class QwenImageEditPolicy(QwenImagePolicy):
         def vae_sized(image):  # without a sample size, the nearest size below with whole 2x2 patches of latents
             size = None if spec is None else (spec.height, spec.width)
             if size is None and self.reference_size is None:
-                size = tuple(max(side - side % self.patch_pixels, self.patch_pixels) for side in image.shape[-2:])
+                size = tuple(max(side - side % self.size_multiple, self.size_multiple) for side in image.shape[-2:])
             return self.sized_reference(image, size)
 
         packed = self.pack_references([[vae_sized(image) for image in group] for group in images], lambda batch:

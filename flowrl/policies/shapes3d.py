@@ -51,6 +51,8 @@ class Shapes3DPolicy(FlowPolicy):
     def default_spec(self) -> SampleSpec:
         return SampleSpec(self.grid_resolution, self.grid_resolution)
 
+    size_multiple = 1  # the spec is the SDF grid's resolution, not pixels
+
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
         config = self.transformer.config
         return (config.num_tokens, config.latent_channels)

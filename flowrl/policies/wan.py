@@ -84,6 +84,10 @@ class WanPolicy(FlowPolicy):
     def default_spec(self) -> SampleSpec:
         return SampleSpec(480, 832, 81)  # WanPipeline.__call__'s defaults
 
+    @property
+    def size_multiple(self) -> int:
+        return self.pipeline.vae_scale_factor_spatial * self.transformer.config.patch_size[1]
+
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
         return self.video_noise_shape(spec, self.pipeline.vae_scale_factor_temporal,
                                       self.pipeline.vae_scale_factor_spatial)
