@@ -209,6 +209,10 @@ class Trainer:
             self.algorithm.chunk = config.train.rollout_microbatch
         if config.train.async_rollouts and self.world > 1:
             raise ConfigError("train.async_rollouts: runs on one process; set it to false under accelerate / torchrun")
+        if config.train.async_rollouts and config.train.staleness and self.algorithm.old_policy_from_prepare:
+            raise ConfigError(f"train.staleness: algorithm {config.algorithm.name!r} takes its ratio's old "
+                              "log-densities from the current policy, so batches sampled with older weights would go "
+                              "uncorrected; set train.staleness: 0 or train.async_rollouts: false")
         if self.algorithm.needs_reference and config.lora is None:
             raise ConfigError(f"lora: algorithm {config.algorithm.name!r} compares against the frozen base (the "
                               "LoRA-disabled policy); set a lora section")

@@ -13,7 +13,7 @@ from flowrl.policies.base import SampleSpec
 from flowrl.rewards.base import WeightedSum
 from flowrl.rewards.questions import QuestionScorer
 from flowrl.rollout import rollout, sample_generators
-from tiny_pipelines import tiny_wan
+from tiny_pipelines import tiny_hunyuan_video, tiny_ltx, tiny_wan
 
 FRAME, ROWS, COLS = 6, slice(0, 16), slice(16, 32)  # the toy scorer's region: top-right quadrant of frame 6
 
@@ -30,9 +30,9 @@ class RegionScorer(QuestionScorer):
         return torch.nn.functional.logsigmoid(8 * (region - 0.5))
 
 
-@pytest.fixture(scope="module")
-def setup():
-    policy = policy_for(tiny_wan(), max_sequence_length=16)
+def rolled_out(make):
+    """A LoRA policy on the tiny pipeline `make` builds and a 2-group batch of its 9-frame 32 x 32 rollouts."""
+    policy = policy_for(make(), max_sequence_length=16)
     policy.add_lora(4, 8, policy.lora_targets)
     prompts = ["a red circle"] * 3 + ["a square"] * 3
     cond = policy.encode(prompts, 2.0)
@@ -42,6 +42,11 @@ def setup():
     groups = torch.tensor([0, 0, 0, 1, 1, 1])
     batch = RolloutBatch(traj, rewards, groups, list(range(6)), rewards, groups, torch.arange(6), prompts)
     return policy, batch
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return rolled_out(tiny_wan)
 
 
 def tvrl(params=None):
@@ -98,6 +103,40 @@ def test_uniform_weights_give_grpos_loss_and_gradient(setup, token_ratio):
     torch.testing.assert_close(losses, grpo_losses, atol=1e-6, rtol=1e-6)
     for a, b in zip(grads, grpo_grads):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("make, geometry", [(tiny_ltx, (4, 4, (1, 1, 1))), (tiny_hunyuan_video, (4, 8, (1, 1, 1)))])
+def test_tvrl_credits_ltx_and_hunyuan_video_tokens(make, geometry):
+    """LTX-Video and HunyuanVideo name their VAE compressions and patches otherwise than Wan (an int patch_size and
+    patch_size_t): credit lands on the read region's tokens and uniform weights still give GRPO's loss."""
+    policy, batch = rolled_out(make)
+    temporal, spatial, patch = token_geometry(policy)
+    assert (temporal, spatial, patch) == geometry
+    raw = tvrl().credit_maps(policy, batch)
+    latent = batch.trajectory.final.shape[2:]
+    grid = raw.view(6, *latent)  # patch 1: a token per latent position
+    region = grid[:, 2, :16 // spatial, 16 // spatial:]  # frame 6 is in latent frame 2
+    assert (region.sum(dim=(1, 2)) / raw.sum(1) > 0.9).all()
+    grpo = build_algorithm("grpo", {}, SamplerSection())
+    items, _ = grpo.prepare(batch, policy)
+    algorithm = tvrl()
+    tv_items, _ = algorithm.prepare(batch, policy)
+    assert algorithm.old_token_log_probs.shape[1] == raw.shape[1]
+    algorithm.token_weights = torch.ones_like(algorithm.token_weights)
+    torch.testing.assert_close(algorithm.loss(policy, batch, tv_items)[0], grpo.loss(policy, batch, items)[0],
+                               atol=1e-6, rtol=1e-6)
+
+
+def test_tvrl_refuses_stale_asynchronous_rollouts():
+    """Its old per-token log-densities come from the policy in prepare: a batch drawn S updates back would go
+    uncorrected (GRPO's ratio uses the rollout's stored log-probs)."""
+    from conftest import REPO
+    from flowrl.config import load_config
+    from flowrl.train import Trainer
+
+    base = ["train.async_rollouts=true", "algorithm.name=tvrl", "train.threads=1"]
+    with pytest.raises(ConfigError, match="train.staleness: algorithm 'tvrl'"):
+        Trainer(load_config(REPO / "configs" / "shapes_grpo.yaml", base))
 
 
 def test_credit_weights_change_the_loss_and_tokens_average_elements():

@@ -49,8 +49,14 @@ def token_geometry(policy) -> tuple[int, int, tuple[int, int, int]]:
     """(temporal compression, spatial compression, transformer patch (t, h, w)) of a video policy."""
     if getattr(policy, "modality", "image") != "video":
         raise ConfigError("algorithm.name: tvrl credits video tokens; the pipeline samples images")
-    pipe = policy.pipeline
-    return pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial, tuple(policy.transformer.config.patch_size)
+    pipe, config = policy.pipeline, policy.transformer.config
+    # Wan and HunyuanVideo name the VAE's compressions vae_scale_factor_*, LTX-Video vae_*_compression_ratio
+    temporal = getattr(pipe, "vae_scale_factor_temporal", None) or pipe.vae_temporal_compression_ratio
+    spatial = getattr(pipe, "vae_scale_factor_spatial", None) or pipe.vae_spatial_compression_ratio
+    patch = config.patch_size  # Wan: (t, h, w); HunyuanVideo and LTX-Video: the spatial side, and patch_size_t
+    if not isinstance(patch, (tuple, list)):
+        patch = (config.get("patch_size_t", 1), patch, patch)
+    return temporal, spatial, tuple(patch)
 
 
 def pixels_to_tokens(magnitude: torch.Tensor, latent_frames: int, temporal: int, spatial: int,
@@ -86,6 +92,7 @@ def smooth_weights(raw: torch.Tensor, gamma: float, w_min: float, w_max: float) 
 class TVRL(GRPO):
     name = "tvrl"
     Params = TVRLParams
+    old_policy_from_prepare = True  # per-token old log-densities are recomputed in prepare, not stored by the rollout
 
     def bind_reward(self, reward) -> None:
         from ..rewards.questions import QuestionScorer
