@@ -444,6 +444,7 @@ def test_hunyuan_video_decodes_as_the_pipeline_and_takes_its_scale_as_an_embeddi
     torch.testing.assert_close(policy.decode(ode.final), video.permute(0, 2, 1, 3, 4), atol=1e-5, rtol=1e-5)
     other = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 2.0, initial_noise=noise)
     assert (other.final - ode.final).abs().max() > 1e-3
+    assert policy.fps == 24  # HunyuanVideo's reference sampler saves its clips at 24 frames a second
 
 
 def test_pipeline_shift_samples_as_the_pipeline_with_that_shift_and_is_refused_where_it_cannot_apply():

@@ -26,7 +26,9 @@ HUNYUAN_VIDEO_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_ou
 class HunyuanVideoPolicy(FlowPolicy):
     family = "hunyuan_video"
     modality = "video"
-    fps = 15  # as diffusers' HunyuanVideo examples export their clips
+    # HunyuanVideo and SkyReels-V1 generate 24 frames a second (their reference samplers save at 24; diffusers'
+    # doc examples export at 15, which would play clips 1.6x slow and move VBench's frame intervals)
+    fps = 24
     lora_targets = HUNYUAN_VIDEO_LORA_TARGETS
     text_length_tokenizer = "tokenizer"  # the Llama's (its length counts after the template's crop)
 
