@@ -82,6 +82,42 @@ def test_missing_weights_get_one_clear_message(name, tmp_path):
         build_reward(name, path=str(tmp_path / "nowhere"))
 
 
+@pytest.mark.parametrize("name", ["pickscore", "hpsv2", "imagereward"])
+def test_a_reward_folder_without_its_tokenizer_is_one_clear_error(name, reward_folders, tmp_path):
+    """transformers makes an empty tokenizer of a folder without tokenizer files: every prompt would encode alike and
+    the reward would score the image alone, silently."""
+    import shutil
+
+    source = reward_folders[name]
+    folder = tmp_path / "model"
+    shutil.copytree(source, folder)
+    model_folder = folder / "blip" if name == "imagereward" else folder
+    for file in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (model_folder / file).unlink(missing_ok=True)
+    with pytest.raises(UserError, match=rf"reward {name}: .*tokenizer has \d+ tokens for a text model of {VOCAB}"):
+        build_reward(name, path=str(folder))
+
+
+@pytest.mark.parametrize("height, width", [(240, 416), (640, 480), (224, 224)])
+def test_hps_inputs_are_letterboxed_as_hpsv2s_own_transform(height, width):
+    """HPSv2 scores with open_clip's longest-side transform (resize_longest_max; open_clip 3's resize_mode
+    "longest"): the whole image, padded with black, where PickScore's processor crops the centre."""
+    import numpy as np
+    import open_clip
+    from PIL import Image
+
+    from flowrl.rewards.clip import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, clip_pixels
+
+    coarse = torch.rand(1, 3, height // 8, width // 8, generator=torch.Generator().manual_seed(0))
+    smooth = torch.nn.functional.interpolate(coarse, size=(height, width), mode="bilinear", align_corners=False)
+    pixels = (smooth * 255).round().byte()
+    transform = open_clip.image_transform(224, is_train=False, resize_mode="longest")
+    theirs = transform(Image.fromarray(np.ascontiguousarray(pixels[0].permute(1, 2, 0).numpy())))[None]
+    ours = clip_pixels(pixels.float() / 255, 224, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, fit="pad")
+    assert ours.shape == theirs.shape == (1, 3, 224, 224)
+    assert (ours - theirs).abs().mean() < 0.01 and (ours - theirs).abs().max() < 0.03  # measured 0.003, 0.015
+
+
 @pytest.mark.parametrize("height, width", [(240, 416), (640, 480), (1024, 1024)])
 def test_clip_inputs_are_made_as_clips_image_processor_makes_them(height, width):
     """PickScore, CLIPScore, HPS and the safety checker see what CLIPImageProcessor gives them (the shorter side

@@ -41,17 +41,27 @@ def image_statistics(folder: Path) -> tuple[list[float], list[float]]:
     return OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
 
-def clip_pixels(samples: torch.Tensor, size: int, mean, std) -> torch.Tensor:
+def clip_pixels(samples: torch.Tensor, size: int, mean, std, fit: str = "crop") -> torch.Tensor:
     """[B, 3, H, W] in [0, 1] -> the CLIP vision input as CLIPImageProcessor (PickScore, CLIPScore, the safety checker)
-    and open_clip (HPS) make it: the shorter side resized to `size` (bicubic, antialiased when shrinking, as PIL
-    resizes), the centre `size` x `size` cropped, clamped to [0, 1] (as uint8 pixels are), normalised. In torch, so
-    gradients reach the pixels; a wide video frame is cropped, not squashed."""
+    makes it (`fit` "crop"): the shorter side resized to `size` (bicubic, antialiased when shrinking, as PIL
+    resizes), the centre `size` x `size` cropped, clamped to [0, 1] (as uint8 pixels are), normalised. `fit` "pad" is
+    HPSv2's own transform (open_clip's resize_longest_max): the longer side resized to `size`, the rest padded with
+    black around the centre. In torch, so gradients reach the pixels; a wide video frame is never squashed."""
     x = samples.float()
     height, width = x.shape[-2:]
-    if min(height, width) != size:
-        shape = (size, int(size * width / height)) if height <= width else (int(size * height / width), size)
+    if fit == "pad":
+        scale = size / max(height, width)
+        shape = (round(height * scale), round(width * scale))
+    elif height <= width:
+        shape = (size, int(size * width / height))
+    else:
+        shape = (int(size * height / width), size)
+    if shape != (height, width):
         x = torch.nn.functional.interpolate(x, size=shape, mode="bicubic", align_corners=False, antialias=True)
         x = x.clamp(0, 1)
+    if fit == "pad":
+        pad_h, pad_w = size - shape[0], size - shape[1]
+        x = torch.nn.functional.pad(x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))
     top, left = (x.shape[-2] - size) // 2, (x.shape[-1] - size) // 2
     x = x[..., top:top + size, left:left + size]
     mean = torch.tensor(mean, device=x.device).view(1, 3, 1, 1)
@@ -59,16 +69,33 @@ def clip_pixels(samples: torch.Tensor, size: int, mean, std) -> torch.Tensor:
     return (x - mean) / std
 
 
+def reward_tokenizer(folder: Path, vocab_size: int, reward: str):
+    """A reward folder's tokenizer; a UserError where it holds (almost) none of its text model's vocabulary:
+    transformers makes an empty tokenizer of a folder without tokenizer files, which would encode every prompt
+    alike and leave an image-only reward without a word said."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise UserError(f"reward {reward}: {folder} holds no tokenizer ({str(error)[:200]})") from None
+    if len(tokenizer) < vocab_size // 2:
+        raise UserError(f"reward {reward}: {folder}'s tokenizer has {len(tokenizer)} tokens for a text model of "
+                        f"{vocab_size}: save the model's own tokenizer files (tokenizer.json, or vocab and merges) "
+                        "in the folder")
+    return tokenizer
+
+
 class CLIPReward(Reward):
     differentiable = True
 
-    def __init__(self, folder: Path, score: str, name: str):
-        from transformers import AutoTokenizer, CLIPModel
+    def __init__(self, folder: Path, score: str, name: str, fit: str = "crop"):
+        from transformers import CLIPModel
 
-        self.name, self.score = name, score
+        self.name, self.score, self.fit = name, score, fit
         self.model = CLIPModel.from_pretrained(folder, dtype=torch.float32, local_files_only=True).eval()
         self.model.requires_grad_(False)
-        self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        self.tokenizer = reward_tokenizer(folder, self.model.config.text_config.vocab_size, name)
         self.mean, self.std = image_statistics(folder)
         self.size = self.model.config.vision_config.image_size
         self.max_length = min(self.tokenizer.model_max_length, self.model.config.text_config.max_position_embeddings)
@@ -77,7 +104,7 @@ class CLIPReward(Reward):
         device = next(self.model.parameters()).device
         tokens = self.tokenizer(prompts, padding="max_length", truncation=True, max_length=self.max_length,
                                 return_tensors="pt").to(device)
-        image = self.model.get_image_features(pixel_values=clip_pixels(samples.to(device), self.size, self.mean, self.std))
+        image = self.model.get_image_features(pixel_values=clip_pixels(samples.to(device), self.size, self.mean, self.std, self.fit))
         text = self.model.get_text_features(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask)
         image, text = (getattr(f, "pooler_output", f) for f in (image, text))
         return torch.nn.functional.normalize(image, dim=-1), torch.nn.functional.normalize(text, dim=-1)
@@ -85,7 +112,7 @@ class CLIPReward(Reward):
     def image_embeddings(self, samples: torch.Tensor) -> torch.Tensor:
         """L2-normalised image features [B, D] (for diversity measured in the reward model's own space)."""
         device = next(self.model.parameters()).device
-        image = self.model.get_image_features(pixel_values=clip_pixels(samples.to(device), self.size, self.mean, self.std))
+        image = self.model.get_image_features(pixel_values=clip_pixels(samples.to(device), self.size, self.mean, self.std, self.fit))
         return torch.nn.functional.normalize(getattr(image, "pooler_output", image), dim=-1)
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:

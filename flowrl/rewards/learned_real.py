@@ -1,6 +1,7 @@
 """Adapters for published learned rewards, each loaded from a local folder (nothing is fetched from a hub).
 
-- hpsv2: HPSv2.1 (Wu et al., arXiv 2306.09341), a fine-tuned CLIP ViT-H/14; score = cos(image, text). Expects the
+- hpsv2: HPSv2.1 (Wu et al., arXiv 2306.09341), a fine-tuned CLIP ViT-H/14; score = cos(image, text), the image
+  letterboxed (longer side to 224, black around) as HPSv2's own scoring transform does. Expects the
   checkpoint converted to a transformers `CLIPModel` folder (with tokenizer and preprocessor files).
 - aesthetic: the LAION aesthetic predictor v2 ("improved aesthetic predictor"): an MLP on the L2-normalised CLIP
   ViT-L/14 image embedding. Expects `<path>/clip` (a transformers CLIPModel folder) and `<path>/mlp.pth` or
@@ -19,7 +20,7 @@ import torch
 
 from ..errors import UserError
 from .base import Reward, RewardOutput, register_reward
-from .clip import CLIPReward, clip_pixels, image_statistics, require_local_folder
+from .clip import CLIPReward, clip_pixels, image_statistics, require_local_folder, reward_tokenizer
 
 IMAGEREWARD_MEAN, IMAGEREWARD_STD = 0.16717362830052426, 1.0333394966054072
 
@@ -65,7 +66,7 @@ def load_mlp(folder: Path, dim: int, reward: str) -> ScoreMLP:
 def hpsv2(path: str | None = None) -> CLIPReward:
     folder = require_local_folder(path, "hpsv2", "convert HPS_v2.1_compressed.pt (open_clip ViT-H-14) to a "
                                   "transformers CLIPModel folder with the ViT-H-14 tokenizer and preprocessor files")
-    return CLIPReward(folder, "cosine", "hpsv2")
+    return CLIPReward(folder, "cosine", "hpsv2", fit="pad")  # HPSv2 scores the whole image, letterboxed
 
 
 class AestheticReward(Reward):
@@ -102,14 +103,14 @@ class ImageRewardReward(Reward):
     differentiable = True
 
     def __init__(self, folder: Path):
-        from transformers import AutoTokenizer, BlipForImageTextRetrieval
+        from transformers import BlipForImageTextRetrieval
 
         blip_folder = model_subfolder(folder, "blip", "imagereward", "BlipForImageTextRetrieval")
         blip = BlipForImageTextRetrieval.from_pretrained(blip_folder, dtype=torch.float32, local_files_only=True)
         self.vision, self.text = blip.vision_model.eval(), blip.text_encoder.eval()
         self.vision.requires_grad_(False)
         self.text.requires_grad_(False)
-        self.tokenizer = AutoTokenizer.from_pretrained(blip_folder, local_files_only=True)
+        self.tokenizer = reward_tokenizer(blip_folder, blip.config.text_config.vocab_size, "imagereward")
         self.mean, self.std = image_statistics(blip_folder)
         self.size = blip.config.vision_config.image_size
         self.mlp = load_mlp(folder, blip.config.text_config.hidden_size, "imagereward")
