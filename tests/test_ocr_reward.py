@@ -20,7 +20,9 @@ def test_edit_distance_and_score_by_hand():
     assert levenshtein("kitten", "sitting") == 3 and levenshtein("", "abc") == 3 and levenshtein("abc", "abc") == 0
     assert text_score("Hello World", "helloworld") == 1.0
     assert text_score("hellx", "hello") == pytest.approx(0.8)
-    assert text_score("something else entirely", "hi") == 0.0  # distance capped at the target's length
+    assert text_score("something else entirely", "qz") == 0.0  # distance capped at the target's length
+    # the target shown among other text is right (Flow-GRPO's rule), where the distance alone would read 0.25
+    assert text_score("Grand OPEN today", "open") == 1.0
 
 
 def test_right_text_scores_high_and_wrong_text_low():

@@ -2,7 +2,8 @@
 
 The text is what the prompt holds between the first pair of double quotes; the reading is every recognised line
 joined. Both are lower-cased with spaces removed, and r = 1 - min(d, n) / n with d their Levenshtein distance and n
-the target's length (1: the text is right; 0: nothing of it). The detector and recogniser weights ship inside the
+the target's length (1: the text is right; 0: nothing of it), d = 0 where the reading contains the target (as
+Flow-GRPO's flow_grpo/ocr.py). The detector and recogniser weights ship inside the
 `rapidocr-onnxruntime` wheel (`pip install -e ".[ocr]"`), so the reward is real offline. Not differentiable.
 """
 from __future__ import annotations
@@ -35,6 +36,8 @@ def text_score(read: str, target: str) -> float:
     read, target = read.replace(" ", "").lower(), target.replace(" ", "").lower()
     if not target:
         return 0.0
+    if target in read:  # Flow-GRPO's rule: the text shown among other text counts as right
+        return 1.0
     return 1 - min(levenshtein(read, target), len(target)) / len(target)
 
 
