@@ -3,6 +3,7 @@ report.html."""
 from __future__ import annotations
 
 import csv
+import io
 import html
 import json
 import platform
@@ -59,10 +60,11 @@ class MetricsLog:
         row = {"update": update, **{k: float(v) for k, v in metrics.items()}}
         self.rows = [r for r in self.rows if int(r["update"]) < update] + [row]  # a resumed run rewrites its tail
         columns = list(dict.fromkeys(k for r in self.rows for k in r))
-        with self.path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(self.rows)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(self.rows)
+        write_whole(self.path, text.getvalue())
         if self.writer is not None:
             for key, value in metrics.items():
                 self.writer.add_scalar(key, float(value), update)
@@ -205,5 +207,13 @@ pre{{background:#f4f4f4;padding:1em;overflow:auto}}</style></head><body>
     return path
 
 
+def write_whole(path: Path, text: str) -> None:
+    """`text` to `path` all at once: written beside it, then renamed over it, so an interruption leaves the old file
+    or the new one, never half of one (a run's metrics and evaluations are read back on resume)."""
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(text)
+    partial.replace(path)
+
+
 def save_json(path: Path, data) -> None:
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    write_whole(path, json.dumps(data, indent=2) + "\n")

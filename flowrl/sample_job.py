@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .generate import contiguous_share, sample_chunks, sample_seeds
+from .report import write_whole
 from .samples import INDEX_FILE, index_line
 
 SETTINGS_FILE = "sampling.json"
@@ -164,10 +165,8 @@ def finish(folder: Path, planned: list[str]) -> Path:
         raise UserError(f"--out {folder}: {len(missing)} of {len(planned)} samples were not written (first: "
                         f"{missing[0]}); run the same command again to draw them")
     index = folder / INDEX_FILE
-    partial = index.with_suffix(".jsonl.tmp")
-    partial.write_text("".join(json.dumps({k: v for k, v in done[n].items() if k != "index"}) + "\n"
-                               for n in range(len(planned))))
-    partial.replace(index)  # all at once: a reader never sees half an index
+    write_whole(index, "".join(json.dumps({k: v for k, v in done[n].items() if k != "index"}) + "\n"
+                               for n in range(len(planned))))  # a reader never sees half an index
     for progress in folder.glob(PROGRESS_GLOB):
         progress.unlink()
     return index

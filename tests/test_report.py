@@ -52,3 +52,45 @@ def test_logged_sample_grids_are_shrunk_to_a_bounded_size():
     log_samples(log, ImageSamples(torch.rand(8, 3, 1024, 1024)), 0, per_prompt=1, longest=1024)
     assert logged[0].shape == (32, 4 * 32 + 3 * 2, 3)
     assert max(logged[1].shape[:2]) == 1024 and logged[1].dtype.name == "uint8"
+
+
+def test_an_interrupted_write_leaves_the_runs_metrics_and_evaluations_whole(tmp_path, monkeypatch):
+    """metrics.csv and eval.json are read back on resume: a write cut off halfway must leave the previous file."""
+    import json
+    import pathlib
+
+    from flowrl.report import MetricsLog, save_json
+
+    log = MetricsLog(tmp_path, tensorboard=False)
+    log.append(1, {"reward": 0.5})
+    log.append(2, {"reward": 0.6})
+    save_json(tmp_path / "eval.json", {"0": {"overall": 0.3}})
+    real_open = pathlib.Path.open
+
+    class HalfWritten:  # writes half of what it is given, then the process is "killed"
+        def __init__(self, file):
+            self.file = file
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def write(self, text):
+            self.file.write(text[:len(text) // 2])
+            self.file.close()
+            raise KeyboardInterrupt
+
+    def interrupted_open(self, mode="r", *args, **kwargs):
+        file = real_open(self, mode, *args, **kwargs)
+        return HalfWritten(file) if "w" in mode else file
+
+    monkeypatch.setattr(pathlib.Path, "open", interrupted_open)
+    with pytest.raises(KeyboardInterrupt):
+        log.append(3, {"reward": 0.7})
+    with pytest.raises(KeyboardInterrupt):
+        save_json(tmp_path / "eval.json", {"0": {"overall": 0.3}, "3": {"overall": 0.4}})
+    monkeypatch.undo()
+    assert [row["reward"] for row in MetricsLog(tmp_path, tensorboard=False).rows] == [0.5, 0.6]
+    assert json.loads((tmp_path / "eval.json").read_text()) == {"0": {"overall": 0.3}}
