@@ -185,9 +185,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     fill_sampling_settings(args, args.checkpoint)
     if args.batch_size is None:
         args.batch_size = SAMPLE_BATCH_SIZE
-    for flag, value in (("--num-per-prompt", args.num_per_prompt), ("--batch-size", args.batch_size)):
-        if value < 1:
-            raise UserError(f"{flag}: expected an integer >= 1, got {value}")
+    check_sampling_flags(args)
     if args.fk_particles:  # a wrong reward name or folder is said before the pipeline loads
         from .rewards import check_reward
 
@@ -286,11 +284,22 @@ SAMPLING_DEFAULTS = {"steps": 20, "guidance": 4.5}  # where neither the command 
 SAMPLE_BATCH_SIZE = 64  # flowrl sample's samples per sampler call, where neither --batch-size nor a run says
 
 
+# the sampling commands' counting flags and the least each takes
+LEAST_VALUES = {"seed": 0, "num_per_prompt": 1, "batch_size": 1, "steps": 1, "noise_level": 0, "decode_microbatch": 0,
+                "height": 1, "width": 1, "num_frames": 1, "max_sequence_length": 1, "reference_size": 1}
+
+
+def check_sampling_flags(args) -> None:
+    """One error naming the first flag below its least value (LEAST_VALUES), before any weights load; call after
+    `fill_sampling_settings`, so a run's own settings are checked too."""
+    for name, least in LEAST_VALUES.items():
+        value = getattr(args, name, None)
+        if value is not None and value < least:
+            raise UserError(f"--{name.replace('_', '-')}: expected a number >= {least}, got {value}")
+
+
 def apply_memory_flags(policy, args) -> None:
     """The sampling commands' memory flags (given, or the checkpoint's run's) on a placed policy."""
-    if args.decode_microbatch is not None and args.decode_microbatch < 0:
-        raise UserError(f"--decode-microbatch: expected an integer >= 0 (0: a whole sampler call), got "
-                        f"{args.decode_microbatch}")
     policy.set_memory_options(vae_slicing=bool(args.vae_slicing), vae_tiling=bool(args.vae_tiling),
                               offload_text_encoders=bool(args.offload_text_encoders),
                               decode_microbatch=args.decode_microbatch or 0)
@@ -366,6 +375,7 @@ def cmd_demo(args) -> None:
     from .demo import build_demo
 
     fill_sampling_settings(args, args.checkpoint[0] if args.checkpoint else None)
+    check_sampling_flags(args)
     demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,
                       args.max_sequence_length, (args.height, args.width, args.num_frames), args.device,
                       args.weight_dtype, json_object(args.reward_params, "--reward-params"), args.guidance_2,
@@ -424,7 +434,7 @@ def cmd_eval_rewards(args) -> None:
     process writes the result."""
     from tqdm import tqdm
 
-    from .devices import JOB_TIMEOUT_MINUTES, default_device, job_processes
+    from .devices import JOB_TIMEOUT_MINUTES, chosen_device, job_processes
     from .experiment import gathered_on_main, group_spans, reward_scores, tag_metrics_of
     from .generate import contiguous_share
     from .rewards import build_reward
@@ -437,7 +447,8 @@ def cmd_eval_rewards(args) -> None:
         raise UserError(f"--batch-size: expected an integer >= 1, got {args.batch_size}")
     params = json_object(args.reward_params, "--reward-params")
     state = job_processes()
-    reward = build_reward(args.reward, where="--reward", **params).to(args.device or default_device())
+    device = chosen_device(args.device)
+    reward = build_reward(args.reward, where="--reward", **params).to(device)
     records = read_records(args.samples)
     items = read_conditions(args.samples, records)
     # a batch of files at a time (a large folder of 1024 px images or of clips never sits in memory whole); for a
@@ -479,10 +490,10 @@ def cmd_eval_vbench(args) -> None:
             raise UserError("eval vbench: expected --samples DIR (clips written by `flowrl sample`), --results FILE "
                             "or --make-env DIR")
         dimensions = [d.strip() for d in args.dimensions.split(",") if d.strip()]
-        from .devices import default_device
+        from .devices import chosen_device
 
         result = vbench.run_vbench(args.samples, dimensions, args.python, args.vbench_cache,
-                                   args.device or default_device())
+                                   str(chosen_device(args.device)))
         out = Path(args.samples) / "vbench_eval.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(vbench.format_scores(result))

@@ -32,6 +32,10 @@ class RunSection:
     wandb: bool = False  # also log to Weights & Biases (offline unless WANDB_MODE is set; needs `pip install wandb`)
     wandb_project: str = "flowrl"
 
+    def validate(self):
+        if self.seed < 0:  # seeds derive per-sample generator seeds, which torch takes only non-negative
+            raise ConfigError(f"run.seed: expected an integer >= 0, got {self.seed}")
+
 
 @dataclass
 class TaskSection:
@@ -220,6 +224,14 @@ class EvalSection:
     seed: int = 2024
     enabled: bool = True
 
+    def validate(self):
+        for name in ("num_per_prompt", "num_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"eval.{name}: expected an integer >= 1, got {getattr(self, name)}")
+        if self.every < 0 or self.seed < 0:
+            name = "every" if self.every < 0 else "seed"
+            raise ConfigError(f"eval.{name}: expected an integer >= 0, got {getattr(self, name)}")
+
 
 @dataclass
 class RunConfig:
@@ -235,9 +247,11 @@ class RunConfig:
     eval: EvalSection = field(default_factory=EvalSection)
 
     def validate(self):
+        self.run.validate()
         self.pipeline.validate()
         self.sampler.validate()
         self.train.validate()
+        self.eval.validate()
         for name in ("active_from_sigma", "sample_from_sigma"):
             gate = getattr(self.lora, name) if self.lora is not None else None
             if gate is None:

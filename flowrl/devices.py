@@ -16,6 +16,23 @@ def default_device() -> str:
     return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
 
 
+def chosen_device(device: str | None) -> torch.device:
+    """The device a command's --device names (None: `default_device`); one UserError for a name torch does not know
+    or a GPU this machine does not have, before any weights load."""
+    from .errors import UserError
+
+    device = device or default_device()
+    try:
+        target = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"--device: expected cpu, cuda or cuda:N, got {device!r}") from None
+    if target.type not in ("cpu", "cuda"):
+        raise UserError(f"--device: expected cpu, cuda or cuda:N, got {device!r}")
+    if target.type == "cuda" and (target.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA devices")
+    return target
+
+
 def use_deterministic_kernels() -> None:
     """Bitwise-repeatable runs on a GPU (`run.deterministic`). CPU kernels already repeat; GPU ones do not: atomics
     in some backward kernels (scatter, index_add, attention's backward), cuDNN's benchmarked algorithm choice and

@@ -74,17 +74,10 @@ def sampling_placement(device: str | None = None, weight_dtype: str | None = Non
     """Where a policy that only samples (`flowrl sample`, the demo) runs, as a run would place it: `device` (None:
     the GPU when there is one, else the CPU), frozen weights in `weight_dtype` (None: bf16 on a GPU, as the real
     configs train; fp32 on the CPU, where half-precision matmuls are slow). Checked before any weights load."""
+    from ..devices import chosen_device
     from ..errors import UserError
 
-    from ..devices import default_device
-
-    device = device or default_device()
-    try:
-        target = torch.device(device)
-    except RuntimeError:
-        raise UserError(f"--device: expected cpu, cuda or cuda:N, got {device!r}") from None
-    if target.type == "cuda" and (target.index or 0) >= torch.cuda.device_count():
-        raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA devices")
+    target = chosen_device(device)
     if weight_dtype is not None and weight_dtype not in WEIGHT_DTYPES:
         raise UserError(f"--weight-dtype: expected one of {list(WEIGHT_DTYPES)}, got {weight_dtype!r}")
     return target, WEIGHT_DTYPES[weight_dtype or ("bf16" if target.type == "cuda" else "fp32")]
