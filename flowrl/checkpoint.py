@@ -134,8 +134,8 @@ def run_config_file(checkpoint: str | Path) -> Path | None:
 
 
 def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
-    """What the run a checkpoint belongs to evaluated with, from its config (`run_config_file`): eval steps and
-    guidance, the pipeline's size, text length, second guidance scale, shift, reference image size, adapter override
+    """What the run a checkpoint belongs to evaluated with, from its config (`run_config_file`): eval steps, guidance
+    and seed, the frozen weights' precision, the pipeline's size, text length, second guidance scale, shift, reference image size, adapter override
     and memory settings; ({}, None) where no run config is found."""
     import yaml
 
@@ -149,7 +149,10 @@ def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
     if not isinstance(config, dict):  # an empty or truncated file: the built-in defaults
         return {}, None
     ev, pipe, train = config.get("eval") or {}, config.get("pipeline") or {}, config.get("train") or {}
-    settings = {"steps": ev.get("num_steps"), "guidance": ev.get("guidance_scale"), "height": pipe.get("height"),
+    # eval.seed: flowrl sample derives each sample's seed as the run's evaluations do, so the run's eval prompts
+    # with its seed redraw its evaluation images; weight_dtype: the frozen weights' precision it sampled in
+    settings = {"steps": ev.get("num_steps"), "guidance": ev.get("guidance_scale"), "seed": ev.get("seed"),
+                "weight_dtype": train.get("weight_dtype"), "height": pipe.get("height"),
                 "width": pipe.get("width"), "num_frames": pipe.get("num_frames"),
                 "max_sequence_length": pipe.get("max_sequence_length"), "guidance_2": pipe.get("guidance_scale_2"),
                 "shift": pipe.get("shift"), "reference_size": pipe.get("reference_size"),

@@ -65,7 +65,8 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
                         "field; the other fields are kept in samples.jsonl)")
     sample.add_argument("--out", required=True, help="the samples folder; written as drawn, so the same command "
                         "resumes an interrupted one (other settings into it are an error)")
-    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--seed", type=int, default=None, help="sample k of prompt p draws from a seed derived "
+                        f"from this, p and k (default: the checkpoint's run's eval.seed, else {SAMPLE_SEED})")
     sample.add_argument("--num-per-prompt", type=int, default=1)
     sample.add_argument("--batch-size", type=int, default=None, help="samples per sampler call (default: the "
                         "checkpoint's run's train.rollout_microbatch, else 64; lower it for large images or long "
@@ -185,6 +186,8 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     fill_sampling_settings(args, args.checkpoint)
     if args.batch_size is None:
         args.batch_size = SAMPLE_BATCH_SIZE
+    if args.seed is None:
+        args.seed = SAMPLE_SEED
     check_sampling_flags(args)
     if args.fk_particles:  # a wrong reward name or folder is said before the pipeline loads
         from .rewards import check_reward
@@ -281,6 +284,7 @@ def size_arguments(parser) -> None:
 
 
 SAMPLING_DEFAULTS = {"steps": 20, "guidance": 4.5}  # where neither the command line nor a run's config says
+SAMPLE_SEED = 0  # flowrl sample's --seed where neither the command line nor a run's eval.seed says
 SAMPLE_BATCH_SIZE = 64  # flowrl sample's samples per sampler call, where neither --batch-size nor a run says
 
 
@@ -336,7 +340,8 @@ def sampling_arguments(parser) -> None:
                         + memory.format("train.offload_text_encoders"))
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the GPU when there is one)")
     parser.add_argument("--weight-dtype", default=None, choices=["fp32", "fp16", "bf16"],
-                        help="frozen weights' precision (default: bf16 on a GPU, fp32 on the CPU)")
+                        help="frozen weights' precision (default: the checkpoint's run's train.weight_dtype, else "
+                        "bf16 on a GPU, fp32 on the CPU)")
     parser.add_argument("--policy", default=None, help="the adapter: a registered name (e.g. a pipeline class) or "
                         "package.module:Class (default: the checkpoint's run's pipeline.policy, else the one "
                         "registered for the pipeline's class)")

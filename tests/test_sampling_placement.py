@@ -97,18 +97,21 @@ def test_a_runs_checkpoint_samples_with_the_runs_eval_settings_unless_flags_say_
         "pipeline": {"path": "p", "height": 48, "width": 64, "num_frames": None, "max_sequence_length": 128,
                      "guidance_scale_2": 2.5, "policy": "Flux2KleinEdit", "shift": 5.0, "reference_size": 512,
                      "vae_tiling": True},
-        "eval": {"num_steps": 40, "guidance_scale": 3.5},
-        "train": {"rollout_microbatch": 4, "decode_microbatch": 2, "offload_text_encoders": False}}))
+        "eval": {"num_steps": 40, "guidance_scale": 3.5, "seed": 2024},
+        "train": {"rollout_microbatch": 4, "decode_microbatch": 2, "offload_text_encoders": False,
+                  "weight_dtype": "fp16"}}))
     given = Namespace(steps=None, guidance=1.0, height=None, width=None, num_frames=None, max_sequence_length=None,
                       guidance_2=None, policy=None, shift=None, reference_size=None, batch_size=None,
-                      vae_tiling=None, vae_slicing=None, decode_microbatch=None, offload_text_encoders=None)
+                      vae_tiling=None, vae_slicing=None, decode_microbatch=None, offload_text_encoders=None,
+                      seed=None, weight_dtype=None)
     fill_sampling_settings(given, str(run / "checkpoints" / "update_000010"))
     assert vars(given) == {"steps": 40, "guidance": 1.0, "height": 48, "width": 64, "num_frames": None,
                            "max_sequence_length": 128, "guidance_2": 2.5, "policy": "Flux2KleinEdit", "shift": 5.0,
                            "reference_size": 512, "batch_size": 4, "vae_tiling": True, "vae_slicing": None,
-                           "decode_microbatch": 2, "offload_text_encoders": None,
+                           "decode_microbatch": 2, "offload_text_encoders": None, "seed": 2024,
+                           "weight_dtype": "fp16",
                            "policy_where": f"pipeline.policy in {run / 'config.yaml'}"}  # a given flag wins
-    assert ("--steps 40, --height 48, --width 64, --max-sequence-length 128, --guidance-2 2.5, --shift 5.0, "
+    assert ("--steps 40, --seed 2024, --weight-dtype fp16, --height 48, --width 64, --max-sequence-length 128, --guidance-2 2.5, --shift 5.0, "
             "--reference-size 512, --batch-size 4, --vae-tiling, --decode-microbatch 2, --policy Flux2KleinEdit"
             in capsys.readouterr().out)  # (settings that are off stay unsaid)
     outside = Namespace(steps=None, guidance=None, height=None, width=None, num_frames=None, max_sequence_length=None,
