@@ -102,14 +102,20 @@ def sampling_gate(adapter: dict) -> float | None:
     return adapter.get("active_from_sigma") if gate is None else gate
 
 
+def trained_weights_file(path: Path, prefer_ema: bool = True) -> Path:
+    """A checkpoint's trained weights (its EMA when present and preferred); one error where there are none (checked
+    before a large pipeline loads)."""
+    weights_file = path / ("ema.safetensors" if prefer_ema and (path / "ema.safetensors").is_file() else "trainable.safetensors")
+    if not weights_file.is_file():
+        raise UserError(f"checkpoint {path} has no trainable.safetensors; expected runs/<name>/checkpoints/update_N")
+    return weights_file
+
+
 def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True) -> None:
     """Put a checkpoint's trained weights (EMA when present) into a policy, adding its LoRA adapter if needed (with
     its sampling gate: what `flowrl sample`, `eval` and the demo draw from a checkpoint)."""
     path = Path(checkpoint)
-    weights_file = path / ("ema.safetensors" if prefer_ema and (path / "ema.safetensors").is_file() else "trainable.safetensors")
-    if not weights_file.is_file():
-        raise UserError(f"checkpoint {path} has no trainable.safetensors; expected runs/<name>/checkpoints/update_N")
-    weights = load_file(weights_file)
+    weights = load_file(trained_weights_file(path, prefer_ema))
     policy.train_networks_named(weights, f"checkpoint {path}")
     if any("lora_" in k for k in weights) and not policy.has_lora:
         adapter = json.loads((path / "adapter.json").read_text()) if (path / "adapter.json").is_file() else None

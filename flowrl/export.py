@@ -98,6 +98,19 @@ def export_pipeline(pipeline_dir, checkpoint, out, dtype: str | None = None) -> 
     in fp32. The fp32 LoRA's update is added to each half-precision weight in fp32 and rounded once, so for base
     weights a half-precision number holds exactly (released bf16 weights exported in bf16) the result is the fp32
     fuse's, rounded (tested)."""
+    from .atomic import new_folder
+    from .checkpoint import trained_weights_file
+
+    trained_weights_file(Path(checkpoint))  # a mistyped checkpoint is said before minutes of loading
+    # --out must be new or empty (never the pipeline folder itself, nor an earlier export), checked before loading;
+    # the folder appears whole or not at all
+    with new_folder(Path(out), "--out") as work:
+        write_export(pipeline_dir, checkpoint, work, dtype)
+    return Path(out)
+
+
+def write_export(pipeline_dir, checkpoint, out: Path, dtype: str | None) -> None:
+    """export_pipeline's work, into the folder `out`."""
     from .checkpoint import load_trained_weights, run_sampling_settings
     from .policies import WEIGHT_DTYPES, load_pipeline, policy_for
 
@@ -126,4 +139,3 @@ def export_pipeline(pipeline_dir, checkpoint, out, dtype: str | None = None) -> 
         print(f"the exported scheduler's {key} is the run's pipeline.shift, {settings['shift']}", file=sys.stderr)
     pipeline.to(dtype=WEIGHT_DTYPES[dtype])  # a full fine-tune's trained fp32 weights, to the export dtype
     pipeline.save_pretrained(out)
-    return Path(out)

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from .atomic import write_whole
+
 
 def cpu_model() -> str:
     """The CPU's model name (lscpu), for timings: per-update costs differ ~1.5-2.6x between this project's machines."""
@@ -205,14 +207,6 @@ pre{{background:#f4f4f4;padding:1em;overflow:auto}}</style></head><body>
     path = run_dir / "report.html"
     path.write_text(body)
     return path
-
-
-def write_whole(path: Path, text: str) -> None:
-    """`text` to `path` all at once: written beside it, then renamed over it, so an interruption leaves the old file
-    or the new one, never half of one (a run's metrics and evaluations are read back on resume)."""
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(text)
-    partial.replace(path)
 
 
 def save_json(path: Path, data) -> None:

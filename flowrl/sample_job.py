@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .generate import contiguous_share, sample_chunks, sample_seeds
-from .report import write_whole
+from .atomic import write_whole
 from .samples import INDEX_FILE, index_line
 
 SETTINGS_FILE = "sampling.json"

@@ -196,3 +196,21 @@ def test_gpu_checks_flop_count_equals_what_a_forward_runs(model, monkeypatch):
     tokens = torch.Size(shape[1:]).numel() // 4
     expected = gpu_check.transformer_flops(policy.transformer, tokens, spec["embeds"]["embeds"][1][0], spec["cross"])
     assert counted and sum(counted) == expected
+
+
+def test_export_never_writes_into_a_folder_that_holds_files(tiny_sd3_dir, tmp_path):
+    """--out equal to the pipeline folder would overwrite the base model in place, and one equal to an earlier export
+    would mix two exports' files: both are refused before anything loads, and nothing in them changes."""
+    from flowrl.errors import UserError
+    from flowrl.export import export_pipeline
+
+    checkpoint = tmp_path / "update_000001"
+    checkpoint.mkdir()
+    (checkpoint / "trainable.safetensors").write_bytes(b"")  # never read: the folder checks come first
+    before = sorted((p.relative_to(tiny_sd3_dir), p.stat().st_mtime_ns) for p in tiny_sd3_dir.rglob("*"))
+    with pytest.raises(UserError, match=rf"--out {tiny_sd3_dir} exists and is not empty"):
+        export_pipeline(tiny_sd3_dir, checkpoint, tiny_sd3_dir)
+    assert sorted((p.relative_to(tiny_sd3_dir), p.stat().st_mtime_ns) for p in tiny_sd3_dir.rglob("*")) == before
+    with pytest.raises(UserError, match="has no trainable.safetensors"):
+        export_pipeline(tiny_sd3_dir, tmp_path / "typo", tmp_path / "new")
+    assert not (tmp_path / "new").exists()

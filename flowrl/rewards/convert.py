@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 from pathlib import Path
 
 import torch
 
+from ..atomic import new_folder
 from ..errors import UserError
 from .clip import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
@@ -241,15 +241,7 @@ def convert_reward(kind: str, src: Path, dst: Path, tokenizer_dir: Path, vision_
                    text_head_dim: int | None = None) -> None:
     if kind not in CONVERTERS:
         raise UserError(f"expected one of {sorted(CONVERTERS)}, got {kind!r}")
-    if dst.exists() and any(dst.iterdir()):
-        raise UserError(f"{dst} exists and is not empty; pick a new folder")
     vision, text = HEAD_DIMS[kind]
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.") as partial:  # DST appears whole or not
-        work = Path(partial) / "out"
-        work.mkdir()
+    with new_folder(dst, "DST") as work:  # DST appears whole or not
         CONVERTERS[kind](src, work, tokenizer_dir, vision_head_dim or vision, text_head_dim or text)
         (work / "flowrl_conversion.json").write_text(json.dumps({"from": str(src), "kind": kind}, indent=2))
-        if dst.exists():
-            dst.rmdir()
-        work.rename(dst)
