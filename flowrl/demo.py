@@ -262,6 +262,7 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
     modality, kind = policy.modality, page_kind(policy)
     reward = reward or DEFAULT_REWARD.get(kind, "shapes_clip")
     scorer = build_reward(reward, where="--reward", **(reward_params or {})).to(placement[0])
+    scorer.bind_policy(policy)
     if modality not in scorer.modalities:
         from .errors import ConfigError
 

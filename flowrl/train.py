@@ -228,6 +228,7 @@ class Trainer:
             raise ConfigError(f"algorithm.name: {config.algorithm.name!r} is implemented for flow-matching pipelines; "
                               f"{type(self.policy.pipeline).__name__} predicts noise")
         self.reward = build_rewards(config, self.policy.modality).to(self.accelerator.device)
+        self.reward.bind_policy(self.policy)
         self.algorithm.bind_reward(self.reward)
         self.spec = sample_spec(config, self.policy)
         self.check_trained_steps()

@@ -110,3 +110,31 @@ def test_a_samples_folder_is_judged_one_edit_at_a_time_and_a_rerun_judges_only_t
     assert again.model.calls == 2 and resumed == whole
     with pytest.raises(UserError, match="model: 'scripted', now 'other'"):
         score_samples_folder(scorer(), tmp_path, {"model": "other"}, progress=False)
+
+
+@pytest.mark.parametrize("reference_size", [None, 384])
+def test_the_judge_sees_the_source_as_the_editor_was_given_it(reference_size, tmp_path):
+    """Edits sampled at 16x16 from a 24x40 source: stretched to 16x16 as the editor took it, or as it is where the
+    editor took it at its own aspect (`--reference-size`, read from the folder's sampling.json)."""
+    import numpy as np
+    from PIL import Image
+
+    import flowrl.eval.editscore as editscore
+    from flowrl.samples import as_samples, write_samples
+
+    source = np.random.default_rng(0).integers(0, 255, (24, 40, 3), dtype=np.uint8)
+    Image.fromarray(source).save(tmp_path / "source.png")
+    write_samples(tmp_path, as_samples(torch.rand(1, 3, 16, 16)),
+                  [{"prompt": "make it blue", "image": str(tmp_path / "source.png"), "seed": 0}])
+    (tmp_path / "sampling.json").write_text(json.dumps({"reference_size": reference_size}))
+    shown = []
+
+    class Judge:  # the package's EditScore.evaluate: images [source, edit], the instruction
+        def evaluate(self, images, instruction):
+            shown.append(np.asarray(images[0]))
+            return {key: 1.0 for key in editscore.SCORES}
+
+    editscore.score_samples_folder(Judge(), tmp_path, {"model": "scripted"}, progress=False)
+    assert shown[0].shape == ((24, 40, 3) if reference_size else (16, 16, 3))
+    if reference_size:
+        assert np.array_equal(shown[0], source)

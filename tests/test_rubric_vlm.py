@@ -197,3 +197,35 @@ def test_the_judge_sees_each_source_at_the_size_of_the_edits_it_judges():
     reward(edits, [INSTRUCTION] * 2, {"conditions": [item, item]})
     expected = to_uint8(resized(as_image_batch(source)[0], 16, 16)[None])[0]
     assert seen and all(np.array_equal(s, expected) for s in seen)
+
+
+def test_an_editor_given_its_source_at_its_own_aspect_is_judged_against_the_source_as_it_is():
+    """Under pipeline.reference_size (FLUX.2, Qwen-Image-Edit) the editor takes a 24x40 source at its own aspect, not
+    stretched to the 16x16 sample: the judge is shown the source unstretched (a stretch it never saw would pass for
+    an unintended change)."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(0)
+    source = rng.integers(0, 255, (24, 40, 3), dtype=np.uint8)
+    item = Condition(INSTRUCTION, inputs={"source_image": source})
+    seen = []
+
+    class SizeJudge:
+        def generate(self, images, text):
+            return "[]"
+
+        def yes_no(self, images, text):
+            seen.append(np.asarray(images[0]))
+            return 0.9, 0.1
+
+    reward = build_reward("edit_rubric", mode="group")
+    reward.auditor = VLMEditAuditor(SizeJudge())
+    reward.bind_policy(SimpleNamespace(reference_size=384))
+    reward(torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)), [INSTRUCTION] * 2,
+           {"conditions": [item, item]})
+    assert seen and all(np.array_equal(s, source) for s in seen)
+    seen.clear()
+    reward.bind_policy(SimpleNamespace(reference_size=None))  # the sample size again
+    reward(torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)), [INSTRUCTION] * 2,
+           {"conditions": [item, item]})
+    assert seen and all(s.shape == (16, 16, 3) for s in seen)

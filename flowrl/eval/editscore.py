@@ -113,12 +113,16 @@ def score_samples_folder(scorer, folder, settings: dict, progress: bool = True) 
 
     from ..cli import read_conditions
     from ..images import item_image, to_uint8
-    from ..sample_job import appending, json_lines, resume_or_start
+    from ..sample_job import SETTINGS_FILE as SAMPLING_SETTINGS, appending, json_lines, resume_or_start
     from ..samples import load_samples, read_records
 
     folder = Path(folder)
     records = read_records(folder)
     items = read_conditions(folder, records)
+    # the source as the editor was given it: stretched to the edit's (sample) size, or as it is where the editor
+    # took it at its own aspect (`--reference-size`, in the folder's sampling settings)
+    sampled = folder / SAMPLING_SETTINGS
+    at_own_size = sampled.is_file() and json.loads(sampled.read_text()).get("reference_size") is not None
     rows_path = folder / ROWS_FILE
     resume_or_start(folder / SETTINGS_FILE, settings, f"delete it and {ROWS_FILE} to judge afresh", [rows_path])
     done = {(row.get("file"), row.get("instruction")): row for row in json_lines(rows_path)}
@@ -128,9 +132,8 @@ def score_samples_folder(scorer, folder, settings: dict, progress: bool = True) 
             if key in done:
                 continue
             edit = load_samples(folder, [record]).to_uint8()[0]
-            # the source as the editor was given it: resized to the edit's (sample) size
             source = to_uint8(item_image(item, "source_image", "shapes_edit", "EditScore",
-                                         resize_to=edit.shape[:2])[None])[0]
+                                         resize_to=None if at_own_size else edit.shape[:2])[None])[0]
             done[key] = {"file": record["file"], **score_one(scorer, source, item.prompt, edit)}
             out.write(json.dumps(done[key]) + "\n")
             out.flush()

@@ -40,6 +40,10 @@ class Reward:
         move_modules(self, device)
         return self
 
+    def bind_policy(self, policy) -> None:
+        """Learn what it needs of the policy whose samples it will score (a judge shown an editor's source sees it as
+        the editor was given it); most rewards need nothing."""
+
 
 def move_modules(holder, device, seen: set | None = None) -> None:
     """`.to(device)` on every torch module and reward among `holder`'s attributes, looking into the flowrl-defined
@@ -214,6 +218,10 @@ class WeightedSum(Reward):
         for reward in self.rewards:
             reward.to(device)
         return self
+
+    def bind_policy(self, policy) -> None:
+        for reward in self.rewards:
+            reward.bind_policy(policy)
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
         total, info = 0.0, {}

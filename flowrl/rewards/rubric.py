@@ -106,6 +106,12 @@ class EditRubricReward(Reward):
             auditor = build_vlm_auditor(judge)
         self.auditor = auditor or ShapesEditAuditor()
         self.rubrics_built = 0  # group rubrics built so far (one per group and call)
+        # an editor given its source at the sample size (stretched to it) is judged against that; one given it at
+        # its own aspect (pipeline.reference_size) against the source as it is
+        self.sources_at_sample_size = True
+
+    def bind_policy(self, policy) -> None:
+        self.sources_at_sample_size = getattr(policy, "reference_size", None) is None
 
     def rubric(self, item, issues: list[Criterion]) -> list[tuple[Criterion, float]]:
         """[(criterion, weight)]: the requested change plus the verified, de-duplicated issues."""
@@ -124,8 +130,8 @@ class EditRubricReward(Reward):
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
         items = condition_items(prompts, meta)
         images = to_uint8(samples)
-        if hasattr(self.auditor, "sample_size"):  # a VLM judge sees each source at the edits' size, as the editor did
-            self.auditor.sample_size = tuple(images.shape[1:3])
+        if hasattr(self.auditor, "sample_size"):  # a VLM judge sees each source as the editor was given it
+            self.auditor.sample_size = tuple(images.shape[1:3]) if self.sources_at_sample_size else None
         scores, sizes = np.zeros(len(items)), np.zeros(len(items))
         groups: dict = {}
         for i, item in enumerate(items):

@@ -135,8 +135,8 @@ class VLMEditAuditor:
     def source(self, item):
         """The item's source image as the editor was given it: resized to the size of the edits being judged
         (`sample_size`, which the rubric reward sets per call), as the editing policy resizes it to the sample size,
-        so a stretch the editor saw is not judged an unintended change (read or rendered once for consecutive calls
-        on the same item)."""
+        so a stretch the editor saw is not judged an unintended change; as it is (None) where the editor took it at
+        its own aspect (pipeline.reference_size). Read or rendered once for consecutive calls on the same item."""
         from ..images import item_image, to_pil
 
         cached = self._last_source
