@@ -263,3 +263,28 @@ def test_rewards_served_elsewhere_rebuild_their_items_from_the_request():
         local = reward(batch, prompts, {"conditions": items}).scores
         remote = reward(*decode_request(encode_request(batch, prompts, {"conditions": items}))).scores
         assert torch.equal(local, remote) and local.min() == 1.0
+
+
+def test_edits_drawn_at_another_size_are_judged_as_at_the_worlds():
+    """A real editor on this world samples at, say, 512 px: the verifier, the rule-based auditor and the image
+    verifier judge its edits in the world's 32 px (box-averaged), so an exact render upscaled 16x is judged as the
+    render itself, an unedited source as unedited."""
+    from flowrl.rewards.rubric import ShapesEditAuditor
+    from flowrl.shapes.verifier import dense_score, detect
+    from flowrl.tasks.base import build_task
+
+    rng = np.random.default_rng(3)
+    for spec in [s for s in all_specs()][::40]:
+        source, target = sample_scene(spec, rng)
+        for image in (render(target), render(source)):
+            big = np.kron(image, np.ones((16, 16, 1), dtype=np.uint8))
+            assert judge_edit(big, spec, source, target) == judge_edit(image, spec, source, target)
+            assert detect(big) == detect(image)
+    auditor = ShapesEditAuditor()
+    task_item = build_task("shapes_edit").condition_set("train").items[0]
+    _, source, target = auditor.scene(task_item)
+    for image in (render(target), render(source)):
+        big = np.kron(image, np.ones((16, 16, 1), dtype=np.uint8))
+        assert [c.name for c in auditor.audit(big, task_item)] == [c.name for c in auditor.audit(image, task_item)]
+    big_prompt_image = np.kron(render(target), np.ones((8, 8, 1), dtype=np.uint8))
+    assert dense_score(big_prompt_image, "a red circle") == dense_score(render(target), "a red circle")

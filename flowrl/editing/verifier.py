@@ -27,7 +27,7 @@ import numpy as np
 from scipy import ndimage
 
 from ..shapes.verifier import Detection, detect
-from ..shapes.world import PALETTE, ShapeObject, render
+from ..shapes.world import PALETTE, ShapeObject, render, world_sized
 from .instructions import EditSpec
 
 NEAR = 3.0
@@ -110,7 +110,9 @@ def fidelity(edited: np.ndarray, target_image: np.ndarray) -> float:
 
 def judge_edit(edited: np.ndarray, spec: EditSpec, source: list[ShapeObject],
                target: list[ShapeObject]) -> EditJudgement:
-    """Judge an edited uint8 image [H, W, 3] of `source` under `spec` (target = the exact target scene)."""
+    """Judge an edited uint8 image [H, W, 3] of `source` under `spec` (target = the exact target scene), at the
+    world's size (`world_sized`)."""
+    edited = world_sized(edited)
     found = detect(edited)
     before, after = edited_objects(spec, source, target)
     if spec.kind == "remove":

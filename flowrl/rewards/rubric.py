@@ -54,7 +54,7 @@ class ShapesEditAuditor:
         """Every unintended-change criterion the world can check for this item."""
         from ..editing.verifier import _found, changed_pixels, edit_region, edited_objects
         from ..shapes.verifier import detect
-        from ..shapes.world import render
+        from ..shapes.world import render, world_sized
 
         spec, source, target = self.scene(item)
         after = edited_objects(spec, source, target)[1]
@@ -70,8 +70,8 @@ class ShapesEditAuditor:
             mask[row * half:(row + 1) * half, col * half:(col + 1) * half] = True
             mask &= outside
 
-            def unchanged(image, mask=mask):
-                return not mask.any() or changed_pixels(image, source_image)[mask].mean() <= QUADRANT_CHANGE
+            def unchanged(image, mask=mask):  # in the world's pixels, as the source is rendered
+                return not mask.any() or changed_pixels(world_sized(image), source_image)[mask].mean() <= QUADRANT_CHANGE
 
             out.append(Criterion(f"unchanged: {name}", unchanged))
         return out

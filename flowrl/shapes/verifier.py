@@ -15,7 +15,7 @@ import numpy as np
 from scipy import ndimage
 
 from .prompts import PromptSpec, parse_prompt
-from .world import PALETTE
+from .world import PALETTE, world_sized
 
 BACKGROUND_MAX = 70  # a pixel whose brightest channel is below this is background
 COLOR_MAX_DISTANCE = 130.0  # farther than this from every palette colour: not an object pixel
@@ -54,8 +54,8 @@ def classify_silhouette(mask: np.ndarray) -> str:
 
 
 def detect(image: np.ndarray) -> list[Detection]:
-    """Objects in a uint8 [H, W, 3] image."""
-    pixels = image.astype(np.float32)
+    """Objects in a uint8 [H, W, 3] image, in the world's pixels (`world_sized`)."""
+    pixels = world_sized(image).astype(np.float32)
     bright = pixels.max(axis=-1) >= BACKGROUND_MAX
     distance = np.linalg.norm(pixels[:, :, None, :] - _PALETTE_RGB[None, None], axis=-1)
     nearest = distance.argmin(axis=-1)

@@ -58,6 +58,17 @@ def boxes_clash(a: ShapeObject, b: ShapeObject, gap: int = MIN_GAP) -> bool:
     return not (apart_x or apart_y)
 
 
+def world_sized(image: np.ndarray) -> np.ndarray:
+    """A uint8 [H, W, 3] image at the world's IMAGE_SIZE, box-averaged (an n-times upscaled render comes back
+    exactly): the verifiers' areas, distances and object positions are in the world's pixels, so a model sampling at
+    another size (a real editor at 512 px on the shapes-editing world) is judged as at 32."""
+    if image.shape[:2] == (IMAGE_SIZE, IMAGE_SIZE):
+        return image
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(np.ascontiguousarray(image)).resize((IMAGE_SIZE, IMAGE_SIZE), Image.BOX))
+
+
 def render(objects: list[ShapeObject], image_size: int = IMAGE_SIZE) -> np.ndarray:
     """Render objects onto a black canvas: uint8 array [H, W, 3]."""
     image = np.zeros((image_size, image_size, 3), dtype=np.uint8)
