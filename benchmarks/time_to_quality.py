@@ -56,14 +56,17 @@ VERIFIER = "reward=[{name: shapes, weight: 1.0, params: {dense: true}}]"
 # the verifier's dense reward with one more constraint, exactly the named objects: GenEval's verdict lets "a circle"
 # pass with three circles, and the main job learns that clutter (benchmarks/lora_step_gate.py's exact verdict)
 EXACT_VERIFIER = "reward=[{name: shapes, weight: 1.0, params: {dense: true, exact_objects: true}}]"
+# Flow-GRPO trains the first int(0.99 x 10) = 9 steps in order (its last, lowest-noise step never); the stored
+# grpo_anchor run predates step_order and trained all 10
 ANCHOR = ["sampler.sde_window_size=0", "sampler.noise_level=0.7", "algorithm.params.timestep_fraction=0.99",
+          "algorithm.params.step_order=first",
           "algorithm.params.kl_beta=0.04", "algorithm.params.std=global", "algorithm.params.clip_range=1.0e-4",
           "train.lr=3.0e-4", "train.lr_schedule=constant"]
 # DiffusionNFT at the paper's geneval setting (DiffusionNFT config/nft.py): CFG-free rollouts, training and evaluation
 # (the gain is still against the base at CFG 4.5), every step trained, the reference's C x loss, A = 0 items kept,
 # lr 3e-4 constant; their KL beta 1e-4 and EMA old policy (decay <= 0.16 over these updates) are left out. The
 # shipped recipe trains the guided velocity at CFG 4.5 and collapses on the verifier's reward.
-NFT_CFG_FREE = ["sampler.guidance_scale=1.0", "eval.guidance_scale=1.0", "algorithm.params.timestep_fraction=0.99",
+NFT_CFG_FREE = ["sampler.guidance_scale=1.0", "eval.guidance_scale=1.0", "algorithm.params.timestep_fraction=1.0",
                 "algorithm.params.scale_by_adv_clip=true", "algorithm.params.drop_zero_advantage=false",
                 "train.lr=3.0e-4", "train.lr_schedule=constant"]
 # name: (shipped config, overrides); the reward is the verifier's unless the method needs gradients of it

@@ -33,6 +33,17 @@ def test_trained_steps_are_a_seeded_subset():
     assert len(trained_steps(mask, 1.0, seed=3)) == 8
 
 
+def test_trained_steps_are_counted_as_the_anchors_count_them():
+    """int(fraction x n), at least 1 (Flow-GRPO, DanceGRPO, DiffusionNFT, Flow-Factory): 0.99 of 10 steps is 9, 0.6
+    of 16 is 9; `first` takes them in sampling order, as Flow-GRPO trains (its last, lowest-noise step never)."""
+    ten, sixteen = torch.ones(10, dtype=torch.bool), torch.ones(16, dtype=torch.bool)
+    assert len(trained_steps(ten, 0.99, seed=0)) == 9 and len(trained_steps(sixteen, 0.6, seed=0)) == 9
+    assert len(trained_steps(ten, 0.3, seed=0)) == 3 and len(trained_steps(ten, 0.01, seed=0)) == 1
+    assert trained_steps(ten, 0.99, seed=5, order="first").tolist() == list(range(9))
+    window = torch.tensor([False, True, True, True] + [False] * 6)  # only the SDE window's steps are trainable
+    assert trained_steps(window, 0.7, seed=5, order="first").tolist() == [1, 2]
+
+
 def _batch(policy, kind="flow"):
     prompts = ["a red circle"] * 3 + ["a square"] * 3
     cond = policy.encode(prompts, 2.0)

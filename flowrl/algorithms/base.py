@@ -123,12 +123,17 @@ def validate_step_range(step_range: list[float]) -> None:
         raise ConfigError(f"algorithm.params.step_range: expected [lo, hi] with 0 <= lo < hi <= 1, got {step_range}")
 
 
-def trained_steps(trainable: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
-    """A seeded random subset (ceil(fraction * n) of n) of the trainable step indices, in a random order."""
+def trained_steps(trainable: torch.Tensor, fraction: float, seed: int, order: str = "random") -> torch.Tensor:
+    """floor(fraction * n) (at least 1) of the n trainable step indices, as every anchor counts them (Flow-GRPO,
+    DanceGRPO, DiffusionNFT, Flow-Factory: int(n * fraction); 0.99 of 10 steps is 9). `order` "random": a seeded
+    random subset in a random order (DanceGRPO's and DiffusionNFT's per-sample permutation); "first": the first
+    ones in sampling order (Flow-GRPO's: 0.99 drops the last, lowest-noise step)."""
     candidates = torch.nonzero(trainable).flatten()
-    count = max(1, math.ceil(fraction * len(candidates) - 1e-9)) if len(candidates) else 0
-    order = torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed + 7919))
-    return candidates[order[:count]]
+    count = max(1, math.floor(fraction * len(candidates) + 1e-9)) if len(candidates) else 0
+    if order == "first":
+        return candidates[:count]
+    permutation = torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed + 7919))
+    return candidates[permutation[:count]]
 
 
 class Algorithm:

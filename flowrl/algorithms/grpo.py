@@ -36,6 +36,9 @@ class GRPOParams:
     kl_beta: float = 0.0
     kl_form: Literal["flow_grpo", "gaussian"] = "flow_grpo"
     timestep_fraction: float = 1.0
+    # which floor(fraction x n) steps train: "random" (a per-sample seeded subset, DanceGRPO's) or "first" (in
+    # sampling order, Flow-GRPO's: at 0.99 the last, lowest-noise step is the one left out)
+    step_order: Literal["random", "first"] = "random"
     shared_initial_noise: bool = False  # DanceGRPO: one initial noise per prompt group
     # DanceGRPO's best-of-N (its video recipe: --bestofn 8 of 24): train only each group's best_of / 2 samples of
     # highest and best_of / 2 of lowest advantage (advantages from the whole group); 0: every sample
@@ -106,7 +109,7 @@ class GRPO(Algorithm):
         trainable = traj.stochastic & window_mask(traj.num_steps, p.window_schedule, batch.progress, p.window_size)
         samples, steps = [], []
         for i in torch.nonzero(keep).flatten().tolist():
-            chosen = trained_steps(trainable, p.timestep_fraction, batch.seeds[i])
+            chosen = trained_steps(trainable, p.timestep_fraction, batch.seeds[i], p.step_order)
             samples += [i] * len(chosen)
             steps += chosen.tolist()
         weights = [1.0] * len(samples)
