@@ -179,7 +179,10 @@ class TrainSection:
     ema_decay: float = 0.0  # 0 disables EMA of the trained weights
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     weight_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"  # frozen weights (base model, VAE, text encoders)
-    cfg_uncond_grad: bool = False  # gradient through CFG's unconditional branch (Flow-GRPO: none)
+    # gradient through CFG's unconditional branch; None: the method's own (`uncond_grad_of`): none for likelihood
+    # ratio methods (Flow-GRPO's SD3 script detaches it), kept where the method differentiates the sampler
+    # (DRaFT, ReFL, MEND: the guided output whole, as AlignProp and DRaFT do)
+    cfg_uncond_grad: bool | None = None
     normalize_rewards: Literal["none", "batch", "group"] = "none"  # standardize each reward term before weighting
     checkpoint_every: int = 10
     keep_checkpoints: int = 2

@@ -21,7 +21,7 @@ import yaml
 from tqdm import tqdm
 
 from .algorithms import RolloutBatch, WorkItems, build_algorithm
-from .algorithms.base import drop_groups
+from .algorithms.base import ALGORITHMS, drop_groups
 from .checkpoint import RUN_CONFIG, CorruptCheckpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from .config import RunConfig, config_to_dict
 from .devices import use_deterministic_kernels
@@ -76,11 +76,20 @@ def build_policy(config: RunConfig):
     return policy
 
 
+def uncond_grad_of(config: RunConfig) -> bool:
+    """train.cfg_uncond_grad, else the algorithm's own rule: a method that backpropagates a reward through the
+    sampler keeps the unconditional branch's gradient (its gradient is the guided output's), a likelihood ratio
+    method drops it (Flow-GRPO)."""
+    if config.train.cfg_uncond_grad is not None:
+        return config.train.cfg_uncond_grad
+    return bool(ALGORITHMS.get(config.algorithm.name, "algorithm.name").needs_reward_gradient)
+
+
 def placed_policy(config: RunConfig, device):
     """`build_policy` made ready to run: on `device` with the configured frozen-weight dtype, CFG gradient rule and
     memory options (the learner's policy, and the asynchronous rollout worker's copy)."""
     policy = build_policy(config)
-    policy.cfg_uncond_grad = config.train.cfg_uncond_grad
+    policy.cfg_uncond_grad = uncond_grad_of(config)
     t = config.train
     policy.place(device, WEIGHT_DTYPES[t.weight_dtype], text_encoders_on_host=t.offload_text_encoders)
     policy.set_memory_options(t.gradient_checkpointing, config.pipeline.vae_slicing, config.pipeline.vae_tiling,

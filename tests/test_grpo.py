@@ -178,6 +178,24 @@ def test_kl_forms_against_their_formulas(kind):
         assert torch.all(results["gaussian"] > results["flow_grpo"])  # the exact KL is 1/|dt| times larger
 
 
+def test_the_unconditional_gradient_rule_defaults_to_the_methods_own():
+    """Unset, train.cfg_uncond_grad follows the method: a likelihood ratio method drops the unconditional branch's
+    gradient (Flow-GRPO), one that differentiates the sampler keeps it (DRaFT's gradient is the guided output's); a
+    set value wins."""
+    from conftest import REPO
+    from flowrl.config import load_config
+    from flowrl.train import uncond_grad_of
+
+    config = REPO / "configs" / "shapes_grpo.yaml"
+    unset = ["train.cfg_uncond_grad=null"]
+    assert uncond_grad_of(load_config(config, unset)) is False
+    for name in ("draft", "refl"):
+        assert uncond_grad_of(load_config(config, [*unset, f"algorithm.name={name}", "algorithm.params={}",
+                                                   "reward=[{name: shapes_clip}]"])) is True
+    assert uncond_grad_of(load_config(config, ["algorithm.name=draft", "algorithm.params={}",
+                                               "reward=[{name: shapes_clip}]", "train.cfg_uncond_grad=false"])) is False
+
+
 def test_cfg_unconditional_branch_is_detached_by_default():
     """Guided v = v_u + w (v_c - v_u): by default only w v_c carries gradient (Flow-GRPO); with cfg_uncond_grad the
     full expression does. The values are identical."""
