@@ -208,6 +208,8 @@ class TrainSection:
             raise ConfigError(f"train.group_size: expected an integer >= 2 (group advantages need it), got {self.group_size}")
         if self.lr <= 0:
             raise ConfigError(f"train.lr: expected a positive number, got {self.lr}")
+        if self.grad_clip <= 0:  # 0 would zero every gradient, a negative norm flip its sign
+            raise ConfigError(f"train.grad_clip: expected a positive gradient norm, got {self.grad_clip}")
         if not 0 <= self.ema_decay < 1:
             raise ConfigError(f"train.ema_decay: expected a number in [0, 1), got {self.ema_decay}")
         if self.data_loss is not None:

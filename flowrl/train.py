@@ -76,6 +76,15 @@ def build_policy(config: RunConfig):
     return policy
 
 
+def without_buffer_broadcast(model) -> None:
+    """A DDP wrapper that leaves buffers alone: DDP re-broadcasts them from rank 0 before every forward with grad,
+    so processes running unequal numbers of forwards (a gated LoRA takes one or two passes per microbatch, by its
+    items' noise levels) would pair one's broadcast with another's gradient all-reduce: a hang, or mixed data. The
+    denoisers' buffers (RoPE tables, positional embeddings) are constants, so nothing needs broadcasting."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model.broadcast_buffers = False
+
+
 def uncond_grad_of(config: RunConfig) -> bool:
     """train.cfg_uncond_grad, else the algorithm's own rule: a method that backpropagates a reward through the
     sampler keeps the unconditional branch's gradient (its gradient is the guided output's), a likelihood ratio
@@ -254,6 +263,7 @@ class Trainer:
             # (one module: with Wan2.2's two experts both training, one module holding both, so one reducer orders
             # the gradient collectives alike on every process)
             self.policy.model, self.optimizer = self.accelerator.prepare(self.policy.distributed_module(), optimizer)
+            without_buffer_broadcast(self.policy.model)
             self.policy.distributed = True
             params = self.policy.trainable_parameters()  # FSDP2 puts sharded parameters in place of the module's own
         else:  # one process: the bare module (no wrapper, no output casting), as before

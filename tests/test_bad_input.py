@@ -35,6 +35,7 @@ CONFIG_CASES = [  # (overrides, expected text)
     (["algorithm.name=ppo"], "algorithm.name: unknown algorithm 'ppo'"),
     (["train.collective_timeout_minutes=0"], "train.collective_timeout_minutes: expected an integer >= 1, got 0"),
     (["run.seed=-1"], "run.seed: expected an integer >= 0, got -1"),
+    (["train.grad_clip=0"], "train.grad_clip: expected a positive gradient norm, got 0"),
     (["eval.num_steps=0"], "eval.num_steps: expected an integer >= 1, got 0"),
     (["eval.num_per_prompt=0"], "eval.num_per_prompt: expected an integer >= 1, got 0"),
     (["eval.seed=-3"], "eval.seed: expected an integer >= 0, got -3"),

@@ -283,3 +283,20 @@ def test_a_deepspeed_launch_is_one_clear_error(tiny_sd3_dir, tmp_path):
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "ds", updates=1)
     with pytest.raises(ConfigError, match="DeepSpeed is not supported.*ddp.yaml.*fsdp2.yaml"):
         Trainer(load_config(path), accelerator=SimpleNamespace(distributed_type=DistributedType.DEEPSPEED), log=False)
+
+
+def test_ddp_processes_running_unequal_forwards_do_not_pair_a_broadcast_with_a_reduction():
+    """A gated LoRA runs one or two passes per microbatch by its items' noise levels, so processes differ in forward
+    counts: DDP's buffer broadcast before each forward would then pair with another process's gradient all-reduce
+    (measured: a 30 s gloo timeout without `without_buffer_broadcast`)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from run_helpers import gloo_env
+
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29731",
+                             str(REPO / "tests" / "ddp_buffers_worker.py")], cwd=REPO, capture_output=True, text=True,
+                            env=gloo_env(PYTHONPATH=str(REPO)), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("ok") == 2
