@@ -408,7 +408,14 @@ class Trainer:
         metrics.update({"reward_mean": global_rewards.mean().item(), "reward_std": global_rewards.std().item()})
         if steering is not None:  # FK-resampled groups are biased towards the reward: say so in every row
             metrics["fk_resamplings"] = float(len(steering.resampled_at))
-        for key, value in sorted(scored.info.items()):  # the same order on every process
+        keys = sorted(scored.info)
+        if self.world > 1:  # one gather per key on every process: a process whose reward failed wholly holds only
+            # the terms' names (a scorer's own keys, e.g. pickscore/cosine, are missing there), so agree on the union
+            from accelerate.utils import gather_object
+
+            keys = sorted(set().union(*gather_object([keys])))
+        for key in keys:  # the same order on every process
+            value = scored.info.get(key, torch.full_like(scored.scores, float("nan")))
             gathered = self.accelerator.gather(value.float().to(self.accelerator.device))
             finite = torch.isfinite(gathered)
             metrics[f"reward/{key}"] = (gathered if finite.all() else gathered[finite]).mean().item()

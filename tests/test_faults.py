@@ -36,6 +36,22 @@ class RaisesOnSomeSeeds(Reward):
         return RewardOutput(samples.flatten(1).mean(1))
 
 
+class UnavailableOnProcessOne(Reward):
+    """Brightness with a scorer's own info key (as PickScore's `cosine`), unavailable on process 1 (RANK 1): there
+    every sample fails, and the process's scores hold none of the scorer's keys."""
+    name = "unavailable_on_one"
+
+    def __call__(self, samples, prompts, meta=None):
+        import os
+
+        from flowrl.rewards.base import RewardUnavailable
+
+        if os.environ.get("RANK") == "1":
+            raise RewardUnavailable("the judge is down for this process")
+        scores = samples.flatten(1).mean(1)
+        return RewardOutput(scores, {"darkness": 1 - scores})
+
+
 def _trainer(tiny_sd3_dir, tmp_path, reward, *overrides, updates=2):
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "faults", updates=updates)
     return Trainer(load_config(path, [f"reward=[{{name: test_faults:{reward}}}]", *overrides]), log=False)
@@ -86,6 +102,32 @@ def test_a_process_whose_every_group_failed_skips_the_update_with_the_others(tin
     rows = list(csv.DictReader((tmp_path / "runs/two/metrics.csv").open()))
     assert [bool(r.get("update_skipped")) for r in rows] == expected
     assert all(bool(r.get("loss")) != skipped for r, skipped in zip(rows, expected))  # the others trained
+
+
+@pytest.mark.slow
+def test_a_process_whose_reward_is_down_logs_the_same_metrics_as_the_others(tiny_sd3_dir, tmp_path):
+    """One of 2 gloo processes scores nothing (its reward unavailable): it holds no scorer info keys, the other does.
+    Gathering per key would pair one process's extra gather with the other's next collective (a hang); every
+    process gathers the agreed keys, the updates are skipped, the run ends and logs the other's keys."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from run_helpers import gloo_env
+
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "down", updates=2,
+                           groups_per_update=2, checkpoint_every=0, ema_decay=0.0)
+    env = gloo_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29541",
+                             "-m", "flowrl", "train", str(path), "reward=[{name: test_faults:UnavailableOnProcessOne}]",
+                             "train.max_failed_reward_share=0.9", "train.collective_timeout_minutes=1"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = list(csv.DictReader((tmp_path / "runs/down/metrics.csv").open()))
+    assert len(rows) == 2 and all(r.get("update_skipped") for r in rows)
+    assert all(float(r["reward/unavailable_on_one/darkness"]) > 0 for r in rows)
 
 
 @pytest.mark.slow
