@@ -76,6 +76,21 @@ def build_policy(config: RunConfig):
     return policy
 
 
+def fsdp2_precision(accelerator) -> None:
+    """Under FSDP2 with bf16 / fp16 compute: gradients accumulated and reduced in fp32, and the forward's inputs
+    left as the policy makes them. accelerate's own policy reduces in the compute dtype (so microbatch gradients
+    add up in bf16, where DDP adds in fp32) and casts every float input (the timestep sigma x 1000, which families
+    such as HunyuanVideo take in fp32, would round to bf16's spacing of 4 above 512)."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(accelerator.mixed_precision))
+    if compute is None or plugin is None or not getattr(accelerator, "is_fsdp2", False):
+        return
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    plugin.mixed_precision_policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32,
+                                                         cast_forward_inputs=False)
+
+
 def without_buffer_broadcast(model) -> None:
     """A DDP wrapper that leaves buffers alone: DDP re-broadcasts them from rank 0 before every forward with grad,
     so processes running unequal numbers of forwards (a gated LoRA takes one or two passes per microbatch, by its
@@ -259,6 +274,7 @@ class Trainer:
         if not params:
             raise ConfigError("nothing to train: the policy has no trainable parameters")
         optimizer = build_optimizer(config.train, params)
+        fsdp2_precision(self.accelerator)
         if self.world > 1:  # one prepare() call: what DDP and FSDP2 each need to wrap model and optimizer
             # (one module: with Wan2.2's two experts both training, one module holding both, so one reducer orders
             # the gradient collectives alike on every process)

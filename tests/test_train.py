@@ -300,3 +300,25 @@ def test_ddp_processes_running_unequal_forwards_do_not_pair_a_broadcast_with_a_r
                             env=gloo_env(PYTHONPATH=str(REPO)), timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("ok") == 2
+
+
+def test_fsdp2_under_bf16_reduces_in_fp32_and_leaves_the_inputs_uncast():
+    """accelerate's FSDP2 policy reduces (and accumulates no-sync microbatches) in the compute dtype and casts every
+    float input, the timestep included; the trainer's keeps gradients in fp32 and the inputs as the policy made them.
+    Left alone: no mixed precision, or no FSDP2."""
+    from types import SimpleNamespace
+
+    from flowrl.train import fsdp2_precision
+
+    def accelerator(mixed_precision, fsdp2=True):
+        return SimpleNamespace(state=SimpleNamespace(fsdp_plugin=SimpleNamespace(mixed_precision_policy=None)),
+                               mixed_precision=mixed_precision, is_fsdp2=fsdp2)
+
+    bf16 = accelerator("bf16")
+    fsdp2_precision(bf16)
+    policy = bf16.state.fsdp_plugin.mixed_precision_policy
+    assert (policy.param_dtype, policy.reduce_dtype, policy.cast_forward_inputs) == (torch.bfloat16, torch.float32,
+                                                                                     False)
+    for untouched in (accelerator("no"), accelerator("bf16", fsdp2=False)):
+        fsdp2_precision(untouched)
+        assert untouched.state.fsdp_plugin.mixed_precision_policy is None
