@@ -287,6 +287,7 @@ class Trainer:
         self.params = params
         self.state = RunState()
         self.saved_update: int | None = None  # the update this run dir's newest checkpoint holds, once known
+        self.stepped = False  # whether the current update's optimizer has stepped
         self.saved_snapshots: dict[int, dict] = {}  # rollout-worker snapshots a resumed checkpoint carried
         self.worker = None  # the asynchronous rollout worker while run() goes (train.async_rollouts)
         if config.train.ema_decay > 0:
@@ -519,6 +520,7 @@ class Trainer:
                     progress.update(1)
             fault_point("update", update)
             grad_norms.append(float(self.accelerator.clip_grad_norm_(self.params, c.grad_clip)))
+            self.stepped = True  # from here on (an interrupt inside the step too) the weights may hold part of it
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self._update_ema()
@@ -654,6 +656,7 @@ class Trainer:
             while self.state.update < c.train.updates:
                 update = self.state.update
                 started = time.time()
+                self.stepped = False
                 if self.worker is not None:
                     batch, metrics = self.worker.take(update)
                 else:
@@ -679,6 +682,12 @@ class Trainer:
                 if c.train.checkpoint_every and self.state.update % c.train.checkpoint_every == 0:
                     self.save()
         except KeyboardInterrupt:
+            if self.stepped:  # weights, Adam's moments and EMA hold part of this update: saved as
+                # update u, a resume would apply its steps again
+                if self.log:
+                    tqdm.write(f"interrupted inside update {self.state.update + 1}'s optimizer steps: no checkpoint is "
+                               "written now; the run resumes from its last one (train.checkpoint_every)")
+                raise
             if self.sharded():  # each process stopped at its own point: gathering shards now could pair with the
                 # collectives another process still has pending
                 if self.log:

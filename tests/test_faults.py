@@ -280,3 +280,34 @@ def test_a_reward_failing_in_an_evaluation_stops_the_run_with_one_clear_error(ti
                                 "eval.num_per_prompt=1", "eval.num_steps=2"])
     with pytest.raises(UserError, match="evaluation: the reward failed on process 0: KeyError"):
         run_experiment(config)
+
+
+@pytest.mark.parametrize("after_a_step", [False, True])
+def test_ctrl_c_saves_only_at_an_update_boundary(tiny_sd3_dir, tmp_path, after_a_step):
+    """Ctrl-C before an update's first optimizer step saves the run at that update (nothing of it applied yet);
+    after it, weights, Adam's moments and EMA hold part of the update, which a checkpoint at that number would
+    apply again on resume: none is written, the last periodic one stands."""
+    trainer = _trainer(tiny_sd3_dir, tmp_path, "NaNForSomeSeeds", "train.optimizer_steps_per_update=2",
+                       "train.checkpoint_every=0", "train.max_failed_reward_share=0.9")
+    if after_a_step:
+        step = trainer.optimizer.step
+
+        def interrupted_step(*args, **kwargs):
+            step(*args, **kwargs)
+            if trainer.state.update == 1:
+                raise KeyboardInterrupt
+
+        trainer.optimizer.step = interrupted_step
+    else:
+        optimize = trainer.optimize
+
+        def interrupted_optimize(batch, items, update, progress=None):
+            if update == 1:
+                raise KeyboardInterrupt
+            return optimize(batch, items, update, progress)
+
+        trainer.optimize = interrupted_optimize
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run()
+    saved = sorted(p.name for p in (tmp_path / "runs/faults/checkpoints").glob("update_*"))
+    assert saved == ([] if after_a_step else ["update_000001"])
