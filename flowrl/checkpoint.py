@@ -21,12 +21,13 @@ from .errors import UserError
 
 
 def save_checkpoint(folder: Path, update: int, trainable: dict, optimizer_state: dict, ema: dict | None,
-                    adapter: dict | None = None, keep: int = 2, write_extra=None) -> Path:
-    """Write a checkpoint atomically; `write_extra(tmp_folder)` adds files (e.g. exports) before the rename."""
+                    adapter: dict | None = None, keep: int = 2, write_extra=None, grad_scaler: dict | None = None) -> Path:
+    """Write a checkpoint atomically; `write_extra(tmp_folder)` adds files (e.g. exports) before the rename;
+    `grad_scaler` is fp16 training's loss-scale state (its scale and growth tracker)."""
     final = folder / f"update_{update:06d}"
     tmp = folder / f".tmp_update_{update:06d}"
     try:
-        _write(tmp, update, trainable, optimizer_state, ema, adapter, write_extra)
+        _write(tmp, update, trainable, optimizer_state, ema, adapter, write_extra, grad_scaler)
     except OSError as error:  # a full disk, a vanished mount: keep what was there, name the problem
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(f"could not write checkpoint {final} ({error}); the previous checkpoints are intact") from None
@@ -39,7 +40,7 @@ def save_checkpoint(folder: Path, update: int, trainable: dict, optimizer_state:
 
 
 def _write(tmp: Path, update: int, trainable: dict, optimizer_state: dict, ema: dict | None, adapter: dict | None,
-           write_extra) -> None:
+           write_extra, grad_scaler: dict | None = None) -> None:
     tmp.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -49,8 +50,12 @@ def _write(tmp: Path, update: int, trainable: dict, optimizer_state: dict, ema: 
     torch.save(optimizer_state, tmp / "optimizer.pt")
     if adapter is not None:  # how to rebuild the LoRA adapter these weights belong to
         (tmp / "adapter.json").write_text(json.dumps(adapter))
-    state = {"update": update, "python_rng": repr(random.getstate()),
-             "numpy_rng": np.random.get_state()[1].tolist(), "torch_rng": torch.get_rng_state().tolist()}
+    _, keys, position, has_gauss, gauss = np.random.get_state()  # the whole state: the key and where in it
+    state = {"update": update, "python_rng": repr(random.getstate()), "numpy_rng": keys.tolist(),
+             "numpy_rng_position": [int(position), int(has_gauss), float(gauss)],
+             "torch_rng": torch.get_rng_state().tolist()}
+    if grad_scaler:
+        state["grad_scaler"] = grad_scaler
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # the GPU's generator: dropout in a trained model
         state["cuda_rng"] = torch.cuda.get_rng_state().tolist()
     if write_extra is not None:
@@ -81,15 +86,16 @@ def load_checkpoint(path: Path) -> dict:
         saved = {"update": state["update"],
                  "trainable": load_file(path / "trainable.safetensors"),
                  "ema": load_file(path / "ema.safetensors") if (path / "ema.safetensors").is_file() else None,
-                 "optimizer": torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")}
+                 "optimizer": torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"),
+                 "grad_scaler": state.get("grad_scaler")}
         rng = (torch.tensor(state["torch_rng"], dtype=torch.uint8), np.array(state["numpy_rng"], dtype=np.uint32),
                ast.literal_eval(state["python_rng"]))
         cuda_rng = torch.tensor(state["cuda_rng"], dtype=torch.uint8) if "cuda_rng" in state else None
     except Exception as error:  # truncated or garbled files: whatever the reader raised
         raise CorruptCheckpoint(f"checkpoint {path} is corrupt ({type(error).__name__}: {error})") from None
     torch.set_rng_state(rng[0])
-    np_state = np.random.get_state()
-    np.random.set_state((np_state[0], rng[1], *np_state[2:]))
+    position = state.get("numpy_rng_position")  # (checkpoints before it kept only the key: its position stays)
+    np.random.set_state(("MT19937", rng[1], *(position or np.random.get_state()[2:])))
     random.setstate(rng[2])
     if cuda_rng is not None and torch.cuda.is_available():  # a GPU run's checkpoint resumed on a CPU needs none
         torch.cuda.set_rng_state(cuda_rng)

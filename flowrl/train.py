@@ -576,9 +576,11 @@ class Trainer:
                 write_lora_files(self.policy, ema or trainable, folder)
             fault_point("checkpoint", update)  # files written, state.json not yet
 
+        scaler = getattr(self.accelerator, "scaler", None)  # fp16's loss scale: a resume starts where it stood
         return save_checkpoint(self.checkpoint_dir, update, trainable,
                                optimizer_state, ema, adapter_description(self.config, self.policy),
-                               keep=self.config.train.keep_checkpoints, write_extra=export)
+                               keep=self.config.train.keep_checkpoints, write_extra=export,
+                               grad_scaler=scaler.state_dict() if scaler is not None else None)
 
     def resume_path(self) -> Path | None:
         requested = self.config.run.resume
@@ -625,10 +627,13 @@ class Trainer:
         self.policy.load_trainable_state_dict(saved["trainable"])
         in_order = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.optimizer.load_state_dict(sharded_optimizer_state(saved["optimizer"], in_order))
-        if saved["ema"] is not None and self.state.ema is not None:
+        if self.state.ema is not None:  # the saved EMA, or (a run saved without one) the restored weights
             with torch.no_grad():
-                for e, name in zip(self.state.ema, self.policy.named_trainable_parameters()):
-                    e.copy_(like(saved["ema"][name], e))
+                for e, (name, p) in zip(self.state.ema, self.policy.named_trainable_parameters().items()):
+                    e.copy_(like(saved["ema"][name], e) if saved["ema"] is not None else p.detach())
+        scaler = getattr(self.accelerator, "scaler", None)
+        if scaler is not None and saved["grad_scaler"]:
+            scaler.load_state_dict(saved["grad_scaler"])
         self.state.update = saved["update"]
         if Path(path).resolve().parent == self.checkpoint_dir.resolve():  # the run dir holds it (not another run's)
             self.saved_update = saved["update"]

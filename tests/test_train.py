@@ -270,6 +270,44 @@ def test_a_checkpoint_carries_the_gpus_generator_when_a_gpu_is_in_use(tmp_path, 
     assert len(restored) == 1 and torch.equal(restored[0], gpu_state)
 
 
+def test_a_checkpoint_restores_numpys_generator_where_it_stood(tmp_path):
+    """numpy's global generator (third-party reward code draws from it) comes back at the saved position, not only
+    with the saved key: the draws after a resume are those after the save."""
+    import numpy as np
+
+    from flowrl.checkpoint import load_checkpoint, save_checkpoint
+
+    np.random.seed(3)
+    np.random.random(5)
+    np.random.standard_normal()  # numpy caches the second gaussian of a pair: part of the state too
+    path = save_checkpoint(tmp_path, 1, {"w": torch.ones(2)}, {}, None)
+    expected = (np.random.random(3), np.random.standard_normal())
+    np.random.random(1000)
+    load_checkpoint(path)
+    again = (np.random.random(3), np.random.standard_normal())
+    assert np.array_equal(expected[0], again[0]) and expected[1] == again[1]
+
+
+def test_resume_restores_the_loss_scale_and_starts_an_ema_from_the_restored_weights(tiny_sd3_dir, tmp_path):
+    """fp16's loss scale resumes where it stood (a fresh 65536 would overflow and skip the first steps); a run with
+    an EMA resumed from a checkpoint saved without one starts its EMA from the restored weights, not the base's."""
+    from flowrl.config import load_config
+    from flowrl.train import Trainer
+
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "scale", updates=1, ema_decay=0.0)
+    first = Trainer(load_config(path), log=False)
+    first.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=256.0, growth_interval=50)
+    first.run()
+    later = Trainer(load_config(path, ["train.updates=2", "train.ema_decay=0.9"]), log=False)
+    later.accelerator.scaler = torch.amp.GradScaler("cpu")  # 65536, as a new run's
+    later.resume()
+    assert later.accelerator.scaler.get_scale() == 256.0
+    assert later.accelerator.scaler.state_dict()["growth_interval"] == 50
+    trained = [p.detach() for p in later.policy.named_trainable_parameters().values()]
+    assert any(p.abs().max() > 0 for p in trained if p.ndim == 2)  # (LoRA B moved off zero: weights were trained)
+    assert all(torch.equal(e, p) for e, p in zip(later.state.ema, trained))
+
+
 def test_a_deepspeed_launch_is_one_clear_error(tiny_sd3_dir, tmp_path):
     """accelerate's DeepSpeed backward would step the optimizer once per microbatch: refused before anything loads."""
     from types import SimpleNamespace
