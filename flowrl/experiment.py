@@ -27,14 +27,16 @@ GRID_PROMPTS = 12
 def sampled_as_checkpoint(trainer: Trainer):
     """The trainer's policy with its LoRA gated as `flowrl sample` draws from the run's checkpoints (the gate that
     checkpoint.sampling_gate reads from the run's adapter description); the training rollouts' gate is back
-    afterwards."""
+    afterwards. Under the run's mixed precision, as its rollouts: on several processes the wrapped denoiser
+    autocasts every call, so one process must too for a checkpoint to score alike on 1 GPU and on N."""
     policy = trainer.policy
     training_gate = policy.lora_active_from_sigma
     adapter = adapter_description(trainer.config, policy)
     if adapter is not None:
         policy.lora_active_from_sigma = sampling_gate(adapter)
     try:
-        yield policy
+        with trainer.accelerator.autocast():
+            yield policy
     finally:
         policy.lora_active_from_sigma = training_gate
 

@@ -360,3 +360,25 @@ def test_fsdp2_under_bf16_reduces_in_fp32_and_leaves_the_inputs_uncast():
     for untouched in (accelerator("no"), accelerator("bf16", fsdp2=False)):
         fsdp2_precision(untouched)
         assert untouched.state.fsdp_plugin.mixed_precision_policy is None
+
+
+def test_evaluations_run_in_the_runs_mixed_precision_as_its_rollouts_do(tiny_sd3_dir, tmp_path):
+    """On several processes the wrapped denoiser autocasts every call (accelerate's prepare), evaluations included;
+    one process autocasts its rollouts explicitly and must do so for evaluations too, or one checkpoint scores
+    differently on 1 GPU and on N."""
+    from flowrl.config import load_config
+    from flowrl.experiment import evaluate
+    from flowrl.train import Trainer
+
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "bf16", updates=1)
+    trainer = Trainer(load_config(path, ["train.mixed_precision=bf16", "eval.num_per_prompt=1", "eval.num_steps=2"]),
+                      log=False)
+    seen, forward = [], trainer.policy._forward
+
+    def recording(*args, **kwargs):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return forward(*args, **kwargs)
+
+    trainer.policy._forward = recording
+    evaluate(trainer, "eval", judge=False)
+    assert seen and all(seen)
