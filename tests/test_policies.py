@@ -725,3 +725,18 @@ def test_a_sharing_copy_shares_frozen_weights_and_owns_its_adapter():
         assert not torch.allclose(copy.velocity(x, 0.6, copy.encode(prompts, 2.0), 2.0), before)
     # offloading moves the shared text encoders between devices (a no-op on this CPU machine): one lock for both
     assert copy._encode_lock is policy._encode_lock
+
+
+def test_sd3_with_dynamic_shifting_takes_its_schedulers_bounds_as_the_pipeline_does():
+    """StableDiffusion3Pipeline computes mu from the scheduler config's sequence lengths and shifts (max_shift
+    defaulting to 1.16): a folder with its own bounds samples on the pipeline's sigmas."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    pipe = tiny_shapes_sd3()
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_image_seq_len=16,
+                                                     max_image_seq_len=256, base_shift=0.2, max_shift=2.5)
+    policy = policy_for(pipe, max_sequence_length=16)
+    shape = policy.noise_shape(SampleSpec(32, 32))
+    pipe(prompt=["a red circle"], num_inference_steps=4, guidance_scale=1.0, height=32, width=32,
+         output_type="latent", max_sequence_length=16)
+    torch.testing.assert_close(policy.sigmas(4, shape)[:4].float(), pipe.scheduler.sigmas[:4].float())

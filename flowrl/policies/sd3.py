@@ -49,8 +49,10 @@ class SD3Policy(FlowPolicy):
         mu = None
         if scheduler.config.get("use_dynamic_shifting", False):
             from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
-            patch = self.transformer.config.patch_size
-            mu = calculate_shift(noise_shape[-1] * noise_shape[-2] // patch**2)
+            patch, c = self.transformer.config.patch_size, scheduler.config
+            # the scheduler config's bounds, with StableDiffusion3Pipeline's own defaults (max_shift 1.16)
+            mu = calculate_shift(noise_shape[-1] * noise_shape[-2] // patch**2, c.get("base_image_seq_len", 256),
+                                 c.get("max_image_seq_len", 4096), c.get("base_shift", 0.5), c.get("max_shift", 1.16))
         scheduler.set_timesteps(num_steps, mu=mu)
 
     def encode_images(self, images, generator: torch.Generator | None = None) -> torch.Tensor:
