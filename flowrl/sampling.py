@@ -124,10 +124,13 @@ def ddim_step(epsilon: torch.Tensor, sample: torch.Tensor, alpha_prod, alpha_pro
 
 
 def diffusion_time_scale(kind: str, sigma, sigma_next) -> torch.Tensor:
-    """|dt| for the Euler-Maruyama kinds (flow, dance, sage), whose step variance is std_t^2 |dt|; 1 otherwise.
+    """|dt| for the Euler-Maruyama kinds (flow, dance, sage); 1 otherwise.
 
-    Dividing a squared mean gap by the step variance and multiplying by this gives Flow-GRPO's coded KL,
-    mean((mu - mu_ref)^2) / (2 std_t^2): the per-unit-time form, whose published betas (0.004-0.04) assume it.
+    For flow and dance, whose step variance is std_t^2 |dt|, dividing a squared mean gap by the step variance and
+    multiplying by this gives Flow-GRPO's coded KL, mean((mu - mu_ref)^2) / (2 std_t^2): the per-unit-time form,
+    whose published betas (0.004-0.04) assume it. sage's step variance is the exact integral, below the Euler one
+    at high noise (0.489 against 0.931 on the 0.95 -> 0.85 step, methods.md section 0), so the same beta weighs its
+    KL up to ~1.9x more there and about alike at low noise: a beta tuned for flow does not carry over one to one.
     CPS (whose coded std_dev_t is the step std) and DDIM keep the exact Gaussian KL.
     """
     if kind in ("flow", "dance", "sage"):
