@@ -52,3 +52,13 @@ def tiny_shapes3d_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny_shapes3d")
     tiny_shapes3d().save_pretrained(folder)
     return folder
+
+
+@pytest.fixture
+def fresh_accelerator_state():
+    """accelerate keeps one process-wide state; a test with another mixed precision needs it reset (and reset back)."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)

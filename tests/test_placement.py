@@ -11,16 +11,6 @@ from flowrl.train import Trainer
 from run_helpers import tiny_run_config
 
 
-@pytest.fixture
-def fresh_accelerator_state():
-    """accelerate keeps one process-wide state; a test with another mixed precision needs it reset (and reset back)."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
 @pytest.mark.usefixtures("fresh_accelerator_state")
 @pytest.mark.parametrize("weight_dtype", ["fp32", "bf16"])
 def test_every_weight_is_placed_with_its_dtype(tiny_sd3_dir, tmp_path, weight_dtype):

@@ -1,5 +1,7 @@
 """Policy adapters on tiny offline SD3, FLUX, FLUX.2 ([klein] and [dev]), Wan (2.1, and 2.2's two experts), HunyuanVideo
 (and SkyReels image to video), LTX-Video, Qwen-Image and Z-Image pipelines (real diffusers classes)."""
+import contextlib
+
 import pytest
 import torch
 
@@ -689,6 +691,7 @@ def test_the_runs_evaluation_samples_with_the_sampling_gate_and_training_keeps_i
 
     monkeypatch.setattr(experiment, "generate_samples", fake_generate)
     trainer = SimpleNamespace(policy=policy, spec=None, task=build_task("shapes"), rank=0, world=1, is_main=True,
+                              accelerator=SimpleNamespace(autocast=contextlib.nullcontext),
                               config=SimpleNamespace(eval=EvalSection(num_per_prompt=1), train=TrainSection(),
                                                      lora=LoraSection(sample_from_sigma=0.6)))
     experiment.evaluate(trainer, None)

@@ -362,6 +362,7 @@ def test_fsdp2_under_bf16_reduces_in_fp32_and_leaves_the_inputs_uncast():
         assert untouched.state.fsdp_plugin.mixed_precision_policy is None
 
 
+@pytest.mark.usefixtures("fresh_accelerator_state")
 def test_evaluations_run_in_the_runs_mixed_precision_as_its_rollouts_do(tiny_sd3_dir, tmp_path):
     """On several processes the wrapped denoiser autocasts every call (accelerate's prepare), evaluations included;
     one process autocasts its rollouts explicitly and must do so for evaluations too, or one checkpoint scores
