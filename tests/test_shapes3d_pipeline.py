@@ -25,6 +25,25 @@ def test_round_trip_through_diffusers(tmp_path):
     assert outputs[0].latents.shape == (2, 8, 4) and outputs[0].sdf.shape == (2, 16, 16, 16)
 
 
+def test_the_pipeline_loads_and_decodes_in_half_precision_as_in_fp32(tmp_path):
+    """Saved in fp16 as the shipped one is, the pipeline loads with dtype=float16 or bfloat16 and decodes (it fed
+    fp32 latents to half-precision weights); the Fourier features stay fp32 (in bf16, angles near 32 pi round by 0.5
+    rad), so a half-precision model's field is its fp32 field to half-precision rounding."""
+    pipe = tiny_pipeline()
+    pipe.save_pretrained(tmp_path)
+    image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    full = pipe(image, num_inference_steps=2, generator=torch.Generator().manual_seed(0), resolution=16,
+                output_type="sdf").sdf
+    for dtype in (torch.float16, torch.bfloat16):
+        half = DiffusionPipeline.from_pretrained(tmp_path, dtype=dtype)
+        sdf = half(image, num_inference_steps=2, generator=torch.Generator().manual_seed(0), resolution=16,
+                   output_type="sdf").sdf
+        assert sdf.dtype == torch.float32 and (sdf - full).abs().max() < 0.05 * full.abs().max()
+    points = torch.tensor([[0.93, -0.71, 0.88]])
+    assert fourier_features(points.bfloat16(), 6).dtype == torch.float32
+    torch.testing.assert_close(fourier_features(points.bfloat16(), 6), fourier_features(points.bfloat16().float(), 6))
+
+
 def test_meshes_come_from_the_decoded_field():
     pipe = tiny_pipeline()
     with torch.no_grad():  # make the decoder a sphere of radius 0.5 whatever the latents: |x| - 0.5
@@ -83,3 +102,15 @@ def test_the_shipped_pipeline_loads_with_diffusers_and_matches_its_card():
     assert out.sdf.shape == (1, 16, 16, 16) and torch.isfinite(out.sdf).all()
     scores = json.loads((SHIPPED / "eval.json").read_text())
     assert f"{scores['overall']['iou']:>10.3f}" in (SHIPPED / "README.md").read_text()
+
+
+def test_a_3d_policy_refuses_a_sample_size_other_than_its_grid():
+    """`flowrl sample --height 64` on the 3D pipeline returned 32^3 grids recorded as 64: now one error."""
+    from flowrl.errors import UserError
+    from flowrl.policies import policy_for
+
+    policy = policy_for(tiny_pipeline())
+    grid = policy.grid_resolution
+    assert policy.sample_spec(None, None, None) == policy.default_spec() == policy.sample_spec(grid, grid, None)
+    with pytest.raises(UserError, match=rf"--height: {2 * grid}; .* samples SDF grids of {grid}\^3"):
+        policy.sample_spec(2 * grid, None, None, ("--height", "--width"))

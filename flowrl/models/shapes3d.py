@@ -28,8 +28,11 @@ from ..images import as_image_batch
 
 
 def fourier_features(points: torch.Tensor, bands: int) -> torch.Tensor:
-    """[..., 3] -> [..., 3 + 6 bands]: the points and sin / cos at octave frequencies."""
-    freqs = (2.0 ** torch.arange(bands, dtype=points.dtype, device=points.device)) * math.pi
+    """[..., 3] -> [..., 3 + 6 bands]: the points and sin / cos at octave frequencies, in fp32 whatever the points'
+    dtype (angles reach 32 pi: bf16's spacing there, 0.5 rad, would scramble the features of a half-precision
+    model; callers cast the result to their weights' dtype)."""
+    points = points.float()
+    freqs = (2.0 ** torch.arange(bands, dtype=torch.float32, device=points.device)) * math.pi
     angles = points[..., None] * freqs  # [..., 3, bands]
     return torch.cat([points, angles.sin().flatten(-2), angles.cos().flatten(-2)], -1)
 
@@ -84,16 +87,16 @@ class ShapeAutoencoder(ModelMixin, ConfigMixin):
 
     def encode(self, points: torch.Tensor) -> torch.Tensor:
         """Surface points [B, N, 3] -> latent tokens [B, K, C] (unnormalised)."""
-        context = self.point_in(fourier_features(points, self.config.fourier_bands))
+        context = self.point_in(fourier_features(points, self.config.fourier_bands).to(self.dtype))
         tokens = self.queries.expand(len(points), -1, -1)
         return self.to_latent(self.encode_block(tokens, context))
 
     def decode(self, latents: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         """SDF [B, M] at query points [B, M, 3] of the shapes with latent tokens [B, K, C] (unnormalised)."""
-        tokens = self.from_latent(latents)
+        tokens = self.from_latent(latents.to(self.dtype))
         for block in self.blocks:
             tokens = block(tokens)
-        q = self.query_in(fourier_features(queries, self.config.fourier_bands))
+        q = self.query_in(fourier_features(queries, self.config.fourier_bands).to(self.dtype))
         q = q + self.query_attn(q, tokens, tokens, need_weights=False)[0]
         return self.head(q)[..., 0]
 
@@ -116,7 +119,7 @@ class ShapeAutoencoder(ModelMixin, ConfigMixin):
         """[B, R, R, R] SDF on the grid of flowrl.sdf.grid_points of unnormalised latents."""
         from ..sdf import grid_points
 
-        points = grid_points(resolution).to(latents.device, latents.dtype)
+        points = grid_points(resolution).to(latents.device)  # fp32: positions to 1/R of the cube
         values = [self.decode(latents, points[i:i + chunk].expand(len(latents), -1, -1))
                   for i in range(0, len(points), chunk)]
         return torch.cat(values, 1).reshape(len(latents), resolution, resolution, resolution)
@@ -143,8 +146,8 @@ class ShapeFlowTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
     def time_embedding(self, timestep: torch.Tensor) -> torch.Tensor:
         half = self.config.width // 2
         freqs = torch.exp(-math.log(10000) * torch.arange(half, device=timestep.device) / half)
-        angles = timestep.float()[:, None] * freqs
-        return self.time(torch.cat([angles.sin(), angles.cos()], -1))
+        angles = timestep.float()[:, None] * freqs  # fp32 (t x 1000 in half precision would round by up to 4)
+        return self.time(torch.cat([angles.sin(), angles.cos()], -1).to(self.dtype))
 
     def encode_image(self, image: torch.Tensor) -> torch.Tensor:
         """Condition images [B, 3, H, W] in [0, 1] -> patch tokens [B, P, width]."""
@@ -203,7 +206,7 @@ class Shapes3DFlowPipeline(DiffusionPipeline, CogView4LoraLoaderMixin):
         self.scheduler.set_timesteps(num_inference_steps, device=device)
         sigmas = self.scheduler.sigmas.to(device)
         for i in self.progress_bar(range(num_inference_steps)):
-            t = sigmas[i].expand(len(x)).to(dtype)
+            t = sigmas[i].expand(len(x))  # fp32: the time embedding takes it so
             x = x + (sigmas[i + 1] - sigmas[i]).to(dtype) * self.velocity(x, t, image, guidance_scale)
         if output_type == "latent":
             return Shapes3DOutput(meshes=[], sdf=torch.empty(0), latents=x)

@@ -53,6 +53,16 @@ class Shapes3DPolicy(FlowPolicy):
 
     size_multiple = 1  # the spec is the SDF grid's resolution, not pixels
 
+    def sample_spec(self, height, width, num_frames, names=("pipeline.height", "pipeline.width")):
+        """The grid it decodes (grid_resolution cubed); a size asked for is a UserError unless it is that grid."""
+        from ..errors import UserError
+
+        for name, side in zip(names, (height, width)):
+            if side is not None and side != self.grid_resolution:
+                raise UserError(f"{name}: {side}; {type(self.pipeline).__name__} samples SDF grids of "
+                                f"{self.grid_resolution}^3: leave it unset (or {self.grid_resolution})")
+        return self.default_spec()
+
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
         config = self.transformer.config
         return (config.num_tokens, config.latent_channels)
