@@ -84,6 +84,32 @@ def test_negative_guidance_and_probe_gradient_follow_their_formulas(policy):
     assert torch.allclose(gradient(x, 0.6, cond, 4.5, v), expected, atol=1e-5)
 
 
+def test_negative_guidance_without_cfg_guides_away_from_the_empty_prompt(policy):
+    """At guidance 1 (or on a guidance-distilled family) there is no unconditional branch to guide against: the
+    empty prompt's output takes its place (it raised KeyError: 'embeds')."""
+    x = torch.randn(2, *policy.noise_shape(SampleSpec(32, 32)), generator=torch.Generator().manual_seed(0))
+    cond = policy.encode(["a triangle", "a square"], 1.0)
+    assert not cond.negative
+    v = policy.velocity(x, 0.6, cond, 1.0)
+    negative = SafetyMonitor(policy, LinearProbe(0.0, 10.0), SteeringConfig(mode="negative", negative_scale=3.0), 2)
+    concept, empty_prompt = policy.encode(["a red triangle"] * 2, 1.0), policy.encode([""] * 2, 1.0)
+    empty, toward = policy.branch_outputs(x, 0.6, [empty_prompt.tensors, concept.tensors], 1.0)
+    assert torch.allclose(negative(x, 0.6, cond, 1.0, v), v - 3.0 * (toward - empty), atol=1e-5)
+
+
+def test_a_probe_for_other_latents_is_one_error_before_sampling(policy, tmp_path):
+    """The probe's convolutions read [C, H, W] latents of its channel count: another pipeline's (16-channel SD3,
+    video) is named up front, not a convolution error at the first step."""
+    from flowrl.errors import UserError
+    from flowrl.safety.probe import StateProbe, save_probe
+    from flowrl.safety.steering import load_steering
+
+    channels = policy.noise_shape(SampleSpec(32, 32))[0]
+    save_probe(StateProbe(channels + 1, 8), tmp_path / "probe", {})
+    with pytest.raises(UserError, match=rf"reads image latents of {channels + 1} channels"):
+        load_steering(policy, SteeringConfig(mode="negative", probe=str(tmp_path / "probe")))
+
+
 def test_steering_lora_acts_only_on_fired_samples(policy):
     from flowrl.checkpoint import load_trained_weights  # noqa: F401  (the path --steer lora uses)
 

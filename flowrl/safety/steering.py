@@ -41,7 +41,7 @@ class SteeringConfig:
     from_step: int = 0  # earliest step the probe may fire
     concept: str = "a red triangle"  # negative-guidance prompt
     negative_scale: float = 8.0
-    gradient_scale: float = 4.0  # probe-gradient step, in units of the velocity's RMS
+    gradient_scale: float = 4.0  # probe-gradient step's RMS (the gradient is normalised to unit RMS), absolute
     lora: str | None = None  # checkpoint of the steering LoRA (mode lora)
     fk_particles: int = 4
     fk_lambda: float = 10.0
@@ -77,6 +77,9 @@ class SafetyMonitor:
         self.logits = torch.zeros(batch_size)
         self.steer = "negative" if config.mode == "fk_negative" else config.mode  # what fired samples get
         self.concept = policy.encode([config.concept], 1.0).tensors if self.steer == "negative" else None
+        # negative guidance's reference: the rows' own unconditional branch under CFG, else the empty prompt's
+        # (guidance 1, or a guidance-distilled family, encodes no unconditional branch)
+        self.empty = policy.encode([""], 1.0).tensors if self.steer == "negative" else None
 
     def select(self, index: torch.Tensor) -> None:
         """Follow a particle re-indexing (FK resampling)."""
@@ -109,8 +112,10 @@ class SafetyMonitor:
         v = v.clone()
         if mode == "negative":
             sub = cond.select(rows.cpu())
-            concept = {k: t.expand(len(rows), *t.shape[1:]) for k, t in self.concept.items()}
-            empty, toward = self.policy.branch_outputs(x[rows], sigma, [sub.negative, concept], guidance_scale)
+            concept, unconditional = ({k: t.expand(len(rows), *t.shape[1:]) for k, t in branch.items()}
+                                      for branch in (self.concept, self.empty))
+            empty, toward = self.policy.branch_outputs(x[rows], sigma, [sub.negative or unconditional, concept],
+                                                       guidance_scale)
             v[rows] = v[rows] - self.config.negative_scale * (toward - empty)
         elif mode == "probe_gradient":
             g = gradient[rows]
@@ -150,11 +155,16 @@ def load_steering(policy, config: SteeringConfig):
     from .probe import load_probe
 
     if policy.source_input:  # its concept prompt would need a source, and the probes read text-to-image latents
-        raise UserError(f"safety steering runs on text-to-image and text-to-video pipelines; "
+        raise UserError(f"safety steering runs on text-to-image pipelines; "
                         f"{type(policy.pipeline).__name__} here (adapter {type(policy).__name__}) takes a source image "
                         "per sample")
     config.validate()
     probe = load_probe(config.probe)
+    shape = policy.noise_shape(policy.default_spec())
+    if len(shape) != 3 or shape[0] != probe.latent_channels:  # the probe's convolutions read [C, H, W] latents
+        raise UserError(f"probe {config.probe}: reads image latents of {probe.latent_channels} channels; "
+                        f"{type(policy.pipeline).__name__}'s are {list(shape)} (train a probe on this pipeline's "
+                        "latents: `flowrl pretrain safety-probe`)")
     if config.mode == "lora":
         load_trained_weights(policy, config.lora)
         if not policy.has_lora:
