@@ -51,9 +51,11 @@ class CheckpointSet:
                 self.gates[label] = self._add_adapter(path, f"ckpt{number}", weights)
                 self.kinds[label] = ("lora", f"ckpt{number}")
             else:
-                unknown = [k for k in weights if full_weight(params, k) is None]
+                unknown = [k for k in weights if full_weight(params, k) is None
+                           or full_weight(params, k).shape != weights[k].shape]
                 if unknown:
-                    raise UserError(f"--checkpoint {path}: weights do not fit this pipeline (e.g. {unknown[0]})")
+                    raise UserError(f"--checkpoint {path}: weights do not fit this pipeline (e.g. {unknown[0]}, "
+                                    "missing here or of another shape)")
                 self.kinds[label] = ("full", weights)
             self.labels.append(label)
         params = policy.named_trained_parameters()  # the names once every adapter is in
@@ -71,15 +73,21 @@ class CheckpointSet:
         if not adapter_file.is_file():
             raise UserError(f"--checkpoint {path}: LoRA weights without adapter.json describing the adapter")
         adapter = json.loads(adapter_file.read_text())
+        unfit = f"--checkpoint {path}: its LoRA does not fit this pipeline (a checkpoint of another model?)"
         for prefix, module in self.policy.trained_modules().items():
             if prefix and not any(k.startswith(prefix) for k in weights):
                 continue  # (an expert this checkpoint did not train)
-            module.add_adapter(LoraConfig(r=adapter["rank"], lora_alpha=adapter["alpha"],
-                                          target_modules=adapter["target_modules"]), adapter_name=name)
+            try:
+                module.add_adapter(LoraConfig(r=adapter["rank"], lora_alpha=adapter["alpha"],
+                                              target_modules=adapter["target_modules"]), adapter_name=name)
+            except ValueError as error:  # peft: no module matches the targets (its NoMatchingPeftModuleError too)
+                raise UserError(f"{unfit}: {str(error)[:200]}") from None
         params = self.policy.named_trained_parameters()
         with torch.no_grad():
             for key, value in weights.items():
-                param = params[key.replace(".default.", f".{name}.")]
+                param = params.get(key.replace(".default.", f".{name}."))
+                if param is None or param.shape != value.shape:
+                    raise UserError(f"{unfit}: {key} is {'not here' if param is None else 'of another shape'}")
                 param.data = value.to(device=param.device, dtype=torch.float32)  # fp32 over a half-precision base
         return sampling_gate(adapter)
 

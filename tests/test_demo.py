@@ -195,3 +195,32 @@ def test_the_demo_shows_a_full_fine_tune_beside_a_lora(tiny_sd3_dir, tmp_path, l
     demo.activate("base")
     assert torch.allclose(draw(policy), draw(policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)),
                           atol=1e-5)
+
+
+def test_a_checkpoint_of_another_pipeline_is_one_error_naming_it(tiny_sd3_dir, tmp_path):
+    """A LoRA whose targets this pipeline lacks, or whose tensors are of other shapes, and full weights of other
+    shapes: one error naming the checkpoint (they gave peft's or torch's tracebacks, some only at the first
+    Generate)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from flowrl.demo import CheckpointSet
+    from flowrl.errors import UserError
+
+    policy = policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)
+    lora = _lora_checkpoint(tiny_sd3_dir, tmp_path)
+    adapter = json.loads((lora / "adapter.json").read_text())
+    elsewhere = save_checkpoint(tmp_path / "other" / "checkpoints", 1, {"blocks.0.mlp.lora_A.default.weight":
+                                torch.zeros(4, 8)}, {}, None, {**adapter, "target_modules": ["mlp.fc_in"]})
+    with pytest.raises(UserError, match=f"--checkpoint {elsewhere}: its LoRA does not fit this pipeline"):
+        CheckpointSet(policy, [str(elsewhere)])
+    name, value = next(iter(load_file(lora / "trainable.safetensors").items()))
+    resized = save_checkpoint(tmp_path / "resized" / "checkpoints", 1, {name: torch.zeros(value.shape[0] + 1,
+                              value.shape[1])}, {}, None, adapter)
+    with pytest.raises(UserError, match=f"--checkpoint {resized}: its LoRA does not fit .* of another shape"):
+        CheckpointSet(policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16), [str(resized)])
+    weight = next(n for n, p in policy.named_trained_parameters().items() if p.ndim == 2)
+    full = save_checkpoint(tmp_path / "full" / "checkpoints", 1, {weight: torch.zeros(3, 3)}, {}, None)
+    with pytest.raises(UserError, match=f"--checkpoint {full}: weights do not fit this pipeline"):
+        CheckpointSet(policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16), [str(full)])
