@@ -12,8 +12,9 @@ Per prompt group of a deterministic (ODE) rollout, with group advantages A:
    u = v_old + lambda(t) (v_home - v_old),  v_home = (x_t - x+) / t,
    lambda(t) = 1 for t <= knee, falling linearly to lambda_min at t = 1 (early states get a mild pull). With
    lambda = 1 an Euler path of u from eps_n ends exactly at x+.
-   Variants: `dynamic` (the states are those of the corrected path, re-integrated from eps_n with the rollout
-   policy: the seed's reading), `trajectory` (the rollout's own states), `forward` (reflow on the MAM coupling:
+   Variants: `dynamic` (the states are those of the corrected path, re-integrated from eps_n with the policy the
+   update starts from, v_old: the seed's reading; under train.async_rollouts that is the learner's current policy,
+   not the older snapshot that drew the batch, and not NFT's EMA old policy either), `trajectory` (the rollout's own states), `forward` (reflow on the MAM coupling:
    x_t = (1 - t) x+ + t eps_n with target eps_n - x+, no stored path).
 4. Loss: t^2 |v - u|^2 = |x0_pred(v) - x0_pred(u)|^2 in x0 space, normalised like DiffusionNFT by its own
    stop-gradient mean absolute error, plus alpha_pos times the same normalised flow-matching loss on forward-noised
