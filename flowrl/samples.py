@@ -200,13 +200,19 @@ def _write_mp4(path: Path, frames: np.ndarray, fps: int) -> None:
         container.mux(stream.encode())  # flush delayed frames
 
 
+def gif_durations(count: int, fps: float) -> list[int]:
+    """Per-frame GIF durations in ms for `count` frames at `fps`. GIF stores centiseconds, so one duration for all
+    would play 16 fps at 16.7 and 24 at 25: frame k instead ends at round(100 (k + 1) / fps) cs, and the clip
+    takes count / fps seconds to the centisecond."""
+    ends = [round(100 * (k + 1) / fps) for k in range(count)]
+    return [10 * (end - start) for start, end in zip([0, *ends[:-1]], ends)]
+
+
 def _write_gif(path: Path, frames: np.ndarray, fps: int) -> None:
     # Pillow merges identical consecutive frames into one longer frame, so a
     # still video gives fewer GIF frames; playback time is unchanged.
     images = [Image.fromarray(f) for f in frames]
-    images[0].save(
-        path, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0
-    )
+    images[0].save(path, save_all=True, append_images=images[1:], duration=gif_durations(len(images), fps), loop=0)
 
 
 def _read_mp4(path: Path, height: int | None, width: int | None) -> np.ndarray:

@@ -91,6 +91,25 @@ def test_image_round_trip_exact(tmp_path):
     assert np.array_equal(back.to_uint8(), images.to_uint8())
 
 
+@pytest.mark.parametrize("fps, count", [(16, 33), (24, 121), (15, 9), (8, 6)])
+def test_gif_frames_keep_the_clips_frame_rate_in_centiseconds(fps, count, tmp_path):
+    """GIF durations are centiseconds: one rounded duration for every frame played Wan's 16 fps at 16.7 and 24 at
+    25. Per-frame durations keep the clip's length to the centisecond, each frame within 1 cs of 1 / fps."""
+    from flowrl.samples import _write_gif, gif_durations
+
+    durations = gif_durations(count, fps)
+    assert sum(durations) == 10 * round(100 * count / fps)
+    assert all(abs(d - 1000 / fps) < 10 for d in durations)
+    frames = np.stack([np.full((4, 4, 3), 40 * (k % 6), np.uint8) for k in range(count)])  # no two neighbours alike
+    _write_gif(tmp_path / "clip.gif", frames, fps)
+    with Image.open(tmp_path / "clip.gif") as gif:
+        played = []
+        for k in range(gif.n_frames):
+            gif.seek(k)
+            played.append(gif.info["duration"])
+    assert sum(played) == sum(durations)
+
+
 # (16, 24) is written as is; (13, 15) is tiny and odd, so it is upscaled, by 6 not 5
 @pytest.mark.parametrize("size", [(16, 24), (13, 15)])
 def test_video_writes_mp4_and_gif(tmp_path, size):
