@@ -18,18 +18,27 @@ def write_whole(path: Path, text: str) -> None:
 
 
 @contextmanager
-def new_folder(dst: Path, flag: str):
-    """A work folder that becomes `dst` when the block ends without an error (else it is removed). `dst` must be new
-    or empty (`flag` names the setting in the error): writing into a model folder, or over an earlier output, would
-    mix two outputs' files."""
+def replaced_folder(dst: Path):
+    """A work folder beside `dst` that takes its place when the block ends without an error (the previous `dst`,
+    if any, kept until then and removed after); on an error or an interruption the work folder goes and `dst` is as
+    it was: a recipe rebuilding a shipped pipeline never leaves new weights beside an old card."""
     dst = Path(dst)
-    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
-        raise UserError(f"{flag} {dst} exists and is not empty; pick a new folder")
     dst.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.") as partial:
         work = Path(partial) / "out"
         work.mkdir()
         yield work
         if dst.exists():
-            dst.rmdir()
+            dst.rename(Path(partial) / "previous")  # removed with the work folder's parent
         work.rename(dst)
+
+
+@contextmanager
+def new_folder(dst: Path, flag: str):
+    """`replaced_folder` for a `dst` that must be new or empty (`flag` names the setting in the error): writing
+    into a model folder, or over an earlier output, would mix two outputs' files."""
+    dst = Path(dst)
+    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
+        raise UserError(f"{flag} {dst} exists and is not empty; pick a new folder")
+    with replaced_folder(dst) as work:
+        yield work

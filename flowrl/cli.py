@@ -22,6 +22,7 @@ class TaskCommands:
     """What a task adds to the CLI. Handlers take the parsed arguments."""
     pretrain: dict[str, Callable] = field(default_factory=dict)  # recipe name -> handler
     card_only: tuple[str, ...] = ()  # the recipes that honour --card-only (re-measure a folder, no training)
+    pretrain_out: dict[str, str] = field(default_factory=dict)  # recipe name -> its --out default
     pretrain_help: str = ""
     pretrain_arguments: Callable | None = None  # (parser) -> None
     eval_suites: dict[str, Callable] = field(default_factory=dict)  # suite name -> handler
@@ -161,7 +162,17 @@ def cmd_pretrain(args, extensions: list[TaskCommands]) -> None:
         honoured = sorted(r for e in extensions for r in e.card_only)
         raise UserError(f"--card-only: the {args.recipe} recipe cannot re-measure a folder without training; "
                         f"recipes that can: {', '.join(honoured)}")
-    extension.pretrain[args.recipe](args)
+    args.out = args.out or extension.pretrain_out.get(args.recipe)
+    if args.out is None or getattr(args, "card_only", False):  # (a card rewritten in place: small files)
+        extension.pretrain[args.recipe](args)
+        return
+    from .atomic import replaced_folder
+
+    out = args.out
+    with replaced_folder(Path(out)) as work:  # an interrupted recipe leaves the previous folder whole
+        args.out = str(work)
+        extension.pretrain[args.recipe](args)
+    print(f"written to {out}")
 
 
 def cmd_train(args) -> None:

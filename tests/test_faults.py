@@ -1,6 +1,7 @@
 """Faults with nothing lost: rewards that return NaN or raise for some samples, too many failures, corrupt and
 torn checkpoints, a full disk while saving."""
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -311,3 +312,34 @@ def test_ctrl_c_saves_only_at_an_update_boundary(tiny_sd3_dir, tmp_path, after_a
         trainer.run()
     saved = sorted(p.name for p in (tmp_path / "runs/faults/checkpoints").glob("update_*"))
     assert saved == ([] if after_a_step else ["update_000001"])
+
+
+def test_an_interrupted_pretrain_leaves_the_previous_folder_whole(tmp_path):
+    """A recipe rebuilding a folder (the shipped pipelines/ ones by default) writes beside it and takes its place
+    only once done: interrupted, the previous weights and card stay as they were, with nothing left beside them;
+    done, the folder holds the new files only."""
+    from argparse import Namespace
+
+    from flowrl.cli import TaskCommands, cmd_pretrain
+
+    def recipe(args):
+        out = Path(args.out)
+        (out / "weights.bin").write_text("new")
+        if args.seed == 1:
+            raise KeyboardInterrupt  # before the card is written
+        (out / "README.md").write_text("new card")
+
+    extension = TaskCommands(pretrain={"toy": recipe}, pretrain_out={"toy": str(tmp_path / "pipelines" / "toy")})
+    folder = tmp_path / "pipelines" / "toy"
+    folder.mkdir(parents=True)
+    (folder / "weights.bin").write_text("old")
+    (folder / "README.md").write_text("old card")
+    (folder / "stale.json").write_text("{}")
+    with pytest.raises(KeyboardInterrupt):
+        cmd_pretrain(Namespace(recipe="toy", out=None, seed=1), [extension])
+    assert {p.name: p.read_text() for p in folder.iterdir()} == {"weights.bin": "old", "README.md": "old card",
+                                                                  "stale.json": "{}"}
+    assert [p.name for p in (tmp_path / "pipelines").iterdir()] == ["toy"]
+    cmd_pretrain(Namespace(recipe="toy", out=None, seed=0), [extension])
+    assert {p.name: p.read_text() for p in folder.iterdir()} == {"weights.bin": "new", "README.md": "new card"}
+    assert [p.name for p in (tmp_path / "pipelines").iterdir()] == ["toy"]

@@ -52,7 +52,6 @@ def pretrain_shapes_wan(args) -> None:
     from ..pretrain.shapes_sd3 import save_pipeline
     from ..pretrain.shapes_wan import WanPretrainConfig, evaluate_and_write_card, pretrain_shapes_wan as train
 
-    args.out = args.out or "pipelines/shapes-wan"
     cfg = WanPretrainConfig(seed=args.seed)
     for name in ("vae_steps", "flow_steps"):
         if getattr(args, name, None) is not None:
@@ -70,7 +69,6 @@ def pretrain_motion_qa(args) -> None:
     from ..models.motion_qa import save_model
     from ..pretrain.motion_qa import MotionQAPretrainConfig, pretrain_motion_qa as train
 
-    args.out = args.out or "pipelines/shapes-motion-qa"
     cfg = MotionQAPretrainConfig(seed=args.seed)
     if getattr(args, "steps", None) is not None:
         cfg.steps = args.steps
@@ -84,6 +82,7 @@ def _commands():
 
     return TaskCommands(pretrain={"shapes-wan": pretrain_shapes_wan, "motion-qa": pretrain_motion_qa},
                         card_only=("shapes-wan",),
+                        pretrain_out={"shapes-wan": "pipelines/shapes-wan", "motion-qa": "pipelines/shapes-motion-qa"},
                         pretrain_help="shapes-wan -> pipelines/shapes-wan (text-to-video, WanPipeline); motion-qa -> "
                                       "pipelines/shapes-motion-qa (the question scorer TVRL credits from)")
 

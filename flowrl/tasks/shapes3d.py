@@ -61,7 +61,7 @@ def pretrain_shapes3d(args) -> None:
     from ..pretrain.shapes3d import Shapes3DPretrainConfig, evaluate_3d, pretrain_shapes3d as train
     from ..pretrain.shapes_sd3 import save_pipeline
 
-    out = Path(args.out or "pipelines/shapes3d-flow")
+    out = Path(args.out)
     cfg = Shapes3DPretrainConfig(seed=args.seed)
     for name in ("vae_steps", "flow_steps"):  # the shapes recipes' flags: --vae-steps sets the autoencoder's
         if getattr(args, name, None) is not None:
@@ -122,7 +122,7 @@ overall       {o['iou']:>10.3f}{o['chamfer']:>10.3f}{o['fscore']:>10.3f}{o['vali
 def _commands():
     from ..cli import TaskCommands
 
-    return TaskCommands(pretrain={"shapes3d": pretrain_shapes3d},
+    return TaskCommands(pretrain={"shapes3d": pretrain_shapes3d}, pretrain_out={"shapes3d": "pipelines/shapes3d-flow"},
                         pretrain_help="shapes3d -> pipelines/shapes3d-flow (image-to-3D flow pipeline)")
 
 

@@ -190,18 +190,10 @@ def eval_safety(args) -> None:
     print(f"written to {out} (safety_eval.json, safety_eval.md, safety_eval.png)")
 
 
-def default_out(recipe):
-    """The recipe with --out defaulting to its folder under pipelines/."""
-    def run(args):
-        args.out = args.out or PRETRAIN_OUT[args.recipe]
-        recipe(args)
-    return run
-
-
 COMMANDS = TaskCommands(
-    pretrain={"shapes": default_out(pretrain), "shapes-sd": default_out(pretrain_shapes_sd),
-              "scorer": default_out(pretrain_scorer), "safety-probe": default_out(pretrain_safety_probe)},
-    card_only=("shapes", "shapes-sd", "scorer"),
+    pretrain={"shapes": pretrain, "shapes-sd": pretrain_shapes_sd, "scorer": pretrain_scorer,
+              "safety-probe": pretrain_safety_probe},
+    card_only=("shapes", "shapes-sd", "scorer"), pretrain_out=PRETRAIN_OUT,
     pretrain_help="shapes -> pipelines/shapes-sd3 (flow); shapes-sd -> pipelines/shapes-sd (epsilon, DDIM); "
                   "scorer -> pipelines/shapes-scorer (the learned reward); safety-probe -> "
                   "pipelines/shapes-safety-probe (the red-triangle probe on intermediate states)",

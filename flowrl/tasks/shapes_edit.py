@@ -83,6 +83,7 @@ class ShapesEditTask(GrammarTask):
         from ..cli import TaskCommands
 
         return TaskCommands(pretrain={"shapes-kontext": pretrain_shapes_kontext}, card_only=("shapes-kontext",),
+                            pretrain_out={"shapes-kontext": "pipelines/shapes-kontext"},
                             pretrain_help="shapes-kontext -> pipelines/shapes-kontext (instruction-based image editor)",
                             eval_suites={"editscore": eval_editscore}, eval_arguments=editscore_arguments)
 
@@ -138,7 +139,7 @@ def pretrain_shapes_kontext(args) -> None:
                                            write_card)
     from ..pretrain.shapes_sd3 import save_pipeline
 
-    out = args.out or "pipelines/shapes-kontext"
+    out = args.out
     cfg = KontextPretrainConfig(seed=args.seed)
     if getattr(args, "flow_steps", None) is not None:
         cfg.flow_steps = args.flow_steps
