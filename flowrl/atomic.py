@@ -13,7 +13,7 @@ def write_whole(path: Path, text: str) -> None:
     """`text` to `path`: written beside it, then renamed over it (a run's metrics and evaluations are read back on
     resume; a sample folder's index is read by every evaluation)."""
     partial = path.with_name(path.name + ".tmp")
-    partial.write_text(text)
+    partial.write_text(text, newline="")  # the text's own line ends (csv writes \r\n itself)
     partial.replace(path)
 
 
@@ -23,6 +23,8 @@ def replaced_folder(dst: Path):
     if any, kept until then and removed after); on an error or an interruption the work folder goes and `dst` is as
     it was: a recipe rebuilding a shipped pipeline never leaves new weights beside an old card."""
     dst = Path(dst)
+    if dst.exists() and not dst.is_dir():
+        raise UserError(f"{dst} is a file, not a folder; pick a folder")
     dst.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.") as partial:
         work = Path(partial) / "out"

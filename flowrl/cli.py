@@ -229,7 +229,9 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
                       resample_every=args.fk_every)
         fk.validate("--fk")
         params = json_object(args.fk_reward_params, "--fk-reward-params")
-        steers.append(FKSteer(fk, build_reward(args.fk_reward, where="--fk-reward", **params).to(placement[0])))
+        fk_reward = build_reward(args.fk_reward, where="--fk-reward", **params).to(placement[0])
+        fk_reward.bind_policy(policy)
+        steers.append(FKSteer(fk, fk_reward))
     if len(steers) > 1:
         raise UserError("--fk-particles and a task's steering flag: choose one kind of steering")
     precision = place_for_sampling(policy, placement, bool(args.offload_text_encoders))  # with a steer's adapter
@@ -444,6 +446,18 @@ def cmd_eval_task(args) -> None:
     print(f"written to {out}")
 
 
+def sampled_policy_facts(folder: Path):
+    """What a reward bound to the sampling policy needs of it (`Reward.bind_policy`), from a samples folder's
+    sampling.json: the editor's reference size (its sources taken at their own aspect or at the sample size)."""
+    from types import SimpleNamespace
+
+    from .sample_job import SETTINGS_FILE
+
+    settings = folder / SETTINGS_FILE
+    sampled = json.loads(settings.read_text()) if settings.is_file() else {}
+    return SimpleNamespace(reference_size=sampled.get("reference_size"))
+
+
 def cmd_eval_rewards(args) -> None:
     """`flowrl eval rewards --samples DIR --reward NAME`: the mean reward per tag, to DIR/rewards_eval.json. Under
     torchrun / accelerate launch every process scores a contiguous share of the batches on its own GPU, and the main
@@ -465,6 +479,7 @@ def cmd_eval_rewards(args) -> None:
     state = job_processes()
     device = chosen_device(args.device)
     reward = build_reward(args.reward, where="--reward", **params).to(device)
+    reward.bind_policy(sampled_policy_facts(Path(args.samples)))
     records = read_records(args.samples)
     items = read_conditions(args.samples, records)
     # a batch of files at a time (a large folder of 1024 px images or of clips never sits in memory whole); for a

@@ -30,6 +30,8 @@ class CheckpointSet:
     def __init__(self, policy, checkpoints: list[str]):
         from safetensors.torch import load_file
 
+        from .checkpoint import trained_weights_file
+
         self.policy = policy
         self.labels = ["base"]
         self.kinds: dict[str, tuple[str, object]] = {}
@@ -37,10 +39,7 @@ class CheckpointSet:
         params = policy.named_trained_parameters()
         for number, checkpoint in enumerate(checkpoints):
             path = Path(checkpoint)
-            weights_file = next((path / f for f in ("ema.safetensors", "trainable.safetensors") if (path / f).is_file()), None)
-            if weights_file is None:
-                raise UserError(f"--checkpoint {path}: expected a checkpoint folder with trainable.safetensors "
-                                "(runs/<name>/checkpoints/update_N)")
+            weights_file = trained_weights_file(path)  # its EMA when it has one, as `flowrl sample` takes
             label = f"{path.parent.parent.name}/{path.name}" if path.parent.name == "checkpoints" else path.name
             label = label if label not in self.labels else f"{label} ({number})"
             weights = load_file(weights_file)

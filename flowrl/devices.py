@@ -26,7 +26,7 @@ def chosen_device(device: str | None) -> torch.device:
         target = torch.device(device)
     except RuntimeError:
         raise UserError(f"--device: expected cpu, cuda or cuda:N, got {device!r}") from None
-    if target.type not in ("cpu", "cuda"):
+    if target.type not in ("cpu", "cuda", "mps"):
         raise UserError(f"--device: expected cpu, cuda or cuda:N, got {device!r}")
     if target.type == "cuda" and (target.index or 0) >= torch.cuda.device_count():
         raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA devices")

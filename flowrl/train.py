@@ -677,6 +677,7 @@ class Trainer:
                     metrics.update(self.optimize(batch, items, update, inner))
                     inner.close()
                 self.state.update += 1
+                self.stepped = False  # the update is whole again: weights and update number agree
                 if self.worker is not None:
                     self.worker.trained(update, c.train.updates)
                 metrics["seconds"] = time.time() - started

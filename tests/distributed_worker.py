@@ -19,8 +19,7 @@ if __name__ == "__main__":
         # the plugin, so it is put back: prepare() then shards with FSDP2 on the CPU as it does on GPUs
         plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True,
                                                 auto_wrap_policy="transformer_based_wrap")
-        accelerator = Accelerator(cpu=True, fsdp_plugin=plugin,
-                                  mixed_precision=os.environ.get("FLOWRL_TEST_MIXED_PRECISION", "no"))
+        accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
         accelerator.state.distributed_type, accelerator.state.fsdp_plugin = DistributedType.FSDP, plugin
         assert accelerator.is_fsdp2
     else:

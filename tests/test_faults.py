@@ -283,14 +283,20 @@ def test_a_reward_failing_in_an_evaluation_stops_the_run_with_one_clear_error(ti
         run_experiment(config)
 
 
-@pytest.mark.parametrize("after_a_step", [False, True])
-def test_ctrl_c_saves_only_at_an_update_boundary(tiny_sd3_dir, tmp_path, after_a_step):
+@pytest.mark.parametrize("when", ["before_the_steps", "after_a_step", "after_the_update"])
+def test_ctrl_c_saves_only_at_an_update_boundary(tiny_sd3_dir, tmp_path, when):
     """Ctrl-C before an update's first optimizer step saves the run at that update (nothing of it applied yet);
     after it, weights, Adam's moments and EMA hold part of the update, which a checkpoint at that number would
-    apply again on resume: none is written, the last periodic one stands."""
+    apply again on resume: none is written, the last periodic one stands. Once the update is done (an evaluation
+    after it, say), the run saves at the next number."""
     trainer = _trainer(tiny_sd3_dir, tmp_path, "NaNForSomeSeeds", "train.optimizer_steps_per_update=2",
                        "train.checkpoint_every=0", "train.max_failed_reward_share=0.9")
-    if after_a_step:
+    on_update = None
+    if when == "after_the_update":
+        def on_update(update, metrics):
+            if update == 1:
+                raise KeyboardInterrupt
+    elif when == "after_a_step":
         step = trainer.optimizer.step
 
         def interrupted_step(*args, **kwargs):
@@ -309,9 +315,9 @@ def test_ctrl_c_saves_only_at_an_update_boundary(tiny_sd3_dir, tmp_path, after_a
 
         trainer.optimize = interrupted_optimize
     with pytest.raises(KeyboardInterrupt):
-        trainer.run()
+        trainer.run(on_update)
     saved = sorted(p.name for p in (tmp_path / "runs/faults/checkpoints").glob("update_*"))
-    assert saved == ([] if after_a_step else ["update_000001"])
+    assert saved == ([] if when == "after_a_step" else ["update_000001"])
 
 
 def test_an_interrupted_pretrain_leaves_the_previous_folder_whole(tmp_path):

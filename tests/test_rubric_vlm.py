@@ -229,3 +229,15 @@ def test_an_editor_given_its_source_at_its_own_aspect_is_judged_against_the_sour
     reward(torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)), [INSTRUCTION] * 2,
            {"conditions": [item, item]})
     assert seen and all(s.shape == (16, 16, 3) for s in seen)
+
+
+def test_eval_rewards_binds_a_judge_to_the_samples_reference_size(tmp_path):
+    """`flowrl eval rewards` has no policy: what the folder's sampling.json says of it (--reference-size) stands in,
+    so an edit judge sees the sources as the editor took them; a folder without it, at the sample size."""
+    from flowrl.cli import sampled_policy_facts
+
+    assert sampled_policy_facts(tmp_path).reference_size is None
+    (tmp_path / "sampling.json").write_text(json.dumps({"reference_size": 384, "steps": 20}))
+    reward = build_reward("edit_rubric", mode="group")
+    reward.bind_policy(sampled_policy_facts(tmp_path))
+    assert reward.sources_at_sample_size is False

@@ -6,7 +6,6 @@ steps the optimizer, so every algorithm gets distributed training and exact resu
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -129,7 +128,7 @@ def trained_steps(trainable: torch.Tensor, fraction: float, seed: int, order: st
     random subset in a random order (DanceGRPO's and DiffusionNFT's per-sample permutation); "first": the first
     ones in sampling order (Flow-GRPO's: 0.99 drops the last, lowest-noise step)."""
     candidates = torch.nonzero(trainable).flatten()
-    count = max(1, math.floor(fraction * len(candidates) + 1e-9)) if len(candidates) else 0
+    count = max(1, int(fraction * len(candidates))) if len(candidates) else 0  # the anchors' own rounding
     if order == "first":
         return candidates[:count]
     permutation = torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed + 7919))

@@ -359,8 +359,9 @@ class FlowPolicy(InputImages):
     @property
     def size_multiple(self) -> int:
         """Pixels a sample's height and width must be multiples of: the VAE's compression times the denoiser's patch
-        side (SD3: 8 x 2; SD's UNet: 8)."""
-        return self.pipeline.vae_scale_factor * self.transformer.config.get("patch_size", 1)
+        side (SD3: 8 x 2; SD's UNet: 8; a pipeline naming neither: no constraint). Families override it."""
+        patch = getattr(self.transformer, "config", {}).get("patch_size", 1)
+        return getattr(self.pipeline, "vae_scale_factor", 1) * (patch if isinstance(patch, int) else 1)
 
     def sample_spec(self, height: int | None, width: int | None, num_frames: int | None,
                     names: tuple[str, str] = ("pipeline.height", "pipeline.width")) -> SampleSpec:

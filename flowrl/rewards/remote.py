@@ -164,7 +164,8 @@ def post_with_retries(server: str, route: str, body: bytes, content_type: str, t
 
 @register_reward("remote")
 class RemoteReward(Reward):
-    """A reward computed by `flowrl serve-reward` at `url` (e.g. http://127.0.0.1:8765)."""
+    """A reward computed by `flowrl serve-reward` at `url` (e.g. http://127.0.0.1:8765). What a reward learns of the
+    sampling policy (`bind_policy`) does not cross the wire: a served edit judge sees each source at the sample size."""
     modalities = ("image", "video", "3d")  # whatever the served reward takes; the server answers for it
     scores_groups = True  # the served reward may be a group rubric: keep a condition's samples in one request
 

@@ -21,6 +21,9 @@ class PerFrameReward(Reward):
         self.name = f"per_frame_{self.inner.name}"
         self.differentiable = self.inner.differentiable
 
+    def bind_policy(self, policy) -> None:
+        self.inner.bind_policy(policy)
+
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
         if samples.ndim == 4:
             return self.inner(samples, prompts, meta)
