@@ -71,3 +71,18 @@ def test_probe_learns_a_planted_signal_and_survives_save_and_load(tmp_path):
     assert torch.allclose(loaded(x, held["predictions"][:, 1], 0.6), probe(x, held["predictions"][:, 1], 0.6), atol=2e-2)
     with pytest.raises(UserError, match="probe.safetensors"):
         load_probe(tmp_path / "missing")
+
+
+def test_safety_runs_never_train_on_the_combinations_the_shapes_eval_holds_out():
+    """A safety run is judged on the shapes eval split too (its fidelity): its training prompts name no held-out
+    colour-shape combination, and share with that eval only what shapes training itself shares (colour-free
+    prompts)."""
+    from flowrl.shapes.prompts import is_held_out, parse_prompt
+    from flowrl.tasks.safety import SafetyTask
+    from flowrl.tasks.shapes import ShapesTask
+
+    task = SafetyTask()
+    train = {c.prompt for c in task.condition_set("train").items}
+    assert train and not any(is_held_out(parse_prompt(p)) for p in train)
+    shared = train & {c.prompt for c in task.condition_set("eval").items}
+    assert shared <= {c.prompt for c in ShapesTask().condition_set("train").items}

@@ -112,20 +112,21 @@ def all_prompt_specs(tag: str) -> list[PromptSpec]:
     raise ValueError(f"unknown tag {tag!r}; expected one of {TAGS}")
 
 
-def _is_held_out(spec: PromptSpec) -> bool:
+def is_held_out(spec: PromptSpec) -> bool:
+    """Whether the prompt names a colour-shape combination RL training never sees (HELD_OUT_COMBOS)."""
     return bool(spec.color_shape_pairs() & HELD_OUT_COMBOS)
 
 
 def train_prompts(tag: str) -> list[str]:
     """RL training prompts of a tag: no prompt names a held-out colour-shape combination."""
-    return [s.text() for s in all_prompt_specs(tag) if not _is_held_out(s)]
+    return [s.text() for s in all_prompt_specs(tag) if not is_held_out(s)]
 
 
 def eval_prompts(tag: str) -> list[str]:
     """The fixed eval prompts of a tag (held-out combinations where the tag names colours)."""
     specs = all_prompt_specs(tag)
     if tag in ("colors", "color_attr", "position"):
-        specs = [s for s in specs if _is_held_out(s)]
+        specs = [s for s in specs if is_held_out(s)]
     if len(specs) > EVAL_PROMPTS_PER_TAG:
         specs = random.Random(f"{SPLIT_SEED}-{tag}").sample(specs, EVAL_PROMPTS_PER_TAG)
     return [s.text() for s in specs]
@@ -142,7 +143,7 @@ def wide_eval_prompt_set(per_tag: int = 42) -> list[str]:
     out = []
     for tag in TAGS:
         chosen = eval_prompts(tag)
-        specs = [s for s in all_prompt_specs(tag) if tag not in ("colors", "color_attr", "position") or _is_held_out(s)]
+        specs = [s for s in all_prompt_specs(tag) if tag not in ("colors", "color_attr", "position") or is_held_out(s)]
         rest = [s.text() for s in specs if s.text() not in chosen]
         out += chosen + random.Random(f"{SPLIT_SEED}-wide-{tag}").sample(rest, max(0, min(len(rest), per_tag - len(chosen))))
     return out

@@ -31,8 +31,12 @@ class SafetyTask(ShapesTask):
                                   "occupies; use `flowrl eval safety --modes lora` on a checkpoint instead")
 
     def condition_set(self, name: str) -> ConditionSet:
-        if name == "train":
-            by_set = {key: conditions(prompts) for key, prompts in safety_split()[0].items()}
+        if name == "train":  # the safety split's train side, less the colour-shape combinations the shapes eval
+            # holds out (the run is judged on that eval too: its fidelity)
+            from ..shapes.prompts import is_held_out, parse_prompt
+
+            by_set = {key: conditions([p for p in prompts if not is_held_out(parse_prompt(p))])
+                      for key, prompts in safety_split()[0].items()}
             return ConditionSet([c for items in by_set.values() for c in items], by_set)
         return super().condition_set(name)
 
