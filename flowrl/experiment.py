@@ -164,7 +164,7 @@ def reward_scores(reward, batches) -> list[float]:
 
 def tag_metrics_of(scores: list[float], items: list) -> dict:
     """The mean score per tag (an item's meta 'tag', else 'all') and over tags."""
-    return tag_metrics(scores, [str(i.meta.get("tag", "all")) for i in items], clusters=[i.prompt for i in items])
+    return tag_metrics(scores, [str(i.meta.get("tag", "all")) for i in items], clusters=[i.key() for i in items])
 
 
 def in_batches(samples, items: list, size: int, keep_groups: bool = False):
@@ -180,11 +180,8 @@ def group_spans(items: list, size: int, keep_groups: bool = True) -> list[tuple[
     if not keep_groups:
         return [(a, min(a + size, len(items))) for a in range(0, len(items), size)]
 
-    def key(item):
-        return item.prompt, repr(sorted(item.meta.items()))
-
     spans, start = [], 0
-    runs = [0] + [i for i in range(1, len(items)) if key(items[i]) != key(items[i - 1])] + [len(items)]
+    runs = [0] + [i for i in range(1, len(items)) if items[i].key() != items[i - 1].key()] + [len(items)]
     for a, b in zip(runs, runs[1:]):
         if a > start and b - start > size:
             spans.append((start, a))

@@ -77,3 +77,14 @@ def test_draw_intervals_cover_these_prompts_accuracy_about_95_percent_of_the_tim
         narrower += half < interval(result)  # the prompts' own spread is no part of a redraw's noise
     assert 0.88 <= covered / 300 <= 0.99
     assert narrower / 300 > 0.9
+
+
+def test_a_run_rewards_evaluation_clusters_by_condition_not_by_prompt_text():
+    """One instruction on two source images is two conditions: their spread is between conditions, not seed noise
+    within one (clustered by prompt text, the draw interval took it for seed noise)."""
+    from flowrl.experiment import tag_metrics_of
+    from flowrl.tasks.base import Condition
+
+    items = [Condition("make it blue", meta={"image": name}) for name in ("a.png", "a.png", "b.png", "b.png")]
+    result = tag_metrics_of([1.0, 1.0, 0.0, 0.0], items)
+    assert result["draw_stderr"]["overall"] == 0.0  # each condition's two draws agree

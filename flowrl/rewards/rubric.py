@@ -135,7 +135,7 @@ class EditRubricReward(Reward):
         scores, sizes = np.zeros(len(items)), np.zeros(len(items))
         groups: dict = {}
         for i, item in enumerate(items):
-            groups.setdefault((item.prompt, repr(sorted(item.meta.items()))), []).append(i)
+            groups.setdefault(item.key(), []).append(i)
         # one audit pass over a whole group when the judge offers it, else one per candidate
         one_pass = self.mode == "group" and getattr(self.auditor, "group_audit", False)
         audits = {} if one_pass else {i: self.auditor.audit(image, item) for i, (image, item) in

@@ -25,6 +25,11 @@ class Condition:
     inputs: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
 
+    def key(self) -> tuple[str, str]:
+        """What tells conditions apart: the prompt and the metadata (one instruction on two source images is two
+        conditions): a group rubric's group, an evaluation's cluster, a reward batch's unbroken run."""
+        return self.prompt, repr(sorted(self.meta.items()))
+
 
 @dataclass
 class ConditionSet:
