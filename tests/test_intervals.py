@@ -88,3 +88,13 @@ def test_a_run_rewards_evaluation_clusters_by_condition_not_by_prompt_text():
     items = [Condition("make it blue", meta={"image": name}) for name in ("a.png", "a.png", "b.png", "b.png")]
     result = tag_metrics_of([1.0, 1.0, 0.0, 0.0], items)
     assert result["draw_stderr"]["overall"] == 0.0  # each condition's two draws agree
+
+
+def test_one_image_per_prompt_leaves_the_draw_interval_unknown_not_zero():
+    """With one image per prompt nothing measures seed noise: the draw SE is NaN (printed as nan), where it read 0."""
+    import math
+
+    result = tag_metrics([1, 0, 1, 0], ["t"] * 4, clusters=list("abcd"))
+    assert math.isnan(result["draw_stderr"]["tags"]["t"]) and math.isnan(result["draw_stderr"]["overall"])
+    assert result["stderr"]["overall"] > 0  # the prompt-level interval is still there
+    assert "nan" in format_metrics(result)

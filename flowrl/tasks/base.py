@@ -202,10 +202,13 @@ def _tag_errors(errors: dict) -> dict:
 
 def stratified_stderr(values: np.ndarray, strata: list) -> float:
     """Standard error of the mean of `values` with the strata (e.g. prompts) fixed and the values within each random:
-    sqrt(sum_s n_s^2 var_s / n_s) / n, var_s the unbiased variance within stratum s (0 for a single value)."""
+    sqrt(sum_s n_s^2 var_s / n_s) / n, var_s the unbiased variance within stratum s (0 for a single value). NaN
+    where no stratum holds two values (one image per prompt): nothing tells the draw's noise, which is not 0."""
     groups: dict = {}
     for v, s in zip(np.asarray(values, dtype=np.float64), strata):
         groups.setdefault(s, []).append(v)
+    if values is not None and len(values) and not any(len(g) > 1 for g in groups.values()):
+        return float("nan")
     total = sum(len(g) * np.var(g, ddof=1) for g in groups.values() if len(g) > 1)
     return float(np.sqrt(total) / len(values)) if len(values) else 0.0
 
