@@ -14,7 +14,7 @@ off-target pixel change and its ratio to the base's, and the EditScore analogues
 (flowrl/editing/verifier.py).
 
     python benchmarks/compare_edit_rewards.py                 # 3 rewards x 2 seeds, shipped config
-    python benchmarks/compare_edit_rewards.py --rewards verifier --seeds 0 --updates 2 --eval-seeds 0 --out /tmp/e
+    python benchmarks/compare_edit_rewards.py --rewards verifier --seeds 0 --updates 2 --eval-seeds 2024 --out /tmp/e
     python benchmarks/compare_edit_rewards.py --checkpoint RUN/checkpoints/update_000150 --out OUT   # judge, no training
 
 `--checkpoint` judges a trained checkpoint against the base on the same protocol without training (e.g. a run

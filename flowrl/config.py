@@ -271,6 +271,9 @@ class RunConfig:
         check_source(task, self.prompts.source, "prompts.source")
         if self.eval.enabled:
             check_source(task, self.eval.prompts, "eval.prompts")
+            if self.eval.seed == self.run.seed:  # both derive sample seeds as (seed, index, index)
+                raise ConfigError(f"eval.seed: {self.eval.seed} is run.seed too, so evaluation image k of prompt p "
+                                  "would start from the noise of training update p's k-th sample; pick another")
         if self.sampler.fk is not None:
             self.sampler.fk.validate("sampler.fk")
             if self.sampler.fk.num_particles != self.train.group_size:

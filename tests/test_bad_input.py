@@ -39,6 +39,7 @@ CONFIG_CASES = [  # (overrides, expected text)
     (["eval.num_steps=0"], "eval.num_steps: expected an integer >= 1, got 0"),
     (["eval.num_per_prompt=0"], "eval.num_per_prompt: expected an integer >= 1, got 0"),
     (["eval.seed=-3"], "eval.seed: expected an integer >= 0, got -3"),
+    (["eval.seed=0"], "eval.seed: 0 is run.seed too"),
     (["algorithm.name=tvrl", "algorithm.params.credit_batch=0"],
      "algorithm.params.credit_batch: expected an integer >= 1, got 0"),
     (["algorithm.params.clip=0.1"], "algorithm.params.clip: unknown field"),
