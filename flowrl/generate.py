@@ -2,7 +2,9 @@
 
 Sample k of prompt p always uses seed derived_seed(seed, p, k), so base and tuned models are compared on the same
 noise, and any subset of prompts reproduces the same samples. In-generation steering (FK resampling, safety
-steering, ...) comes in as a `Steer` built by the caller; this module knows none of them.
+steering, ...) comes in as a `Steer` built by the caller; this module knows none of them. A steer that resamples
+draws from one generator per sampler call (seeded by the call's first sample), so its resampling, unlike the noise,
+depends on how the samples are batched (the batch size, an evaluation's split over processes).
 """
 from __future__ import annotations
 
