@@ -2,7 +2,9 @@
 
 Detection: every bright pixel takes its nearest palette colour, each colour's pixels split into connected
 components, and each component is classed by its silhouette (fill of the bounding box and how much narrower its
-top is than its bottom). The judgement follows GenEval's tag rules; `score` is the binary verdict used for
+top is than its bottom). The judgement follows GenEval's tag rules, more leniently for colours and positions: a
+colour or relation holds when any detection (or pair) of the named shapes shows it, where GenEval judges the
+top-scoring `count` detections of each class and needs all of them to; `score` is the binary verdict used for
 evaluation and `dense_score` the fraction of the prompt's constraints met, a smoother training reward.
 `exact_score` is the stricter verdict that also refuses objects the prompt does not name: RL learns to pass
 GenEval's rule with clutter ("a circle" drawn as three circles and a square), which only this verdict sees.
