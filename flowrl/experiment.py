@@ -48,7 +48,7 @@ def evaluate(trainer: Trainer, desc: str, judge: bool = True):
     samples here with its sampling gate (lora.sample_from_sigma), as `flowrl sample` draws from the checkpoint.
     Every process samples a contiguous share of the eval prompts, each with all its samples (so a group rubric sees
     a prompt's samples together, and reward calls take whole prompts); each sample keeps the seed it has in a
-    one-process run, so the split changes no sample's noise (an FK-resampling steer's draws excepted: generate.py). With the run's reward, every process also scores its
+    one-process run, so the split changes no sample's noise (nor an FK-resampling steer's draws: generate.py). With the run's reward, every process also scores its
     own share (a VLM judge on 8 GPUs scores 8 times as fast). The main process gathers samples (and scores) and
     judges: it returns (metrics, samples, items), the others (None, None, items). `judge=False` only draws and
     gathers (metrics None)."""

@@ -64,17 +64,22 @@ def effective_sample_size(log_weights: torch.Tensor) -> torch.Tensor:
     return 1.0 / (w**2).sum(dim=1)
 
 
-def resample_indices(log_weights: torch.Tensor, generator: torch.Generator,
+def resample_indices(log_weights: torch.Tensor, generator: torch.Generator | list[torch.Generator],
                      groups_to_resample: torch.Tensor | None = None) -> torch.Tensor:
     """Multinomial resampling within each group: [G, k] log-weights -> flat indices [G * k] into the particles.
 
-    Groups outside `groups_to_resample` (a [G] bool mask; default all) keep their particles in place.
+    Groups outside `groups_to_resample` (a [G] bool mask; default all) keep their particles in place. `generator`:
+    one for all groups, or one per group (each group's draws then depend on it alone, not on its batch-mates).
     """
     groups, k = log_weights.shape
     w = torch.softmax(log_weights.double(), dim=1)
     w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
     w = torch.where(w.sum(1, keepdim=True) > 0, w, torch.full_like(w, 1.0 / k))  # all-invalid group: uniform
-    picks = torch.multinomial(w, k, replacement=True, generator=generator)
+    if isinstance(generator, (list, tuple)):
+        picks = torch.stack([torch.multinomial(w[g], k, replacement=True, generator=own)
+                             for g, own in enumerate(generator)])
+    else:
+        picks = torch.multinomial(w, k, replacement=True, generator=generator)
     if groups_to_resample is not None:
         picks = torch.where(groups_to_resample[:, None], picks, torch.arange(k).expand(groups, k))
     return (picks + torch.arange(groups)[:, None] * k).flatten()

@@ -3,8 +3,8 @@
 Sample k of prompt p always uses seed derived_seed(seed, p, k), so base and tuned models are compared on the same
 noise, and any subset of prompts reproduces the same samples. In-generation steering (FK resampling, safety
 steering, ...) comes in as a `Steer` built by the caller; this module knows none of them. A steer that resamples
-draws from one generator per sampler call (seeded by the call's first sample), so its resampling, unlike the noise,
-depends on how the samples are batched (the batch size, an evaluation's split over processes).
+(FK) draws from one generator per output, seeded from the output's own seed, so its resampling does not depend on
+how the samples are batched either.
 """
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ from .devices import DEFAULT_BATCH_SIZE
 from .policies.base import SampleSpec
 from .prompt_source import derived_seed
 from .rollout import rollout, sample_generators
+
+# derived_seed(output seed, FK_DRAWS) seeds an output's resampling draws (its particles' noise takes parts 0..k-1)
+FK_DRAWS = 1_000_003
 
 
 class Steer:
@@ -83,8 +86,9 @@ def sample_chunks(policy, prompts: list, num_per_prompt: int = 1, seed: int = 0,
         cond = policy.encode([p for p in chunk for _ in range(k)], guidance_scale, spec)
         callbacks, step_guide = [], guide
         if steer is not None:
+            # one generator per output, from its own seed: its resampling does not depend on its batch-mates
             callbacks, step_guide = steer.start(policy, cond, len(chunk), num_steps,
-                                           torch.Generator().manual_seed(chunk_seeds[0]))
+                                           [torch.Generator().manual_seed(derived_seed(s, FK_DRAWS)) for s in chunk_seeds])
         traj = rollout(policy, cond, sample_generators(particle_seeds), shape, num_steps, kind, noise_level,
                        guidance_scale, sde_window, callbacks=callbacks, guide=step_guide)
         decoded = policy.decode_in_chunks(traj.final[::k]).cpu()  # train.decode_microbatch at a time

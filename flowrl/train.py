@@ -351,8 +351,13 @@ class Trainer:
         if c.sampler.fk is not None:
             from .fk import FKSteering
 
-            steering = FKSteering(c.sampler.fk, latent_scorer(policy, self.reward), c.sampler.num_steps, len(local_prompts) // size,
-                                  torch.Generator().manual_seed(derived_seed(seed, update, 37, self.rank)))
+            from .generate import FK_DRAWS
+
+            # one generator per group, from its first sample's seed: the draws do not depend on the process split
+            groups = [torch.Generator().manual_seed(derived_seed(every_seed[int(g) * size], FK_DRAWS))
+                      for g in local_groups[::size]]
+            steering = FKSteering(c.sampler.fk, latent_scorer(policy, self.reward), c.sampler.num_steps,
+                                  len(local_prompts) // size, groups)
             callbacks = [steering]
         recorder = None
         if self.algorithm.needs_step_rewards:
