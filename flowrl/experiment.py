@@ -214,8 +214,12 @@ def run_experiment(config: RunConfig) -> Path:
     if trainer.is_main:
         write_config(config, run_dir)
     evals = json.loads(evals_path.read_text()) if evals_path.is_file() else {}
+    resumed_at = checkpoint_update(trainer.resume_path())
+    if resumed_at is not None:  # an abandoned attempt's evaluations past the checkpoint go, as its metrics rows do
+        evals = {key: value for key, value in evals.items() if int(key) <= resumed_at}
     wandb = {"project": config.run.wandb_project, "name": config.run.name, "config": config_to_dict(config)}
-    log = MetricsLog(run_dir, wandb=wandb if config.run.wandb else None) if trainer.is_main else None
+    log = MetricsLog(run_dir, wandb=wandb if config.run.wandb else None,
+                     resumed_at=resumed_at) if trainer.is_main else None
     base_samples = None
     do_eval = config.eval.enabled  # every process samples its share of each evaluation; the main one judges
     # every process read eval.json above, before the main one can write it (it waits for the others' samples
@@ -227,6 +231,8 @@ def run_experiment(config: RunConfig) -> Path:
             evals["0"] = result
             save_json(evals_path, evals)
             log_samples(log, base_samples, 0, config.eval.num_per_prompt)
+            base_samples = base_samples.select(grid_rows(len(items), config.eval.num_per_prompt))  # all the grid
+            # needs: the whole eval set (videos: GBs) would sit in memory through training
             print(f"base model, eval set ({trainer.task.metric_name}):\n" + format_metrics(result))
 
     def on_update(update: int, metrics: dict) -> None:  # on every process
@@ -246,6 +252,8 @@ def run_experiment(config: RunConfig) -> Path:
             result, tuned_samples, items = evaluate(trainer, "eval tuned")
         if not base_evaluated:  # resumed: regenerate the base samples for the grid with the adapter off
             base_samples = _base_samples(trainer)
+            if base_samples is not None and trainer.is_main:
+                base_samples = base_samples.select(grid_rows(len(items), config.eval.num_per_prompt))
     # no process exits while its share may still be in flight to the main one (gloo aborts a process that exits
     # mid-send: "terminate called without an active exception")
     trainer.accelerator.wait_for_everyone()
@@ -257,11 +265,10 @@ def run_experiment(config: RunConfig) -> Path:
         save_json(evals_path, evals)
         log_samples(log, tuned_samples, config.train.updates, config.eval.num_per_prompt)
         print(f"tuned model, eval set ({trainer.task.metric_name}):\n" + format_metrics(result))
-        step = max(1, len(items) // (GRID_PROMPTS * config.eval.num_per_prompt)) * config.eval.num_per_prompt
-        rows = list(range(0, len(items), step))[:GRID_PROMPTS]
+        rows = grid_rows(len(items), config.eval.num_per_prompt)
         columns, labels = [tuned_samples.select(rows).preview()], ["tuned"]
-        if base_samples is not None:
-            columns, labels = [base_samples.select(rows).preview()] + columns, ["base"] + labels
+        if base_samples is not None:  # (already the grid's rows)
+            columns, labels = [base_samples.preview()] + columns, ["base"] + labels
         policy = trainer.policy
         if policy.source_input:  # editing: source | base edit | tuned edit, each source as the editor was given it
             from .images import item_image, to_uint8
@@ -272,7 +279,7 @@ def run_experiment(config: RunConfig) -> Path:
             columns, labels = [to_uint8(torch.stack(sources))] + columns, ["source"] + labels
         image_grid(columns, labels, [items[i].prompt for i in rows], run_dir / "before_after.png")
         if isinstance(tuned_samples, VideoSamples) and base_samples is not None:  # the clips, base | tuned
-            files = side_by_side_clips([base_samples.select(rows), tuned_samples.select(rows)],
+            files = side_by_side_clips([base_samples, tuned_samples.select(rows)],
                                        run_dir / "before_after", "base_tuned")
             clips = [(items[i].prompt, f"before_after/{mp4}", f"before_after/{gif}") for i, (mp4, gif) in zip(rows, files)]
     log.close()
@@ -284,8 +291,23 @@ def run_experiment(config: RunConfig) -> Path:
         notes.append(f"Overall eval {trainer.task.metric_name} {before['overall']:.3f} -> {after['overall']:.3f} "
                      f"({100 * (after['overall'] - before['overall']):+.1f} points).")
     write_report(run_dir, yaml.safe_dump(config_to_dict(config), sort_keys=False), before, after, log.rows, notes,
-                 metric_name=trainer.task.metric_name, clips=clips)
+                 metric_name=trainer.task.metric_name, clips=clips, grid=do_eval)
     return run_dir
+
+
+def grid_rows(count: int, num_per_prompt: int) -> list[int]:
+    """The eval samples the before / after grid shows: each of up to GRID_PROMPTS prompts spread over the set, its
+    first sample."""
+    step = max(1, count // (GRID_PROMPTS * num_per_prompt)) * num_per_prompt
+    return list(range(0, count, step))[:GRID_PROMPTS]
+
+
+def checkpoint_update(path) -> int | None:
+    """The update a checkpoint folder holds (its state.json), None for none or an unreadable one."""
+    try:
+        return int(json.loads((Path(path) / "state.json").read_text())["update"]) if path else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _base_samples(trainer: Trainer):

@@ -30,14 +30,17 @@ class MetricsLog:
     """Appends one row per update to metrics.csv (columns grow as new metrics appear), to TensorBoard, and to
     Weights & Biases when `wandb` is given (its init arguments; offline unless WANDB_MODE says otherwise)."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, wandb: dict | None = None):
+    def __init__(self, run_dir: Path, tensorboard: bool = True, wandb: dict | None = None,
+                 resumed_at: int | None = None):
         self.path = run_dir / "metrics.csv"
         self.rows = self._read()
         self.writer = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-                self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+                # a resumed run drops an abandoned attempt's events past its checkpoint, as metrics.csv its rows
+                purge = resumed_at + 1 if resumed_at is not None else None
+                self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
             except ImportError:  # tensorboard is a core dependency; keep training if a user removed it
                 self.writer = None
         self.wandb = None
@@ -166,9 +169,10 @@ def image_grid(columns: list[np.ndarray], labels: list[str], row_titles: list[st
 
 def write_report(run_dir: Path, config_text: str, before: dict | None, after: dict | None, rows: list[dict],
                  notes: list[str] = (), metric_name: str = "eval metric",
-                 clips: list[tuple[str, str, str]] = ()) -> Path:
+                 clips: list[tuple[str, str, str]] = (), grid: bool = True) -> Path:
     """report.html: the before/after table, the plots and the config, self-contained beside the PNGs; for video
-    runs `clips` (prompt, MP4, GIF paths relative to the run folder) play base | tuned side by side."""
+    runs `clips` (prompt, MP4, GIF paths relative to the run folder) play base | tuned side by side; `grid`: whether
+    this run wrote before_after.png (not without evaluations)."""
     from .tasks.base import interval
 
     def cell(result: dict, tag: str | None) -> str:
@@ -182,7 +186,7 @@ def write_report(run_dir: Path, config_text: str, before: dict | None, after: di
         out = ["<table><tr><th>tag</th><th>base</th><th>tuned</th><th>change</th></tr>"]
         for tag in before["tags"]:
             b, a = before["tags"][tag], after["tags"].get(tag, float("nan"))
-            out.append(f"<tr><td>{tag}</td><td>{cell(before, tag)}</td><td>{cell(after, tag)}</td><td>{a - b:+.3f}</td></tr>")
+            out.append(f"<tr><td>{html.escape(str(tag))}</td><td>{cell(before, tag)}</td><td>{cell(after, tag)}</td><td>{a - b:+.3f}</td></tr>")
         b, a = before["overall"], after["overall"]
         out.append(f"<tr><th>overall</th><th>{cell(before, None)}</th><th>{cell(after, None)}</th><th>{a - b:+.3f}</th>"
                    "</tr></table><p>&plusmn;: 95% interval (1.96 standard errors, the task's conditions as the sampling unit).</p>")
@@ -201,11 +205,11 @@ pre{{background:#f4f4f4;padding:1em;overflow:auto}}</style></head><body>
 <h2>Eval set: {html.escape(metric_name)} (same seeds before and after)</h2>{table()}
 {''.join(f'<p>{html.escape(n)}</p>' for n in notes)}
 <h2>Reward</h2><img src="reward_curve.png">
-<h2>Base vs tuned (same prompt, same seed)</h2><img src="before_after.png">
+{'<h2>Base vs tuned (same prompt, same seed)</h2><img src="before_after.png">' if grid else ''}
 {clip_section}
 <h2>Config</h2><pre>{html.escape(config_text)}</pre></body></html>"""
     path = run_dir / "report.html"
-    path.write_text(body)
+    path.write_text(body, encoding="utf-8")  # (its meta charset; prompts may hold any script)
     return path
 
 

@@ -228,6 +228,36 @@ def test_a_resumed_run_ends_with_its_before_after_grid(tiny_sd3_dir, tmp_path, l
     assert width == full_width if lora else width < full_width
 
 
+def test_a_run_resumed_from_an_earlier_checkpoint_drops_the_abandoned_attempts_evaluations(tiny_sd3_dir, tmp_path):
+    """Resumed from update 1 of a run that had evaluated at 1, 2 and 3, with 2 updates this time: eval.json (and
+    its curve) holds 0, 1 and the new 2, not the abandoned 3, as metrics.csv drops the abandoned rows."""
+    import csv
+    import json
+
+    from flowrl.config import load_config
+    from flowrl.experiment import run_experiment
+
+    (tmp_path / "eval.txt").write_text("a red circle\n")
+    path = tiny_run_config(tmp_path / "r.yaml", tiny_sd3_dir, tmp_path / "runs", "again", updates=3,
+                           checkpoint_every=1, keep_checkpoints=3)
+    overrides = ["eval.enabled=true", f"eval.prompts={tmp_path / 'eval.txt'}", "eval.num_per_prompt=1",
+                 "eval.num_steps=2", "eval.every=1"]
+    run_dir = run_experiment(load_config(path, overrides))
+    assert sorted(json.loads((run_dir / "eval.json").read_text()), key=int) == ["0", "1", "2", "3"]
+    checkpoint = run_dir / "checkpoints" / "update_000001"
+    run_experiment(load_config(path, [*overrides, "train.updates=2", f"run.resume={checkpoint}"]))
+    assert sorted(json.loads((run_dir / "eval.json").read_text()), key=int) == ["0", "1", "2"]
+    assert [int(float(r["update"])) for r in csv.DictReader((run_dir / "metrics.csv").open())] == [1, 2]
+
+
+def test_report_tags_are_escaped_and_a_run_without_evaluations_links_no_grid(tmp_path):
+    from flowrl.report import write_report
+
+    result = {"overall": 0.5, "tags": {"a<b>&c": 0.5}}
+    page = write_report(tmp_path, "x: 1", result, result, [], grid=False).read_text(encoding="utf-8")
+    assert "a&lt;b&gt;&amp;c" in page and "<b>&c" not in page and "before_after.png" not in page
+
+
 def test_a_deterministic_run_turns_on_deterministic_kernels_and_trains_as_a_default_one(tiny_sd3_dir, tmp_path,
                                                                                            monkeypatch):
     """`run.deterministic` is for GPUs (CPU kernels repeat either way): it must switch PyTorch to deterministic
