@@ -134,6 +134,12 @@ def build_term(term, where: str):
 def build_rewards(config: RunConfig, modality: str | None = None):
     """The weighted sum of the config's rewards; each must accept `modality` (the pipeline's) when given."""
     terms = [build_term(t, f"reward[{i}]") for i, t in enumerate(config.reward)]
+    names = [term.name for term in terms]
+    for i, name in enumerate(names):  # each term's scores are logged and normalised under its name
+        if name in names[:i]:
+            raise ConfigError(f"reward[{i}]: a second term named {name!r} (reward[{names.index(name)}] is one): its "
+                              "scores would overwrite the first's; give one a params.name of its own (remote) or "
+                              "combine them in one term")
     reward = WeightedSum(terms, [t.weight for t in config.reward], [t.batch_size for t in config.reward])
     if modality is not None:
         check_reward_modalities(config, reward, modality)

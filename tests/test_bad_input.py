@@ -134,3 +134,17 @@ def test_bad_files_and_folders(case, tmp_path, capsys):
 
 def test_the_table_is_at_least_thirty_cases():
     assert len(CONFIG_CASES) + len(FILE_CASES) >= 30
+
+
+def test_two_reward_terms_of_one_name_are_refused(tiny_sd3_dir, tmp_path):
+    """Each term's scores are logged and normalised under its name: two remote terms, both named 'remote' by
+    default, would overwrite each other (the second server's scores used for both under normalize_rewards)."""
+    from flowrl.config import load_config
+    from flowrl.errors import ConfigError
+    from flowrl.train import build_rewards
+    from run_helpers import tiny_run_config
+
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "twice")
+    twice = "reward=[{name: jpeg_compressibility}, {name: jpeg_compressibility, weight: 0.5}]"
+    with pytest.raises(ConfigError, match=r"reward\[1\]: a second term named 'jpeg_compressibility'"):
+        build_rewards(load_config(path, [twice]))
