@@ -68,6 +68,9 @@ def build_policy(config: RunConfig):
     policy.set_reference_size(config.pipeline.reference_size, "pipeline.reference_size")
     if config.lora is not None:
         targets = config.lora.target_modules or policy.lora_targets
+        if not targets:
+            raise ConfigError(f"lora.target_modules: {type(policy).__name__} names no default LoRA targets; list the "
+                              "denoiser's module names to adapt (e.g. [attn.to_q, attn.to_k, attn.to_v])")
         policy.add_lora(config.lora.rank, config.lora.alpha, targets)
         policy.lora_active_from_sigma = config.lora.active_from_sigma
     else:

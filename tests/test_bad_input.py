@@ -148,3 +148,19 @@ def test_two_reward_terms_of_one_name_are_refused(tiny_sd3_dir, tmp_path):
     twice = "reward=[{name: jpeg_compressibility}, {name: jpeg_compressibility, weight: 0.5}]"
     with pytest.raises(ConfigError, match=r"reward\[1\]: a second term named 'jpeg_compressibility'"):
         build_rewards(load_config(path, [twice]))
+
+
+def test_a_policy_without_default_lora_targets_asks_for_them(tiny_sd3_dir, tmp_path, monkeypatch):
+    """A plugin adapter that names no lora_targets, with the default LoRA section: one error naming the setting
+    (an AttributeError on lora_targets before)."""
+    from flowrl.config import load_config
+    from flowrl.errors import ConfigError
+    from flowrl.policies.sd3 import SD3Policy
+    from flowrl.train import build_policy
+    from run_helpers import tiny_run_config
+
+    monkeypatch.setattr(SD3Policy, "lora_targets", None)
+    config = load_config(tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "plugin"))
+    with pytest.raises(ConfigError, match="lora.target_modules: SD3Policy names no default LoRA targets"):
+        build_policy(config)
+    assert build_policy(load_config(tmp_path / "c.yaml", ["lora.target_modules=[attn.to_q]"])).has_lora

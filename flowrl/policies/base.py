@@ -114,6 +114,7 @@ class FlowPolicy(InputImages):
     modality = "image"  # what `decode` returns: image or video
     fps = 8  # video families: frames per second their clips play at (MP4s, GIFs, VBench's frame intervals)
     text_length_tokenizer = "tokenizer"  # the tokenizer `max_sequence_length` governs (T5 / umT5)
+    lora_targets: list[str] | None = None  # the denoiser's modules a LoRA adapts by default (lora.target_modules)
     # Flow-GRPO trains the guided output with the unconditional branch detached; True keeps its gradient too
     # (at w = 4.5 the two gradients differ by ~70% relative). Set from train.cfg_uncond_grad by the loop.
     cfg_uncond_grad = False
