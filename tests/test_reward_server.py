@@ -132,3 +132,26 @@ def test_a_served_3d_reward_reads_the_condition_image_the_item_carries():
         process.kill()
         process.wait(timeout=30)
     assert torch.equal(remote, local)
+
+
+def test_a_served_reward_that_raises_costs_only_its_samples(monkeypatch):
+    """The served reward raising on a request is its failure, not an outage: the client scores the samples one by
+    one, as for an in-process reward, and only the raising sample gets no score (all NaN before: the 500 was
+    retried as a dead server)."""
+    import os
+
+    from conftest import REPO
+    from flowrl.rewards.base import score_robustly
+    from flowrl.rewards.remote import RemoteReward
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    process, url, _ = start_reward_server("test_faults:RaisesOnSomeSeeds", {})
+    try:
+        samples = torch.rand(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+        out, error = score_robustly(RemoteReward(url, retries=0), samples, ["a"] * 4, {"seeds": [7, 1, 2, 3]})
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+    assert "cannot score this one" in error
+    assert torch.isnan(out.scores[0]) and torch.isfinite(out.scores[1:]).all()
+    torch.testing.assert_close(out.scores[1:], samples[1:].flatten(1).mean(1))

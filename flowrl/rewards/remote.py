@@ -104,6 +104,9 @@ def _metadata(body: bytes) -> str:
     return json.dumps(json.loads(body[8:8 + size]).get("__metadata__", {}))
 
 
+REWARD_RAISED = 422  # the served reward raised on the request's samples (not an outage: no retry)
+
+
 def serve_reward(name: str, params: dict, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
                  device: str | None = None):
     """Serve reward `name` (built with `params`) until interrupted, its models on `device` (None: the GPU of this
@@ -113,7 +116,8 @@ def serve_reward(name: str, params: dict, host: str = "127.0.0.1", port: int = 8
 
     from ..devices import default_device
 
-    reward = build_reward(name, where="serve-reward", **params).to(device or default_device())
+    device = device or default_device()
+    reward = build_reward(name, where="serve-reward", **params).to(device)
     app = FastAPI(title=f"flowrl reward {name}")
 
     def check(request: Request) -> None:
@@ -129,8 +133,12 @@ def serve_reward(name: str, params: dict, host: str = "127.0.0.1", port: int = 8
     async def score(request: Request) -> Response:
         check(request)
         samples, prompts, meta = decode_request(await request.body())
-        with torch.no_grad():
-            out = reward(samples, prompts, meta)
+        try:
+            with torch.no_grad():  # the samples on the reward's device, as a run hands them to its rewards
+                out = reward(samples.to(device), prompts, meta)
+        except Exception as error:  # the reward's own failure on these samples, not the server's: 422, so the
+            # client scores them one by one (as in-process) rather than taking the server for down
+            raise HTTPException(status_code=REWARD_RAISED, detail=f"{type(error).__name__}: {error}") from None
         tensors = {"scores": out.scores.float().cpu().contiguous(),
                    **{f"info/{k}": v.float().cpu().contiguous() for k, v in out.info.items()}}
         return Response(content=save(tensors), media_type="application/octet-stream")
@@ -151,6 +159,9 @@ def post_with_retries(server: str, route: str, body: bytes, content_type: str, t
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return response.read()
         except urllib.error.HTTPError as error:
+            if error.code == REWARD_RAISED:  # the served reward raised on these samples: its failure, as in-process
+                raise RuntimeError(f"reward served at {server} raised: "
+                                   f"{error.read()[:300].decode(errors='replace')}") from None
             if error.code < 500:  # a client error will not heal by retrying
                 raise RewardUnavailable(f"reward server {server} refused the request: HTTP "
                                         f"{error.code} {error.read()[:200].decode(errors='replace')}") from None
