@@ -30,6 +30,9 @@ def test_remote_scores_equal_local_scores_and_training_goes_through_it(server, t
     assert torch.equal(remote(images, ["a"] * 5).scores, build_reward("jpeg_compressibility")(images, ["a"] * 5).scores)
     with pytest.raises(Exception, match="HTTP 401"):
         build_reward("remote", url=url, token="wrong")(images, ["a"] * 5)
+    with pytest.MonkeyPatch.context() as patch:  # the token from the environment, as the server takes it
+        patch.setenv("FLOWRL_REWARD_TOKEN", "secret")
+        assert torch.equal(build_reward("remote", url=url)(images, ["a"] * 5).scores, remote(images, ["a"] * 5).scores)
 
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "remote", updates=2)
     rows = {}

@@ -183,7 +183,10 @@ class RemoteReward(Reward):
     def __init__(self, url: str, name: str = "remote", timeout: float = 60.0, retries: int = 3, backoff: float = 1.0,
                  token: str | None = None, batch_size: int = 0):
         self.url, self.name, self.timeout, self.retries, self.backoff = url.rstrip("/"), name, timeout, retries, backoff
-        self.token, self.batch_size = token, batch_size
+        # unset: $FLOWRL_REWARD_TOKEN, as the server reads it (a token in params is written to config.yaml, every
+        # checkpoint's run_config.yaml and W&B)
+        self.token = token if token is not None else os.environ.get("FLOWRL_REWARD_TOKEN")
+        self.batch_size = batch_size
 
     def _post(self, body: bytes) -> bytes:
         return post_with_retries(self.url, "/score", body, "application/octet-stream", self.token, self.timeout,
