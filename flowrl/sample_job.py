@@ -39,6 +39,12 @@ def draw_samples(policy, conditions: list, num_per_prompt: int, seed: int, folde
     done = written_samples(folder, planned)
     state.wait_for_everyone()  # every process has read what is done before any writes more
     todo = [n for n in range(len(planned)) if n not in done]
+    index = folder / INDEX_FILE
+    if main and todo and index.is_file():  # a finished folder drawing again (an edited prompt file): its index would
+        # name redrawn files with their old prompts until the end; its still-valid lines wait in a progress file
+        with appending(folder / ".progress-kept.jsonl") as kept:
+            kept.write("".join(json.dumps({**line}, default=str) + "\n" for line in done.values()))
+        index.unlink()
     mine = [todo[i] for i in contiguous_share(len(todo), state.process_index, state.num_processes)]
     if done and main:
         print(f"{len(done)} of {len(planned)} samples already in {folder}; drawing the other {len(todo)}")

@@ -184,6 +184,25 @@ def test_sample_killed_midway_resumes_without_redrawing_and_refuses_other_settin
     assert other.returncode == 2 and "guidance" in other.stderr and "Traceback" not in other.stderr
 
 
+def test_a_finished_folder_redrawing_an_edited_prompt_never_indexes_new_files_with_old_prompts(tiny_sd3_dir,
+                                                                                                tmp_path):
+    """An edited prompt-file line is drawn again into the same file names; while it is (and after an interruption),
+    no samples.jsonl pairs a redrawn file with its old prompt: the old index's still-valid lines wait in a progress
+    file, and the finished index holds the new prompt."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\ntwo squares\n")
+    out = tmp_path / "out"
+    assert _sample(tiny_sd3_dir, prompts, out).returncode == 0
+    kept = (out / "00000.png").stat().st_mtime_ns
+    prompts.write_text("a red circle\nthree squares\n")
+    killed = _sample(tiny_sd3_dir, prompts, out, env={"FLOWRL_KILL_AT": "sample@1"})
+    assert killed.returncode == -9 and not (out / "samples.jsonl").exists()
+    assert _sample(tiny_sd3_dir, prompts, out).returncode == 0
+    records, _ = _pixels(out)
+    assert [r["prompt"] for r in records] == ["a red circle"] * 2 + ["three squares"] * 2
+    assert (out / "00000.png").stat().st_mtime_ns == kept and not list(out.glob(".progress-*"))
+
+
 @pytest.mark.slow
 def test_sample_under_torchrun_shares_the_prompts_and_writes_one_index(tiny_sd3_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
