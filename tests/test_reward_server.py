@@ -158,3 +158,31 @@ def test_a_served_reward_that_raises_costs_only_its_samples(monkeypatch):
     assert "cannot score this one" in error
     assert torch.isnan(out.scores[0]) and torch.isfinite(out.scores[1:]).all()
     torch.testing.assert_close(out.scores[1:], samples[1:].flatten(1).mean(1))
+
+
+def test_a_server_dying_mid_answer_is_retried_as_an_outage(monkeypatch):
+    """http.client's IncompleteRead (the connection closed mid-response) is no OSError: it was not retried, and fell
+    through to the per-sample path (a wait per sample) instead of the next try."""
+    import http.client
+    import urllib.request
+
+    from flowrl.rewards.remote import post_with_retries
+
+    calls = []
+
+    class Answer:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self):
+            calls.append(1)
+            if len(calls) == 1:
+                raise http.client.IncompleteRead(b"par")
+            return b"whole"
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda request, timeout: Answer())
+    assert post_with_retries("http://x", "/score", b"", "application/octet-stream", None, 1.0, 2, 0.0) == b"whole"
+    assert len(calls) == 2

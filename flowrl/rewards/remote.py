@@ -11,6 +11,7 @@ is back continues exactly.
 """
 # no `from __future__ import annotations`: FastAPI must see the real Request class in the handlers below
 
+import http.client
 import json
 import os
 import secrets
@@ -166,8 +167,9 @@ def post_with_retries(server: str, route: str, body: bytes, content_type: str, t
                 raise RewardUnavailable(f"reward server {server} refused the request: HTTP "
                                         f"{error.code} {error.read()[:200].decode(errors='replace')}") from None
             last = f"HTTP {error.code}"
-        except (urllib.error.URLError, OSError) as error:
-            last = str(getattr(error, "reason", error))
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as error:  # (a server dying mid-answer:
+            # IncompleteRead, an HTTPException, not an OSError)
+            last = str(getattr(error, "reason", error)) or type(error).__name__
         if attempt < retries:
             time.sleep(backoff * 2**attempt)
     raise RewardUnavailable(f"reward server {server} did not answer after {retries + 1} tries ({last})")
