@@ -22,7 +22,7 @@ class Net(torch.nn.Module):
 
 
 if __name__ == "__main__":
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))  # slow starts under a busy suite
     rank = dist.get_rank()
     torch.manual_seed(0)
     net = Net()
@@ -41,5 +41,6 @@ if __name__ == "__main__":
         gathered = [torch.zeros_like(grads) for _ in range(2)]
         dist.all_gather(gathered, grads)
         assert torch.equal(gathered[0], gathered[1]), step
+    dist.barrier()  # no process exits while another may still be sending to it (gloo aborts it: exit code -6)
     print("ok", rank, flush=True)
     dist.destroy_process_group()

@@ -356,7 +356,7 @@ def test_a_deepspeed_launch_is_one_clear_error(tiny_sd3_dir, tmp_path):
 def test_ddp_processes_running_unequal_forwards_do_not_pair_a_broadcast_with_a_reduction():
     """A gated LoRA runs one or two passes per microbatch by its items' noise levels, so processes differ in forward
     counts: DDP's buffer broadcast before each forward would then pair with another process's gradient all-reduce
-    (measured: a 30 s gloo timeout without `without_buffer_broadcast`)."""
+    (measured: the collective timeout without `without_buffer_broadcast`)."""
     import subprocess
     import sys
 
@@ -365,7 +365,7 @@ def test_ddp_processes_running_unequal_forwards_do_not_pair_a_broadcast_with_a_r
 
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29731",
                              str(REPO / "tests" / "ddp_buffers_worker.py")], cwd=REPO, capture_output=True, text=True,
-                            env=gloo_env(PYTHONPATH=str(REPO)), timeout=120)
+                            env=gloo_env(PYTHONPATH=str(REPO)), timeout=400)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("ok") == 2
 
