@@ -63,6 +63,14 @@ def _write(tmp: Path, update: int, trainable: dict, optimizer_state: dict, ema: 
     (tmp / "state.json").write_text(json.dumps(state))  # last: a folder without it is never taken for a checkpoint
 
 
+def checkpoint_update(path) -> int | None:
+    """The update a checkpoint folder holds (its state.json), None for none or an unreadable one."""
+    try:
+        return int(json.loads((Path(path) / "state.json").read_text())["update"]) if path else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def list_checkpoints(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []

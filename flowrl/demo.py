@@ -50,8 +50,8 @@ class CheckpointSet:
                 self.gates[label] = self._add_adapter(path, f"ckpt{number}", weights)
                 self.kinds[label] = ("lora", f"ckpt{number}")
             else:
-                unknown = [k for k in weights if full_weight(params, k) is None
-                           or full_weight(params, k).shape != weights[k].shape]
+                # (None for a weight missing here: no shape)
+                unknown = [k for k in weights if getattr(full_weight(params, k), "shape", None) != weights[k].shape]
                 if unknown:
                     raise UserError(f"--checkpoint {path}: weights do not fit this pipeline (e.g. {unknown[0]}, "
                                     "missing here or of another shape)")

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import yaml
 
-from .checkpoint import sampling_gate
+from .checkpoint import checkpoint_update, sampling_gate
 from .config import RunConfig, config_to_dict
 from .devices import DEFAULT_BATCH_SIZE
 from .errors import ConfigError
@@ -214,7 +214,8 @@ def run_experiment(config: RunConfig) -> Path:
     if trainer.is_main:
         write_config(config, run_dir)
     evals = json.loads(evals_path.read_text()) if evals_path.is_file() else {}
-    resumed_at = checkpoint_update(trainer.resume_path())
+    resume_path = trainer.resume_path()
+    resumed_at = checkpoint_update(resume_path)
     if resumed_at is not None:  # an abandoned attempt's evaluations past the checkpoint go, as its metrics rows do
         evals = {key: value for key, value in evals.items() if int(key) <= resumed_at}
     wandb = {"project": config.run.wandb_project, "name": config.run.name, "config": config_to_dict(config)}
@@ -224,7 +225,7 @@ def run_experiment(config: RunConfig) -> Path:
     do_eval = config.eval.enabled  # every process samples its share of each evaluation; the main one judges
     # every process read eval.json above, before the main one can write it (it waits for the others' samples
     # first), so all of them take the same branch here
-    base_evaluated = do_eval and "0" not in evals and not trainer.resume_path()
+    base_evaluated = do_eval and "0" not in evals and not resume_path
     if base_evaluated:
         result, base_samples, items = evaluate(trainer, "eval base")
         if trainer.is_main:
@@ -300,14 +301,6 @@ def grid_rows(count: int, num_per_prompt: int) -> list[int]:
     first sample."""
     step = max(1, count // (GRID_PROMPTS * num_per_prompt)) * num_per_prompt
     return list(range(0, count, step))[:GRID_PROMPTS]
-
-
-def checkpoint_update(path) -> int | None:
-    """The update a checkpoint folder holds (its state.json), None for none or an unreadable one."""
-    try:
-        return int(json.loads((Path(path) / "state.json").read_text())["update"]) if path else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _base_samples(trainer: Trainer):

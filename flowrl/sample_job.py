@@ -43,7 +43,7 @@ def draw_samples(policy, conditions: list, num_per_prompt: int, seed: int, folde
     if main and todo and index.is_file():  # a finished folder drawing again (an edited prompt file): its index would
         # name redrawn files with their old prompts until the end; its still-valid lines wait in a progress file
         with appending(folder / ".progress-kept.jsonl") as kept:
-            kept.write("".join(json.dumps({**line}, default=str) + "\n" for line in done.values()))
+            kept.write("".join(json.dumps(line, default=str) + "\n" for line in done.values()))
         index.unlink()
     mine = [todo[i] for i in contiguous_share(len(todo), state.process_index, state.num_processes)]
     if done and main:

@@ -675,7 +675,6 @@ class Trainer:
             while self.state.update < c.train.updates:
                 update = self.state.update
                 started = time.time()
-                self.stepped = False
                 if self.worker is not None:
                     batch, metrics = self.worker.take(update)
                 else:

@@ -173,6 +173,21 @@ def test_an_openai_compatible_judge_audits_and_checks():
     assert audits == [4] and set(checks) == {2}
 
 
+class SourceRecorder:
+    """A judge that lists nothing, passes every check and records the source image (the first) of every call."""
+
+    def __init__(self):
+        self.sources = []
+
+    def generate(self, images, text):
+        self.sources.append(np.asarray(images[0]))
+        return "[]"
+
+    def yes_no(self, images, text):
+        self.sources.append(np.asarray(images[0]))
+        return 0.9, 0.1
+
+
 def test_the_judge_sees_each_source_at_the_size_of_the_edits_it_judges():
     """A 24x40 source and 16x16 edits: every question shows the source resized to 16x16, as the editor was given it
     (flowrl.images.resized, the policy's own resizing), not the original."""
@@ -181,18 +196,9 @@ def test_the_judge_sees_each_source_at_the_size_of_the_edits_it_judges():
     rng = np.random.default_rng(0)
     source = rng.integers(0, 255, (24, 40, 3), dtype=np.uint8)
     item = Condition(INSTRUCTION, inputs={"source_image": source})
-    seen = []
-
-    class SizeJudge:
-        def generate(self, images, text):
-            seen.extend(np.asarray(i) for i in images[:1])
-            return "[]"
-
-        def yes_no(self, images, text):
-            seen.append(np.asarray(images[0]))
-            return 0.9, 0.1
-
-    reward = EditRubricReward(mode="group", auditor=VLMEditAuditor(SizeJudge()))
+    judge = SourceRecorder()
+    seen = judge.sources
+    reward = EditRubricReward(mode="group", auditor=VLMEditAuditor(judge))
     edits = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     reward(edits, [INSTRUCTION] * 2, {"conditions": [item, item]})
     expected = to_uint8(resized(as_image_batch(source)[0], 16, 16)[None])[0]
@@ -208,18 +214,10 @@ def test_an_editor_given_its_source_at_its_own_aspect_is_judged_against_the_sour
     rng = np.random.default_rng(0)
     source = rng.integers(0, 255, (24, 40, 3), dtype=np.uint8)
     item = Condition(INSTRUCTION, inputs={"source_image": source})
-    seen = []
-
-    class SizeJudge:
-        def generate(self, images, text):
-            return "[]"
-
-        def yes_no(self, images, text):
-            seen.append(np.asarray(images[0]))
-            return 0.9, 0.1
-
+    judge = SourceRecorder()
+    seen = judge.sources
     reward = build_reward("edit_rubric", mode="group")
-    reward.auditor = VLMEditAuditor(SizeJudge())
+    reward.auditor = VLMEditAuditor(judge)
     reward.bind_policy(SimpleNamespace(reference_size=384))
     reward(torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)), [INSTRUCTION] * 2,
            {"conditions": [item, item]})

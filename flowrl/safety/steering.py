@@ -78,8 +78,8 @@ class SafetyMonitor:
         self.steer = "negative" if config.mode == "fk_negative" else config.mode  # what fired samples get
         self.concept = policy.encode([config.concept], 1.0).tensors if self.steer == "negative" else None
         # negative guidance's reference: the rows' own unconditional branch under CFG, else the empty prompt's
-        # (guidance 1, or a guidance-distilled family, encodes no unconditional branch)
-        self.empty = policy.encode([""], 1.0).tensors if self.steer == "negative" else None
+        # (guidance 1, or a guidance-distilled family, encodes no unconditional branch): encoded then, once
+        self.empty = None
 
     def select(self, index: torch.Tensor) -> None:
         """Follow a particle re-indexing (FK resampling)."""
@@ -112,10 +112,11 @@ class SafetyMonitor:
         v = v.clone()
         if mode == "negative":
             sub = cond.select(rows.cpu())
+            if not sub.negative and self.empty is None:
+                self.empty = self.policy.encode([""], 1.0).tensors
             concept, unconditional = ({k: t.expand(len(rows), *t.shape[1:]) for k, t in branch.items()}
-                                      for branch in (self.concept, self.empty))
-            empty, toward = self.policy.branch_outputs(x[rows], sigma, [sub.negative or unconditional, concept],
-                                                       guidance_scale)
+                                      for branch in (self.concept, sub.negative or self.empty))
+            empty, toward = self.policy.branch_outputs(x[rows], sigma, [unconditional, concept], guidance_scale)
             v[rows] = v[rows] - self.config.negative_scale * (toward - empty)
         elif mode == "probe_gradient":
             g = gradient[rows]
