@@ -11,7 +11,7 @@ from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipel
 from transformers import CLIPTextConfig, CLIPTextModel
 
 from flowrl.models.shapes_sd3 import ShapesSD3Size, build_t5_encoder, build_text_encoder
-from flowrl.models.tokenizer import MODEL_MAX_LENGTH, build_tokenizer, shapes_vocabulary
+from flowrl.models.tokenizer import MODEL_MAX_LENGTH, SPECIAL_TOKENS, build_tokenizer, shapes_vocabulary
 from tiny_pipelines import (tiny_flux2_dev, tiny_flux2_klein, tiny_hunyuan_video, tiny_ltx, tiny_qwen_image, tiny_qwen_image_edit, tiny_wan, tiny_wan_i2v,
                             tiny_z_image)
 
@@ -46,7 +46,8 @@ def flux_dev(seed: int = 0) -> FluxPipeline:
                                          num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
                                          joint_attention_dim=64, pooled_projection_dim=32, guidance_embeds=True,
                                          axes_dims_rope=[4, 4, 8])
-    clip = CLIPTextModel(CLIPTextConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, hidden_size=32,
+    clip = CLIPTextModel(CLIPTextConfig(bos_token_id=1, eos_token_id=SPECIAL_TOKENS.index("<eos>"), pad_token_id=0,
+                                        hidden_size=32,
                                         intermediate_size=37, num_attention_heads=4, num_hidden_layers=1,
                                         vocab_size=len(shapes_vocabulary()), max_position_embeddings=MODEL_MAX_LENGTH,
                                         projection_dim=32))
@@ -70,7 +71,8 @@ def sd15(seed: int = 0) -> StableDiffusionPipeline:
                                 block_out_channels=(16, 32), norm_num_groups=8, cross_attention_dim=32,
                                 attention_head_dim=4, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
                                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
-    clip = CLIPTextModel(CLIPTextConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, hidden_size=32,
+    clip = CLIPTextModel(CLIPTextConfig(bos_token_id=1, eos_token_id=SPECIAL_TOKENS.index("<eos>"), pad_token_id=0,
+                                        hidden_size=32,
                                         intermediate_size=37, num_attention_heads=4, num_hidden_layers=1,
                                         vocab_size=len(shapes_vocabulary()), max_position_embeddings=MODEL_MAX_LENGTH))
     scheduler = PNDMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",

@@ -45,3 +45,33 @@ def test_model_card_reports_the_measured_band(name):
     assert 0.2 <= scores["overall"] <= 0.7  # follows prompts imperfectly, leaving room for RL
     card = (folder / "README.md").read_text()
     assert f"{scores['overall']:.3f}" in card and DEFAULTS[name][3] in card
+
+
+def _pooled_at_eos(model, tokenizer, prompts):
+    """The text model's pooled output and its last hidden state at each prompt's <eos>."""
+    ids = tokenizer(prompts, padding="max_length", max_length=16, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model(input_ids=ids)
+    eos = (ids == tokenizer.eos_token_id).int().argmax(-1)
+    return out.pooler_output, out.last_hidden_state[torch.arange(len(prompts)), eos]
+
+
+def test_clip_text_encoders_built_here_pool_the_eos_token():
+    """transformers' CLIP text model pools the highest-id token, not <eos>, when its config's eos_token_id is 2 (a
+    legacy rule); the project's word-level vocabulary must keep <eos> off id 2, or "two circles" and "two squares"
+    pool at the same word."""
+    from flowrl.models.shapes_kontext import ShapesKontextSize, build_text_encoders
+    from flowrl.models.shapes_scorer import build_scorer, scorer_tokenizer
+    from flowrl.models.shapes_sd3 import build_text_encoder
+    from flowrl.models.tokenizer import build_tokenizer
+    from tiny_pipelines import TINY_SHAPES, tiny_flux
+    prompts = ["two circles", "two squares", "a yellow circle left of a red square"]
+    tokenizer = build_tokenizer()
+    models = [build_text_encoder(TINY_SHAPES, 0), build_scorer(), build_text_encoders(ShapesKontextSize(), 0)[0],
+              tiny_flux().text_encoder]
+    assert scorer_tokenizer().eos_token_id == tokenizer.eos_token_id != 2
+    for model in models:  # the transformer itself (CLIPTextModel is one in transformers 5)
+        model = getattr(model, "text_model", model)
+        pooled, at_eos = _pooled_at_eos(model.eval(), tokenizer, prompts)
+        torch.testing.assert_close(pooled, at_eos)
+        assert not torch.allclose(pooled[0], pooled[1])

@@ -28,7 +28,7 @@ def _t5(d_model: int = 32, seed: int = 0) -> T5EncoderModel:
     torch.manual_seed(seed)
     return T5EncoderModel(T5Config(vocab_size=len(shapes_vocabulary()), d_model=d_model, d_kv=8, d_ff=37,
                                    num_layers=2, num_heads=4, relative_attention_num_buckets=8, dropout_rate=0.0,
-                                   feed_forward_proj="relu", pad_token_id=0, eos_token_id=2,
+                                   feed_forward_proj="relu", pad_token_id=0, eos_token_id=SPECIAL_TOKENS.index("<eos>"),
                                    decoder_start_token_id=0)).eval()
 
 
@@ -38,8 +38,8 @@ def tiny_flux(seed: int = 0, pipeline_class=None) -> FluxPipeline:
     transformer = FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
                                          attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
                                          pooled_projection_dim=32, axes_dims_rope=[4, 4, 8])
-    clip = CLIPTextModel(CLIPTextConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, hidden_size=32,
-                                        intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
+    clip = CLIPTextModel(CLIPTextConfig(bos_token_id=1, eos_token_id=SPECIAL_TOKENS.index("<eos>"), pad_token_id=0,
+                                        hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
                                         vocab_size=len(shapes_vocabulary()), max_position_embeddings=16,
                                         projection_dim=32))
     vae = AutoencoderKL(sample_size=32, in_channels=3, out_channels=3, block_out_channels=(4,), layers_per_block=1,

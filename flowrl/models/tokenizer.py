@@ -12,7 +12,11 @@ from transformers import PreTrainedTokenizerFast
 from ..shapes.prompts import NUMBER_WORDS, RELATIONS
 from ..shapes.world import COLORS, SHAPES
 
-SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # ids 0..3
+# ids 0..3. <eos> is not id 2: transformers' CLIP text model treats a config with eos_token_id == 2 as a legacy
+# checkpoint and pools the highest-id token of each prompt instead of <eos> (with a sorted vocabulary, some word
+# in the middle, so "two circles" and "two squares" pooled alike). Pipelines saved before this order keep their
+# own tokenizer files and configs, and with them the old pooling.
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<unk>", "<eos>")
 MODEL_MAX_LENGTH = 16  # the longest grammar prompt is 8 words + bos + eos
 
 

@@ -129,11 +129,12 @@ def pretrain_scorer(args) -> None:
     if args.card_only:  # re-measure a trained scorer folder and rewrite its card
         from transformers import CLIPModel
 
-        from ..models.shapes_scorer import scorer_tokenizer
+        from transformers import AutoTokenizer
         folder = Path(args.out)
         if not (folder / "training_facts.json").is_file():
             raise UserError(f"--card-only: {folder} holds no trained scorer (training_facts.json missing)")
-        model, tokenizer = CLIPModel.from_pretrained(folder).float().eval(), scorer_tokenizer()
+        model = CLIPModel.from_pretrained(folder).float().eval()
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)  # the ids it was trained with
         facts = json.loads((folder / "training_facts.json").read_text())
     else:
         model, tokenizer, facts = pretrain_scorer(cfg, pipeline_dir=args.pipeline)
