@@ -79,7 +79,10 @@ def rollout(policy: FlowPolicy, cond: Conditioning, generators: list[torch.Gener
     device = policy.device
     sigmas = policy.sigmas(num_steps, noise_shape)
     stochastic = sde_step_mask(num_steps, kind, sde_window)
-    x = initial_noise if initial_noise is not None else per_sample_noise(generators, noise_shape)
+    # each sample's own x_T is drawn even when `initial_noise` replaces it, so its step noise never repeats the x_T
+    # drawn from the same seed (DanceGRPO's shared x_T is the group's first sample's own draw)
+    own = per_sample_noise(generators, noise_shape)
+    x = initial_noise if initial_noise is not None else own
     x = x.to(device=device, dtype=torch.float32)
     latents, log_probs = [x], []
     for i in range(num_steps):

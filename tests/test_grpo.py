@@ -9,7 +9,7 @@ from flowrl.algorithms.base import trained_steps
 from flowrl.config import SamplerSection
 from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
-from flowrl.rollout import rollout, sample_generators
+from flowrl.rollout import per_sample_noise, rollout, sample_generators
 from tiny_pipelines import tiny_shapes_sd3
 from flowrl.policies.base import SampleSpec
 
@@ -67,6 +67,25 @@ def test_ratio_is_exactly_one_on_the_first_on_policy_step(kind):
     torch.testing.assert_close(losses, -algorithm.advantages[items.sample])
     losses.sum().backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.trainable_parameters())
+
+
+def test_a_shared_initial_noise_is_not_reused_as_the_first_samples_step_noise():
+    """DanceGRPO's shared x_T is drawn from the group's first seed; that sample's SDE noise must be a fresh draw,
+    not the same numbers again (its first step would then be deterministic given x_T)."""
+    policy = policy_for(tiny_shapes_sd3(), max_sequence_length=16)
+    shape, seeds = policy.noise_shape(SampleSpec(32, 32)), [5, 6]
+    shared = per_sample_noise(sample_generators([seeds[0]] * 2), shape)
+    seen, step = [], policy.step
+
+    def recording(kind, x, *args, noise=None, **kwargs):
+        seen.append(noise)
+        return step(kind, x, *args, noise=noise, **kwargs)
+
+    policy.step = recording
+    traj = rollout(policy, policy.encode(["a circle"] * 2, 4.5), sample_generators(seeds), shape, 2, "dance", 0.3,
+                   4.5, initial_noise=shared)
+    torch.testing.assert_close(traj.latents[0], shared)
+    assert not torch.allclose(seen[0][0], shared[0]) and not torch.allclose(seen[0][1], shared[1])
 
 
 def test_clipped_surrogate_stops_the_gradient_outside_the_trust_region():
