@@ -155,6 +155,17 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     return parser
 
 
+RECIPE_OUTPUT_MARKERS = ("training_facts.json", "probe.json")  # what every pretrain recipe writes into its folder
+
+
+def refuse_foreign_folder(out: Path) -> None:
+    """A recipe replaces its --out folder whole: one that an earlier recipe wrote may go, anything else (a typo'd
+    `--out pipelines`, a user's own folder) is refused before training rather than deleted after it."""
+    if out.is_dir() and any(out.iterdir()) and not any((out / marker).is_file() for marker in RECIPE_OUTPUT_MARKERS):
+        raise UserError(f"--out {out} is not empty and holds no earlier recipe output ({' or '.join(RECIPE_OUTPUT_MARKERS)}"
+                        f" missing); the recipe would replace the whole folder: pick a new or empty folder")
+
+
 def cmd_pretrain(args, extensions: list[TaskCommands]) -> None:
     extension = next(e for e in extensions if args.recipe in e.pretrain)
     if getattr(args, "card_only", False) and args.recipe not in extension.card_only:
@@ -169,6 +180,7 @@ def cmd_pretrain(args, extensions: list[TaskCommands]) -> None:
     from .atomic import replaced_folder
 
     out = args.out
+    refuse_foreign_folder(Path(out))
     with replaced_folder(Path(out)) as work:  # an interrupted recipe leaves the previous folder whole
         args.out = str(work)
         extension.pretrain[args.recipe](args)

@@ -340,12 +340,30 @@ def test_an_interrupted_pretrain_leaves_the_previous_folder_whole(tmp_path):
     folder.mkdir(parents=True)
     (folder / "weights.bin").write_text("old")
     (folder / "README.md").write_text("old card")
-    (folder / "stale.json").write_text("{}")
+    (folder / "training_facts.json").write_text("{}")  # an earlier recipe's output: it may be replaced
     with pytest.raises(KeyboardInterrupt):
         cmd_pretrain(Namespace(recipe="toy", out=None, seed=1), [extension])
     assert {p.name: p.read_text() for p in folder.iterdir()} == {"weights.bin": "old", "README.md": "old card",
-                                                                  "stale.json": "{}"}
+                                                                  "training_facts.json": "{}"}
     assert [p.name for p in (tmp_path / "pipelines").iterdir()] == ["toy"]
     cmd_pretrain(Namespace(recipe="toy", out=None, seed=0), [extension])
     assert {p.name: p.read_text() for p in folder.iterdir()} == {"weights.bin": "new", "README.md": "new card"}
     assert [p.name for p in (tmp_path / "pipelines").iterdir()] == ["toy"]
+
+
+def test_a_pretrain_refuses_to_replace_a_folder_no_recipe_wrote(tmp_path):
+    """`--out pipelines` (a typo) would have replaced every shipped pipeline once the recipe finished."""
+    from argparse import Namespace
+
+    from flowrl.cli import TaskCommands, cmd_pretrain
+    from flowrl.errors import UserError
+
+    trained = []
+    extension = TaskCommands(pretrain={"toy": lambda args: trained.append(args.out)}, pretrain_out={"toy": None})
+    (tmp_path / "shapes-sd3").mkdir()
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="--out .* not empty and holds no earlier recipe output"):
+        cmd_pretrain(Namespace(recipe="toy", out=str(tmp_path), seed=0), [extension])
+    assert trained == [] and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "shapes-sd3"]
+    cmd_pretrain(Namespace(recipe="toy", out=str(tmp_path / "new"), seed=0), [extension])  # a new folder is fine
+    assert len(trained) == 1
