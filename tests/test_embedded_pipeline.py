@@ -18,12 +18,24 @@ DEFAULTS = {
 
 @pytest.mark.parametrize("name", DEFAULTS)
 def test_loads_unmodified_with_from_pretrained_and_samples(name):
+    """As the model card shows it: no torch_dtype (transformers 5 would load the fp16 text encoders as stored, beside
+    diffusers' fp32 denoiser, and the first call would fail on mixed dtypes)."""
     cls, kwargs, _, _ = DEFAULTS[name]
-    pipe = cls.from_pretrained(REPO / "pipelines" / name, torch_dtype=torch.float32)
+    pipe = cls.from_pretrained(REPO / "pipelines" / name)
     pipe.set_progress_bar_config(disable=True)
     out = pipe("a red circle", height=32, width=32, num_inference_steps=4, guidance_scale=4.5, output_type="np",
                generator=torch.Generator().manual_seed(0), **kwargs)
     assert out.images.shape == (1, 32, 32, 3) and np.isfinite(out.images).all()
+
+
+def test_every_shipped_transformers_component_loads_in_fp32_by_default():
+    folders = [f for f in (REPO / "pipelines").iterdir() if (f / "model_index.json").is_file()]
+    components = [folder / name for folder in folders
+                  for name, spec in json.loads((folder / "model_index.json").read_text()).items()
+                  if isinstance(spec, list) and spec[0] == "transformers" and (folder / name / "config.json").is_file()]
+    assert len(components) >= 7
+    for config in [c / "config.json" for c in components] + [REPO / "pipelines/shapes-scorer/config.json"]:
+        assert json.loads(config.read_text())["dtype"] == "float32", config
 
 
 @pytest.mark.parametrize("name", DEFAULTS)
@@ -75,3 +87,14 @@ def test_clip_text_encoders_built_here_pool_the_eos_token():
         pooled, at_eos = _pooled_at_eos(model.eval(), tokenizer, prompts)
         torch.testing.assert_close(pooled, at_eos)
         assert not torch.allclose(pooled[0], pooled[1])
+
+
+def test_a_saved_recipe_pipeline_loads_in_fp32_without_torch_dtype(tmp_path):
+    from flowrl.pretrain.shapes_sd3 import save_pipeline
+    from tiny_pipelines import tiny_shapes_sd3
+
+    save_pipeline(tiny_shapes_sd3().to(torch.float16), tmp_path, {})
+    pipe = StableDiffusion3Pipeline.from_pretrained(tmp_path)
+    assert {c.dtype for c in (pipe.text_encoder, pipe.text_encoder_3, pipe.transformer)} == {torch.float32}
+    assert pipe("a circle", height=32, width=32, num_inference_steps=1, max_sequence_length=16,
+                output_type="np").images.shape == (1, 32, 32, 3)

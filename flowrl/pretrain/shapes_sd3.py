@@ -160,7 +160,25 @@ def save_pipeline(pipe, out_dir, facts: dict) -> None:
 
     out = Path(out_dir)
     pipe.save_pretrained(out, safe_serialization=True)
+    from transformers import PreTrainedModel
+
+    for name, component in pipe.components.items():
+        if isinstance(component, PreTrainedModel):
+            load_in_fp32_by_default(out / name)
     (out / "training_facts.json").write_text(json.dumps(facts, indent=2) + "\n")
+
+
+def load_in_fp32_by_default(folder) -> None:
+    """Mark a saved transformers model's config to load in fp32 unless `torch_dtype` says otherwise, as diffusers
+    loads its own models: transformers 5 loads the stored dtype (fp16 here), and a pipeline mixing fp16 text encoders
+    with fp32 denoiser and VAE fails on its first call (`XPipeline.from_pretrained(folder)`, as the cards show)."""
+    import json
+    from pathlib import Path
+
+    path = Path(folder) / "config.json"
+    config = json.loads(path.read_text())
+    config["dtype"] = "float32"
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 CARD_EVAL = PROTOCOL  # the model card reports the runs' eval protocol
