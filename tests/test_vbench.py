@@ -67,6 +67,10 @@ def test_unsupported_dimensions_and_missing_weights_are_named(tmp_path):
     (tmp_path / "raft_model" / "models").mkdir(parents=True)
     (tmp_path / "raft_model" / "models" / "raft-things.pth").write_bytes(b"")
     vbench.check_dimensions(["dynamic_degree", "temporal_flickering"], tmp_path)
+    (tmp_path / "ViCLIP").mkdir()
+    (tmp_path / "ViCLIP" / "ViClip-InternVid-10M-FLT.pth").write_bytes(b"")
+    with pytest.raises(UserError, match="bpe_simple_vocab_16e6.txt.gz"):  # VBench would try wget for it
+        vbench.check_dimensions(["temporal_style"], tmp_path)
     with pytest.raises(UserError, match="unknown VBench dimensions"):
         vbench.parse_results(results_file(tmp_path, {"flicker": 1.0}))
 
@@ -77,6 +81,18 @@ def test_image_samples_and_bad_records_are_named(tmp_path):
         vbench.write_custom_input(tmp_path, [{"file": "00000.png", "prompt": "a"}], tmp_path / "v")
     with pytest.raises(UserError, match="line 1"):
         vbench.write_custom_input(tmp_path, [{"file": "00000.mp4"}], tmp_path / "v")
+
+
+def test_clips_of_one_name_in_two_subfolders_keep_their_own_prompts(tmp_path):
+    records = [{"file": "a/clip.mp4", "prompt": "p1", "modality": "video"},
+               {"file": "b/clip.mp4", "prompt": "p2", "modality": "video"}]
+    for record in records:
+        (tmp_path / record["file"]).parent.mkdir()
+        (tmp_path / record["file"]).write_bytes(record["prompt"].encode())
+    prompts = vbench.write_custom_input(tmp_path, records, tmp_path / "v")
+    assert {prompts[name]: (tmp_path / "v" / name).read_bytes() for name in prompts} == {"p1": b"p1", "p2": b"p2"}
+    with pytest.raises(UserError, match="listed twice"):
+        vbench.write_custom_input(tmp_path, records[:1] * 2, tmp_path / "w")
 
 
 def test_cli_without_an_environment_exits_2(tmp_path, monkeypatch):

@@ -56,8 +56,9 @@ WEIGHT_FILES = {
     "aesthetic_quality": ["clip_model/ViT-L-14.pt", "aesthetic_model/emb_reader/sa_0_4_vit_l_14_linear.pth"],
     "imaging_quality": ["pyiqa_model/musiq_spaq_ckpt-358bb6af.pth"],
     "human_action": ["umt_model/l16_ptk710_ftk710_ftk400_f16_res224.pth"],
-    "temporal_style": ["ViCLIP/ViClip-InternVid-10M-FLT.pth"],
-    "overall_consistency": ["ViCLIP/ViClip-InternVid-10M-FLT.pth"],
+    # (ViCLIP's tokenizer vocabulary too: VBench fetches it with wget when missing)
+    "temporal_style": ["ViCLIP/ViClip-InternVid-10M-FLT.pth", "ViCLIP/bpe_simple_vocab_16e6.txt.gz"],
+    "overall_consistency": ["ViCLIP/ViClip-InternVid-10M-FLT.pth", "ViCLIP/bpe_simple_vocab_16e6.txt.gz"],
 }
 # these need VBench's own prompt suite (auxiliary info per prompt), which custom input has not got
 STANDARD_ONLY = {"object_class", "multiple_objects", "color", "spatial_relationship", "scene", "appearance_style"}
@@ -139,10 +140,13 @@ def write_custom_input(samples_dir: Path, records: list[dict], out: Path) -> dic
             raise UserError(f"{samples_dir / 'samples.jsonl'} line {number}: expected 'file' and 'prompt' strings")
         if record.get("modality") != "video":  # records as read_records gives them
             raise UserError(f"{samples_dir}: {record['file']} is not a video; VBench scores clips (MP4)")
-        name = Path(record["file"]).name
+        name = "__".join(Path(record["file"]).parts)  # one folder for VBench: clips in subfolders keep apart
+        if name in prompts:
+            raise UserError(f"{samples_dir / 'samples.jsonl'} line {number}: {record['file']} is listed twice")
         target = out / name
-        if not target.exists():
-            os.symlink((samples_dir / record["file"]).resolve(), target)
+        if target.is_symlink() or target.exists():  # a link left from another folder's run
+            target.unlink()
+        os.symlink((samples_dir / record["file"]).resolve(), target)
         prompts[name] = record["prompt"]
     return prompts
 
