@@ -74,12 +74,14 @@ def lora_gate_callback(from_sigma: float):
 
 
 def stored_dtype(pipeline_dir) -> str:
-    """The precision a pipeline folder stores its denoiser in (its first weights file's first tensor): bf16, fp16,
-    else fp32."""
+    """The precision a pipeline folder stores its denoiser in (the first tensor of the first weights file that
+    from_pretrained loads without a variant; a `.fp16.` / `.non_ema.` variant file beside it does not count): bf16,
+    fp16, else fp32."""
     from safetensors import safe_open
 
     for component in ("transformer", "unet"):
         files = sorted((Path(pipeline_dir) / component).glob("*.safetensors"))
+        files = [f for f in files if f.name.count(".") == 1] or files  # model.safetensors, model-00001-of-00002...
         if files:
             with safe_open(files[0], "pt") as weights:
                 first = next(iter(weights.keys()), None)

@@ -214,3 +214,18 @@ def test_export_never_writes_into_a_folder_that_holds_files(tiny_sd3_dir, tmp_pa
     with pytest.raises(UserError, match="has no trainable.safetensors"):
         export_pipeline(tiny_sd3_dir, tmp_path / "typo", tmp_path / "new")
     assert not (tmp_path / "new").exists()
+
+
+def test_the_stored_precision_is_the_file_loaded_without_a_variant(tmp_path):
+    """SD 1.5 folders ship diffusion_pytorch_model.fp16.safetensors beside the fp32 file from_pretrained loads; the
+    variant sorts first and made an fp32 folder export in fp16."""
+    from safetensors.torch import save_file
+
+    from flowrl.export import stored_dtype
+
+    (tmp_path / "unet").mkdir()
+    save_file({"w": torch.zeros(2)}, tmp_path / "unet" / "diffusion_pytorch_model.safetensors")
+    save_file({"w": torch.zeros(2, dtype=torch.float16)}, tmp_path / "unet" / "diffusion_pytorch_model.fp16.safetensors")
+    assert stored_dtype(tmp_path) == "fp32"
+    (tmp_path / "unet" / "diffusion_pytorch_model.safetensors").unlink()  # only the variant: it is what there is
+    assert stored_dtype(tmp_path) == "fp16"
