@@ -135,7 +135,11 @@ def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True
         adapter = json.loads((path / "adapter.json").read_text()) if (path / "adapter.json").is_file() else None
         if adapter is None:
             raise UserError(f"checkpoint {path} holds LoRA weights but no adapter.json describing the adapter")
-        policy.add_lora(adapter["rank"], adapter["alpha"], adapter["target_modules"])
+        try:
+            policy.add_lora(adapter["rank"], adapter["alpha"], adapter["target_modules"])
+        except ValueError as error:  # peft: no module matches the targets
+            raise UserError(f"checkpoint {path}: its LoRA does not fit this pipeline (a checkpoint of another model?): "
+                            f"{str(error)[:200]}") from None
         policy.lora_active_from_sigma = sampling_gate(adapter)
     policy.load_trainable_state_dict(weights)
 

@@ -384,3 +384,18 @@ def test_a_copied_checkpoint_still_samples_as_its_run_did(tiny_sd3_dir, tmp_path
     fill_sampling_settings(args, str(copied))
     assert args.steps == SAMPLING_DEFAULTS["steps"]
     assert "no run config found" in capsys.readouterr().out
+
+
+def test_a_checkpoint_of_another_model_is_one_error_in_sample_and_export(tiny_sd3_dir, tmp_path, capsys):
+    from flowrl.cli import main
+    from tiny_pipelines import random_lora_checkpoint, tiny_flux
+
+    tiny_flux().save_pretrained(tmp_path / "flux")
+    checkpoint = random_lora_checkpoint(tmp_path / "flux", tmp_path / "run")
+    (tmp_path / "prompts.txt").write_text("a red circle\n")
+    assert main(["export", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint), "--out",
+                 str(tmp_path / "tuned")]) == 2
+    assert main(["sample", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint), "--prompts",
+                 str(tmp_path / "prompts.txt"), "--out", str(tmp_path / "out"), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("a checkpoint of another model?") == 2 and "Traceback" not in err

@@ -582,10 +582,17 @@ class FlowPolicy(InputImages):
         return {n: whole(p.detach()).clone() for n, p in self.named_trainable_parameters().items()}
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        from ..errors import UserError
+
         params = self.named_trained_parameters()
         missing = [n for n in state if n not in params]
         if missing:
-            raise ValueError(f"checkpoint has parameters this policy lacks, e.g. {missing[:3]}")
+            raise UserError(f"checkpoint has parameters this pipeline lacks (a checkpoint of another model?), e.g. "
+                            f"{missing[:3]}")
+        unfit = [n for n in state if tuple(state[n].shape) != tuple(params[n].shape)]  # (DTensor: the whole shape)
+        if unfit:
+            raise UserError(f"checkpoint weights of another shape than this pipeline's (a checkpoint of another "
+                            f"model?), e.g. {unfit[0]}: {tuple(state[unfit[0]].shape)} here {tuple(params[unfit[0]].shape)}")
         with torch.no_grad():
             for name, value in state.items():
                 params[name].copy_(like(value, params[name]))  # this process's shard of it under FSDP2
