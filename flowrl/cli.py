@@ -202,10 +202,11 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     from .checkpoint import load_trained_weights
     from .devices import job_processes
     from .policies import load_pipeline, place_for_sampling, policy_for, sampling_placement
-    from .sample_job import draw_samples
+    from .sample_job import check_sample_folder, draw_samples
     from .tasks.base import read_prompt_file
 
     conditions = read_prompt_file(args.prompts)
+    check_sample_folder(Path(args.out))  # before the pipeline loads
     fill_sampling_settings(args, args.checkpoint)
     if args.batch_size is None:
         args.batch_size = SAMPLE_BATCH_SIZE

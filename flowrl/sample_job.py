@@ -31,7 +31,8 @@ def draw_samples(policy, conditions: list, num_per_prompt: int, seed: int, folde
     seeds = sample_seeds(seed, len(conditions), num_per_prompt)
     planned = [plan_key(item, s) for item, s in zip(items, seeds)]
     main = state.is_main_process
-    if main:  # a new folder, or one from before sampling.json, starts over
+    if main:  # a new (or empty) folder starts; one with sampling.json resumes
+        check_sample_folder(folder)
         folder.mkdir(parents=True, exist_ok=True)
         resume_or_start(folder / SETTINGS_FILE, settings, "delete the folder or choose another --out",
                         [folder / INDEX_FILE, *folder.glob(PROGRESS_GLOB)])
@@ -76,6 +77,16 @@ def appending(path: Path):
     if cut:
         handle.write("\n")
     return handle
+
+
+def check_sample_folder(folder: Path) -> None:
+    """`--out` must be a folder `flowrl sample` can own: new, empty, or an earlier sampling folder (sampling.json
+    in it), so that starting over never deletes or overwrites files it did not write."""
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--out {folder} is a file; pick a folder")
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / SETTINGS_FILE).is_file():
+        raise UserError(f"--out {folder} is not empty and holds no {SETTINGS_FILE} (not a flowrl sample folder); "
+                        f"pick a new or empty folder")
 
 
 def resume_or_start(path: Path, settings: dict, remedy: str, stale: list[Path]) -> None:

@@ -399,3 +399,26 @@ def test_a_checkpoint_of_another_model_is_one_error_in_sample_and_export(tiny_sd
                  str(tmp_path / "prompts.txt"), "--out", str(tmp_path / "out"), "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("a checkpoint of another model?") == 2 and "Traceback" not in err
+
+
+def test_sample_refuses_an_out_it_did_not_write(tiny_sd3_dir, tmp_path, capsys):
+    """A file, or a folder of someone's own samples (no sampling.json): refused before the pipeline loads, nothing
+    touched (a hand-made folder's index and images were replaced)."""
+    from flowrl.cli import main
+
+    (tmp_path / "prompts.txt").write_text("a red circle\n")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "samples.jsonl").write_text('{"file": "00000.png", "prompt": "a cat"}\n')
+    (mine / "00000.png").write_bytes(b"mine")
+    (tmp_path / "a_file").write_text("x")
+    for out in (mine, tmp_path / "a_file"):
+        assert main(["sample", "--pipeline", str(tiny_sd3_dir), "--prompts", str(tmp_path / "prompts.txt"),
+                     "--out", str(out), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no sampling.json" in err and "is a file" in err and "Traceback" not in err
+    assert (mine / "00000.png").read_bytes() == b"mine" and len(list(mine.iterdir())) == 2
+    assert main(["sample", "--pipeline", str(tiny_sd3_dir), "--prompts", str(tmp_path / "prompts.txt"),
+                 "--out", str(tmp_path / "new"), "--steps", "1", "--num-per-prompt", "1"]) == 0
+    assert main(["sample", "--pipeline", str(tiny_sd3_dir), "--prompts", str(tmp_path / "prompts.txt"),
+                 "--out", str(tmp_path / "new"), "--steps", "1", "--num-per-prompt", "1"]) == 0  # resumes its own
