@@ -199,6 +199,9 @@ class Comparison:
         from .generate import generate_samples
         from .tasks.base import Condition
 
+        if not 0 <= seed < 2**63:  # seeds are hashed into 63-bit ones (numpy's SeedSequence takes no negatives)
+            raise UserError(f"seed: expected an integer from 0 to 2**63 - 1, got {seed}")
+
         modality = self.policy.modality
         out = []
         condition = Condition(prompt)

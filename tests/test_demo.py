@@ -224,3 +224,14 @@ def test_a_checkpoint_of_another_pipeline_is_one_error_naming_it(tiny_sd3_dir, t
     full = save_checkpoint(tmp_path / "full" / "checkpoints", 1, {weight: torch.zeros(3, 3)}, {}, None)
     with pytest.raises(UserError, match=f"--checkpoint {full}: weights do not fit this pipeline"):
         CheckpointSet(policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16), [str(full)])
+
+
+def test_a_negative_seed_is_one_message(tiny_sd3_dir, tmp_path):
+    from flowrl.demo import CheckpointSet, Comparison
+    from flowrl.errors import UserError
+    from flowrl.policies.base import SampleSpec
+
+    policy = policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)
+    compare = Comparison(policy, CheckpointSet(policy, []), None, 2, 1.0, SampleSpec(32, 32), tmp_path)
+    with pytest.raises(UserError, match="seed: expected an integer from 0"):
+        compare("a red circle", -1)
