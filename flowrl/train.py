@@ -249,6 +249,12 @@ class Trainer:
             # an algorithm's own no-grad forwards (NFT's, DHO's and DPO's old velocities) take as many items as a
             # rollout call does, so a large model's memory setting bounds them too
             self.algorithm.chunk = config.train.rollout_microbatch
+        if self.algorithm.needs_whole_groups and config.train.groups_per_update % self.world:
+            # a group split over two processes would pair (match) only within each part: results would depend on
+            # the number of processes
+            raise ConfigError(f"train.groups_per_update: algorithm {config.algorithm.name!r} pairs samples within a "
+                              f"group on one process; expected a multiple of {self.world} processes, got "
+                              f"{config.train.groups_per_update}")
         if config.train.async_rollouts and self.world > 1:
             raise ConfigError("train.async_rollouts: runs on one process; set it to false under accelerate / torchrun")
         if config.train.async_rollouts and config.train.staleness and self.algorithm.old_policy_from_prepare:

@@ -155,3 +155,22 @@ def test_bad_params_are_named():
         build_algorithm("dho", {"variant": "reflow"}, ODE)
     with pytest.raises(ConfigError, match="expected 'ode'"):
         build_algorithm("dho", {}, ODE.__class__(kind="flow"))
+
+
+@pytest.mark.parametrize("config", ["shapes_dho.yaml", "shapes3d_dpo.yaml"])
+def test_groups_split_over_processes_are_refused_for_methods_that_pair_within_a_group(config, tiny_sd3_dir,
+                                                                                      monkeypatch):
+    """3 groups of 4 on 2 processes would put half of the middle group on each: DHO would match (DPO pair) only
+    within each half, so the result would depend on the number of processes."""
+    from accelerate import Accelerator
+
+    from conftest import REPO
+    from flowrl.config import load_config
+    from flowrl.train import Trainer
+
+    monkeypatch.setattr(Accelerator, "num_processes", property(lambda self: 2))
+    overrides = ["train.groups_per_update=3", "train.group_size=4", "eval.enabled=false"]
+    if config == "shapes_dho.yaml":
+        overrides.append(f"pipeline.path={tiny_sd3_dir}")
+    with pytest.raises(ConfigError, match="pairs samples within a group on one process; expected a multiple of 2"):
+        Trainer(load_config(REPO / "configs" / config, overrides), log=False)

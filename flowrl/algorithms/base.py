@@ -157,6 +157,7 @@ class Algorithm:
     needs_reward_gradient = False  # methods that backpropagate through the reward
     needs_step_rewards = False  # methods that credit steps by intermediate rewards (credit.IntermediateRewards)
     needs_reference = False  # methods whose loss compares against the frozen base (the LoRA-disabled policy)
+    needs_whole_groups = False  # methods that pair or match samples within a group among the rows one process holds
     # methods whose likelihood ratio takes its old log-densities from the policy in `prepare`, not from the rollout:
     # a batch sampled with older weights (train.async_rollouts with staleness > 0) would go uncorrected
     old_policy_from_prepare = False

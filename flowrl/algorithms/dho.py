@@ -135,6 +135,7 @@ class DHO(Algorithm):
     name = "dho"
     Params = DHOParams
     needs_ode_rollout = True
+    needs_whole_groups = True  # positives are matched to the negatives of their group on the same process
 
     def guidance(self, traj) -> float:
         return traj.guidance_scale if self.params.guidance_scale is None else self.params.guidance_scale

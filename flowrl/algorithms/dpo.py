@@ -9,8 +9,8 @@ frozen reference (the LoRA-disabled base) enter
 the loss of diffusers' Diffusion-DPO training script with the epsilon error replaced by the velocity error
 (as Flow-DPO does). beta: the script's 5000 is for SD's 4x64x64 epsilon MSE; the default 1000 here suits
 normalised flow latents (stated, not tuned on an eval). Trained: the conditional velocity (guidance 1, the paper's
-setting; `guidance_scale` trains the guided one). Pairs are formed among the samples a process holds (groups are
-whole on one process when groups_per_update divides over the processes).
+setting; `guidance_scale` trains the guided one). Pairs are formed among the samples a process holds, so
+groups_per_update must be a multiple of the number of processes (checked at start-up: each group whole on one).
 """
 from __future__ import annotations
 
@@ -65,6 +65,7 @@ class DiffusionDPO(Algorithm):
     Params = DPOParams
 
     needs_reference = True  # the loop checks for a LoRA adapter before training
+    needs_whole_groups = True  # best and worst of a group are paired among the rows one process holds
 
     def prepare(self, batch: RolloutBatch, policy):
         p, traj = self.params, batch.trajectory
