@@ -24,7 +24,8 @@ class PromptSource:
     """The conditions of `source` (a set of `task`, or a .txt / .jsonl prompt file).
 
     Sets with tags are drawn tag first, then an item within the tag, so every tag gets the same share however
-    many items it has.
+    many items it has. Sets without (prompt files) are drawn as Flow-GRPO's sampler draws them: distinct prompts
+    within an update (a fresh permutation; more prompts than the set holds take further permutations).
     """
 
     def __init__(self, task: Task, source: str):
@@ -39,7 +40,8 @@ class PromptSource:
             tags = [names[i] for i in rng.integers(len(names), size=count)]
             return [by_tag[t][rng.integers(len(by_tag[t]))] for t in tags]
         items = self.set.items
-        return [items[i] for i in rng.integers(len(items), size=count)]
+        order = np.concatenate([rng.permutation(len(items)) for _ in range(-(-count // len(items)))])
+        return [items[i] for i in order[:count]]
 
     def all(self) -> list[Condition]:
         return list(self.set.items)

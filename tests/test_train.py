@@ -413,3 +413,24 @@ def test_evaluations_run_in_the_runs_mixed_precision_as_its_rollouts_do(tiny_sd3
     trainer.policy._forward = recording
     evaluate(trainer, "eval", judge=False)
     assert seen and all(seen)
+
+
+def test_a_prompt_file_is_drawn_without_repeats_within_an_update(tmp_path):
+    """As Flow-GRPO's sampler: an update's groups take distinct prompts (a fresh permutation each update); more
+    groups than prompts take every prompt once before any twice. Tagged sets keep their tag-first draw."""
+    from flowrl.prompt_source import PromptSource
+    from flowrl.tasks import build_task
+
+    words = [f"prompt {w}" for w in "abcdefgh"]
+    (tmp_path / "p.txt").write_text("\n".join(words) + "\n")
+    source = PromptSource(build_task("shapes", {}), str(tmp_path / "p.txt"))
+    for update in range(20):
+        drawn = [c.prompt for c in source.draw(8, 0, update)]
+        assert sorted(drawn) == words
+        twelve = [c.prompt for c in source.draw(12, 0, update)]
+        assert sorted(twelve[:8]) == words and len(set(twelve[8:])) == 4
+    assert [c.prompt for c in source.draw(8, 0, 1)] != [c.prompt for c in source.draw(8, 0, 2)]
+    tagged = PromptSource(build_task("shapes", {}), "train")
+    tag_of = {c.prompt: tag for tag, items in tagged.set.by_tag.items() for c in items}
+    drawn = [tag_of[c.prompt] for c in tagged.draw(600, 0, 0)]
+    assert len(set(drawn)) == 6 and all(0.1 < drawn.count(t) / 600 < 0.24 for t in set(drawn))  # each about 1/6
