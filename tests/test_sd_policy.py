@@ -13,8 +13,13 @@ from flowrl.policies.base import SampleSpec
 PROMPTS = ["a red circle", "two squares"]
 
 
-def test_deterministic_ddim_rollout_reproduces_the_pipeline():
+@pytest.mark.parametrize("prediction", ["epsilon", "v_prediction", "sample"])
+def test_deterministic_ddim_rollout_reproduces_the_pipeline(prediction):
+    """For each prediction type a scheduler config can name (SD 2.x's 768 models predict v)."""
+    from diffusers import DDIMScheduler
+
     pipe = tiny_shapes_sd()
+    pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config, prediction_type=prediction)
     policy = policy_for(pipe)
     shape = policy.noise_shape(SampleSpec(32, 32))
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))

@@ -31,8 +31,27 @@ class SDPolicy(FlowPolicy):
         return Conditioning({"embeds": embeds}, {"embeds": neg} if cfg else {}, list(prompts))
 
     def _forward(self, latents, timestep, tensors, guidance_scale):
-        return self.net()(latents, timestep, encoder_hidden_states=tensors["embeds"].to(latents.dtype),
-                          return_dict=False)[0]
+        out = self.net()(latents, timestep, encoder_hidden_states=tensors["embeds"].to(latents.dtype),
+                         return_dict=False)[0]
+        return self.as_epsilon(out, latents, timestep)
+
+    def as_epsilon(self, out: torch.Tensor, latents: torch.Tensor, timestep) -> torch.Tensor:
+        """The network's output as the noise prediction every step and loss here reads, for the scheduler's
+        prediction_type (SD 2.x's 768 models predict v = sqrt(a) eps - sqrt(1 - a) x0; ddpo-pytorch's DDIM step
+        converts the same way)."""
+        kind = self.scheduler.config.get("prediction_type", "epsilon")
+        if kind == "epsilon":
+            return out
+        a = self.alpha_prod(timestep).to(latents.device)
+        a = a.reshape(-1, *[1] * (latents.ndim - 1)) if a.ndim else a
+        x = latents.float()
+        if kind == "v_prediction":
+            eps = torch.sqrt(a) * out.float() + torch.sqrt(1 - a) * x
+        elif kind == "sample":
+            eps = (x - torch.sqrt(a) * out.float()) / torch.sqrt(1 - a)
+        else:
+            raise ValueError(f"scheduler prediction_type {kind!r}: expected epsilon, v_prediction or sample")
+        return eps.to(out.dtype)
 
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
         factor = self.pipeline.vae_scale_factor
