@@ -367,3 +367,16 @@ def test_a_pretrain_refuses_to_replace_a_folder_no_recipe_wrote(tmp_path):
     assert trained == [] and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "shapes-sd3"]
     cmd_pretrain(Namespace(recipe="toy", out=str(tmp_path / "new"), seed=0), [extension])  # a new folder is fine
     assert len(trained) == 1
+
+
+@pytest.mark.parametrize("recipe", ["shapes-sd", "shapes-kontext"])
+def test_a_recipe_reusing_shapes_sd3s_vae_names_a_missing_one(recipe, tmp_path, capsys):
+    """Run from outside the checkout, the default pipelines/shapes-sd3 is not there: one error, before training, and
+    nothing written."""
+    from flowrl.cli import main
+
+    assert main(["pretrain", recipe, "--pipeline", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "no vae/ folder there" in err and "Traceback" not in err and not (tmp_path / "out").exists()
+    assert main(["pretrain", recipe, "--card-only", "--out", str(tmp_path / "missing")]) == 2
+    assert "Traceback" not in capsys.readouterr().err

@@ -94,7 +94,8 @@ def pretrain_shapes_kontext(cfg: KontextPretrainConfig, vae_dir: str = DEFAULT_V
     rng = np.random.default_rng(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     size = size or ShapesKontextSize()
-    vae = AutoencoderKL.from_pretrained(vae_dir, subfolder="vae", torch_dtype=torch.float32).requires_grad_(False)
+    vae = AutoencoderKL.from_pretrained(vae_dir, subfolder="vae", torch_dtype=torch.float32,
+                                        local_files_only=True).requires_grad_(False)
     pipe = build_pipeline(vae, size, seed=cfg.seed)
     facts = {"config": asdict(cfg), "size": asdict(size), "vae_from": vae_dir}
     start = time.time()

@@ -19,7 +19,8 @@ def pretrain_arguments(pre) -> None:
     pre.add_argument("--t-sampling", choices=["logit_normal", "uniform"], default=None,
                      help="shapes: how flow matching draws noise levels (default: the recipe's, logit_normal)")
     pre.add_argument("--steps", type=int, default=None, help="scorer / safety-probe: training steps")
-    pre.add_argument("--pipeline", default="pipelines/shapes-sd3", help="scorer / safety-probe: pipeline whose samples it trains on and is measured on")
+    pre.add_argument("--pipeline", default="pipelines/shapes-sd3", help="scorer / safety-probe: pipeline whose samples it trains on and is measured on; shapes-sd / shapes-kontext: "
+                     "the shapes-sd3 pipeline whose VAE they reuse")
     pre.add_argument("--adversarial-steps", type=int, default=0,
                      help="scorer: also train on pool samples climbed up the scorer by this many gradient steps (0: off)")
     pre.add_argument("--pool-checkpoint", action="append", default=[], metavar="DIR",
@@ -104,7 +105,9 @@ def pretrain_shapes_sd(args) -> None:
     if args.flow_steps is not None:
         cfg.flow_steps = args.flow_steps
     if not args.card_only:
-        pipe, facts = pretrain_shapes_sd(cfg)
+        from ..pretrain import source_vae
+
+        pipe, facts = pretrain_shapes_sd(cfg, vae_from=source_vae(args.pipeline))
         save_pipeline(pipe, args.out, facts)
     print(json.dumps(evaluate_and_write_card(args.out, card_text), indent=2))
 
