@@ -2,7 +2,8 @@
 
 A LoRA checkpoint also holds its adapter as diffusers writes it (`pytorch_lora_weights.safetensors`, with the
 LoRA config in the file's metadata so alpha / rank is restored: `pipe.load_lora_weights(checkpoint_dir)` gives
-flowrl's model exactly) and as peft writes it (`adapter_config.json` + `adapter_model.safetensors`:
+flowrl's model exactly, except that a LoRA gated to high noise levels (lora.sample_from_sigma / active_from_sigma)
+needs `lora_gate_callback` too: such a checkpoint holds LORA_GATE_FILE saying so) and as peft writes it (`adapter_config.json` + `adapter_model.safetensors`:
 `PeftModel.from_pretrained(pipe.transformer, checkpoint_dir)`). The weights exported are the ones flowrl samples
 with: the EMA when the run keeps one. Wan2.2 with both experts trained (pipeline.experts: both) adds the low-noise
 expert's adapter as `pytorch_lora_weights_transformer_2.safetensors` (`pipe.load_lora_weights(checkpoint_dir,
@@ -19,6 +20,7 @@ from safetensors.torch import save_file
 DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"
 DIFFUSERS_LORA_FILE_2 = "pytorch_lora_weights_transformer_2.safetensors"  # Wan2.2's low-noise expert
 PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
+LORA_GATE_FILE = "lora_gate.json"  # beside a gated LoRA's files: the noise level it acts from, and how to keep it
 
 
 def denoiser_name(pipeline) -> str:
@@ -26,11 +28,19 @@ def denoiser_name(pipeline) -> str:
     return "transformer" if getattr(pipeline, "transformer", None) is not None else "unet"
 
 
-def write_lora_files(policy, weights: dict, folder: Path) -> None:
+def write_lora_files(policy, weights: dict, folder: Path, gate: float | None = None) -> None:
     """Write `weights` (the policy's trainable LoRA tensors by parameter name) in diffusers' and peft's layouts: the
     denoiser's in the folder, a further trained network's (Wan2.2's low-noise expert) beside it (diffusers' file
-    named for it, peft's in a subfolder)."""
+    named for it, peft's in a subfolder); with `gate` (the sigma it samples from), LORA_GATE_FILE too."""
     from peft.utils import get_peft_model_state_dict
+
+    if gate is not None:  # loaded alone, the LoRA would act at every step: another model than flowrl samples
+        (Path(folder) / LORA_GATE_FILE).write_text(json.dumps({
+            "sample_from_sigma": gate,
+            "load": "pipe.load_lora_weights(folder); pipe.enable_lora(); pipe(prompt, callback_on_step_end="
+                    "flowrl.export.lora_gate_callback(sample_from_sigma)): the adapter acts only at steps with sigma "
+                    ">= sample_from_sigma, as flowrl samples it (see lora_gate_callback for the six lines to copy)"},
+            indent=2) + "\n")
 
     name = denoiser_name(policy.pipeline)
     for prefix, module in policy.trained_modules().items():

@@ -22,7 +22,8 @@ from tqdm import tqdm
 
 from .algorithms import RolloutBatch, WorkItems, build_algorithm
 from .algorithms.base import ALGORITHMS, drop_groups
-from .checkpoint import RUN_CONFIG, CorruptCheckpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from .checkpoint import (RUN_CONFIG, CorruptCheckpoint, list_checkpoints, load_checkpoint, sampling_gate,
+                         save_checkpoint)
 from .config import RunConfig, config_to_dict
 from .devices import use_deterministic_kernels
 from .errors import ConfigError, UserError
@@ -593,7 +594,8 @@ class Trainer:
             if self.worker is not None:  # the weights the batches after this update are sampled with
                 self.worker.write_snapshots(folder, update)
             if self.policy.has_lora:  # the weights flowrl samples with, loadable by diffusers and peft
-                write_lora_files(self.policy, ema or trainable, folder)
+                write_lora_files(self.policy, ema or trainable, folder,
+                                 sampling_gate(adapter_description(self.config, self.policy)))
             fault_point("checkpoint", update)  # files written, state.json not yet
 
         scaler = getattr(self.accelerator, "scaler", None)  # fp16's loss scale: a resume starts where it stood

@@ -1,5 +1,7 @@
 """Checkpoints people load without flowrl: a LoRA run's checkpoint loads with diffusers' `load_lora_weights` and
 peft's `PeftModel.from_pretrained` and gives flowrl's model exactly (scale included)."""
+import json
+
 import pytest
 import torch
 
@@ -66,6 +68,10 @@ def test_a_gated_lora_samples_in_diffusers_as_in_flowrl_with_the_gate_callback(t
 
     torch.testing.assert_close(sample(lora_gate_callback(0.6)), ours, atol=1e-5, rtol=1e-5)
     assert (sample(None) - ours).abs().max() > 1e-4  # ungated, it is another model
+    # the checkpoint says so beside its LoRA files (an ungated run's does not)
+    assert json.loads((checkpoint / "lora_gate.json").read_text())["sample_from_sigma"] == 0.6
+    train_and_collect(tiny_run_config(tmp_path / "u.yaml", tiny_sd3_dir, tmp_path / "runs", "ungated", updates=1))
+    assert not (tmp_path / "runs" / "ungated" / "checkpoints" / "update_000001" / "lora_gate.json").exists()
 
 
 @pytest.mark.parametrize("model", ["sd3.5-medium", "flux1-dev", "wan2.1-1.3b"])
