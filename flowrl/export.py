@@ -101,10 +101,10 @@ def stored_dtype(pipeline_dir) -> str:
 
 
 def export_pipeline(pipeline_dir, checkpoint, out, dtype: str | None = None) -> Path:
-    """The pipeline with a checkpoint's weights (EMA when present; a LoRA fused into the base weights), saved in
-    `dtype` (default: the precision the folder stores its denoiser in, `stored_dtype`: a released bf16 model is
-    written in bf16, not doubled to fp32) with `save_pretrained` so `DiffusionPipeline.from_pretrained(out)` loads the
-    tuned model without flowrl.
+    """The pipeline with a checkpoint's weights (EMA when present; a LoRA fused into the base weights), the trained
+    network saved in `dtype` (default: the precision the folder stores its denoiser in, `stored_dtype`: a released
+    bf16 model is written in bf16, not doubled to fp32) with `save_pretrained` so `DiffusionPipeline.from_pretrained(out)`
+    loads the tuned model without flowrl; the networks training left alone are copied from the folder as stored.
 
     The pipeline loads in `dtype`, not fp32 then cast: FLUX with T5-XXL needs about 34 GB of host memory in bf16, 67
     in fp32. The fp32 LoRA's update is added to each half-precision weight in fp32 and rounded once, so for base
@@ -123,6 +123,10 @@ def export_pipeline(pipeline_dir, checkpoint, out, dtype: str | None = None) -> 
 
 def write_export(pipeline_dir, checkpoint, out: Path, dtype: str | None) -> None:
     """export_pipeline's work, into the folder `out`."""
+    import shutil
+
+    import torch
+
     from .checkpoint import load_trained_weights, run_sampling_settings
     from .policies import WEIGHT_DTYPES, load_pipeline, policy_for
 
@@ -151,3 +155,12 @@ def write_export(pipeline_dir, checkpoint, out: Path, dtype: str | None) -> None
         print(f"the exported scheduler's {key} is the run's pipeline.shift, {settings['shift']}", file=sys.stderr)
     pipeline.to(dtype=WEIGHT_DTYPES[dtype])  # a full fine-tune's trained fp32 weights, to the export dtype
     pipeline.save_pretrained(out)
+    # the networks training left alone (VAE, text encoders, a frozen expert) are the source folder's files, as
+    # stored: a Wan VAE kept in fp32 beside a bf16 transformer is not rounded to bf16 by the export
+    trained = {id(module) for module in policy.trained_modules().values()}
+    for name, component in pipeline.components.items():
+        source = Path(pipeline_dir) / name
+        if (isinstance(component, torch.nn.Module) and id(component) not in trained and source.is_dir()
+                and (out / name).is_dir()):
+            shutil.rmtree(out / name)
+            shutil.copytree(source, out / name)

@@ -85,8 +85,9 @@ def check_sample_folder(folder: Path) -> None:
     if folder.exists() and not folder.is_dir():
         raise UserError(f"--out {folder} is a file; pick a folder")
     if folder.is_dir() and any(folder.iterdir()) and not (folder / SETTINGS_FILE).is_file():
-        raise UserError(f"--out {folder} is not empty and holds no {SETTINGS_FILE} (not a flowrl sample folder); "
-                        f"pick a new or empty folder")
+        raise UserError(f"--out {folder} is not empty and holds no {SETTINGS_FILE} (not a flowrl sample folder, or "
+                        f"one written before flowrl kept {SETTINGS_FILE}: delete it to draw anew); pick a new or empty "
+                        f"folder")
 
 
 def resume_or_start(path: Path, settings: dict, remedy: str, stale: list[Path]) -> None:

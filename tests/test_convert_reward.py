@@ -26,8 +26,10 @@ def tokenizer_dir(tmp_path_factory):
 
 def test_hpsv2_conversion_computes_what_open_clip_computes(tmp_path, tokenizer_dir):
     torch.manual_seed(0)
+    # pooled at the end token: HPSv2's CLIP pools the highest id, which in its tokenizer is the end token (49407)
     original = open_clip.CLIP(embed_dim=16, vision_cfg=dict(layers=2, width=32, head_width=16, patch_size=8, image_size=32),
-                              text_cfg=dict(context_length=16, vocab_size=VOCAB, width=24, heads=2, layers=2)).eval()
+                              text_cfg=dict(context_length=16, vocab_size=VOCAB, width=24, heads=2, layers=2,
+                                            pool_type="eos", eos_id=build_tokenizer().eos_token_id)).eval()
     src = tmp_path / "HPS_v2.1_compressed.pt"
     torch.save({"state_dict": original.state_dict()}, src)
     assert main(["convert-reward", "hpsv2", str(src), str(tmp_path / "hps"), "--tokenizer", str(tokenizer_dir),

@@ -235,3 +235,24 @@ def test_the_stored_precision_is_the_file_loaded_without_a_variant(tmp_path):
     assert stored_dtype(tmp_path) == "fp32"
     (tmp_path / "unet" / "diffusion_pytorch_model.safetensors").unlink()  # only the variant: it is what there is
     assert stored_dtype(tmp_path) == "fp16"
+
+
+def test_components_training_left_alone_are_exported_as_stored(tiny_sd3_dir, tmp_path):
+    """A released folder may keep its VAE in fp32 beside a bf16 transformer (Wan's): exporting in bf16 rounds the
+    trained network only; the VAE and text encoders are the folder's own files."""
+    from safetensors import safe_open
+
+    from flowrl.export import export_pipeline
+    from tiny_pipelines import random_lora_checkpoint
+
+    mixed = load_pipeline(tiny_sd3_dir)
+    mixed.transformer.to(torch.bfloat16)
+    mixed.save_pretrained(tmp_path / "mixed")  # bf16 transformer, fp32 VAE and text encoders
+    checkpoint = random_lora_checkpoint(tmp_path / "mixed", tmp_path / "run")
+    export_pipeline(tmp_path / "mixed", checkpoint, tmp_path / "tuned")  # the denoiser's precision: bf16
+    for name in ("vae", "text_encoder", "text_encoder_3"):
+        for source in (tmp_path / "mixed" / name).iterdir():
+            assert (tmp_path / "tuned" / name / source.name).read_bytes() == source.read_bytes(), source
+    [weights] = (tmp_path / "tuned" / "transformer").glob("*.safetensors")
+    with safe_open(weights, "pt") as stored:
+        assert stored.get_slice(next(iter(stored.keys()))).get_dtype() == "BF16"

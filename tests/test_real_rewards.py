@@ -5,7 +5,7 @@ import torch
 from transformers import (BlipConfig, BlipForImageTextRetrieval, CLIPConfig, CLIPImageProcessor, CLIPModel)
 
 from flowrl.errors import UserError
-from flowrl.models.tokenizer import build_tokenizer, shapes_vocabulary
+from flowrl.models.tokenizer import SPECIAL_TOKENS, build_tokenizer, shapes_vocabulary
 from flowrl.rewards import build_reward
 from flowrl.rewards.learned_real import ScoreMLP
 
@@ -17,7 +17,7 @@ def _save_clip(folder):
     torch.manual_seed(0)
     config = CLIPConfig(text_config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=37, num_hidden_layers=1,
                                          num_attention_heads=2, max_position_embeddings=16, pad_token_id=0,
-                                         bos_token_id=1, eos_token_id=2),
+                                         bos_token_id=1, eos_token_id=SPECIAL_TOKENS.index("<eos>")),
                         vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=37,
                                            num_hidden_layers=1, num_attention_heads=2), projection_dim=24)
     CLIPModel(config).save_pretrained(folder)
@@ -29,7 +29,8 @@ def _save_blip(folder):
     torch.manual_seed(0)
     config = BlipConfig(text_config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=37, num_hidden_layers=1,
                                          num_attention_heads=2, max_position_embeddings=40, encoder_hidden_size=32,
-                                         pad_token_id=0, bos_token_id=1, eos_token_id=2, sep_token_id=2),
+                                         pad_token_id=0, bos_token_id=1, eos_token_id=SPECIAL_TOKENS.index("<eos>"),
+                                         sep_token_id=SPECIAL_TOKENS.index("<eos>")),
                         vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=37,
                                            num_hidden_layers=1, num_attention_heads=2), projection_dim=24)
     BlipForImageTextRetrieval(config).save_pretrained(folder)

@@ -150,3 +150,9 @@ def test_real_vbench_scores_temporal_flickering_end_to_end(tmp_path, vbench_pyth
     assert result["dimensions"]["temporal_flickering"] == pytest.approx(np.mean(list(per_video.values())))
     assert result["quality_score"] == pytest.approx(
         ((result["dimensions"]["temporal_flickering"] - 0.6293) / (1 - 0.6293) + MISSING_QUALITY) / 6.5)
+
+
+def test_a_record_outside_the_samples_folder_is_refused(tmp_path):
+    for file in ("/abs/clip.mp4", "../clip.mp4"):
+        with pytest.raises(UserError, match="is not a path inside"):
+            vbench.write_custom_input(tmp_path, [{"file": file, "prompt": "p", "modality": "video"}], tmp_path / "v")

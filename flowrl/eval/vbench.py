@@ -140,7 +140,11 @@ def write_custom_input(samples_dir: Path, records: list[dict], out: Path) -> dic
             raise UserError(f"{samples_dir / 'samples.jsonl'} line {number}: expected 'file' and 'prompt' strings")
         if record.get("modality") != "video":  # records as read_records gives them
             raise UserError(f"{samples_dir}: {record['file']} is not a video; VBench scores clips (MP4)")
-        name = "__".join(Path(record["file"]).parts)  # one folder for VBench: clips in subfolders keep apart
+        relative = Path(record["file"])
+        if relative.is_absolute() or ".." in relative.parts:
+            raise UserError(f"{samples_dir / 'samples.jsonl'} line {number}: {record['file']} is not a path inside "
+                            f"{samples_dir}")
+        name = "__".join(relative.parts)  # one folder for VBench: clips in subfolders keep apart
         if name in prompts:
             raise UserError(f"{samples_dir / 'samples.jsonl'} line {number}: {record['file']} is listed twice")
         target = out / name

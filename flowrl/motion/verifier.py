@@ -19,7 +19,8 @@ import numpy as np
 from ..shapes.verifier import Detection, detect
 from .prompts import VECTORS, ClipSpec, Mover, parse_prompt
 
-MAX_STEP = 5.0  # px a tracked centroid may move between consecutive frames (objects move 1.5 px per frame)
+MAX_STEP = 5.0  # px a tracked centroid may move between consecutive frames (objects move 12 px per clip: 3 px per
+# frame at 5 frames, 1.5 at 9)
 PRESENT_SHARE = 0.7
 MOVE_MIN = 6.0  # px along the direction over the clip (rendered motion: 12 px)
 LEG_MIN = 3.0  # px along each direction of a motion-order leg (rendered: 6 px)

@@ -1,8 +1,8 @@
 """The moving-shapes world: short clips of the image world's shapes that move, stay still or change colour.
 
-Clips are 1 + 4k frames (9 by default) of 32x32 RGB on black. Each object moves at a constant SPEED px per frame
-in one axis direction, or in one direction for the first half and another for the second (motion order), or stays
-still; a turning object changes colour once, at mid-clip. Objects stay inside the frame and keep apart in every
+Clips are 1 + 4k frames (9 by default) of 32x32 RGB on black. Each object moves at a constant speed (TRAVEL px over
+the clip, whatever its length) in one axis direction, or in one direction for the first half and another for the
+second (motion order), or stays still; a turning object changes colour once, at mid-clip. Objects stay inside the frame and keep apart in every
 frame. `sample_clip` draws a clip that satisfies a prompt; `sample_pairs` gives (clip, prompt) pairs for
 pretraining.
 """
@@ -17,7 +17,8 @@ from ..shapes.world import COLORS, IMAGE_SIZE, PALETTE, SHAPES, ShapeObject, box
 from .prompts import TAGS, VECTORS, ClipSpec, Mover, all_specs
 
 FRAMES = 9
-SPEED = 1.5  # px per frame: 12 px over a 9-frame clip, 6 px per half
+TRAVEL = 12.0  # px a moving object covers over the clip (1.5 px per frame at 9 frames), 6 px per half: the same
+# distance at any clip length, so the verifier's thresholds hold and longer clips still fit in 32 px
 # object box sides in px: at 7-9 px (3.5-4.5 latent pixels through the 2x VAE) shapes-wan drew blobs of the prompt's
 # colour whatever shape it named (10.4% of eval clips pass); at 9-13, the upper part of the image world's 7-13, the same
 # recipe passed 18.5% (docs/video.md, sixteenth attempt)
@@ -36,13 +37,13 @@ class Track:
 
     def corner(self, frame: int, frames: int) -> tuple[int, int]:
         legs = self.mover.motion if self.mover.motion else ("still",)
-        half = frames // 2
+        half, speed = frames // 2, TRAVEL / max(frames - 1, 1)
         if len(legs) == 1:
-            dx, dy = (SPEED * frame * v for v in VECTORS[legs[0]])
+            dx, dy = (speed * frame * v for v in VECTORS[legs[0]])
         else:
             (ax, ay), (bx, by) = VECTORS[legs[0]], VECTORS[legs[1]]
             first, second = min(frame, half), max(frame - half, 0)
-            dx, dy = SPEED * (first * ax + second * bx), SPEED * (first * ay + second * by)
+            dx, dy = speed * (first * ax + second * bx), speed * (first * ay + second * by)
         return round(self.x0 + dx), round(self.y0 + dy)
 
     def shape_at(self, frame: int, frames: int) -> ShapeObject:

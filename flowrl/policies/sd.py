@@ -73,8 +73,8 @@ class SDPolicy(FlowPolicy):
         """Cumulative alpha at DDIM timesteps (final_alpha_cumprod at -1), fp32."""
         scheduler = self.scheduler
         t = torch.as_tensor(timestep, dtype=torch.float32)
-        table = scheduler.alphas_cumprod.float()
-        final = torch.as_tensor(scheduler.final_alpha_cumprod, dtype=torch.float32)
+        table = scheduler.alphas_cumprod.float().to(t.device)  # (a model's timesteps sit on its device)
+        final = torch.as_tensor(scheduler.final_alpha_cumprod, dtype=torch.float32, device=t.device)
         return torch.where(t >= 0, table[t.clamp(min=0).long()], final)
 
     def step(self, kind, x, timestep, timestep_next, cond, guidance_scale, noise_level, noise=None, prev_sample=None,
