@@ -114,3 +114,21 @@ def test_shipped_scorer_agrees_with_the_verifier_as_its_card_says():
     card = (folder / "README.md").read_text()
     assert f"{measured['generated']['auc_own_prompt']:.3f}" in card
     assert sum(f.stat().st_size for f in folder.glob("*.safetensors")) < 2e6
+
+
+def test_the_shipped_scorer_tells_every_eval_prompt_apart():
+    """Its text feature is its only view of the prompt: pooled at some word instead of <eos> (transformers' legacy
+    rule for eos_token_id 2), 13 of the 36 eval prompts shared one with another ("two circles" = "two squares")."""
+    from transformers import AutoTokenizer, CLIPModel
+
+    from flowrl.shapes.prompts import eval_prompt_set
+
+    folder = REPO / "pipelines/shapes-scorer"
+    model, tokenizer = CLIPModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    prompts = eval_prompt_set()
+    with torch.no_grad():
+        features = model.get_text_features(**tokenizer(prompts, padding="max_length", max_length=16,
+                                                         return_tensors="pt"))
+    features = getattr(features, "pooler_output", features)
+    distance = torch.cdist(features, features) + torch.eye(len(prompts)) * 1e9
+    assert distance.min() > 1e-3
