@@ -11,7 +11,7 @@ from flowrl.tasks.base import clustered_stderr, format_metrics, interval, strati
 def test_one_value_per_cluster_is_the_usual_standard_error():
     x = np.random.default_rng(0).random(50)
     assert clustered_stderr(x, list(range(50))) == pytest.approx(x.std(ddof=1) / np.sqrt(50))
-    assert clustered_stderr(x[:1], [0]) == 0.0
+    assert np.isnan(clustered_stderr(x[:1], [0])) and np.isnan(clustered_stderr(x[:4], [0] * 4))
 
 
 def test_identical_samples_of_a_prompt_count_as_one():

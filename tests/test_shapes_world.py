@@ -54,6 +54,9 @@ def test_verifier_rejects_mismatches():
     assert score(red_circle, "a blue circle") == 0.0
     assert score(red_circle, "a square") == 0.0
     assert score(red_circle, "two circles") == 0.0
+    assert score(red_circle, "a circle and a circle") == 0.0  # one object does not meet two phrases
+    two = render([ShapeObject("circle", "red", 2, 2, 9), ShapeObject("circle", "blue", 18, 18, 9)])
+    assert score(two, "a circle and a circle") == 1.0 and score(two, "a circle and a square") == 0.0
     assert 0 < dense_score(red_circle, "a blue circle") < 1  # right shape, wrong colour
     pair = render([ShapeObject("square", "green", 2, 10, 9), ShapeObject("triangle", "blue", 20, 10, 9)])
     assert score(pair, "a green square left of a blue triangle") == 1.0

@@ -216,14 +216,15 @@ def stratified_stderr(values: np.ndarray, strata: list) -> float:
 def clustered_stderr(values: np.ndarray, clusters: list) -> float:
     """Standard error of the mean of `values` with `clusters` as independent units (CR1 sandwich estimator:
     sqrt(C / (C - 1) sum_c (sum_{i in c} (x_i - mean))^2) / n); one value per cluster gives the usual s / sqrt(n).
-    0 for fewer than two clusters (nothing to estimate it from)."""
+    NaN for fewer than two clusters (a tag with one prompt): nothing estimates how other prompts would score, which
+    is not 0 (as stratified_stderr says of a draw it cannot estimate)."""
     groups: dict = {}
     residual = np.asarray(values, dtype=np.float64) - np.mean(values)
     for r, c in zip(residual, clusters):
         groups[c] = groups.get(c, 0.0) + r
     count = len(groups)
     if count < 2:
-        return 0.0
+        return float("nan")
     return float(np.sqrt(count / (count - 1) * sum(v ** 2 for v in groups.values())) / len(residual))
 
 
