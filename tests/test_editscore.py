@@ -47,6 +47,22 @@ def test_raw_judge_answers_become_scores_the_package_way():
     assert result["overall"] == pytest.approx((first["overall"] + second["overall"]) / 2)
 
 
+def test_a_guess_in_an_earlier_pass_is_counted():
+    """With several passes the package averages them all but returns the last pass's reasoning only: a random guess
+    in pass one went uncounted."""
+    from editscore import EditScore
+
+    scorer = EditScore(backbone="scripted", score_range=25, seed=0, num_pass=2)
+    scorer.model = ScriptedJudge(["no score here", "still none", "nor here",  # pass 1: the package guesses
+                                  '{"reasoning": "recoloured", "score": [20, 15]}'],  # pass 2 parses
+                                 '{"reasoning": "clean", "score": [25]}')
+    image = render(scene_for("make the red circle blue", 0)[1])
+    result = score_triples(scorer, [image], ["make the red circle blue"], [image], progress=False)
+    assert "guess_if_cannot_parse" not in result["rows"][0]["SC_reasoning"]  # the last pass parsed
+    # giving up, the package guesses both of that try's answers (its parser guesses whatever it is given)
+    assert result["rows"][0]["guesses"] == 2 and result["unparsed"] == 1
+
+
 def test_editscore_runs_the_package_on_a_tiny_qwen25_vl_through_the_cli(tmp_path):
     from tiny_vlm import save_tiny_qwen25_vl
 

@@ -77,19 +77,47 @@ ROWS_FILE = "editscore_rows.jsonl"  # in a samples folder: one judged edit per l
 SETTINGS_FILE = "editscore_settings.json"  # the judge those rows come from
 
 
+GUESS = "guess_if_cannot_parse"  # the package's reasoning for a random score it put in place of an unparsed answer
+
+
+@contextlib.contextmanager
+def counting_guesses():
+    """A list that collects every random guess the package's parser makes in the block: `evaluate` averages its
+    passes but returns only the last pass's reasoning, so a guess in an earlier pass would go unseen."""
+    import editscore
+
+    parse, guesses = editscore.mllm_output_to_dict, []
+
+    def counted(*args, **kwargs):
+        parsed = parse(*args, **kwargs)
+        if isinstance(parsed, dict) and str(parsed.get("reasoning") or "").startswith(GUESS):
+            guesses.append(parsed)
+        return parsed
+
+    editscore.mllm_output_to_dict = counted  # the name evaluate() calls
+    try:
+        yield guesses
+    finally:
+        editscore.mllm_output_to_dict = parse
+
+
 def score_one(scorer, source, instruction: str, edit) -> dict:
-    """One triple through `scorer.evaluate([source, edit], instruction)`: its scores and the judge's reasoning."""
+    """One triple through `scorer.evaluate([source, edit], instruction)`: its scores, the judge's reasoning and
+    how many of its answers (over every pass, semantic and quality) were the package's random guesses."""
     from PIL import Image
 
     pil = [Image.fromarray(np.asarray(image)) if not hasattr(image, "convert") else image for image in (source, edit)]
-    out = scorer.evaluate(pil, instruction)
+    with counting_guesses() as guesses:
+        out = scorer.evaluate(pil, instruction)
     return {"instruction": instruction, **{k: float(out[k]) for k in SCORES},
-            "SC_reasoning": str(out.get("SC_reasoning", "")), "PQ_reasoning": str(out.get("PQ_reasoning", ""))}
+            "SC_reasoning": str(out.get("SC_reasoning", "")), "PQ_reasoning": str(out.get("PQ_reasoning", "")),
+            "guesses": len(guesses)}
 
 
 def summary(rows: list[dict]) -> dict:
-    """The four scores averaged over the triples, with the rows and the count of unparsed answers."""
-    unparsed = sum("guess_if_cannot_parse" in r["SC_reasoning"] + r["PQ_reasoning"] for r in rows)
+    """The four scores averaged over the triples, with the rows and the count of triples whose score holds a random
+    guess for an unparsed answer (in any pass)."""
+    unparsed = sum(r.get("guesses", GUESS in r["SC_reasoning"] + r["PQ_reasoning"]) > 0 for r in rows)
     return {**{k: float(np.mean([r[k] for r in rows])) for k in SCORES}, "count": len(rows), "unparsed": unparsed,
             "rows": rows}
 

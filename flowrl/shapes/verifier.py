@@ -4,7 +4,9 @@ Detection: every bright pixel takes its nearest palette colour, each colour's pi
 components, and each component is classed by its silhouette (fill of the bounding box and how much narrower its
 top is than its bottom). The judgement follows GenEval's tag rules, more leniently for colours and positions: a
 colour or relation holds when any detection (or pair) of the named shapes shows it, where GenEval judges the
-top-scoring `count` detections of each class and needs all of them to; `score` is the binary verdict used for
+top-scoring `count` detections of each class and needs all of them to. A relation is read on its own axis alone
+(the centroids more than POSITION_MARGIN apart along it): a diagonal pair passes both "left of" and "above", where
+GenEval's rule also needs the named axis to carry most of the offset; `score` is the binary verdict used for
 evaluation and `dense_score` the fraction of the prompt's constraints met, a smoother training reward.
 `exact_score` is the stricter verdict that also refuses objects the prompt does not name: RL learns to pass
 GenEval's rule with clutter ("a circle" drawn as three circles and a square), which only this verdict sees.
