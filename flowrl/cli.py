@@ -141,7 +141,7 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     ev.add_argument("--vbench-cache", default=None, help="vbench: folder of VBench's model weights (default: "
                     "$VBENCH_CACHE_DIR or ~/.cache/vbench)")
     ev.add_argument("--device", default=None, help="rewards, vbench: where the models run, cpu, cuda or cuda:N "
-                    "(default: cuda when there is a GPU)")
+                    "(default: cuda:LOCAL_RANK when there is a GPU)")
     ev.add_argument("--batch-size", type=int, default=32, help="rewards: samples read and scored at a time")
     ev.add_argument("--make-env", default=None, metavar="DIR", help="vbench: create VBench's own environment in DIR")
     ev.add_argument("--results", default=None, metavar="FILE", help="vbench: aggregate an existing VBench or "
