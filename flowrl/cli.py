@@ -438,6 +438,7 @@ def read_conditions(folder: str, records: list[dict]) -> list:
 
 def cmd_eval_task(args) -> None:
     """`flowrl eval TASK --samples DIR`: the task's evaluation of a samples folder, to DIR/TASK_eval.json."""
+    from .report import save_json
     from .samples import read_samples
     from .tasks.base import build_task, format_metrics
 
@@ -454,7 +455,7 @@ def cmd_eval_task(args) -> None:
         raise UserError(f"eval {args.suite}: the task has no evaluation of its own; use "
                         "`flowrl eval rewards --samples DIR --reward NAME`")
     out = Path(args.samples) / f"{task.name}_eval.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    save_json(out, result)  # (a NaN interval as null)
     print(format_metrics(result))
     print(f"written to {out}")
 
@@ -480,6 +481,7 @@ def cmd_eval_rewards(args) -> None:
     from .devices import JOB_TIMEOUT_MINUTES, chosen_device, job_processes
     from .experiment import gathered_on_main, group_spans, reward_scores, tag_metrics_of
     from .generate import contiguous_share
+    from .report import save_json
     from .rewards import build_reward
     from .samples import load_samples, read_records
     from .tasks.base import format_metrics
@@ -512,7 +514,7 @@ def cmd_eval_rewards(args) -> None:
     scores = [s for part in parts for s in part]
     result = {"reward": args.reward, **tag_metrics_of(scores, items)}
     out = Path(args.samples) / "rewards_eval.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    save_json(out, result)  # (a NaN interval as null)
     print(format_metrics(result))
     print(f"written to {out}")
 
@@ -521,6 +523,7 @@ def cmd_eval_vbench(args) -> None:
     """`flowrl eval vbench`: score clips with the real vbench package in its own environment, aggregate a results
     file, or create that environment."""
     from .eval import vbench
+    from .report import save_json
 
     if args.make_env:
         python = vbench.make_environment(args.make_env)
@@ -539,7 +542,7 @@ def cmd_eval_vbench(args) -> None:
         result = vbench.run_vbench(args.samples, dimensions, args.python, args.vbench_cache,
                                    str(chosen_device(args.device)))
         out = Path(args.samples) / "vbench_eval.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    save_json(out, result)  # (a NaN interval as null)
     print(vbench.format_scores(result))
     print(f"written to {out}")
 

@@ -6,6 +6,7 @@ import csv
 import io
 import html
 import json
+import math
 import platform
 import subprocess
 from contextlib import contextmanager
@@ -178,6 +179,8 @@ def write_report(run_dir: Path, config_text: str, before: dict | None, after: di
     def cell(result: dict, tag: str | None) -> str:
         value = result["overall"] if tag is None else result["tags"].get(tag, float("nan"))
         spread = interval(result, tag)
+        if math.isnan(spread):  # one prompt (or one image per prompt): nothing estimates it
+            return f"{value:.3f} &plusmn; n/a"
         return f"{value:.3f}" + (f" &plusmn; {spread:.3f}" if spread else "")
 
     def table() -> str:
@@ -214,4 +217,16 @@ pre{{background:#f4f4f4;padding:1em;overflow:auto}}</style></head><body>
 
 
 def save_json(path: Path, data) -> None:
-    write_whole(path, json.dumps(data, indent=2) + "\n")
+    """`data` as JSON, a NaN (an interval nothing estimates) written as null: bare NaN is not JSON (jq, browsers)."""
+    write_whole(path, json.dumps(finite_or_none(data), indent=2) + "\n")
+
+
+def finite_or_none(data):
+    """`data` with every non-finite float replaced by None, recursively."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite_or_none(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [finite_or_none(v) for v in data]
+    return data

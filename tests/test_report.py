@@ -94,3 +94,23 @@ def test_an_interrupted_write_leaves_the_runs_metrics_and_evaluations_whole(tmp_
     monkeypatch.undo()
     assert [row["reward"] for row in MetricsLog(tmp_path, tensorboard=False).rows] == [0.5, 0.6]
     assert json.loads((tmp_path / "eval.json").read_text()) == {"0": {"overall": 0.3}}
+
+
+def test_an_interval_nothing_estimates_is_shown_as_such_and_saved_as_json_null(tmp_path):
+    """A tag with one prompt has no prompt-level standard error (NaN): the report says n/a, not "+- nan", and
+    eval.json holds null (bare NaN is not JSON), read back to the same table."""
+    import json
+    import math
+
+    from flowrl.report import save_json, write_report
+    from flowrl.tasks.base import format_metrics, tag_metrics
+
+    result = tag_metrics([1, 0, 1, 0, 1, 1, 0, 0], ["a"] * 4 + ["b"] * 4, clusters=["p"] * 4 + ["q", "r"] * 2)
+    assert math.isnan(result["stderr"]["tags"]["a"]) and math.isnan(result["stderr"]["overall"])
+    save_json(tmp_path / "eval.json", result)
+    text = (tmp_path / "eval.json").read_text()
+    assert "NaN" not in text and json.loads(text)["stderr"]["tags"]["a"] is None
+    read_back = json.loads(text)
+    assert format_metrics(read_back) == format_metrics(result)
+    page = write_report(tmp_path, "config", result, read_back, [], grid=False).read_text()
+    assert "nan" not in page.lower().replace("n/a", "") and "&plusmn; n/a" in page

@@ -228,12 +228,14 @@ def clustered_stderr(values: np.ndarray, clusters: list) -> float:
     return float(np.sqrt(count / (count - 1) * sum(v ** 2 for v in groups.values())) / len(residual))
 
 
-def interval(result: dict, tag: str | None = None) -> float:
-    """The 95% half-width (1.96 SE) of a tag_metrics result's overall (or of `tag`), 0 when it has no SE."""
-    stderr = result.get("stderr")
+def interval(result: dict, tag: str | None = None, key: str = "stderr") -> float:
+    """The 95% half-width (1.96 SE) of a tag_metrics result's overall (or of `tag`), 0 when it has no SE, NaN where
+    nothing estimates it (read back from JSON: null)."""
+    stderr = result.get(key)
     if not stderr:
         return 0.0
-    return 1.96 * (stderr["overall"] if tag is None else stderr["tags"].get(tag, 0.0))
+    value = stderr["overall"] if tag is None else stderr["tags"].get(tag, 0.0)
+    return float("nan") if value is None else 1.96 * value
 
 
 def format_metrics(result: dict, label: str = "score") -> str:
@@ -245,8 +247,7 @@ def format_metrics(result: dict, label: str = "score") -> str:
     def spread(tag=None):
         text = f" {interval(result, tag):>8.3f}" if show else ""
         if draw:
-            errors = result["draw_stderr"]
-            text += f" {1.96 * (errors['overall'] if tag is None else errors['tags'][tag]):>8.3f}"
+            text += f" {interval(result, tag, 'draw_stderr'):>8.3f}"
         return text
 
     def strict(tag=None):
