@@ -147,6 +147,40 @@ def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True
 RUN_CONFIG = "run_config.yaml"  # in each checkpoint: the run's config, so a copied checkpoint samples as its run did
 
 
+# what a resumed run may change: how long it trains, how it uses memory, how it logs, checkpoints and evaluates
+# along the way; everything its samples and updates depend on must be as the checkpoint's run had it
+RESUMABLE_CHANGES = frozenset((
+    "run.resume", "run.name", "run.out_dir", "run.wandb", "run.wandb_project", "run.deterministic",
+    "pipeline.attention", "pipeline.vae_slicing", "pipeline.vae_tiling", "train.updates", "train.microbatch_size",
+    "train.rollout_microbatch", "train.decode_microbatch", "train.reward_microbatch", "train.async_rewards",
+    "train.gradient_checkpointing", "train.offload_text_encoders", "train.embedding_cache", "train.checkpoint_every",
+    "train.keep_checkpoints", "train.threads", "train.collective_timeout_minutes", "train.max_failed_reward_share",
+    "eval.enabled", "eval.every"))
+
+
+def changed_settings(checkpoint: Path, config: dict) -> list[str]:
+    """The settings (`section.field`, or a top-level key such as `reward`) whose values differ between the config a
+    checkpoint's run kept (RUN_CONFIG) and `config` (config_to_dict's), beyond RESUMABLE_CHANGES; settings only one
+    of them has (a field added to flowrl since) are not compared; [] when the checkpoint kept no config."""
+    import yaml
+
+    file = Path(checkpoint) / RUN_CONFIG
+    try:
+        saved = yaml.safe_load(file.read_text()) if file.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return []
+    if not isinstance(saved, dict):
+        return []
+
+    def flat(tree: dict) -> dict:
+        return {f"{name}.{field}" if isinstance(section, dict) else name: value
+                for name, section in tree.items()
+                for field, value in (section.items() if isinstance(section, dict) else [(None, section)])}
+
+    ours, theirs = flat(yaml.safe_load(yaml.safe_dump(config, sort_keys=False))), flat(saved)
+    return sorted(k for k in ours.keys() & theirs.keys() if ours[k] != theirs[k] and k not in RESUMABLE_CHANGES)
+
+
 def run_config_file(checkpoint: str | Path) -> Path | None:
     """The config of the run a checkpoint belongs to: the copy in the checkpoint (written since flowrl kept one there),
     else the run dir's config.yaml (runs/<name>/checkpoints/update_N); None when neither is there."""

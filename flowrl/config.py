@@ -7,6 +7,7 @@ algorithm's own dataclass (see algorithms/).
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -331,14 +332,17 @@ def _convert(value, tp, where: str):
             return value
         raise ConfigError(f"{where}: expected an integer, got {value!r}")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if number is not None and math.isfinite(number):  # (a range check `x <= 0` lets NaN through)
+            return number
+        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
     if tp is str:
         if isinstance(value, str):
             return value

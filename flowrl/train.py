@@ -22,8 +22,8 @@ from tqdm import tqdm
 
 from .algorithms import RolloutBatch, WorkItems, build_algorithm
 from .algorithms.base import ALGORITHMS, drop_groups
-from .checkpoint import (RUN_CONFIG, CorruptCheckpoint, list_checkpoints, load_checkpoint, sampling_gate,
-                         save_checkpoint)
+from .checkpoint import (RUN_CONFIG, CorruptCheckpoint, changed_settings, list_checkpoints, load_checkpoint,
+                         sampling_gate, save_checkpoint)
 from .config import RunConfig, config_to_dict
 from .devices import use_deterministic_kernels
 from .errors import ConfigError, UserError
@@ -232,6 +232,7 @@ class Trainer:
         if global_batch % self.world:
             raise ConfigError(f"train.groups_per_update x train.group_size = {global_batch} samples must divide "
                               f"evenly over {self.world} processes")
+        self.check_resume_settings()  # before the model loads
         if config.sampler.fk is not None and config.train.groups_per_update % self.world:
             raise ConfigError(f"train.groups_per_update: FK rollouts keep each prompt's particles on one process; "
                               f"expected a multiple of {self.world} processes, got {config.train.groups_per_update}")
@@ -611,12 +612,29 @@ class Trainer:
         found = list_checkpoints(self.checkpoint_dir)
         return found[-1] if found else None
 
+    def check_resume_settings(self) -> None:
+        """A run dir resumed by its name (run.resume unset or auto) must hold a run of these settings: a config edited
+        and run again under the same run.name would otherwise carry on from the old run's weights, its report showing
+        the old model under the new config. An explicit run.resume=PATH continues on purpose: the changes are named."""
+        path = self.resume_path()
+        changed = changed_settings(path, config_to_dict(self.config)) if path is not None else []
+        if not changed:
+            return
+        names = ", ".join(changed[:6]) + (", ..." if len(changed) > 6 else "")
+        if self.config.run.resume in (None, "auto"):
+            raise ConfigError(f"run.name: {self.run_dir} holds a run trained with other settings ({names}); give this "
+                              f"config another run.name, or continue that run with these settings on purpose: "
+                              f"run.resume={path}")
+        if self.log:
+            tqdm.write(f"resuming {path} with settings changed from its run's: {names}")
+
     def resume(self) -> Path | None:
         """Restore the checkpoint to resume from: the one named in run.resume, or the newest readable one of the run
         dir (a corrupt newest one is reported and the one before it used)."""
         requested = self.config.run.resume
         if requested and requested != "auto":
             self.restore(Path(requested))
+            self.set_aside_newer(Path(requested))
             return Path(requested)
         for path in reversed(list_checkpoints(self.checkpoint_dir)):
             error = None
@@ -637,6 +655,22 @@ class Trainer:
                            "checkpoint before it")
         return None
 
+    def set_aside_newer(self, path: Path) -> None:
+        """Rewound to an older checkpoint of this run dir, the newer ones belong to the line abandoned: renamed to
+        abandoned_update_N (kept for inspection), or a later auto resume would pick them up again while this line's
+        metrics rows past `path` are gone."""
+        if Path(path).resolve().parent != self.checkpoint_dir.resolve():
+            return
+        newer = [p for p in list_checkpoints(self.checkpoint_dir) if p.name > Path(path).name]
+        self.accelerator.wait_for_everyone()  # every process has read its checkpoint before any is moved
+        if self.is_main:
+            for old in newer:
+                aside = old.with_name(f"abandoned_{old.name}")
+                shutil.rmtree(aside, ignore_errors=True)
+                old.rename(aside)
+                tqdm.write(f"resumed from {Path(path).name}: {old.name} (a later checkpoint of the line left) moved "
+                           f"to {aside.name}")
+
     def restore(self, path: Path) -> None:
         saved = load_checkpoint(path)
         ours = set(self.policy.named_trainable_parameters())  # names, no copies
@@ -649,6 +683,10 @@ class Trainer:
         self.policy.load_trainable_state_dict(saved["trainable"])
         in_order = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.optimizer.load_state_dict(sharded_optimizer_state(saved["optimizer"], in_order))
+        for group in self.optimizer.param_groups:  # the saved groups carry their run's hyperparameters: this
+            group["weight_decay"] = self.config.train.weight_decay  # config's apply (lr is set every update)
+            if "betas" in group:
+                group["betas"] = tuple(self.config.train.adam_betas)
         if self.state.ema is not None:  # the saved EMA, or (a run saved without one) the restored weights
             with torch.no_grad():
                 for e, (name, p) in zip(self.state.ema, self.policy.named_trainable_parameters().items()):

@@ -19,7 +19,7 @@ def _write(tmp_path, name, text):
 
 
 CONFIG_CASES = [  # (overrides, expected text)
-    (["train.lr=fast"], "train.lr: expected a number, got 'fast'"),
+    (["train.lr=fast"], "train.lr: expected a finite number, got 'fast'"),
     (["train.updates=2.5"], "train.updates: expected an integer, got 2.5"),
     (["train.group_size=1"], "train.group_size: expected an integer >= 2"),
     (["train.lrr=1"], "train.lrr: unknown field; known fields:"),

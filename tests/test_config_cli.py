@@ -31,7 +31,9 @@ def test_overrides_are_typed(tmp_path):
 
 
 @pytest.mark.parametrize("override,message", [
-    ("train.lr=fast", "train.lr: expected a number, got 'fast'"),
+    ("train.lr=fast", "train.lr: expected a finite number, got 'fast'"),
+    ("train.lr=nan", "train.lr: expected a finite number, got 'nan'"),  # `lr <= 0` let NaN through
+    ("eval.guidance_scale=.inf", "eval.guidance_scale: expected a finite number, got inf"),
     ("train.group_size=1", "train.group_size: expected an integer >= 2"),
     ("sampler.kind=langevin", "sampler.kind: expected one of"),
     ("train.lrr=1", "train.lrr: unknown field"),
@@ -64,7 +66,7 @@ def test_cli_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path):
     result = _flowrl("train", str(bad))
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines() == ["flowrl train: error: train.lr: expected a number, got 'fast'"]
+    assert result.stderr.strip().splitlines() == ["flowrl train: error: train.lr: expected a finite number, got 'fast'"]
     assert not (tmp_path / "runs").exists()
 
 

@@ -434,3 +434,30 @@ def test_a_prompt_file_is_drawn_without_repeats_within_an_update(tmp_path):
     tag_of = {c.prompt: tag for tag, items in tagged.set.by_tag.items() for c in items}
     drawn = [tag_of[c.prompt] for c in tagged.draw(600, 0, 0)]
     assert len(set(drawn)) == 6 and all(0.1 < drawn.count(t) / 600 < 0.24 for t in set(drawn))  # each about 1/6
+
+
+def test_a_run_name_holding_another_configs_run_is_refused_and_a_rewind_sets_the_newer_checkpoints_aside(
+        tiny_sd3_dir, tmp_path):
+    """Rerun under the same run.name with another reward: refused before training (it carried on from the old run's
+    weights, the report showing the old model under the new config); a longer run of the same config resumes. An
+    explicit run.resume to an older checkpoint takes the config's optimizer settings and moves the newer checkpoints
+    aside (a later auto resume picked the abandoned line's newest)."""
+    from flowrl.checkpoint import list_checkpoints
+    from flowrl.config import load_config
+    from flowrl.errors import ConfigError
+    from flowrl.train import Trainer
+
+    path = tiny_run_config(tmp_path / "s.yaml", tiny_sd3_dir, tmp_path / "runs", "same", updates=2,
+                           keep_checkpoints=3)
+    train_and_collect(path)
+    with pytest.raises(ConfigError, match=r"holds a run trained with other settings \(reward\)"):
+        train_and_collect(path, ["reward=[{name: jpeg_compressibility, weight: 2.0}]"])
+    train_and_collect(path, ["train.updates=3"])
+    checkpoints = tmp_path / "runs" / "same" / "checkpoints"
+    assert [p.name for p in list_checkpoints(checkpoints)] == ["update_000001", "update_000002", "update_000003"]
+    trainer = Trainer(load_config(path, ["train.updates=3", "train.weight_decay=0.5",
+                                         f"run.resume={checkpoints / 'update_000001'}"]), log=False)
+    trainer.resume()
+    assert trainer.optimizer.param_groups[0]["weight_decay"] == 0.5 and trainer.state.update == 1
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["abandoned_update_000002", "abandoned_update_000003",
+                                                             "update_000001"]
