@@ -153,6 +153,7 @@ RESUMABLE_CHANGES = frozenset((
     "run.resume", "run.name", "run.out_dir", "run.wandb", "run.wandb_project", "run.deterministic",
     "pipeline.attention", "pipeline.vae_slicing", "pipeline.vae_tiling", "train.updates", "train.microbatch_size",
     "train.rollout_microbatch", "train.decode_microbatch", "train.reward_microbatch", "train.async_rewards",
+    "train.async_rollouts", "train.staleness",  # (switched on, a resume needs the checkpoint's snapshots: said)
     "train.gradient_checkpointing", "train.offload_text_encoders", "train.embedding_cache", "train.checkpoint_every",
     "train.keep_checkpoints", "train.threads", "train.collective_timeout_minutes", "train.max_failed_reward_share",
     "eval.enabled", "eval.every"))

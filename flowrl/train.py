@@ -232,7 +232,6 @@ class Trainer:
         if global_batch % self.world:
             raise ConfigError(f"train.groups_per_update x train.group_size = {global_batch} samples must divide "
                               f"evenly over {self.world} processes")
-        self.check_resume_settings()  # before the model loads
         if config.sampler.fk is not None and config.train.groups_per_update % self.world:
             raise ConfigError(f"train.groups_per_update: FK rollouts keep each prompt's particles on one process; "
                               f"expected a multiple of {self.world} processes, got {config.train.groups_per_update}")
@@ -247,6 +246,7 @@ class Trainer:
             raise ConfigError(f"sampler.kind: a {type(self.policy.pipeline).__name__} samples with "
                               f"{list(self.policy.kinds)}, got {config.sampler.kind!r}")
         self.algorithm = build_algorithm(config.algorithm.name, config.algorithm.params, config.sampler)
+        self.check_resume_settings()  # (after the config's own errors: a typo'd name is said as such)
         if config.train.rollout_microbatch:
             # an algorithm's own no-grad forwards (NFT's, DHO's and DPO's old velocities) take as many items as a
             # rollout call does, so a large model's memory setting bounds them too

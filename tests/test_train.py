@@ -180,7 +180,7 @@ def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unc
 
     from flowrl.config import load_config
 
-    across = Trainer(load_config(config, ["lora.active_from_sigma=0.9", "sampler.sde_window_size=2",
+    across = Trainer(load_config(config, ["run.name=across", "lora.active_from_sigma=0.9", "sampler.sde_window_size=2",
                                           "sampler.sde_window_range=[0, 1]"]), log=False)
     across.accelerator = SimpleNamespace(is_fsdp2=True)
     with pytest.raises(ConfigError, match=r"SDE steps \[1\] sit at sigma < 0.9.*under FSDP2 every SDE step must train"):
@@ -328,7 +328,8 @@ def test_resume_restores_the_loss_scale_and_starts_an_ema_from_the_restored_weig
     first = Trainer(load_config(path), log=False)
     first.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=256.0, growth_interval=50)
     first.run()
-    later = Trainer(load_config(path, ["train.updates=2", "train.ema_decay=0.9"]), log=False)
+    later = Trainer(load_config(path, ["train.updates=2", "train.ema_decay=0.9",  # continued on purpose with an EMA
+                                       f"run.resume={tmp_path / 'runs/scale/checkpoints/update_000001'}"]), log=False)
     later.accelerator.scaler = torch.amp.GradScaler("cpu")  # 65536, as a new run's
     later.resume()
     assert later.accelerator.scaler.get_scale() == 256.0

@@ -188,10 +188,13 @@ def test_a_run_trains_both_experts_and_diffusers_loads_both_adapters(wan22_run):
 
 
 def test_resuming_with_other_experts_is_one_config_error(wan22_run):
-    _, config, _ = wan22_run
+    root, config, _ = wan22_run
+    with pytest.raises(ConfigError, match=r"holds a run trained with other settings \(pipeline.experts\)"):
+        train_and_collect(config, ["pipeline.experts=high", "train.updates=3"])  # resumed by its name
+    checkpoint = root / "runs/both/checkpoints/update_000002"  # and on purpose: the weights cannot be taken
     with pytest.raises(ConfigError, match=r"run.resume: checkpoint .*update_000002 trained other weights than this "
                                           r"config does \(e.g. transformer_2\..* is in the checkpoint only\)"):
-        train_and_collect(config, ["pipeline.experts=high", "train.updates=3"])
+        train_and_collect(config, ["pipeline.experts=high", "train.updates=3", f"run.resume={checkpoint}"])
 
 
 def test_the_demo_switches_both_experts_adapters(wan22_run):
