@@ -163,12 +163,27 @@ class ShapeSamples(Samples):
         from flowrl.sdf import mesh_from_grid
 
         grid = self.select([index]).grids()[0]  # this sample's field only (write is called once per sample)
-        mesh = mesh_from_grid(grid) or trimesh.Trimesh()  # an empty field: an empty mesh
+        mesh = mesh_from_grid(grid)
         names = [f"{stem}.glb", f"{stem}.ply", f"{stem}.npy"]
-        for name in names[:2]:
-            mesh.export(Path(folder) / name)
+        if mesh is None:  # an empty field: an empty scene
+            write_empty_glb(Path(folder) / names[0])
+            trimesh.Trimesh().export(Path(folder) / names[1])
+        else:
+            for name in names[:2]:
+                mesh.export(Path(folder) / name)
         np.save(Path(folder) / names[2], grid.astype(np.float16))  # the field itself, for scoring read-backs
         return names
+
+
+def write_empty_glb(path: Path) -> None:
+    """A valid glTF 2.0 binary of an empty scene: trimesh writes an empty mesh with a zero-length BIN chunk, which
+    the spec forbids (viewers and the Khronos validator reject the file)."""
+    import struct
+
+    body = json.dumps({"asset": {"version": "2.0"}, "scene": 0, "scenes": [{}]}).encode()
+    body += b" " * (-len(body) % 4)  # chunks are 4-byte aligned, JSON padded with spaces
+    path.write_bytes(struct.pack("<4sII", b"glTF", 2, 12 + 8 + len(body)) + struct.pack("<I4s", len(body), b"JSON")
+                     + body)
 
 
 def _mp4_scale(height: int, width: int) -> int:

@@ -246,3 +246,33 @@ def test_resuming_asynchronously_without_the_snapshots_is_one_clear_error(tmp_pa
     run(path, ["train.updates=1"])  # a synchronous checkpoint at update 1
     with pytest.raises(UserError, match="train.staleness"):
         run(path, ["train.async_rollouts=true", "train.staleness=1"])
+
+
+def test_an_empty_field_is_written_as_a_valid_empty_glb(tmp_path):
+    """No surface: a GLB of an empty scene, one JSON chunk whose length fits the file (trimesh wrote a zero-length BIN
+    chunk, which glTF forbids)."""
+    import json
+    import struct
+
+    import trimesh
+
+    from flowrl.samples import ShapeSamples, write_samples
+
+    write_samples(tmp_path, ShapeSamples(torch.full((1, 32, 32, 32), 0.2)), [{"prompt": "nothing", "seed": 0}])
+    data = (tmp_path / "00000.glb").read_bytes()
+    magic, version, length = struct.unpack("<4sII", data[:12])
+    chunk_length, kind = struct.unpack("<I4s", data[12:20])
+    assert (magic, version, length, kind) == (b"glTF", 2, len(data), b"JSON") and 20 + chunk_length == len(data)
+    assert chunk_length % 4 == 0 and json.loads(data[20:])["asset"]["version"] == "2.0"
+    assert len(trimesh.load(tmp_path / "00000.glb").geometry) == 0
+
+
+def test_the_pipeline_guides_only_above_scale_one_as_the_policy_does(tiny_shapes3d_dir):
+    from flowrl.models.shapes3d import Shapes3DFlowPipeline
+
+    pipe = Shapes3DFlowPipeline.from_pretrained(tiny_shapes3d_dir)
+    x, t = torch.randn(2, 8, 4, generator=torch.Generator().manual_seed(0)), torch.full((2,), 0.5)
+    image = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(pipe.velocity(x, t, image, 0.5), pipe.velocity(x, t, image, 1.0))
+        assert not torch.allclose(pipe.velocity(x, t, image, 2.0), pipe.velocity(x, t, image, 1.0))

@@ -23,6 +23,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import CogView4LoraLoaderMixin, PeftAdapterMixin
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
+from diffusers.utils.torch_utils import randn_tensor
 
 from ..images import as_image_batch
 
@@ -185,7 +186,7 @@ class Shapes3DFlowPipeline(DiffusionPipeline, CogView4LoraLoaderMixin):
 
     def velocity(self, latents, t, image, guidance_scale: float) -> torch.Tensor:
         timestep = t * 1000
-        if guidance_scale == 1.0:
+        if guidance_scale <= 1.0:  # as diffusers' pipelines and flowrl's policies decide it: CFG above 1 only
             return self.transformer(latents, timestep, image)
         both = self.transformer(torch.cat([latents, latents]), torch.cat([timestep, timestep]),
                                 torch.cat([torch.zeros_like(image), image]))
@@ -201,7 +202,8 @@ class Shapes3DFlowPipeline(DiffusionPipeline, CogView4LoraLoaderMixin):
         dtype = self.transformer.dtype
         image = as_image_batch(image).to(device, dtype)
         shape = (len(image), self.transformer.config.num_tokens, self.transformer.config.latent_channels)
-        x = torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype) if latents is None \
+        # drawn on the generator's device (a CUDA generator, as diffusers' pipelines take, cannot draw on the CPU)
+        x = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32).to(dtype) if latents is None \
             else latents.to(device, dtype)
         self.scheduler.set_timesteps(num_inference_steps, device=device)
         sigmas = self.scheduler.sigmas.to(device)
