@@ -22,8 +22,8 @@ from tqdm import tqdm
 
 from .algorithms import RolloutBatch, WorkItems, build_algorithm
 from .algorithms.base import ALGORITHMS, drop_groups
-from .checkpoint import (RUN_CONFIG, CorruptCheckpoint, changed_settings, list_checkpoints, load_checkpoint,
-                         sampling_gate, save_checkpoint)
+from .checkpoint import (RUN_CONFIG, CorruptCheckpoint, changed_settings, checkpoint_update, list_checkpoints,
+                         load_checkpoint, sampling_gate, save_checkpoint)
 from .config import RunConfig, config_to_dict
 from .devices import use_deterministic_kernels
 from .errors import ConfigError, UserError
@@ -659,14 +659,17 @@ class Trainer:
         """Rewound to an older checkpoint of this run dir, the newer ones belong to the line abandoned: renamed to
         abandoned_update_N (kept for inspection), or a later auto resume would pick them up again while this line's
         metrics rows past `path` are gone."""
-        if Path(path).resolve().parent != self.checkpoint_dir.resolve():
+        resumed = checkpoint_update(path)
+        if Path(path).resolve().parent != self.checkpoint_dir.resolve() or resumed is None:
             return
-        newer = [p for p in list_checkpoints(self.checkpoint_dir) if p.name > Path(path).name]
+        newer = [p for p in list_checkpoints(self.checkpoint_dir)  # by update number, never the resumed folder
+                 if (checkpoint_update(p) or 0) > resumed and p.resolve() != Path(path).resolve()]
         self.accelerator.wait_for_everyone()  # every process has read its checkpoint before any is moved
         if self.is_main:
             for old in newer:
-                aside = old.with_name(f"abandoned_{old.name}")
-                shutil.rmtree(aside, ignore_errors=True)
+                aside, n = old.with_name(f"abandoned_{old.name}"), 1
+                while aside.exists():  # an earlier rewind's: kept too
+                    aside, n = old.with_name(f"abandoned{n}_{old.name}"), n + 1
                 old.rename(aside)
                 tqdm.write(f"resumed from {Path(path).name}: {old.name} (a later checkpoint of the line left) moved "
                            f"to {aside.name}")
@@ -687,6 +690,8 @@ class Trainer:
             group["weight_decay"] = self.config.train.weight_decay  # config's apply (lr is set every update)
             if "betas" in group:
                 group["betas"] = tuple(self.config.train.adam_betas)
+            if "momentum" in group:  # (SGD's momentum is adam_betas[0], as build_optimizer sets it)
+                group["momentum"] = self.config.train.adam_betas[0]
         if self.state.ema is not None:  # the saved EMA, or (a run saved without one) the restored weights
             with torch.no_grad():
                 for e, (name, p) in zip(self.state.ema, self.policy.named_trainable_parameters().items()):

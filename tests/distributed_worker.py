@@ -29,6 +29,3 @@ if __name__ == "__main__":
     if accelerator.is_main_process:
         save_file(weights, out_file)
     accelerator.wait_for_everyone()
-    # closed before the interpreter exits: gloo's threads torn down at exit aborted a rank now and then under a busy
-    # suite ("terminate called without an active exception", exit -6), as ddp_buffers_worker.py saw
-    torch.distributed.destroy_process_group()

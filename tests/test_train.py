@@ -462,3 +462,8 @@ def test_a_run_name_holding_another_configs_run_is_refused_and_a_rewind_sets_the
     assert trainer.optimizer.param_groups[0]["weight_decay"] == 0.5 and trainer.state.update == 1
     assert sorted(p.name for p in checkpoints.iterdir()) == ["abandoned_update_000002", "abandoned_update_000003",
                                                              "update_000001"]
+    trainer.run()  # 2 and 3 again; a second rewind keeps the first one's abandoned checkpoints too
+    Trainer(load_config(path, ["train.updates=3", f"run.resume={checkpoints / 'update_000001'}"]), log=False).resume()
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "abandoned1_update_000002", "abandoned1_update_000003", "abandoned_update_000002", "abandoned_update_000003",
+        "update_000001"]

@@ -58,5 +58,7 @@ def evaluate_samples_dir(folder: str | Path) -> dict:
     """Score a samples folder, write DIR/shapes_eval.json and return the result."""
     images, prompts = read_samples_dir(folder)
     result = shapes_accuracy(images, prompts)
-    (Path(folder) / "shapes_eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    from ..report import save_json
+
+    save_json(Path(folder) / "shapes_eval.json", result)  # (a NaN interval as null)
     return result

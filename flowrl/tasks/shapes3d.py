@@ -60,6 +60,7 @@ def pretrain_shapes3d(args) -> None:
 
     from ..pretrain.shapes3d import Shapes3DPretrainConfig, evaluate_3d, pretrain_shapes3d as train
     from ..pretrain.shapes_sd3 import save_pipeline
+    from ..report import save_json
 
     out = Path(args.out)
     cfg = Shapes3DPretrainConfig(seed=args.seed)
@@ -70,7 +71,7 @@ def pretrain_shapes3d(args) -> None:
     save_pipeline(pipe, out, facts)
     pipe.to(torch.float32)
     result = evaluate_3d(pipe, eval_prompt_set())
-    (out / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    save_json(out / "eval.json", result)  # (a Chamfer NaN as null)
     (out / "README.md").write_text(card_text(facts, result))
     print(json.dumps(result, indent=2))
 
