@@ -174,7 +174,13 @@ def cmd_pretrain(args, extensions: list[TaskCommands]) -> None:
         raise UserError(f"--card-only: the {args.recipe} recipe cannot re-measure a folder without training; "
                         f"recipes that can: {', '.join(honoured)}")
     args.out = args.out or extension.pretrain_out.get(args.recipe)
-    if args.out is None or getattr(args, "card_only", False):  # (a card rewritten in place: small files)
+    if getattr(args, "card_only", False):  # a card rewritten in place (small files), of a folder a recipe wrote
+        if not any((Path(args.out) / marker).is_file() for marker in RECIPE_OUTPUT_MARKERS):
+            raise UserError(f"--card-only: {args.out} holds no trained {args.recipe} output "
+                            f"({' or '.join(RECIPE_OUTPUT_MARKERS)} missing)")
+        extension.pretrain[args.recipe](args)
+        return
+    if args.out is None:
         extension.pretrain[args.recipe](args)
         return
     from .atomic import replaced_folder

@@ -379,4 +379,5 @@ def test_a_recipe_reusing_shapes_sd3s_vae_names_a_missing_one(recipe, tmp_path, 
     err = capsys.readouterr().err
     assert "no vae/ folder there" in err and "Traceback" not in err and not (tmp_path / "out").exists()
     assert main(["pretrain", recipe, "--card-only", "--out", str(tmp_path / "missing")]) == 2
-    assert "Traceback" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"--card-only: {tmp_path / 'missing'} holds no trained {recipe} output" in err and "Traceback" not in err

@@ -56,9 +56,9 @@ def read_samples_dir(folder: str | Path) -> tuple[np.ndarray, list[str]]:
 
 def evaluate_samples_dir(folder: str | Path) -> dict:
     """Score a samples folder, write DIR/shapes_eval.json and return the result."""
-    images, prompts = read_samples_dir(folder)
-    result = shapes_accuracy(images, prompts)
     from ..report import save_json
 
+    images, prompts = read_samples_dir(folder)
+    result = shapes_accuracy(images, prompts)
     save_json(Path(folder) / "shapes_eval.json", result)  # (a NaN interval as null)
     return result

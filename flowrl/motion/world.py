@@ -2,9 +2,9 @@
 
 Clips are 1 + 4k frames (9 by default) of 32x32 RGB on black. Each object moves at a constant speed (TRAVEL px over
 the clip, whatever its length) in one axis direction, or in one direction for the first half and another for the
-second (motion order), or stays still; a turning object changes colour once, at mid-clip. Objects stay inside the frame and keep apart in every
-frame. `sample_clip` draws a clip that satisfies a prompt; `sample_pairs` gives (clip, prompt) pairs for
-pretraining.
+second (motion order), or stays still; a turning object changes colour once, at mid-clip. Objects stay inside the
+frame and keep apart in every frame. `sample_clip` draws a clip that satisfies a prompt; `sample_pairs` gives
+(clip, prompt) pairs for pretraining.
 """
 from __future__ import annotations
 

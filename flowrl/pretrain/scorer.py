@@ -245,9 +245,9 @@ def generated_auc(model, tokenizer, pipeline_dir: str | Path) -> dict:
 
 
 def save_scorer(model, tokenizer, out_dir: str | Path, facts: dict) -> None:
-    out = Path(out_dir)
     from .shapes_sd3 import load_in_fp32_by_default
 
+    out = Path(out_dir)
     model.to(torch.float16).save_pretrained(out, safe_serialization=True)
     load_in_fp32_by_default(out)
     model.to(torch.float32)

@@ -95,11 +95,10 @@ def constraint_scores(spec: PromptSpec, found: list[Detection]) -> list[float]:
     if spec.tag == "counting":
         n = sum(d.shape == spec.phrases[0].shape for d in found)
         return [float(n > 0), max(0.0, 1.0 - abs(n - spec.count) / spec.count), float(n == spec.count)]
-    scores = []
+    scores, first = [], spec.phrases[0]
     for i, phrase in enumerate(spec.phrases):
         if phrase.color:  # partial credit for the right shape in the wrong colour
             scores.append(float(any(d.shape == phrase.shape for d in found)))
-        first = spec.phrases[0]
         if spec.tag == "two_object" and i == 1 and phrase.shape == first.shape:  # "a circle and a circle": two
             scores.append(float(any(_matches(a, first.shape, first.color) and _matches(b, phrase.shape, phrase.color)
                                     for a in found for b in found if a is not b)))  # objects, not one met twice

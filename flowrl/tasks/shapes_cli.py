@@ -19,8 +19,9 @@ def pretrain_arguments(pre) -> None:
     pre.add_argument("--t-sampling", choices=["logit_normal", "uniform"], default=None,
                      help="shapes: how flow matching draws noise levels (default: the recipe's, logit_normal)")
     pre.add_argument("--steps", type=int, default=None, help="scorer / safety-probe: training steps")
-    pre.add_argument("--pipeline", default="pipelines/shapes-sd3", help="scorer / safety-probe: pipeline whose samples it trains on and is measured on; shapes-sd / shapes-kontext: "
-                     "the shapes-sd3 pipeline whose VAE they reuse")
+    pre.add_argument("--pipeline", default="pipelines/shapes-sd3",
+                     help="scorer / safety-probe: pipeline whose samples it trains on and is measured on; shapes-sd / "
+                          "shapes-kontext: the shapes-sd3 pipeline whose VAE they reuse")
     pre.add_argument("--adversarial-steps", type=int, default=0,
                      help="scorer: also train on pool samples climbed up the scorer by this many gradient steps (0: off)")
     pre.add_argument("--pool-checkpoint", action="append", default=[], metavar="DIR",
@@ -130,12 +131,9 @@ def pretrain_scorer(args) -> None:
             raise UserError(f"--mixed-color-per-step: expected an integer >= 0, got {args.mixed_color_per_step}")
         cfg.mixed_color_per_step = args.mixed_color_per_step
     if args.card_only:  # re-measure a trained scorer folder and rewrite its card
-        from transformers import CLIPModel
+        from transformers import AutoTokenizer, CLIPModel
 
-        from transformers import AutoTokenizer
-        folder = Path(args.out)
-        if not (folder / "training_facts.json").is_file():
-            raise UserError(f"--card-only: {folder} holds no trained scorer (training_facts.json missing)")
+        folder = Path(args.out)  # (cmd_pretrain checked it holds a trained scorer)
         model = CLIPModel.from_pretrained(folder).float().eval()
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)  # the ids it was trained with
         facts = json.loads((folder / "training_facts.json").read_text())

@@ -135,7 +135,6 @@ def pretrain_shapes_kontext(args) -> None:
 
     import torch
 
-    from ..errors import UserError
     from ..pretrain.shapes_kontext import (DEFAULT_VAE, KontextPretrainConfig, evaluate_editor,
                                            pretrain_shapes_kontext as train, write_card)
     from ..pretrain.shapes_sd3 import save_pipeline
@@ -149,8 +148,6 @@ def pretrain_shapes_kontext(args) -> None:
 
         pipe, facts = train(cfg, vae_dir=source_vae(getattr(args, "pipeline", DEFAULT_VAE)))
         save_pipeline(pipe, out, facts)
-    elif not (Path(out) / "training_facts.json").is_file():
-        raise UserError(f"--card-only: {out} holds no trained editor (training_facts.json missing)")
     facts = json.loads((Path(out) / "training_facts.json").read_text())
     torch.set_num_threads(cfg.threads)
     result, images, items = evaluate_editor(out)
