@@ -88,8 +88,8 @@ def resample_indices(log_weights: torch.Tensor, generator: torch.Generator | lis
 class FKSteering:
     """A rollout callback. Particles are laid out prompt-major: particle j belongs to prompt j // k.
 
-    `reward_of(latents, prompts) -> [N]` scores latents (decode + reward); it is called on x0 predictions at
-    scheduled steps and on the final samples.
+    `reward_of(latents, prompts, items) -> [N]` scores latents (decode + reward) against their condition items; it
+    is called on x0 predictions at scheduled steps and on the final samples.
     """
 
     def __init__(self, config: FKConfig, reward_of, num_steps: int, num_prompts: int, generator: torch.Generator):
@@ -109,7 +109,7 @@ class FKSteering:
         """The reward r_t the potentials are built from: of the x0 prediction, or of the sample at the end."""
         with torch.no_grad():
             target = state.latents if last else state.x0_pred
-            return self.reward_of(target, state.cond.prompts).double().cpu()
+            return self.reward_of(target, state.cond.prompts, state.cond.items).double().cpu()
 
     def __call__(self, state) -> None:
         last = state.step == self.num_steps - 1

@@ -7,7 +7,8 @@ from flowrl.algorithms.credit import (IntermediateRewards, fold_deterministic_ta
                                      step_advantages, window_mask)
 from flowrl.config import SamplerSection
 from flowrl.policies import policy_for
-from flowrl.rewards import build_reward
+from flowrl.rewards import Reward, RewardOutput, build_reward, latent_scorer
+from flowrl.rewards.base import condition_items
 from flowrl.rollout import rollout, sample_generators
 from tiny_pipelines import tiny_shapes_sd3
 from flowrl.policies.base import SampleSpec
@@ -48,7 +49,7 @@ def test_intermediate_rewards_and_incremental_grpo_on_a_tiny_rollout():
     policy.add_lora(4, 8, policy.lora_targets)
     reward = build_reward("jpeg_compressibility")
     prompts = ["a red circle"] * 3 + ["a square"] * 3
-    recorder = IntermediateRewards(lambda z, texts: reward(policy.decode(z), texts).scores, 4)
+    recorder = IntermediateRewards(lambda z, texts, items: reward(policy.decode(z), texts).scores, 4)
     traj = rollout(policy, policy.encode(prompts, 2.0), sample_generators(range(6)), policy.noise_shape(SampleSpec(32, 32)), 4,
                    "flow", 0.7, 2.0, callbacks=[recorder])
     step_rewards = recorder.rewards
@@ -68,3 +69,32 @@ def test_intermediate_rewards_and_incremental_grpo_on_a_tiny_rollout():
     assert torch.equal(diagnostics["ratio"], torch.ones_like(diagnostics["ratio"]))
     expected = -step_advantages(incremental_credits(step_rewards), groups)[items.sample, items.step]
     torch.testing.assert_close(losses.detach(), expected)
+
+
+class SceneOfItem(Reward):
+    """Scores each sample by its condition item's scene seed (what a world reward judges against); a bare prompt
+    scores -1."""
+
+    def __call__(self, samples, prompts, meta=None):
+        items = condition_items(prompts, meta)
+        return RewardOutput(torch.tensor([float(item.meta.get("scene_seed", -1)) for item in items]), {})
+
+
+def test_step_rewards_and_fk_potentials_judge_each_sample_against_its_own_item():
+    """FK potentials and intermediate rewards pass the condition items to the reward: a world reward (edit, 3D)
+    judges a sample against its item's scene, not the scene a bare prompt stands for (they once got prompts only)."""
+    from flowrl.fk import FKConfig, FKSteering
+    from flowrl.tasks.base import Condition
+
+    policy = policy_for(tiny_shapes_sd3(), max_sequence_length=16)
+    k, steps = 2, 3
+    items = [Condition("a circle", meta={"scene_seed": s}) for s in (7, 11) for _ in range(k)]
+    scorer = latent_scorer(policy, SceneOfItem())
+    steering = FKSteering(FKConfig(num_particles=k, lam=1.0, resample_every=1, ess_threshold=1.0), scorer, steps, 2,
+                          torch.Generator().manual_seed(0))
+    recorder = IntermediateRewards(scorer, steps)
+    rollout(policy, policy.encode(items, 2.0), sample_generators(range(4)), policy.noise_shape(SampleSpec(32, 32)),
+            steps, "flow", 0.7, 2.0, callbacks=[steering, recorder])
+    expected = torch.tensor([7.0, 7.0, 11.0, 11.0])
+    torch.testing.assert_close(recorder.rewards, expected[:, None].expand(4, steps + 1))
+    torch.testing.assert_close(steering.final_rewards.float(), expected)

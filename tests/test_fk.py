@@ -52,7 +52,7 @@ def _sample(num_groups, fk: FKConfig | None, seed=0, steps=20):
     cond = Conditioning({"id": torch.zeros(n, 1)}, {}, ["p"] * n)
     callbacks, steering = [], None
     if fk is not None:
-        steering = FKSteering(fk, lambda z, prompts: z[:, 0], steps, num_groups, torch.Generator().manual_seed(seed))
+        steering = FKSteering(fk, lambda z, prompts, items: z[:, 0], steps, num_groups, torch.Generator().manual_seed(seed))
         callbacks = [steering]
     traj = rollout(policy, cond, sample_generators(range(seed * 100_000, seed * 100_000 + n)), (2,), steps, "flow",
                    0.5, 1.0, callbacks=callbacks)
@@ -141,7 +141,7 @@ def test_fk_resampled_rollouts_are_on_policy_for_grpo():
     groups, k, steps = 2, 4, 4
     cond = policy.encode(["a red circle"] * k + ["a square"] * k, 2.0)
     fk = FKConfig(num_particles=k, lam=50.0, resample_every=1, ess_threshold=1.0)
-    steering = FKSteering(fk, lambda z, prompts: z.flatten(1).mean(1), steps, groups, torch.Generator().manual_seed(0))
+    steering = FKSteering(fk, lambda z, prompts, items: z.flatten(1).mean(1), steps, groups, torch.Generator().manual_seed(0))
     traj = rollout(policy, cond, sample_generators(range(groups * k)), policy.noise_shape(SampleSpec(32, 32)), steps, "flow",
                    0.7, 2.0, callbacks=[steering])
     assert len(steering.resampled_at) >= 1

@@ -75,16 +75,17 @@ class IntermediateRewards:
         self.history: list[torch.Tensor] = []
 
     def __call__(self, state) -> None:
-        prediction, prompts = state.x0_pred, state.cond.prompts
+        prediction, prompts, items = state.x0_pred, state.cond.prompts, state.cond.items
         if state.index is not None:  # an earlier callback re-indexed the particles at this step
             index = state.index.cpu()
             self.history = [h[index] for h in self.history]
             prediction = prediction[state.index.to(prediction.device)]
             prompts = [prompts[i] for i in index.tolist()]
+            items = [items[i] for i in index.tolist()] if items else items
         with torch.no_grad():
-            self.history.append(self.reward_of(prediction, prompts).float().cpu())  # r_i, from x_i's prediction
+            self.history.append(self.reward_of(prediction, prompts, items).float().cpu())  # r_i, from x_i's prediction
             if state.step == self.num_steps - 1:
-                self.history.append(self.reward_of(state.latents, prompts).float().cpu())  # r_T, the sample
+                self.history.append(self.reward_of(state.latents, prompts, items).float().cpu())  # r_T, the sample
 
     @property
     def rewards(self) -> torch.Tensor:

@@ -170,9 +170,13 @@ def failed_output(reward: Reward, count: int) -> RewardOutput:
 
 
 def latent_scorer(policy, reward: Reward):
-    """`(latents, prompts) -> scores` through the policy's decoder: what FK potentials, intermediate rewards and
-    reward-gradient methods call on latents (differentiable when the reward is)."""
-    return lambda latents, prompts: reward(policy.decode(latents), prompts).scores
+    """`(latents, prompts, items=None) -> scores` through the policy's decoder: what FK potentials, intermediate
+    rewards and reward-gradient methods call on latents (differentiable when the reward is). `items` are the
+    samples' condition items: rewards that judge against an item's own scene or source (shapes_edit, edit_rubric,
+    the 3D rewards) need them; without, they fall back to the scene a bare prompt stands for."""
+    def score(latents: torch.Tensor, prompts: list[str], items: list | None = None) -> torch.Tensor:
+        return reward(policy.decode(latents), prompts, {"conditions": list(items)} if items else None).scores
+    return score
 
 
 def standardized_sum(components: list[torch.Tensor], weights: list[float], groups: torch.Tensor | None = None,
