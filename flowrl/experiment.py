@@ -15,7 +15,7 @@ from .devices import DEFAULT_BATCH_SIZE
 from .errors import ConfigError
 from .generate import contiguous_share, generate_samples, sample_seeds
 from .prompt_source import PromptSource
-from .report import MetricsLog, image_grid, plot_rewards, save_json, tile, write_report
+from .report import MetricsLog, image_grid, number, plot_rewards, save_json, tile, write_report
 from .samples import VideoSamples, side_by_side_clips
 from .tasks.base import build_task, format_metrics, tag_metrics
 from .train import Trainer, adapter_description, write_config
@@ -289,8 +289,8 @@ def run_experiment(config: RunConfig) -> Path:
     before, after = evals.get("0"), evals.get(str(config.train.updates))
     notes = []
     if before and after:
-        notes.append(f"Overall eval {trainer.task.metric_name} {before['overall']:.3f} -> {after['overall']:.3f} "
-                     f"({100 * (after['overall'] - before['overall']):+.1f} points).")
+        b, a = number(before["overall"]), number(after["overall"])
+        notes.append(f"Overall eval {trainer.task.metric_name} {b:.3f} -> {a:.3f} ({100 * (a - b):+.1f} points).")
     write_report(run_dir, yaml.safe_dump(config_to_dict(config), sort_keys=False), before, after, log.rows, notes,
                  metric_name=trainer.task.metric_name, clips=clips, grid=do_eval)
     return run_dir

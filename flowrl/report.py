@@ -177,7 +177,7 @@ def write_report(run_dir: Path, config_text: str, before: dict | None, after: di
     from .tasks.base import interval
 
     def cell(result: dict, tag: str | None) -> str:
-        value = result["overall"] if tag is None else result["tags"].get(tag, float("nan"))
+        value = number(result["overall"] if tag is None else result["tags"].get(tag))
         spread = interval(result, tag)
         if math.isnan(spread):  # one prompt (or one image per prompt): nothing estimates it
             return f"{value:.3f} &plusmn; n/a"
@@ -188,9 +188,9 @@ def write_report(run_dir: Path, config_text: str, before: dict | None, after: di
             return "<p>No evaluation recorded.</p>"
         out = ["<table><tr><th>tag</th><th>base</th><th>tuned</th><th>change</th></tr>"]
         for tag in before["tags"]:
-            b, a = before["tags"][tag], after["tags"].get(tag, float("nan"))
+            b, a = number(before["tags"][tag]), number(after["tags"].get(tag))
             out.append(f"<tr><td>{html.escape(str(tag))}</td><td>{cell(before, tag)}</td><td>{cell(after, tag)}</td><td>{a - b:+.3f}</td></tr>")
-        b, a = before["overall"], after["overall"]
+        b, a = number(before["overall"]), number(after["overall"])
         out.append(f"<tr><th>overall</th><th>{cell(before, None)}</th><th>{cell(after, None)}</th><th>{a - b:+.3f}</th>"
                    "</tr></table><p>&plusmn;: 95% interval (1.96 standard errors, the task's conditions as the sampling unit).</p>")
         return "\n".join(out)
@@ -230,3 +230,8 @@ def finite_or_none(data):
     if isinstance(data, (list, tuple)):
         return [finite_or_none(v) for v in data]
     return data
+
+
+def number(value) -> float:
+    """A figure read back from JSON: None (what save_json writes for NaN) as NaN again, so it still formats."""
+    return float("nan") if value is None else float(value)

@@ -114,3 +114,26 @@ def test_an_interval_nothing_estimates_is_shown_as_such_and_saved_as_json_null(t
     assert format_metrics(read_back) == format_metrics(result)
     page = write_report(tmp_path, "config", result, read_back, [], grid=False).read_text()
     assert "nan" not in page.lower().replace("n/a", "") and "&plusmn; n/a" in page
+
+
+def test_a_sample_its_reward_failed_on_is_left_out_and_counted_not_nan_everywhere(tmp_path):
+    """One NaN score (a judge that answered neither yes nor no) once made its tag, the overall and every interval
+    NaN; a report read back with a null overall (a tag whose every sample failed) once raised TypeError."""
+    import json
+    import math
+
+    from flowrl.report import save_json, write_report
+    from flowrl.tasks.base import format_metrics, tag_metrics
+
+    nan = float("nan")
+    result = tag_metrics([1, 0, nan, 1, 0, 0], ["a"] * 4 + ["b"] * 2, clusters=list("pqrstu"))
+    assert result["tags"] == {"a": 2 / 3, "b": 0.0} and result["counts"] == {"a": 3, "b": 2}
+    assert result["failed"] == {"a": 1} and math.isfinite(result["stderr"]["overall"])
+    assert "left out, the reward failed on them: 1 a" in format_metrics(result)
+    assert "failed" not in tag_metrics([1, 0], ["a", "a"])
+    empty = tag_metrics([nan, nan, 1.0], ["a", "a", "b"])
+    assert empty["tags"] == {"b": 1.0} and empty["failed"] == {"a": 2}
+    save_json(tmp_path / "eval.json", {"overall": nan, "tags": {"a": nan}, "counts": {"a": 0}})
+    read_back = json.loads((tmp_path / "eval.json").read_text())
+    page = write_report(tmp_path, "config", result, read_back, [], grid=False).read_text()
+    assert "<th>overall</th>" in page

@@ -106,6 +106,12 @@ def test_eval_diversity_of_a_samples_folder(tmp_path):
     written = json.loads((tmp_path / "diversity_eval.json").read_text())
     assert written["samples_per_prompt"] == 3 and written["prompts"] == 2
     assert 0 < written["pixel_distance"] < 1 and 1 <= written["vendi"] <= 3
+    _write_samples_dir(tmp_path, images, ["a red circle"] * 3 + ["a blue square"] * 3)  # no colour left open
+    coloured = subprocess.run([sys.executable, "-m", "flowrl", "eval", "diversity", "--samples", str(tmp_path)],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert coloured.returncode == 0, coloured.stderr[-2000:]
+    text = (tmp_path / "diversity_eval.json").read_text()  # strict JSON: NaN is written as null
+    assert "NaN" not in text and "NaN" not in coloured.stdout and json.loads(text)["colour_entropy"] is None
     (tmp_path / "samples.jsonl").write_text(json.dumps({"prompt": "a circle", "seed": 0, "file": "0.png"}) + "\n")
     bad = subprocess.run([sys.executable, "-m", "flowrl", "eval", "diversity", "--samples", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -87,14 +87,14 @@ def free_attribute_spread(images: np.ndarray, prompts: list[str], num_per_prompt
 def evaluate_diversity_dir(folder) -> dict:
     """Within-prompt diversity of a `flowrl sample` folder (k >= 2 images per prompt), written to
     DIR/diversity_eval.json: pixel distance, the learned scorer's feature distance and Vendi score, and the spread
-    of the attributes each prompt leaves open."""
-    import json
+    of the attributes each prompt leaves open (NaN where no prompt leaves it open: null in the JSON)."""
     from pathlib import Path
 
     import torch
 
     from ..errors import UserError
     from ..images import to_unit
+    from ..report import save_json
     from ..rewards import build_reward
     from .shapes import read_samples_dir
 
@@ -112,5 +112,5 @@ def evaluate_diversity_dir(folder) -> dict:
     result = {"samples_per_prompt": k, "prompts": len(counts), "pixel_distance": within_prompt_pixel_distance(images, k),
               "feature_distance": feature_distance(features, k), "vendi": mean_vendi(features, k),
               **free_attribute_spread(images, prompts, k)}
-    (Path(folder) / "diversity_eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    save_json(Path(folder) / "diversity_eval.json", result)
     return result

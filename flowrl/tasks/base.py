@@ -177,17 +177,27 @@ def tag_metrics(values: list[float], tags: list[str], tag_order: tuple[str, ...]
     prompt is easy or hard for every seed), so the prompt is the sampling unit, not the image: how far the score
     could move on other prompts of the same kinds. With `clusters`, 'draw_stderr' holds the same with the prompts
     fixed and only the images random (prompts as strata): how far another draw of seeds could move the score on
-    these prompts, the noise that decides whether two runs judged on this eval differ. A 95% interval is +- 1.96 SE."""
-    by_tag: dict[str, list[int]] = {}
-    for index, tag in enumerate(tags):
-        by_tag.setdefault(tag, []).append(index)
-    order = [t for t in (tag_order or sorted(by_tag)) if t in by_tag]
+    these prompts, the noise that decides whether two runs judged on this eval differ. A 95% interval is +- 1.96 SE.
+
+    A value that is not finite (a sample its reward failed to score, e.g. a judge that answered neither yes nor no)
+    is left out of every figure and counted under 'failed' (present only when some failed), as training drops
+    failed groups: one NaN would otherwise make its tag, the overall and every interval NaN."""
     x = np.asarray(values, dtype=np.float64)
+    by_tag: dict[str, list[int]] = {}
+    failed: dict[str, int] = {}
+    for index, tag in enumerate(tags):
+        if np.isfinite(x[index]):
+            by_tag.setdefault(tag, []).append(index)
+        else:
+            failed[tag] = failed.get(tag, 0) + 1
+    order = [t for t in (tag_order or sorted(set(by_tag) | set(failed))) if t in by_tag]
     keys = list(clusters) if clusters is not None else list(range(len(x)))
     means = {t: float(np.mean(x[by_tag[t]])) for t in order}
     errors = {t: clustered_stderr(x[by_tag[t]], [keys[i] for i in by_tag[t]]) for t in order}
     result = {"overall": float(np.mean(list(means.values()))) if means else 0.0, "tags": means,
               "counts": {t: len(by_tag[t]) for t in order}, "stderr": _tag_errors(errors)}
+    if failed:
+        result["failed"] = failed
     if clusters is not None:
         result["draw_stderr"] = _tag_errors({t: stratified_stderr(x[by_tag[t]], [keys[i] for i in by_tag[t]])
                                              for t in order})
@@ -258,4 +268,6 @@ def format_metrics(result: dict, label: str = "score") -> str:
     for tag, value in result["tags"].items():
         lines.append(f"{tag:<14} {value:>8.3f}{spread(tag)}{strict(tag)} {result['counts'][tag]:>5}")
     lines.append(f"{'overall':<14} {result['overall']:>8.3f}{spread()}{strict()}")
+    if result.get("failed"):
+        lines.append("left out, the reward failed on them: " + ", ".join(f"{n} {t}" for t, n in result["failed"].items()))
     return "\n".join(lines)

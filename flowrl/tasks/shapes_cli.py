@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..cli import TaskCommands
 from ..errors import UserError
+from ..report import finite_or_none
 
 DEFAULT_SAFETY_MODES = ("base", "prompt_filter", "reject_resample", "monitor", "negative", "probe_gradient", "fk")
 PRETRAIN_OUT = {"shapes": "pipelines/shapes-sd3", "shapes-sd": "pipelines/shapes-sd", "scorer": "pipelines/shapes-scorer",
@@ -165,7 +166,7 @@ def eval_diversity(args) -> None:
 
     if args.samples is None:
         raise UserError("eval diversity: expected --samples DIR (a folder written by `flowrl sample`)")
-    print(json.dumps(evaluate_diversity_dir(args.samples), indent=2))
+    print(json.dumps(finite_or_none(evaluate_diversity_dir(args.samples)), indent=2))
     print(f"written to {Path(args.samples) / 'diversity_eval.json'}")
 
 
