@@ -96,6 +96,41 @@ def test_near_misses_fail_for_the_right_reason():
     assert not short.requested
 
 
+def test_an_add_is_judged_by_its_relation_not_by_the_place_the_generator_drew():
+    """The instruction names neither the new object's place nor its size: an add anywhere in the relation passes
+    (once only the generator's own box did, so ~77% of right adds failed, counted as extra objects and as off-target
+    change), and one in the wrong relation, colour or shape fails."""
+    from flowrl.rewards.rubric import ShapesEditAuditor
+    from flowrl.tasks.base import Condition
+
+    spec = parse_instruction("add a yellow circle above the red square")
+    square, bystander = ShapeObject("square", "red", 12, 12, 8), ShapeObject("triangle", "green", 1, 22, 8)
+    source, target = [square, bystander], [square, bystander, ShapeObject("circle", "yellow", 12, 1, 8)]
+    elsewhere = [square, bystander, ShapeObject("circle", "yellow", 22, 2, 7)]  # above, another place and size
+    judged = judge_edit(render(elsewhere), spec, source, target)
+    assert judged.success and judged.dense == 1.0 and judged.off_target == 0.0
+    for wrong in (ShapeObject("circle", "yellow", 13, 24, 7), ShapeObject("circle", "blue", 22, 2, 7),
+                  ShapeObject("square", "yellow", 22, 2, 7)):  # below; wrong colour; wrong shape
+        miss = judge_edit(render([square, bystander, wrong]), spec, source, target)
+        assert not miss.requested and not miss.success and miss.off_target > 0
+    item = Condition(spec.text(), {"source_image": render(source)})
+    auditor = ShapesEditAuditor()
+    auditor.scene = lambda _: (spec, source, target)
+    assert auditor.requested(item).check(render(elsewhere))
+    assert auditor.audit(render(elsewhere), item) == []  # no quadrant counts the new object as a change
+
+
+def test_a_triangle_is_found_at_its_pixel_centroid_not_its_box_centre():
+    """A triangle's pixels sit 1-2 px below its box centre: a recolour drawn 2 px low once failed while one 4 px high
+    passed; the tolerance is now the same both ways."""
+    spec = parse_instruction("make the red triangle blue")
+    source = [ShapeObject("triangle", "red", 8, 8, 13), ShapeObject("square", "green", 24, 24, 6)]
+    target = [replace(source[0], color="blue"), source[1]]
+    low = judge_edit(render([replace(target[0], y0=10), source[1]]), spec, source, target)
+    high = judge_edit(render([replace(target[0], y0=4), source[1]]), spec, source, target)
+    assert low.requested and not high.requested
+
+
 def test_editscore_analogues_follow_semantics_and_pixel_quality():
     spec = parse_instruction("make the red circle blue")
     source = [ShapeObject("circle", "red", 2, 2, 10), ShapeObject("square", "green", 18, 18, 10)]

@@ -63,15 +63,17 @@ class ShapesEditAuditor:
         out.append(Criterion("no extra objects", lambda image: len(detect(image)) <= len(target)))
         source_image = render(source)
         size = source_image.shape[0]
-        outside = ~edit_region(spec, source, target, size)
+        fixed = None if spec.kind == "add" else ~edit_region(spec, source, target, size)  # an add's is the image's
         half = size // 2
         for name, (row, col) in QUADRANTS.items():
-            mask = np.zeros_like(outside)
-            mask[row * half:(row + 1) * half, col * half:(col + 1) * half] = True
-            mask &= outside
+            quadrant = np.zeros((size, size), dtype=bool)
+            quadrant[row * half:(row + 1) * half, col * half:(col + 1) * half] = True
 
-            def unchanged(image, mask=mask):  # in the world's pixels, as the source is rendered
-                return not mask.any() or changed_pixels(world_sized(image), source_image)[mask].mean() <= QUADRANT_CHANGE
+            def unchanged(image, quadrant=quadrant):  # in the world's pixels, as the source is rendered
+                image = world_sized(image)
+                outside = fixed if fixed is not None else ~edit_region(spec, source, target, size, image)
+                mask = quadrant & outside
+                return not mask.any() or changed_pixels(image, source_image)[mask].mean() <= QUADRANT_CHANGE
 
             out.append(Criterion(f"unchanged: {name}", unchanged))
         return out

@@ -57,16 +57,32 @@ def classify_silhouette(mask: np.ndarray) -> str:
     return "unknown"
 
 
-def detect(image: np.ndarray) -> list[Detection]:
-    """Objects in a uint8 [H, W, 3] image, in the world's pixels (`world_sized`)."""
+def colour_map(image: np.ndarray) -> np.ndarray:
+    """[H, W] int in the world's pixels: the palette index (PALETTE's order) of each object pixel, -1 for
+    background and pixels too far from every palette colour."""
     pixels = world_sized(image).astype(np.float32)
     bright = pixels.max(axis=-1) >= BACKGROUND_MAX
     distance = np.linalg.norm(pixels[:, :, None, :] - _PALETTE_RGB[None, None], axis=-1)
-    nearest = distance.argmin(axis=-1)
-    near_enough = distance.min(axis=-1) <= COLOR_MAX_DISTANCE
+    return np.where(bright & (distance.min(axis=-1) <= COLOR_MAX_DISTANCE), distance.argmin(axis=-1), -1)
+
+
+def detected_mask(image: np.ndarray, d: Detection) -> np.ndarray:
+    """[H, W] bool in the world's pixels: the connected component of `d`'s colour that `d` was detected as (the one
+    holding its centroid, else the nearest to it)."""
+    labels, _ = ndimage.label(colour_map(image) == _PALETTE_NAMES.index(d.color))
+    ys, xs = np.nonzero(labels)
+    if not len(ys):
+        return np.zeros(labels.shape, dtype=bool)
+    nearest = int(np.argmin((xs - d.cx) ** 2 + (ys - d.cy) ** 2))
+    return labels == labels[ys[nearest], xs[nearest]]
+
+
+def detect(image: np.ndarray) -> list[Detection]:
+    """Objects in a uint8 [H, W, 3] image, in the world's pixels (`world_sized`)."""
+    colour_of = colour_map(image)
     found = []
     for index, color in enumerate(_PALETTE_NAMES):
-        labels, count = ndimage.label(bright & near_enough & (nearest == index))
+        labels, count = ndimage.label(colour_of == index)
         for region, box in enumerate(ndimage.find_objects(labels), start=1):
             component = labels[box] == region
             area = int(component.sum())
