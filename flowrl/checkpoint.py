@@ -129,7 +129,12 @@ def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True
     """Put a checkpoint's trained weights (EMA when present) into a policy, adding its LoRA adapter if needed (with
     its sampling gate: what `flowrl sample`, `eval` and the demo draw from a checkpoint)."""
     path = Path(checkpoint)
-    weights = load_file(trained_weights_file(path, prefer_ema))
+    weights_file = trained_weights_file(path, prefer_ema)
+    try:
+        weights = load_file(weights_file)
+    except Exception as error:  # safetensors' own error type: a truncated or foreign file
+        raise CorruptCheckpoint(f"checkpoint {path}: {weights_file.name} cannot be read as safetensors "
+                                f"({str(error)[:120]}); a copy cut short?") from None
     policy.train_networks_named(weights, f"checkpoint {path}")
     if any("lora_" in k for k in weights) and not policy.has_lora:
         adapter = json.loads((path / "adapter.json").read_text()) if (path / "adapter.json").is_file() else None

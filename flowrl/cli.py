@@ -304,8 +304,13 @@ def cmd_serve_reward(args) -> None:
         raise UserError("serve-reward needs fastapi and uvicorn: pip install -e \".[serve]\"") from None
     from .rewards.remote import serve_reward
 
-    print(f"serving reward {args.name} at http://{args.host}:{args.port} (POST /score, GET /health)", flush=True)
+    check_port(args.port)
     serve_reward(args.name, json_object(args.params, "--params"), args.host, args.port, args.token, args.device)
+
+
+def check_port(port: int) -> None:
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port: expected a TCP port in 0..65535, got {port}")
 
 
 def size_arguments(parser) -> None:
@@ -332,6 +337,8 @@ def check_sampling_flags(args) -> None:
         value = getattr(args, name, None)
         if value is not None and value < least:
             raise UserError(f"--{name.replace('_', '-')}: expected a number >= {least}, got {value}")
+    if getattr(args, "shift", None) is not None and args.shift <= 0:  # sigma' = s sigma / (1 + (s - 1) sigma)
+        raise UserError(f"--shift: expected a positive number, got {args.shift}")
 
 
 def apply_memory_flags(policy, args) -> None:
@@ -382,8 +389,11 @@ def sampling_arguments(parser) -> None:
 def fill_sampling_settings(args, checkpoint: str | None) -> None:
     """Fill the sampling flags not given: from the checkpoint's run (said on stdout), then SAMPLING_DEFAULTS. Sets
     `args.policy_where`, what an error about the adapter names: --policy, or the run's config."""
-    from .checkpoint import RUN_CONFIG, run_sampling_settings
+    from .checkpoint import RUN_CONFIG, run_sampling_settings, trained_weights_file
 
+    given = getattr(args, "checkpoint", None) or ([checkpoint] if checkpoint else [])  # the demo takes several
+    for each in [given] if isinstance(given, str) else given:
+        trained_weights_file(Path(each))  # a wrong folder is one error, before any setting is read or model loaded
     settings, source = run_sampling_settings(checkpoint)
     if checkpoint and source is None:
         print(f"checkpoint {checkpoint}: no run config found (its {RUN_CONFIG}, or the run dir's config.yaml two "
@@ -411,6 +421,7 @@ def cmd_demo(args) -> None:
         raise UserError("the demo needs gradio: pip install -e \".[demo]\"") from None
     from .demo import build_demo
 
+    check_port(args.port)
     fill_sampling_settings(args, args.checkpoint[0] if args.checkpoint else None)
     check_sampling_flags(args)
     demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,

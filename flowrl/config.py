@@ -74,7 +74,7 @@ class PipelineSection:
     def validate(self):
         if not self.path:
             raise ConfigError("pipeline.path: expected a local diffusers pipeline folder")
-        for name in ("height", "width", "num_frames", "reference_size"):
+        for name in ("height", "width", "num_frames", "reference_size", "max_sequence_length"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"pipeline.{name}: expected a positive integer, got {getattr(self, name)}")
         if self.shift is not None and self.shift <= 0:
@@ -93,6 +93,12 @@ class LoraSection:
     # there, while training rollouts use it as active_from_sigma says. For a LoRA trained at every step whose
     # low-noise part costs accuracy (the main job: docs/benchmarks.md). None: sample as active_from_sigma.
     sample_from_sigma: float | None = None
+
+    def validate(self):
+        if self.rank < 1:
+            raise ConfigError(f"lora.rank: expected an integer >= 1, got {self.rank}")
+        if self.alpha <= 0:
+            raise ConfigError(f"lora.alpha: expected a positive number, got {self.alpha}")
 
 
 @dataclass
@@ -135,6 +141,13 @@ class RewardTerm:
     params: dict[str, Any] = field(default_factory=dict)
     batch_size: int = 0  # samples per call of this reward (0: as many as it is given)
     process: bool = False  # score in a child process of its own (no GIL shared with the rollout; own memory)
+
+    def validate(self, where: str):
+        if not self.name:
+            raise ConfigError(f"{where}.name: expected a registered reward or package.module:Name")
+        if self.batch_size < 0:
+            raise ConfigError(f"{where}.batch_size: expected an integer >= 0 (0: as many as it is given), got "
+                              f"{self.batch_size}")
 
 
 @dataclass
@@ -209,6 +222,12 @@ class TrainSection:
             raise ConfigError(f"train.group_size: expected an integer >= 2 (group advantages need it), got {self.group_size}")
         if self.lr <= 0:
             raise ConfigError(f"train.lr: expected a positive number, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"train.weight_decay: expected a number >= 0, got {self.weight_decay}")
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            raise ConfigError(f"train.adam_betas: expected two numbers in [0, 1), got {self.adam_betas}")
+        if self.threads < 0:
+            raise ConfigError(f"train.threads: expected an integer >= 0 (0: torch's default), got {self.threads}")
         if self.grad_clip <= 0:  # 0 would zero every gradient, a negative norm flip its sign
             raise ConfigError(f"train.grad_clip: expected a positive gradient norm, got {self.grad_clip}")
         if not 0 <= self.ema_decay < 1:
@@ -255,6 +274,8 @@ class RunConfig:
     def validate(self):
         self.run.validate()
         self.pipeline.validate()
+        if self.lora is not None:
+            self.lora.validate()
         self.sampler.validate()
         self.train.validate()
         self.eval.validate()
@@ -283,8 +304,7 @@ class RunConfig:
         if not self.reward:
             raise ConfigError("reward: expected at least one reward term (a list of {name, weight, params})")
         for i, term in enumerate(self.reward):
-            if not term.name:
-                raise ConfigError(f"reward[{i}].name: expected a registered reward or package.module:Name")
+            term.validate(f"reward[{i}]")
 
 
 def _type_name(tp) -> str:
@@ -393,9 +413,11 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; expected a YAML file such as configs/shapes_grpo.yaml")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as error:
         raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {error.start}); expected a YAML file") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of sections at the top level")
     if isinstance(data.get("task"), str):  # `task: shapes` is short for `task: {name: shapes}`; overrides may add params
@@ -411,6 +433,8 @@ def with_task_defaults(data: dict) -> dict:
     lists (such as `reward`) are replaced whole."""
     task = data.get("task")
     name = task.get("name") if isinstance(task, dict) else task
+    if name is not None and not isinstance(name, str):
+        raise ConfigError(f"task.name: expected a registered task's name or package.module:Class, got {name!r}")
     if isinstance(task, str):  # `task: shapes` is short for `task: {name: shapes}`
         data = {**data, "task": {"name": task}}
     if not name:

@@ -8,8 +8,8 @@ r_prev becomes r_t for diff / rt, the running max for max, and the running sum f
 potential is lambda r(x0) minus the log-product of the potentials applied so far, so every particle's product of
 potentials is exactly exp(lambda r(x0)) (for diff it telescopes to that already). Weights accumulate between
 resamplings; at a scheduled step the particles of each prompt are resampled (multinomial) when the effective
-sample size 1 / sum(w_norm^2) is below ess_threshold * k (ess_threshold 1 resamples at every scheduled step), and
-always at the final step. Works for every policy: it runs as a rollout callback on the policy's x0 prediction.
+sample size 1 / sum(w_norm^2) is below ess_threshold * k (ess_threshold 1 resamples at every scheduled step where
+the weights are not all equal), and always at the final step. Works for every policy: it runs as a rollout callback on the policy's x0 prediction.
 """
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ class FKConfig:
             raise ConfigError(f"{where}.potential: expected one of {list(POTENTIALS)}, got {self.potential!r}")
         if not 0 <= self.ess_threshold <= 1:
             raise ConfigError(f"{where}.ess_threshold: expected a number in [0, 1], got {self.ess_threshold}")
+        if self.resample_range is not None and (len(self.resample_range) != 2 or not
+                                                0 <= self.resample_range[0] <= self.resample_range[1]):
+            raise ConfigError(f"{where}.resample_range: expected [start, end] steps with 0 <= start <= end, got "
+                              f"{self.resample_range}")
 
     def scheduled(self, step: int, num_steps: int) -> bool:
         start, end = self.resample_range or (0, num_steps - 1)

@@ -49,6 +49,15 @@ def test_overrides_are_typed(tmp_path):
     ("lora.active_from_sigma=0", "lora.active_from_sigma: expected a noise level in (0, 1]"),
     ("sampler.kind=ddim lora.active_from_sigma=0.5", "lora.active_from_sigma: flow samplers only"),
     ("lora.sample_from_sigma=2", "lora.sample_from_sigma: expected a noise level in (0, 1], got 2"),
+    # each once crashed after the model loaded (peft, torch's AdamW, set_num_threads) or meant something else
+    ("lora.rank=0", "lora.rank: expected an integer >= 1, got 0"),
+    ("train.adam_betas=[0.9]", "train.adam_betas: expected two numbers in [0, 1), got [0.9]"),
+    ("train.threads=-1", "train.threads: expected an integer >= 0"),
+    ("train.weight_decay=-0.1", "train.weight_decay: expected a number >= 0"),
+    ("pipeline.max_sequence_length=0", "pipeline.max_sequence_length: expected a positive integer"),
+    ('reward=[{"name":"shapes","batch_size":-1}]', "reward[0].batch_size: expected an integer >= 0"),
+    ('sampler.fk={"num_particles":8,"resample_range":[5,2]}', "sampler.fk.resample_range: expected [start, end]"),
+    ("task.name=5", "task.name: expected a registered task's name or package.module:Class, got 5"),
 ])
 def test_bad_fields_are_named(override, message):
     with pytest.raises(ConfigError) as error:
@@ -161,3 +170,43 @@ def test_the_demo_names_a_wrong_reward_folder_before_the_pipeline_loads(monkeypa
     assert main(["demo", "--pipeline", "pipelines/shapes-sd3", "--reward", "pickscore", "--reward-params",
                  '{"path": "/nowhere/PickScore_v1"}']) == 2
     assert "--reward.params.path: /nowhere/PickScore_v1 does not exist" in capsys.readouterr().err
+
+
+def test_bad_files_and_flags_are_named_before_anything_loads(tmp_path):
+    """Each once gave a traceback (exit 1), was read as something else, or was named only after the pipeline loaded
+    (a wrong --checkpoint printed 'no run config found ... sampling with flowrl's defaults' first)."""
+    import json
+
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(b"a red caf\xe9 sign\n")
+    as_json = tmp_path / "prompts.json"
+    as_json.write_text(json.dumps({"prompt": "a red circle", "tag": "colors"}) + "\n")
+    bad_yaml = tmp_path / "config.yaml"
+    bad_yaml.write_bytes(b"run: {name: caf\xe9}\n")
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "trainable.safetensors").write_bytes(b"")
+    listed = tmp_path / "full_info.json"
+    listed.write_text("[]")
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    (videos / "samples.jsonl").write_text(json.dumps({"prompt": "a circle", "seed": 0, "file": "00000.mp4"}) + "\n")
+    sample = ["sample", "--pipeline", "pipelines/shapes-sd3", "--out", str(tmp_path / "never")]
+    cases = [
+        (sample + ["--prompts", "assets/shapes/eval_prompts.txt", "--checkpoint", str(tmp_path)],
+         f"checkpoint {tmp_path} has no trainable.safetensors"),
+        (sample + ["--prompts", str(latin1)], f"prompt file {latin1} is not UTF-8 text"),
+        (sample + ["--prompts", str(as_json)], f"prompt file {as_json}: expected a .jsonl file"),
+        (sample + ["--prompts", "assets/shapes/eval_prompts.txt", "--shift", "-1"], "--shift: expected a positive"),
+        (["train", str(bad_yaml)], f"config file {bad_yaml} is not UTF-8 text"),
+        (["export", "--pipeline", "pipelines/shapes-sd3", "--checkpoint", str(cut), "--out", str(tmp_path / "e")],
+         "trainable.safetensors cannot be read as safetensors"),
+        (["serve-reward", "shapes", "--port", "99999"], "--port: expected a TCP port in 0..65535, got 99999"),
+        (["eval", "vbench", "--results", str(listed)], "expected VBench's results JSON"),
+        (["eval", "diversity", "--samples", str(videos)], "a video sample (00000.mp4); the shapes suite judges images"),
+    ]
+    for args, message in cases:
+        result = _flowrl(*args)
+        assert result.returncode == 2, (args, result.stderr[-1500:])
+        assert message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr[-1500:])
+        assert "no run config found" not in result.stdout

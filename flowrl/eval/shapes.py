@@ -1,11 +1,9 @@
 """The shapes suite: GenEval-style accuracy per tag; overall is the mean of the six tag accuracies."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 from ..errors import UserError
 from ..shapes import TAGS, exact_score, parse_prompt, score
@@ -26,32 +24,23 @@ def shapes_accuracy(images: np.ndarray, prompts: list[str]) -> dict:
 
 
 def read_samples_dir(folder: str | Path) -> tuple[np.ndarray, list[str]]:
-    """Images and prompts listed in DIR/samples.jsonl (one {"prompt", "seed", "file"} object per line)."""
-    folder = Path(folder)
-    index = folder / "samples.jsonl"
-    if not index.is_file():
-        raise UserError(f"{index} does not exist; expected a folder written by `flowrl sample` "
-                        "(PNG files plus samples.jsonl with prompt, seed, file per line)")
-    images, prompts = [], []
-    for number, line in enumerate(index.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
+    """Images (uint8 [N, H, W, 3]) and prompts of a `flowrl sample` folder (its samples.jsonl), each prompt one of
+    the shapes grammar's."""
+    from ..samples import INDEX_FILE, load_samples, read_records
+
+    records = read_records(folder)
+    index = Path(folder) / INDEX_FILE
+    for number, record in enumerate(records, start=1):
+        if record["modality"] != "image":
+            raise UserError(f"{index} line {number}: a {record['modality']} sample ({record['file']}); the shapes "
+                            "suite judges images")
+        if not isinstance(record.get("prompt"), str):
+            raise UserError(f"{index} line {number}: expected a JSON object with 'prompt' and 'file'")
         try:
-            record = json.loads(line)
-            file, prompt = folder / record["file"], record["prompt"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise UserError(f"{index} line {number}: expected a JSON object with 'prompt' and 'file'") from None
-        if not file.is_file():
-            raise UserError(f"{index} line {number}: image file {file} does not exist")
-        try:
-            parse_prompt(prompt)
+            parse_prompt(record["prompt"])
         except ValueError as error:
             raise UserError(f"{index} line {number}: {error}") from None
-        images.append(np.asarray(Image.open(file).convert("RGB")))
-        prompts.append(prompt)
-    if not images:
-        raise UserError(f"{index} lists no samples")
-    return np.stack(images), prompts
+    return load_samples(folder, records).to_uint8(), [r["prompt"] for r in records]
 
 
 def evaluate_samples_dir(folder: str | Path) -> dict:

@@ -101,7 +101,7 @@ def parse_results(path: Path) -> dict:
         scores = {d: float(v[0]) for d, v in raw.items()}
         per_video = {d: [{"video": Path(r["video_path"]).name, "score": r["video_results"]} for r in v[1]]
                      for d, v in raw.items()}
-    except (OSError, ValueError, TypeError, KeyError, IndexError) as error:
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError) as error:  # e.g. *_full_info.json
         raise UserError(f"{path}: expected VBench's results JSON ({{dimension: [score, [{{video_path, "
                         f"video_results}}, ...]]}}): {error}") from None
     vbench2 = {d for dims in VBENCH2_CATEGORIES.values() for d in dims}

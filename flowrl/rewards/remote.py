@@ -115,10 +115,11 @@ def serve_reward(name: str, params: dict, host: str = "127.0.0.1", port: int = 8
     import uvicorn
     from fastapi import FastAPI, HTTPException, Request, Response
 
-    from ..devices import default_device
+    from ..devices import chosen_device
 
-    device = device or default_device()
+    device = chosen_device(device)
     reward = build_reward(name, where="serve-reward", **params).to(device)
+    print(f"serving reward {name} at http://{host}:{port} (POST /score, GET /health)", flush=True)  # once it is built
     app = FastAPI(title=f"flowrl reward {name}")
 
     def check(request: Request) -> None:

@@ -61,6 +61,9 @@ class SteeringConfig:
                             "(e.g. pipelines/shapes-safety-lora)")
         if self.mode in FK_MODES and self.fk_particles < 2:
             raise UserError(f"{name('fk_particles')}: mode fk expects >= 2 particles, got {self.fk_particles}")
+        if self.mode in FK_MODES and self.fk_every < 1:
+            raise UserError(f"{where}: fk_every (steps between FK resamplings) expects an integer >= 1, got "
+                            f"{self.fk_every}")
 
 
 class SafetyMonitor:

@@ -125,11 +125,19 @@ def read_prompt_file(path: str | Path) -> list[Condition]:
     if not path.is_file():
         raise UserError(f"prompt file {path} does not exist; expected a .txt file with one prompt per line or a "
                         ".jsonl file with a 'prompt' field per line")
-    lines = [(n, line.strip()) for n, line in enumerate(path.read_text().splitlines(), start=1)]
+    suffix = path.suffix.lower()
+    if suffix == ".json":  # a JSON array or JSON lines under another name: reading it as text would lose every field
+        raise UserError(f"prompt file {path}: expected a .jsonl file (one JSON object with a 'prompt' field per line) "
+                        "or a .txt file (one prompt per line); rename it if its lines are JSON objects")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise UserError(f"prompt file {path} is not UTF-8 text (byte {error.start}); expected one prompt per line") from None
+    lines = [(n, line.strip()) for n, line in enumerate(text.splitlines(), start=1)]
     lines = [(n, line) for n, line in lines if line and not line.startswith("#")]
     items = []
     for number, line in lines:
-        if path.suffix != ".jsonl":
+        if suffix != ".jsonl":
             items.append(Condition(line))
             continue
         try:
