@@ -145,6 +145,9 @@ class RewardTerm:
     def validate(self, where: str):
         if not self.name:
             raise ConfigError(f"{where}.name: expected a registered reward or package.module:Name")
+        if any(not isinstance(key, str) for key in self.params):  # YAML 1.1: a bare `yes:` / `no:` key is a boolean
+            raise ConfigError(f"{where}.params: a key reads as {next(k for k in self.params if not isinstance(k, str))!r}"
+                              ": YAML takes a bare yes / no as a boolean; quote it ('yes': [...])")
         if self.batch_size < 0:
             raise ConfigError(f"{where}.batch_size: expected an integer >= 0 (0: as many as it is given), got "
                               f"{self.batch_size}")

@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import REPO
 from flowrl.errors import ConfigError
 from flowrl.rewards import build_reward
 from flowrl.rewards.base import RewardUnavailable
@@ -100,3 +101,31 @@ def test_bad_judge_params_are_named():
         build_reward("vlm_judge")
     with pytest.raises(ConfigError, match="must contain {prompt}"):
         build_reward("vlm_judge", url="http://127.0.0.1:1/v1", question="Is it good?")
+
+
+def test_answer_words_as_yaml_reads_them_are_named(tmp_path):
+    """YAML 1.1 reads `yes: [Yes, yes]` as {True: [True, True]}: the key once failed as 'keywords must be strings',
+    the values made every endpoint score NaN (or a TypeError after a local model loaded), and one string was taken
+    letter by letter; a questions_file was read only after the model loaded, and a string of questions as letters."""
+    import yaml
+
+    from flowrl.rewards.base import check_reward
+    from flowrl.rewards.vlm_questions import VLMQuestionScorer
+    from flowrl.errors import UserError
+
+    from flowrl.config import load_config
+
+    params = yaml.safe_load("{url: 'http://127.0.0.1:1/v1', 'yes': [Yes, yes]}")
+    with pytest.raises(ConfigError, match=r"params.yes: expected a list of answer words .* got \[True, True\]"):
+        build_reward("vlm_judge", **params)
+    with pytest.raises(ConfigError, match="reward.0..params: a key reads as True: YAML takes a bare yes / no"):
+        load_config(REPO / "configs/shapes_grpo.yaml", ["reward=[{name: vlm_judge, params: {yes: ['Yes']}}]"])
+    assert build_reward("vlm_judge", url="http://127.0.0.1:1/v1", yes="Yes").yes == ("Yes",)
+    with pytest.raises(ConfigError, match="judge.no: expected a list"):
+        build_reward("edit_rubric", judge={"url": "http://127.0.0.1:1/v1", "no": [False]})
+    with pytest.raises(ConfigError, match="params.questions_file: .*nowhere.jsonl does not exist"):
+        check_reward("vlm_questions", {"path": str(tmp_path), "questions_file": str(tmp_path / "nowhere.jsonl")})
+    letters = tmp_path / "questions.jsonl"
+    letters.write_text(json.dumps({"prompt": "a red circle", "questions": "Is it red?"}) + "\n")
+    with pytest.raises(UserError, match="line 1: expected"):
+        VLMQuestionScorer.read_questions(str(letters))

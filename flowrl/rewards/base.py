@@ -99,7 +99,7 @@ def check_reward(name: str, params: dict, where: str = "reward") -> None:
         for key, value in values.items():
             if isinstance(value, dict):
                 yield from paths(value, f"{at}.{key}")
-            elif key == "path" and isinstance(value, str):
+            elif key in ("path", "questions_file") and isinstance(value, str):
                 yield f"{at}.{key}", value
 
     REWARDS.get(name, f"{where}.name")

@@ -200,7 +200,10 @@ def build_vlm_auditor(judge: dict) -> VLMEditAuditor:
     if ("path" in judge) == ("url" in judge):
         raise ConfigError("reward edit_rubric: params.judge: give exactly one of path (a local VLM folder) and url "
                           "(an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)")
-    yes, no = tuple(judge.get("yes", ("Yes", "yes"))), tuple(judge.get("no", ("No", "no")))
+    from .vlm import answer_words
+
+    yes = answer_words(judge.get("yes", ("Yes", "yes")), "judge.yes", "edit_rubric")
+    no = answer_words(judge.get("no", ("No", "no")), "judge.no", "edit_rubric")
     tokens = int(judge.get("max_new_tokens", 256))
     if "path" in judge:
         backend = LocalVLM(judge["path"], judge.get("dtype", "float32"), yes, no, tokens)

@@ -59,6 +59,17 @@ def load_local_vlm(path: str, dtype: str, reward: str, how: str):
     return processor, model
 
 
+def answer_words(words, field: str, reward: str) -> tuple[str, ...]:
+    """The answer words a judge's yes / no mass sums over: a list of strings (one string is one word, not its
+    letters); YAML reads a bare Yes / No as a boolean, named here."""
+    if isinstance(words, str):
+        words = [words]
+    if not isinstance(words, (list, tuple)) or not words or not all(isinstance(w, str) for w in words):
+        raise ConfigError(f"reward {reward}: params.{field}: expected a list of answer words such as ['Yes', 'yes'], "
+                          f"got {words!r} (YAML reads a bare Yes / No as a boolean: quote them)")
+    return tuple(words)
+
+
 def answer_token_ids(tokenizer, words, folder, reward: str) -> torch.Tensor:
     """The token ids of the answer words, bare or with a leading-space marker (BPE's Ġ, SentencePiece's ▁)."""
     vocab = tokenizer.get_vocab()
@@ -82,7 +93,8 @@ class VLMJudge(Reward):
                               "params.url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)")
         if "{prompt}" not in question:
             raise ConfigError("reward vlm_judge: params.question must contain {prompt}")
-        self.question, self.yes, self.no, self.batch_size = question, tuple(yes), tuple(no), batch_size
+        self.yes, self.no = answer_words(yes, "yes", "vlm_judge"), answer_words(no, "no", "vlm_judge")
+        self.question, self.batch_size = question, batch_size
         self.url, self.model_name, self.top_logprobs = url and url.rstrip("/"), model, top_logprobs
         self.timeout, self.retries, self.concurrency = timeout, retries, concurrency
         self.api_key = os.environ.get(api_key_env)

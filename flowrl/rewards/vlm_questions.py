@@ -58,8 +58,9 @@ class VLMQuestionScorer(QuestionScorer):
 
     def __init__(self, path: str, question: str = DEFAULT_VIDEO_QUESTION, questions_file: str | None = None,
                  yes: tuple[str, ...] = ("Yes", "yes"), dtype: str = "float32", batch_size: int = 4):
-        from .vlm import answer_token_ids, load_local_vlm
+        from .vlm import answer_token_ids, answer_words, load_local_vlm
 
+        yes = answer_words(yes, "yes", "vlm_questions")
         if "{prompt}" not in question:
             raise ConfigError("reward vlm_questions: params.question must contain {prompt}")
         self.question, self.batch_size = question, batch_size
@@ -73,13 +74,19 @@ class VLMQuestionScorer(QuestionScorer):
     @staticmethod
     def read_questions(path: str) -> dict[str, list[str]]:
         table = {}
-        for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise UserError(f"reward vlm_questions: params.questions_file {path} cannot be read ({error}); expected "
+                            "a .jsonl file of {\"prompt\": str, \"questions\": [str, ...]} lines") from None
+        for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
                 prompt, questions = row["prompt"], row["questions"]
-                assert isinstance(prompt, str) and questions and all(isinstance(q, str) for q in questions)
+                assert isinstance(prompt, str) and isinstance(questions, list) and questions \
+                    and all(isinstance(q, str) for q in questions)
             except (ValueError, KeyError, TypeError, AssertionError):
                 raise UserError(f"{path} line {number}: expected {{\"prompt\": str, \"questions\": [str, ...]}}") \
                     from None
