@@ -278,6 +278,7 @@ class Trainer:
             raise ConfigError(f"algorithm.name: {config.algorithm.name!r} is implemented for flow-matching pipelines; "
                               f"{type(self.policy.pipeline).__name__} predicts noise")
         self.reward = build_rewards(config, self.policy.modality).to(self.accelerator.device)
+        self.check_whole_groups_scored(config)
         self.reward.bind_policy(self.policy)
         self.algorithm.bind_reward(self.reward)
         self.spec = sample_spec(config, self.policy)
@@ -491,6 +492,32 @@ class Trainer:
     # ---- update -------------------------------------------------------------------------------------------
     def _global_max(self, value: int) -> int:
         return int(self.accelerator.gather(torch.tensor([value], device=self.accelerator.device)).max())
+
+    def check_whole_groups_scored(self, config: RunConfig) -> None:
+        """A reward that scores a condition's samples together (a group rubric builds one rubric per call) must get
+        each training group whole: every cut of the rollout's samples (reward calls, async chunks, a term's or a
+        served reward's batch, the processes' shares) a whole number of groups; else rubrics are built on parts of
+        groups and results depend on memory settings and the number of processes."""
+        grouped = [i for i, term in enumerate(self.reward.rewards) if term.scores_groups]
+        if not grouped:
+            return
+        size, c = config.train.group_size, config.train
+        cuts = {"train.reward_microbatch": c.reward_microbatch}
+        if c.async_rewards:
+            cuts["train.rollout_microbatch"] = c.rollout_microbatch
+        for i in grouped:
+            cuts[f"reward[{i}].batch_size"] = config.reward[i].batch_size
+            cuts[f"reward[{i}].params.batch_size"] = getattr(self.reward.rewards[i], "batch_size", 0) or 0
+        names = ", ".join(config.reward[i].name for i in grouped)
+        for name, value in cuts.items():
+            if value % size:
+                raise ConfigError(f"{name}: reward {names} scores a group's samples together (a group rubric, or a "
+                                  f"served reward that may be one); expected 0 or a multiple of train.group_size = "
+                                  f"{size}, got {value}")
+        if c.groups_per_update % self.world:
+            raise ConfigError(f"train.groups_per_update: reward {names} scores a group's samples together, so every "
+                              f"process must hold whole groups; expected a multiple of {self.world} processes, got "
+                              f"{c.groups_per_update}")
 
     def _global_sum(self, value: int) -> int:
         return int(self.accelerator.gather(torch.tensor([value], device=self.accelerator.device)).sum())

@@ -195,3 +195,27 @@ def test_kontext_sources_take_the_sample_size_so_any_sizes_share_a_batch():
     pre = resized(as_image_batch(large)[0], 16, 16)
     torch.testing.assert_close(edit([pre], first=1), alone, atol=0, rtol=0)
     assert resized(pre, 16, 16) is pre  # the sample size already: untouched
+
+
+def test_a_group_rubric_refuses_training_cuts_that_split_its_groups(tmp_path):
+    """A group rubric builds one rubric per call: reward calls (or a term's batches) that cut a group would score
+    its parts against different rubrics, so results would hang on memory settings; refused at start."""
+    from flowrl.config import load_config
+    from flowrl.errors import ConfigError
+    from flowrl.train import Trainer
+
+    folder = tmp_path / "kontext"
+    tiny_flux_kontext().save_pretrained(folder)
+    base = {"run": {"name": "rubric", "out_dir": str(tmp_path / "runs")}, "task": {"name": "shapes_edit"},
+            "pipeline": {"path": str(folder), "height": 32, "width": 32, "max_sequence_length": 16},
+            "sampler": {"kind": "flow", "num_steps": 2}, "eval": {"enabled": False},
+            "reward": [{"name": "edit_rubric", "params": {"mode": "group"}}],
+            "train": {"groups_per_update": 2, "group_size": 4, "reward_microbatch": 6, "threads": 1}}
+    (tmp_path / "rubric.yaml").write_text(yaml.safe_dump(base))
+    with pytest.raises(ConfigError, match="train.reward_microbatch: reward edit_rubric scores a group's samples "
+                                          "together .* a multiple of train.group_size = 4, got 6"):
+        Trainer(load_config(tmp_path / "rubric.yaml"))
+    with pytest.raises(ConfigError, match=r"reward\[0\].batch_size: .* got 2"):
+        Trainer(load_config(tmp_path / "rubric.yaml", ["train.reward_microbatch=8", "reward=[{name: edit_rubric, batch_size: 2, params: {mode: group}}]"]))
+    per_sample = ["train.reward_microbatch=6", "reward=[{name: edit_rubric, params: {mode: sample}}]"]
+    assert Trainer(load_config(tmp_path / "rubric.yaml", per_sample)).reward.scores_groups is False
