@@ -318,6 +318,14 @@ def test_shift_average_copies_are_integer_translations_drawn_from_each_seed():
             dy, dx = offsets[b, c].tolist()
             # inside the border the copy is the image moved by (-dy, -dx)
             torch.testing.assert_close(out[b * 3 + c, :, 2:10, 2:10], images[b, :, 2 + dy:10 + dy, 2 + dx:10 + dx])
+    # a clip's frames move together (video rewards with reward_shift once crashed in replicate padding)
+    clips = torch.rand(2, 3, 4, 12, 12)
+    moved = shift.shifted(clips, [5, 9])
+    assert moved.shape == (6, 3, 4, 12, 12)
+    for b in range(2):
+        for c in range(3):
+            dy, dx = offsets[b, c].tolist()
+            torch.testing.assert_close(moved[b * 3 + c, ..., 2:10, 2:10], clips[b, ..., 2 + dy:10 + dy, 2 + dx:10 + dx])
 
 
 def test_refl_with_reward_shift_spreads_the_gradient_of_a_position_bound_reward():

@@ -33,14 +33,16 @@ class ShiftAverage:
         return torch.stack(rows)
 
     def shifted(self, images: torch.Tensor, seeds: list[int]) -> torch.Tensor:
-        """Images [B, C, H, W] -> [B * copies, C, H, W], copy c of sample b at row b * copies + c."""
+        """Images [B, C, H, W] (or clips [B, C, F, H, W], every frame shifted alike) -> [B * copies, ...], copy c of
+        sample b at row b * copies + c."""
         s = self.max_shift
-        height, width = images.shape[-2:]
-        padded = F.pad(images, (s, s, s, s), mode="replicate")
+        lead, (height, width) = images.shape[1:-2], images.shape[-2:]
+        # replicate padding pads the last two dims of a 4D tensor: channels and frames ride along as channels
+        padded = F.pad(images.reshape(len(images), -1, height, width), (s, s, s, s), mode="replicate")
         out = []
         for b, pairs in enumerate(self.offsets(seeds).tolist()):
             for dy, dx in pairs:
-                out.append(padded[b, :, s + dy:s + dy + height, s + dx:s + dx + width])
+                out.append(padded[b, :, s + dy:s + dy + height, s + dx:s + dx + width].reshape(*lead, height, width))
         return torch.stack(out)
 
     def score(self, reward, images: torch.Tensor, prompts: list[str], seeds: list[int]) -> torch.Tensor:
