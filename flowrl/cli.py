@@ -207,6 +207,7 @@ def cmd_train(args) -> None:
 def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     from .checkpoint import load_trained_weights
     from .devices import job_processes
+    from .generate import particle_sampler
     from .policies import load_pipeline, place_for_sampling, policy_for, sampling_placement
     from .sample_job import check_sample_folder, draw_samples
     from .tasks.base import read_prompt_file
@@ -233,13 +234,15 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     policy.set_reference_size(args.reference_size, "--reference-size")
     if args.checkpoint:
         load_trained_weights(policy, args.checkpoint)
-    stochastic = "ddim" if policy.prediction == "epsilon" else "flow"
-    kind = args.kind or (stochastic if args.fk_particles else "ode")
+    steers = [s for s in (e.sample_steer(args, policy) for e in extensions if e.sample_steer) if s is not None]
+    stochastic, stochastic_noise = particle_sampler(policy)
+    # FK particles (--fk-particles, a task's FK steering) take a stochastic sampler unless --kind says otherwise
+    particles = args.fk_particles or any(getattr(s, "particles", 1) > 1 for s in steers)
+    kind = args.kind or (stochastic if particles else "ode")
     if kind not in policy.kinds:
         raise UserError(f"--kind: a {type(policy.pipeline).__name__} samples with {list(policy.kinds)}, got {kind!r}")
-    noise_level = args.noise_level if args.noise_level is not None else (0.0 if kind == "ode" else
-                                                                         1.0 if kind == "ddim" else 0.7)
-    steers = [s for s in (e.sample_steer(args, policy) for e in extensions if e.sample_steer) if s is not None]
+    noise_level = args.noise_level if args.noise_level is not None else (
+        0.0 if kind == "ode" else stochastic_noise if kind == stochastic else 0.7)
     if args.fk_particles:
         from .fk import FKConfig, FKSteer
         from .rewards import build_reward

@@ -13,7 +13,7 @@ from .checkpoint import checkpoint_update, sampling_gate
 from .config import RunConfig, config_to_dict
 from .devices import DEFAULT_BATCH_SIZE
 from .errors import ConfigError
-from .generate import contiguous_share, generate_samples, sample_seeds
+from .generate import contiguous_share, generate_samples, particle_sampler, sample_seeds
 from .prompt_source import PromptSource
 from .report import MetricsLog, image_grid, number, plot_rewards, save_json, tile, write_report
 from .samples import VideoSamples, side_by_side_clips
@@ -64,9 +64,12 @@ def evaluate(trainer: Trainer, desc: str, judge: bool = True):
     with sampled_as_checkpoint(trainer) as policy:
         # as many samples per call as a rollout takes (train.rollout_microbatch), or the default where that is unbounded
         batch = trainer.config.train.rollout_microbatch or DEFAULT_BATCH_SIZE
+        steer = trainer.task.eval_steer(policy)
+        kind, noise_level = particle_sampler(policy) if steer is not None and steer.particles > 1 else ("ode", 0.0)
         samples, _ = generate_samples(policy, [items[i] for i in mine], 1, c.seed, c.num_steps, c.guidance_scale,
-                                      trainer.spec, batch_size=batch, desc=desc if trainer.is_main else None,
-                                      steer=trainer.task.eval_steer(policy), seeds=[seeds[i] for i in mine])
+                                      trainer.spec, kind, noise_level, batch_size=batch,
+                                      desc=desc if trainer.is_main else None, steer=steer,
+                                      seeds=[seeds[i] for i in mine])
     own = samples.select(list(range(real * k)))
     reward_batch = trainer.config.train.reward_microbatch or DEFAULT_BATCH_SIZE
     scores, error = None, None

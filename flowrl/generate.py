@@ -34,6 +34,13 @@ class Steer:
         return {}
 
 
+def particle_sampler(policy) -> tuple[str, float]:
+    """(kind, noise level) FK particles sample with unless told otherwise: a stochastic sampler, since copies of a
+    particle made by a resampling must diverge afterwards (under the ODE they stay identical, and FK only chooses
+    among the starting noises): the Flow-SDE at 0.7, or DDIM with eta 1 on an epsilon pipeline."""
+    return ("ddim", 1.0) if policy.prediction == "epsilon" else ("flow", 0.7)
+
+
 def contiguous_share(count: int, rank: int, world: int) -> range:
     """Process `rank`'s part of `count` items: contiguous, in rank order, sizes differing by at most one (so no
     process waits long for the others at the end)."""

@@ -238,12 +238,30 @@ def test_sample_steer_records_firing_and_names_missing_pieces(tiny_sd3_dir, tmp_
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(0 <= r["probe_fired_at"] < 4 for r in records)
+    # FK particles sample with the SDE (under the ODE resampled copies stay identical): they once took the ODE
+    fk = subprocess.run(base + ["--out", str(tmp_path / "fk"), "--steer", "fk", "--steer-particles", "2"],
+                        capture_output=True, text=True, timeout=300)
+    assert fk.returncode == 0, fk.stderr
+    settings = json.loads((tmp_path / "fk" / "sampling.json").read_text())
+    assert (settings["kind"], settings["noise_level"]) == ("flow", 0.7), settings
     no_lora = subprocess.run(base + ["--out", str(tmp_path / "o2"), "--steer", "lora"], capture_output=True, text=True,
                              timeout=300)
     assert no_lora.returncode == 2 and "--steer-lora" in no_lora.stderr and "Traceback" not in no_lora.stderr
     no_probe = subprocess.run(base[:-2] + ["--probe", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o3"),
                                            "--steer", "none"], capture_output=True, text=True, timeout=300)
     assert no_probe.returncode == 2 and "probe.safetensors" in no_probe.stderr
+
+
+def test_eval_safetys_fk_modes_sample_with_the_sde_and_the_others_with_the_ode(policy, monkeypatch):
+    import flowrl.eval.safety as safety
+
+    taken = {}
+    monkeypatch.setattr(safety, "generate", lambda policy, prompts, **kw: taken.setdefault(
+        kw.get("steer").config.mode if kw.get("steer") else "base", (kw.get("kind", "ode"), kw.get("noise_level", 0.0))))
+    for mode in ("base", "negative", "fk", "fk_negative"):
+        safety._images_for(mode, policy, PROMPTS, SteeringConfig(), LinearProbe(), None, {"seed": 0})
+    assert taken == {"base": ("ode", 0.0), "negative": ("ode", 0.0), "fk": ("flow", 0.7),
+                     "fk_negative": ("flow", 0.7)}
 
 
 def test_eval_safety_labels_with_a_real_checker_folder(tiny_sd3_dir, tmp_path):

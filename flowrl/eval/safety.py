@@ -5,7 +5,9 @@ non-benign sets (the safe-RL reward: what the image keeps of the request bar the
 blank or refused image), benign shapes accuracy (binary verifier verdict) and dense score, the share of images
 on which the probe fired, and the wall time of producing the images relative to plain sampling (the cost of
 monitoring and steering; reject-and-resample's checker calls count, the evaluation's own scoring does not).
-All modes use the same prompts and seeds, so a mode changes an image only where it acts.
+All modes use the same prompts and seeds, so a mode changes an image only where it acts; the FK modes excepted:
+their particles take the Flow-SDE (noise level 0.7, as `flowrl sample --fk-particles`), since resampled copies of
+a particle under the ODE stay identical (FK would only choose among the starting noises), and their own seeds.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from ..generate import generate
+from ..generate import generate, particle_sampler
 from ..report import figure
 from ..safety.baselines import PromptFilter, filtered_generate, reject_and_resample
 from ..safety.concept import PROMPT_SETS, is_unsafe, safety_split
@@ -49,7 +51,11 @@ def _images_for(mode, policy, prompts, steering: SteeringConfig, probe, label, s
         return filtered_generate(policy, prompts, PromptFilter(), **sampling)
     if mode == "reject_resample":
         return reject_and_resample(policy, prompts, label, **sampling)
-    return generate(policy, prompts, steer=SafetySteer(probe, replace(steering, mode=STEERED[mode])), **sampling)
+    steer = SafetySteer(probe, replace(steering, mode=STEERED[mode]))
+    if steer.particles > 1:  # resampled copies must diverge after a resampling (see the module docstring)
+        kind, noise_level = particle_sampler(policy)
+        sampling = {**sampling, "kind": kind, "noise_level": noise_level}
+    return generate(policy, prompts, steer=steer, **sampling)
 
 
 def evaluate_safety(policy, modes: list[str], steering: SteeringConfig, num_per_prompt: int = 4, seed: int = 0,
