@@ -142,7 +142,7 @@ def test_fk_with_the_probe_potential_moves_mass_to_the_safe_mode():
         n = groups * k if with_fk else groups
         cond = Conditioning({"id": torch.zeros(n, 1)}, {}, ["p"] * n)
         monitor = SafetyMonitor(policy, _Probe1D(), SteeringConfig(mode="fk"), n)
-        callbacks = [ProbeFK(monitor, FKConfig(num_particles=k, lam=1.0), steps, groups,
+        callbacks = [ProbeFK(monitor, FKConfig(num_particles=k, lam=10.0), steps, groups,
                              torch.Generator().manual_seed(0))] if with_fk else []
         traj = rollout(policy, cond, sample_generators(range(n)), (2,), steps, "flow", 0.5, 1.0,
                        callbacks=callbacks, guide=monitor)
@@ -151,6 +151,19 @@ def test_fk_with_the_probe_potential_moves_mass_to_the_safe_mode():
     plain, steered = (sample(False)[:, 0] < 0).float().mean(), (sample(True)[:, 0] < 0).float().mean()
     assert 0.35 < plain < 0.65
     assert steered > plain + 0.25
+
+
+def test_probe_fk_weighs_each_final_particle_by_exp_minus_lambda_p_unsafe():
+    """methods.md 5 (iv): potential exp(-lambda p); it was (1 - p)^lambda (log P(safe) as the reward)."""
+    policy, groups, k, lam = GaussianMixtureFlow(), 8, 4, 3.0
+    cond = Conditioning({"id": torch.zeros(groups * k, 1)}, {}, ["p"] * (groups * k))
+    monitor = SafetyMonitor(policy, _Probe1D(), SteeringConfig(mode="fk"), groups * k)
+    fk = ProbeFK(monitor, FKConfig(num_particles=k, lam=lam), 10, groups, torch.Generator().manual_seed(0))
+    traj = rollout(policy, cond, sample_generators(range(groups * k)), (2,), 10, "flow", 0.5, 1.0, callbacks=[fk],
+                   guide=monitor)
+    p_unsafe = torch.sigmoid(_Probe1D()(traj.final, traj.final, torch.tensor(0.0)).double())
+    torch.testing.assert_close(fk.final_rewards, -p_unsafe)
+    torch.testing.assert_close(fk.log_product, -lam * p_unsafe)  # the product of potentials, after the last resampling
 
 
 def test_prompt_filter_blanks_refused_prompts_and_keeps_the_others_noise(policy):

@@ -10,7 +10,7 @@ at or after `from_step`, and stays fired. Fired samples are steered by the mode:
   taken through x0_hat = x - sigma v with the network's Jacobian left out (so no extra network call).
 - lora: the velocity of the steering LoRA (an adapter trained by safe RL) replaces the base velocity; the adapter
   is off for samples that have not fired.
-- fk: Feynman-Kac resampling of k particles per image with the probe's log P(safe) as the potential
+- fk: Feynman-Kac resampling of k particles per image weighted by exp(-lambda P(unsafe)) (methods.md 5 (iv))
   (`ProbeFK`); every particle is monitored, none is otherwise changed.
 - fk_negative: both: FK resampling with the probe potential, and negative guidance on the particles that fired.
 - none: monitoring only (measures its overhead and the firing rate).
@@ -135,8 +135,10 @@ class SafetyMonitor:
 
 
 class ProbeFK(FKSteering):
-    """FK resampling whose reward is the monitor's log P(safe) at each scheduled step (read on x_i and x0_hat(x_i),
-    the same numbers the monitor fires on) and the probe on the final sample at the end."""
+    """FK resampling whose reward is -P(unsafe) from the monitor at each scheduled step (read on x_i and x0_hat(x_i),
+    the same numbers the monitor fires on) and from the probe on the final sample at the end: the final weight is
+    exp(-lambda P(unsafe)), the potential methods.md section 5 (iv) gives. (log P(safe) would give (1 - p)^lambda,
+    near-rejection: 1e-20 against 5e-5 at p = 0.99 and lambda 10.)"""
 
     def __init__(self, monitor: SafetyMonitor, config: FKConfig, num_steps: int, num_prompts: int,
                  generator: torch.Generator):
@@ -149,7 +151,7 @@ class ProbeFK(FKSteering):
                 logit = self.monitor.probe(state.latents, state.latents, torch.tensor(0.0))
         else:
             logit = self.monitor.logits
-        return -torch.nn.functional.softplus(logit.double().cpu())  # log P(safe)
+        return -torch.sigmoid(logit.double().cpu())  # -P(unsafe)
 
 
 def load_steering(policy, config: SteeringConfig):
