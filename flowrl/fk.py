@@ -62,10 +62,19 @@ def log_potential(kind: str, lam: float, r_t: torch.Tensor, r_prev: torch.Tensor
     raise ValueError(f"unknown potential {kind!r}; expected one of {POTENTIALS}")
 
 
+def normalized_weights(log_weights: torch.Tensor) -> torch.Tensor:
+    """[G, k] log-weights -> each group's normalised weights, a particle whose log-weight is not finite (its reward
+    failed: NaN) weighing 0 (methods.md 3), a group with no valid particle uniform."""
+    valid = torch.isfinite(log_weights)
+    lw = torch.where(valid, log_weights.double(), torch.full_like(log_weights, float("-inf"), dtype=torch.float64))
+    w = torch.softmax(lw, dim=1)
+    w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
+    return torch.where(w.sum(1, keepdim=True) > 0, w, torch.full_like(w, 1.0 / log_weights.shape[1]))
+
+
 def effective_sample_size(log_weights: torch.Tensor) -> torch.Tensor:
     """ESS per group of a [G, k] log-weight matrix: 1 / sum(w_norm^2)."""
-    w = torch.softmax(log_weights, dim=1)
-    return 1.0 / (w**2).sum(dim=1)
+    return 1.0 / (normalized_weights(log_weights) ** 2).sum(dim=1)
 
 
 def resample_indices(log_weights: torch.Tensor, generator: torch.Generator | list[torch.Generator],
@@ -76,9 +85,7 @@ def resample_indices(log_weights: torch.Tensor, generator: torch.Generator | lis
     one for all groups, or one per group (each group's draws then depend on it alone, not on its batch-mates).
     """
     groups, k = log_weights.shape
-    w = torch.softmax(log_weights.double(), dim=1)
-    w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
-    w = torch.where(w.sum(1, keepdim=True) > 0, w, torch.full_like(w, 1.0 / k))  # all-invalid group: uniform
+    w = normalized_weights(log_weights)
     if isinstance(generator, (list, tuple)):
         picks = torch.stack([torch.multinomial(w[g], k, replacement=True, generator=own)
                              for g, own in enumerate(generator)])

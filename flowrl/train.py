@@ -419,6 +419,8 @@ class Trainer:
             batch.step_rewards = recorder.rewards
             batch.global_step_rewards = self.accelerator.gather(batch.step_rewards.to(self.accelerator.device)).cpu()
         failed = ~torch.isfinite(global_rewards)
+        if batch.global_step_rewards is not None:  # an intermediate reward that failed leaves its steps no credit
+            failed |= ~torch.isfinite(batch.global_step_rewards).all(dim=1)
         metrics = {}
         if failed.any():  # NaN / inf / raising rewards: their groups carry no usable signal and are skipped
             share = failed.float().mean().item()

@@ -381,3 +381,27 @@ def test_a_recipe_reusing_shapes_sd3s_vae_names_a_missing_one(recipe, tmp_path, 
     assert main(["pretrain", recipe, "--card-only", "--out", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert f"--card-only: {tmp_path / 'missing'} holds no trained {recipe} output" in err and "Traceback" not in err
+
+
+class NaNMidway(Reward):
+    """Brightness, but NaN for the first sample of a call on intermediate x0 predictions (calls without seeds)."""
+    name = "nan_midway"
+
+    def __call__(self, samples, prompts, meta=None):
+        scores = samples.flatten(1).mean(1)
+        if "seeds" not in (meta or {}):
+            scores = scores.clone()
+            scores[0] = float("nan")
+        return RewardOutput(scores)
+
+
+def test_a_failed_intermediate_reward_skips_its_group_under_incremental_credit(tiny_sd3_dir, tmp_path):
+    """One NaN step reward once made the global std of its step NaN: every sample's advantage at that step NaN."""
+    trainer = _trainer(tiny_sd3_dir, tmp_path, "NaNMidway", "algorithm.params={credit: incremental}",
+                       "train.groups_per_update=4", "train.max_failed_reward_share=0.9")
+    batch, metrics = trainer.collect(0)
+    assert metrics["reward_failed_groups"] == 1 and 0 not in batch.group_ids.tolist()
+    assert torch.isfinite(batch.global_step_rewards).all()
+    items, _ = trainer.algorithm.prepare(batch, trainer.policy)
+    losses, _ = trainer.algorithm.loss(trainer.policy, batch, items)
+    assert len(losses) and torch.isfinite(losses).all()

@@ -177,3 +177,15 @@ def test_fk_steered_samples_do_not_depend_on_their_batch(tiny_sd3_dir):
                                  steer=steer, batch_size=3, desc=None)
     # the same particles kept (another pick moves pixels by ~0.1-1); batch size moves float rounding by ~1e-3 here
     torch.testing.assert_close(whole.tensor, single.tensor, atol=5e-3, rtol=0)
+
+
+def test_a_particle_whose_reward_failed_weighs_nothing_and_its_group_still_resamples():
+    """methods.md: NaN -> 0. One NaN log-weight once made its group's softmax NaN: uniform picks (the best particle
+    could be dropped and the failed one kept) and a NaN ESS that never triggered a scheduled resampling."""
+    from flowrl.fk import effective_sample_size, resample_indices
+
+    log_weights = torch.tensor([[0.0, float("nan"), -50.0, -50.0], [float("nan")] * 4])
+    ess = effective_sample_size(log_weights)
+    assert abs(float(ess[0]) - 1.0) < 1e-6 and float(ess[1]) == 4.0  # all failed: uniform, nothing to prefer
+    picks = resample_indices(log_weights, torch.Generator().manual_seed(0))
+    assert picks[:4].tolist() == [0, 0, 0, 0] and set(picks[4:].tolist()) <= {4, 5, 6, 7}
