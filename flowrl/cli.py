@@ -168,6 +168,11 @@ def refuse_foreign_folder(out: Path) -> None:
 
 def cmd_pretrain(args, extensions: list[TaskCommands]) -> None:
     extension = next(e for e in extensions if args.recipe in e.pretrain)
+    for name, least in (("vae_steps", 1), ("flow_steps", 1), ("steps", 1), ("adversarial_steps", 0),
+                        ("mixed_color_per_step", 0)):  # an untrained model would replace the recipe's folder
+        value = getattr(args, name, None)
+        if value is not None and value < least:
+            raise UserError(f"--{name.replace('_', '-')}: expected a number >= {least}, got {value}")
     if getattr(args, "card_only", False) and args.recipe not in extension.card_only:
         # a recipe that ignored the flag would train anew and overwrite the folder it was asked to re-measure
         honoured = sorted(r for e in extensions for r in e.card_only)

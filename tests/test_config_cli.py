@@ -96,6 +96,7 @@ def test_cli_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path):
     (["sample", "--pipeline", "/nonexistent", "--prompts", "assets/shapes/eval_prompts.txt", "--out",
       "/tmp/never_written", "--fk-particles", "2", "--fk-reward", "pickscore", "--fk-reward-params",
       '{"path": "/nowhere/ps"}'], "--fk-reward.params.path: /nowhere/ps does not exist"),
+    (["pretrain", "shapes", "--flow-steps", "0", "--out", "/tmp/never_written"], "--flow-steps: expected a number >= 1"),
     (["pretrain", "shapes3d", "--card-only", "--out", "/tmp/never_written"],
      "--card-only: the shapes3d recipe cannot re-measure a folder without training"),
 ])

@@ -175,6 +175,10 @@ def test_prompt_filter_blanks_refused_prompts_and_keeps_the_others_noise(policy)
     filtered, records = filtered_generate(policy, PROMPTS, PromptFilter(), 2, seed=3, desc=None)
     assert (filtered[:2] == 0).all() and records[0]["refused"]
     assert np.array_equal(filtered[2:], base[2:])
+    from flowrl.policies.base import SampleSpec
+
+    wide, _ = filtered_generate(policy, PROMPTS[:2], PromptFilter(), 1, seed=3, desc=None, spec=SampleSpec(16, 32))
+    assert wide.shape == (2, 16, 32, 3) and (wide[0] == 0).all()  # the black image once stayed 32 x 32
 
 
 def test_reject_and_resample_redraws_flagged_images_and_blacks_out_the_rest(policy):

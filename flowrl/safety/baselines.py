@@ -37,12 +37,14 @@ def filtered_generate(policy, prompts: list[str], prompt_filter: PromptFilter, n
     allowed = [prompts[i] for i in keep]
     allowed_seeds = [seeds[i * num_per_prompt + k] for i in keep for k in range(num_per_prompt)]
     images, records = generate(policy, allowed, num_per_prompt, seeds=allowed_seeds, **kwargs) if allowed else (None, [])
-    height, width = kwargs.get("height", 32), kwargs.get("width", 32)
+    # a refused prompt's black image has the shape of the others (the pipeline's size; frames for video); with
+    # every prompt refused, one image is drawn only to learn that shape
+    blank = np.zeros_like(images[0] if allowed else generate(policy, prompts[:1], 1, seed=seed, **kwargs)[0][0])
     out_images, out_records, n = [], [], 0
     for prompt, refuse in zip(prompts, refused):
         for _ in range(num_per_prompt):
             if refuse:
-                out_images.append(np.zeros((height, width, 3), np.uint8))
+                out_images.append(blank)
                 out_records.append({"prompt": prompt, "refused": True})
             else:
                 out_images.append(images[n])
