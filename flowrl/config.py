@@ -36,6 +36,9 @@ class RunSection:
     def validate(self):
         if self.seed < 0:  # seeds derive per-sample generator seeds, which torch takes only non-negative
             raise ConfigError(f"run.seed: expected an integer >= 0, got {self.seed}")
+        if self.resume not in (None, "auto") and not Path(self.resume).is_dir():  # before the model loads
+            raise ConfigError(f"run.resume: {self.resume} is not a folder; expected a checkpoint folder "
+                              "(runs/<name>/checkpoints/update_N) or auto")
 
 
 @dataclass

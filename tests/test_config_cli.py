@@ -57,6 +57,7 @@ def test_overrides_are_typed(tmp_path):
     ("pipeline.max_sequence_length=0", "pipeline.max_sequence_length: expected a positive integer"),
     ('reward=[{"name":"shapes","batch_size":-1}]', "reward[0].batch_size: expected an integer >= 0"),
     ('sampler.fk={"num_particles":8,"resample_range":[5,2]}', "sampler.fk.resample_range: expected [start, end]"),
+    ("run.resume=/nowhere/update_000010", "run.resume: /nowhere/update_000010 is not a folder"),
     ("task.name=5", "task.name: expected a registered task's name or package.module:Class, got 5"),
 ])
 def test_bad_fields_are_named(override, message):
