@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage
 
-from ..shapes.verifier import Detection, _relation_holds, detect, detected_mask
+from ..shapes.verifier import Detection, relation_holds, detect, detected_mask
 from ..shapes.world import PALETTE, ShapeObject, render, world_sized
 from .instructions import EditSpec
 
@@ -96,7 +96,7 @@ def added_object(found: list[Detection], spec: EditSpec, source: list[ShapeObjec
     ref = next(o for o in source if (o.color, o.shape) == (spec.color, spec.shape))
     anchor = Detection(ref.shape, ref.color, *pixel_centroid(ref), 0)
     return next((d for d in found if d.shape == spec.new_shape and d.color == spec.new_color
-                 and _relation_holds(d, anchor, spec.relation)), None)
+                 and relation_holds(d, anchor, spec.relation)), None)
 
 
 def edit_region(spec: EditSpec, source: list[ShapeObject], target: list[ShapeObject], size: int,

@@ -98,7 +98,7 @@ def _matches(d: Detection, shape: str, color: str | None) -> bool:
     return d.shape == shape and (color is None or d.color == color)
 
 
-def _relation_holds(a: Detection, b: Detection, relation: str) -> bool:
+def relation_holds(a: Detection, b: Detection, relation: str) -> bool:
     dx, dy = b.cx - a.cx, b.cy - a.cy  # image y grows downwards
     return {"left of": dx, "right of": -dx, "above": dy, "below": -dy}[relation] > POSITION_MARGIN
 
@@ -124,7 +124,7 @@ def constraint_scores(spec: PromptSpec, found: list[Detection]) -> list[float]:
         a_phrase, b_phrase = spec.phrases
         pairs = [(a, b) for a in found for b in found if a is not b
                  and _matches(a, a_phrase.shape, a_phrase.color) and _matches(b, b_phrase.shape, b_phrase.color)]
-        scores.append(float(any(_relation_holds(a, b, spec.relation) for a, b in pairs)))
+        scores.append(float(any(relation_holds(a, b, spec.relation) for a, b in pairs)))
     if spec.tag == "color_attr":  # both phrases must be met by different objects
         a_phrase, b_phrase = spec.phrases
         scores.append(float(any(_matches(a, a_phrase.shape, a_phrase.color) and _matches(b, b_phrase.shape, b_phrase.color)
