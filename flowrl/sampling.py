@@ -14,7 +14,8 @@ Step kinds (one signature, `sde_step`):
          mean = (1 - sigma_next) x0_hat + sqrt(sigma_next^2 - std^2) eps_hat.
   sage   SAGE-GRPO (arXiv 2603.21872) as read in reference/methods.md: the Flow-GRPO mean with the exactly
          integrated step variance a^2 [log((1 - sigma_next) / (1 - sigma)) - (sigma - sigma_next)];
-         the first step (sigma = 1, where that integral diverges) keeps the Flow-GRPO variance.
+         the first step (sigma = 1, where that integral diverges) keeps the Flow-GRPO variance. The sampler
+         only: the per-timestep loss weight methods.md pairs with it (approximate, ~ the step std) is not applied.
 
 Every log-prob is the exact Gaussian density of the stored next sample; `reduce="mean"` averages it over all
 non-batch elements (as the anchors do, hence their tiny PPO clip ranges), `reduce="none"` keeps the per-element

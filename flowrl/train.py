@@ -251,6 +251,10 @@ class Trainer:
             # an algorithm's own no-grad forwards (NFT's, DHO's and DPO's old velocities) take as many items as a
             # rollout call does, so a large model's memory setting bounds them too
             self.algorithm.chunk = config.train.rollout_microbatch
+        if self.algorithm.needs_raw_rewards and config.train.normalize_rewards != "none":
+            raise ConfigError(f"train.normalize_rewards: algorithm {config.algorithm.name!r} compares the batch's "
+                              f"rewards with rewards it computes itself, on the raw scale; expected none, got "
+                              f"{config.train.normalize_rewards!r}")
         if self.algorithm.needs_whole_groups and config.train.groups_per_update % self.world:
             # a group split over two processes would pair (match) only within each part: results would depend on
             # the number of processes
@@ -274,7 +278,7 @@ class Trainer:
                               "groups at once; set it to 0")
         local = global_batch // self.world
         self.rollout_chunks = math.ceil(local / config.train.rollout_microbatch) if config.train.rollout_microbatch else 1
-        if self.algorithm.needs_ode_rollout and self.policy.prediction == "epsilon":
+        if (self.algorithm.needs_ode_rollout or self.algorithm.needs_flow_matching) and self.policy.prediction == "epsilon":
             raise ConfigError(f"algorithm.name: {config.algorithm.name!r} is implemented for flow-matching pipelines; "
                               f"{type(self.policy.pipeline).__name__} predicts noise")
         self.reward = build_rewards(config, self.policy.modality).to(self.accelerator.device)

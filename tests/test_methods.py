@@ -349,3 +349,22 @@ def test_refl_with_reward_shift_spreads_the_gradient_of_a_position_bound_reward(
     torch.testing.assert_close(grads[1].sum((1, 2)), torch.ones(8))  # still the mean of 8 unit-weight reads
     with pytest.raises(ConfigError, match="reward_shift"):
         build_algorithm("draft", {"reward_shift": -1}, ODE)
+
+
+def test_method_and_pipeline_combinations_that_would_train_on_nonsense_are_refused(tiny_sd3_dir, tmp_path):
+    """Diffusion-DPO noised an SD pipeline's latents as a flow's (x_t = -980 x0 + 981 eps at DDIM timestep 981) and
+    regressed its noise prediction on a velocity; MEND compared z-scored batch rewards with its proposals' raw ones."""
+    from flowrl.config import load_config
+    from flowrl.errors import ConfigError
+    from flowrl.train import Trainer
+    from run_helpers import tiny_run_config
+    from tiny_pipelines import tiny_shapes_sd
+
+    tiny_shapes_sd().save_pretrained(tmp_path / "sd")
+    sd = tiny_run_config(tmp_path / "sd.yaml", tmp_path / "sd", tmp_path / "runs", "dpo_sd")
+    with pytest.raises(ConfigError, match="'dpo' is implemented for flow-matching pipelines"):
+        Trainer(load_config(sd, ["algorithm.name=dpo", "algorithm.params={}", "sampler.kind=ddim"]), log=False)
+    flow = tiny_run_config(tmp_path / "flow.yaml", tiny_sd3_dir, tmp_path / "runs", "mend_z")
+    with pytest.raises(ConfigError, match="train.normalize_rewards: algorithm 'mend' compares"):
+        Trainer(load_config(flow, ["algorithm.name=mend", "algorithm.params={}", "sampler.kind=ode",
+                                   "train.normalize_rewards=batch"]), log=False)

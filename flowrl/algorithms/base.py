@@ -154,6 +154,11 @@ class Algorithm:
     # rollout and reward needs
     shared_initial_noise = False
     needs_ode_rollout = False  # methods that read velocities off stored Euler steps
+    # methods built on the flow's x_t = (1 - t) x0 + t eps and velocity targets (noise-predicting pipelines refused)
+    needs_flow_matching = False
+    # methods that compare the batch's rewards with rewards they compute themselves: the batch's must stay raw
+    # (train.normalize_rewards would put the two on different scales)
+    needs_raw_rewards = False
     needs_reward_gradient = False  # methods that backpropagate through the reward
     needs_step_rewards = False  # methods that credit steps by intermediate rewards (credit.IntermediateRewards)
     needs_reference = False  # methods whose loss compares against the frozen base (the LoRA-disabled policy)

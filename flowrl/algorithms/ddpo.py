@@ -5,6 +5,7 @@ with eta > 0 (`sampler.kind: ddim`, `noise_level` = eta, 1.0 in the paper) are G
 N(mean_DDIM(eps_theta), std_eta^2) whose log-density `sampling.ddim_step` computes. Advantages are normalised per
 prompt. The paper tracks each prompt's reward statistics over a buffer of recent updates; here every update draws
 a group of samples per prompt, so the group itself is the prompt's statistics (std per group, not per batch).
+The std takes GRPO's + 1e-4 (ddpo-pytorch adds 1e-6): only groups whose rewards spread by ~1e-3 or less differ.
 """
 from __future__ import annotations
 

@@ -65,6 +65,7 @@ class DiffusionDPO(Algorithm):
     Params = DPOParams
 
     needs_reference = True  # the loop checks for a LoRA adapter before training
+    needs_flow_matching = True  # noised as (1 - t) x0 + t eps, velocity targets (on an SD pipeline: meaningless)
     needs_whole_groups = True  # best and worst of a group are paired among the rows one process holds
 
     def prepare(self, batch: RolloutBatch, policy):

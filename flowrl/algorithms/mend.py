@@ -126,6 +126,7 @@ class MEND(Algorithm):
     Params = MENDParams
     needs_ode_rollout = True
     needs_reward_gradient = True
+    needs_raw_rewards = True  # caps and gains from the batch's rewards against its proposals' R(x0 + delta)
 
     def prepare(self, batch: RolloutBatch, policy):
         p, traj = self.params, batch.trajectory

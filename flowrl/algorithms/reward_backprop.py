@@ -30,7 +30,9 @@ def reward_loss(scores: torch.Tensor, cap: float | None, scale: float) -> torch.
 
 @dataclass
 class ReFLParams(RewardGradientParams):
-    step_range: list[float] = field(default_factory=lambda: [0.7, 1.0])  # fraction of the schedule for k
+    # fraction of the schedule k is drawn from (ReFL draws k in 30..39 of 40: [0.75, 1.0); this range is a little
+    # wider, so on 40 steps k = 28, 29 occur too)
+    step_range: list[float] = field(default_factory=lambda: [0.7, 1.0])
     cap: float | None = None
     loss_scale: float = 1.0
 
