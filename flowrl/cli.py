@@ -168,11 +168,10 @@ def refuse_foreign_folder(out: Path) -> None:
 
 def cmd_pretrain(args, extensions: list[TaskCommands]) -> None:
     extension = next(e for e in extensions if args.recipe in e.pretrain)
-    for name, least in (("vae_steps", 1), ("flow_steps", 1), ("steps", 1), ("adversarial_steps", 0),
-                        ("mixed_color_per_step", 0)):  # an untrained model would replace the recipe's folder
+    for name in ("vae_steps", "flow_steps", "steps"):  # an untrained model would replace the recipe's folder
         value = getattr(args, name, None)
-        if value is not None and value < least:
-            raise UserError(f"--{name.replace('_', '-')}: expected a number >= {least}, got {value}")
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')}: expected a number >= 1, got {value}")
     if getattr(args, "card_only", False) and args.recipe not in extension.card_only:
         # a recipe that ignored the flag would train anew and overwrite the folder it was asked to re-measure
         honoured = sorted(r for e in extensions for r in e.card_only)
@@ -219,6 +218,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
 
     conditions = read_prompt_file(args.prompts)
     check_sample_folder(Path(args.out))  # before the pipeline loads
+    check_checkpoint_folders([args.checkpoint] if args.checkpoint else [])
     fill_sampling_settings(args, args.checkpoint)
     if args.batch_size is None:
         args.batch_size = SAMPLE_BATCH_SIZE
@@ -394,14 +394,19 @@ def sampling_arguments(parser) -> None:
                         "registered for the pipeline's class)")
 
 
+def check_checkpoint_folders(checkpoints: list[str]) -> None:
+    """One error for a --checkpoint without trained weights, before any setting is read or model loaded."""
+    from .checkpoint import trained_weights_file
+
+    for checkpoint in checkpoints:
+        trained_weights_file(Path(checkpoint))
+
+
 def fill_sampling_settings(args, checkpoint: str | None) -> None:
     """Fill the sampling flags not given: from the checkpoint's run (said on stdout), then SAMPLING_DEFAULTS. Sets
     `args.policy_where`, what an error about the adapter names: --policy, or the run's config."""
-    from .checkpoint import RUN_CONFIG, run_sampling_settings, trained_weights_file
+    from .checkpoint import RUN_CONFIG, run_sampling_settings
 
-    given = getattr(args, "checkpoint", None) or ([checkpoint] if checkpoint else [])  # the demo takes several
-    for each in [given] if isinstance(given, str) else given:
-        trained_weights_file(Path(each))  # a wrong folder is one error, before any setting is read or model loaded
     settings, source = run_sampling_settings(checkpoint)
     if checkpoint and source is None:
         print(f"checkpoint {checkpoint}: no run config found (its {RUN_CONFIG}, or the run dir's config.yaml two "
@@ -430,6 +435,7 @@ def cmd_demo(args) -> None:
     from .demo import build_demo
 
     check_port(args.port)
+    check_checkpoint_folders(args.checkpoint)
     fill_sampling_settings(args, args.checkpoint[0] if args.checkpoint else None)
     check_sampling_flags(args)
     demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,

@@ -240,6 +240,7 @@ class Trainer:
         self.task = build_task(config.task.name, config.task.params)
         self.prompts = PromptSource(self.task, config.prompts.source)
         check_reward_terms(config)
+        self.check_whole_groups_scored(config)
         torch.manual_seed(config.run.seed)  # LoRA initialisation draws from the global generator
         self.policy = placed_policy(config, self.accelerator.device)
         if config.sampler.kind not in self.policy.kinds:
@@ -282,7 +283,6 @@ class Trainer:
             raise ConfigError(f"algorithm.name: {config.algorithm.name!r} is implemented for flow-matching pipelines; "
                               f"{type(self.policy.pipeline).__name__} predicts noise")
         self.reward = build_rewards(config, self.policy.modality).to(self.accelerator.device)
-        self.check_whole_groups_scored(config)
         self.reward.bind_policy(self.policy)
         self.algorithm.bind_reward(self.reward)
         self.spec = sample_spec(config, self.policy)
@@ -501,10 +501,14 @@ class Trainer:
 
     def check_whole_groups_scored(self, config: RunConfig) -> None:
         """A reward that scores a condition's samples together (a group rubric builds one rubric per call) must get
-        each training group whole: every cut of the rollout's samples (reward calls, async chunks, a term's or a
-        served reward's batch, the processes' shares) a whole number of groups; else rubrics are built on parts of
-        groups and results depend on memory settings and the number of processes."""
-        grouped = [i for i, term in enumerate(self.reward.rewards) if term.scores_groups]
+        each training group whole: every cut of the rollout's samples (reward calls, async chunks, the term's
+        batches, the processes' shares) a whole number of groups; else rubrics are built on parts of groups and
+        results depend on memory settings and the number of processes. Read off the config (Reward.groups_scored),
+        before any model loads."""
+        from .rewards.base import REWARDS
+
+        grouped = [i for i, term in enumerate(config.reward)
+                   if REWARDS.get(term.name, f"reward[{i}].name").groups_scored(term.params)]
         if not grouped:
             return
         size, c = config.train.group_size, config.train
@@ -513,7 +517,6 @@ class Trainer:
             cuts["train.rollout_microbatch"] = c.rollout_microbatch
         for i in grouped:
             cuts[f"reward[{i}].batch_size"] = config.reward[i].batch_size
-            cuts[f"reward[{i}].params.batch_size"] = getattr(self.reward.rewards[i], "batch_size", 0) or 0
         names = ", ".join(config.reward[i].name for i in grouped)
         for name, value in cuts.items():
             if value % size:

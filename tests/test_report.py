@@ -132,7 +132,8 @@ def test_a_sample_its_reward_failed_on_is_left_out_and_counted_not_nan_everywher
     assert "left out, the reward failed on them: 1 a" in format_metrics(result)
     assert "failed" not in tag_metrics([1, 0], ["a", "a"])
     empty = tag_metrics([nan, nan, 1.0], ["a", "a", "b"])
-    assert empty["tags"] == {"b": 1.0} and empty["failed"] == {"a": 2}
+    assert empty["tags"] == {"b": 1.0} and empty["failed"] == {"a": 2} and math.isnan(empty["overall"])
+    assert math.isnan(tag_metrics([nan] * 3, ["a"] * 3)["overall"])  # not 0.000 +- 0.000
     save_json(tmp_path / "eval.json", {"overall": nan, "tags": {"a": nan}, "counts": {"a": 0}})
     read_back = json.loads((tmp_path / "eval.json").read_text())
     page = write_report(tmp_path, "config", result, read_back, [], grid=False).read_text()

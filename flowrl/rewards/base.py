@@ -34,6 +34,12 @@ class Reward:
     def __call__(self, samples: torch.Tensor, prompts: list[str], meta: dict | None = None) -> RewardOutput:
         raise NotImplementedError
 
+    @classmethod
+    def groups_scored(cls, params: dict) -> bool:
+        """Whether the reward built with `params` scores a condition's samples together (known before it is built,
+        so a run can refuse training cuts that would split its groups before any model loads)."""
+        return cls.scores_groups
+
     def to(self, device) -> "Reward":
         """Move the reward's models to `device`: its torch modules, its rewards, and the modules of flowrl objects it
         holds (a safety checker, a rubric's VLM judge); rewards without models ignore it."""

@@ -183,6 +183,12 @@ class RemoteReward(Reward):
     modalities = ("image", "video", "3d")  # whatever the served reward takes; the server answers for it
     scores_groups = True  # the served reward may be a group rubric: keep a condition's samples in one request
 
+    @classmethod
+    def groups_scored(cls, params: dict) -> bool:
+        # what the server scores is not known here: a run does not refuse cuts for it (a served group rubric needs
+        # train.reward_microbatch and batch sizes of whole groups, set by hand: docs/rewards.md)
+        return False
+
     def __init__(self, url: str, name: str = "remote", timeout: float = 60.0, retries: int = 3, backoff: float = 1.0,
                  token: str | None = None, batch_size: int = 0):
         self.url, self.name, self.timeout, self.retries, self.backoff = url.rstrip("/"), name, timeout, retries, backoff

@@ -11,8 +11,8 @@ built once per group. `mode: sample` scores each candidate against its own verif
 audit the issue compares against). The auditor is rule-based on the shapes-editing world, or a VLM
 (`params.judge`: a local folder or an OpenAI-compatible endpoint, flowrl/rewards/rubric_vlm.py) with the same
 `audit` / `requested` / `verify` methods and, optionally, one audit pass per group. A group's rubric sees the
-samples of the group that are in one call: keep train.reward_microbatch and train.rollout_microbatch at 0 or
-multiples of train.group_size, or a group split over calls gets a rubric per part.
+samples of the group that are in one call: a run refuses training cuts that would split a group
+(Trainer.check_whole_groups_scored); evaluations keep a condition's samples in one call.
 """
 from __future__ import annotations
 
@@ -92,6 +92,10 @@ class ShapesEditAuditor:
 @register_reward("edit_rubric")
 class EditRubricReward(Reward):
     name = "edit_rubric"
+
+    @classmethod
+    def groups_scored(cls, params: dict) -> bool:
+        return params.get("mode", "group") == "group"
 
     def __init__(self, mode: Literal["group", "sample"] = "group", requested_weight: float = 0.5, auditor=None,
                  judge: dict | None = None):

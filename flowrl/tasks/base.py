@@ -202,7 +202,10 @@ def tag_metrics(values: list[float], tags: list[str], tag_order: tuple[str, ...]
     keys = list(clusters) if clusters is not None else list(range(len(x)))
     means = {t: float(np.mean(x[by_tag[t]])) for t in order}
     errors = {t: clustered_stderr(x[by_tag[t]], [keys[i] for i in by_tag[t]]) for t in order}
-    result = {"overall": float(np.mean(list(means.values()))) if means else 0.0, "tags": means,
+    # a tag whose every sample failed leaves the overall unknown (a mean over fewer tags is another quantity)
+    whole_tag_failed = any(t not in by_tag for t in failed)
+    overall = float("nan") if whole_tag_failed else float(np.mean(list(means.values()))) if means else 0.0
+    result = {"overall": overall, "tags": means,
               "counts": {t: len(by_tag[t]) for t in order}, "stderr": _tag_errors(errors)}
     if failed:
         result["failed"] = failed
