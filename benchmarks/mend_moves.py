@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from flowrl.config import load_config  # noqa: E402
 from flowrl.images import to_uint8  # noqa: E402
+from flowrl.rewards import latent_scorer  # noqa: E402
 from flowrl.shapes import verifier  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 
@@ -43,7 +44,7 @@ def moved_rows(delta: torch.Tensor) -> list[int]:
 @torch.no_grad()
 def judge_latents(trainer: Trainer, latents: torch.Tensor, prompts: list[str]) -> dict[str, list[float]]:
     judged = [verifier.verdict_and_dense(im, p) for im, p in zip(to_uint8(trainer.policy.decode(latents)), prompts)]
-    learned = trainer.algorithm.score_latents(trainer.policy, latents, prompts).float()
+    learned = latent_scorer(trainer.policy, trainer.algorithm.reward)(latents, prompts).float()
     return {"learned": learned.tolist(), "verdict": [v for v, _ in judged], "dense": [d for _, d in judged]}
 
 

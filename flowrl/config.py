@@ -129,6 +129,11 @@ class SamplerSection:
         if self.sde_window_size < 0 or (self.sde_window_size and hi - 1 + self.sde_window_size > self.num_steps):
             raise ConfigError(f"sampler.sde_window_size: a window of {self.sde_window_size} steps starting in "
                               f"[{lo}, {hi}) must fit in sampler.num_steps={self.num_steps}")
+        if self.fk is not None and (self.kind == "ode" or self.noise_level == 0):
+            # copies of a particle made by a resampling stay identical under a deterministic sampler: the group
+            # would train on duplicates
+            raise ConfigError(f"sampler.fk: FK particles need a stochastic sampler; got sampler.kind {self.kind!r} "
+                              f"with noise_level {self.noise_level}")
 
 
 @dataclass

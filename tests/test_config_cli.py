@@ -56,6 +56,7 @@ def test_overrides_are_typed(tmp_path):
     ("train.weight_decay=-0.1", "train.weight_decay: expected a number >= 0"),
     ("pipeline.max_sequence_length=0", "pipeline.max_sequence_length: expected a positive integer"),
     ('reward=[{"name":"shapes","batch_size":-1}]', "reward[0].batch_size: expected an integer >= 0"),
+    ('sampler.fk={"num_particles":8} sampler.kind=ode', "sampler.fk: FK particles need a stochastic sampler"),
     ('sampler.fk={"num_particles":8,"resample_range":[5,2]}', "sampler.fk.resample_range: expected [start, end]"),
     ("run.resume=/nowhere/update_000010", "run.resume: /nowhere/update_000010 is not a folder"),
     ("task.name=5", "task.name: expected a registered task's name or package.module:Class, got 5"),

@@ -73,7 +73,8 @@ def test_intermediate_rewards_and_incremental_grpo_on_a_tiny_rollout():
 
 class SceneOfItem(Reward):
     """Scores each sample by its condition item's scene seed (what a world reward judges against); a bare prompt
-    scores -1."""
+    scores -1. (Declared differentiable so the reward-gradient methods take it: only what it is given is read.)"""
+    differentiable = True
 
     def __call__(self, samples, prompts, meta=None):
         items = condition_items(prompts, meta)
@@ -93,8 +94,15 @@ def test_step_rewards_and_fk_potentials_judge_each_sample_against_its_own_item()
     steering = FKSteering(FKConfig(num_particles=k, lam=1.0, resample_every=1, ess_threshold=1.0), scorer, steps, 2,
                           torch.Generator().manual_seed(0))
     recorder = IntermediateRewards(scorer, steps)
-    rollout(policy, policy.encode(items, 2.0), sample_generators(range(4)), policy.noise_shape(SampleSpec(32, 32)),
-            steps, "flow", 0.7, 2.0, callbacks=[steering, recorder])
+    traj = rollout(policy, policy.encode(items, 2.0), sample_generators(range(4)),
+                   policy.noise_shape(SampleSpec(32, 32)), steps, "flow", 0.7, 2.0, callbacks=[steering, recorder])
     expected = torch.tensor([7.0, 7.0, 11.0, 11.0])
     torch.testing.assert_close(recorder.rewards, expected[:, None].expand(4, steps + 1))
     torch.testing.assert_close(steering.final_rewards.float(), expected)
+    # the reward-gradient methods' scoring of latents too (ReFL, DRaFT, MEND), shifted copies included
+    groups = torch.tensor([0, 0, 1, 1])
+    batch = RolloutBatch(traj, expected, groups, [0, 1, 2, 3], expected, groups, torch.arange(4), ["a circle"] * 4)
+    for params in ({}, {"reward_shift": 1, "reward_shift_copies": 2}):
+        refl = build_algorithm("refl", params, SamplerSection(kind="ode"))
+        refl.bind_reward(SceneOfItem())
+        torch.testing.assert_close(refl.score_latents(policy, traj.final, batch, [3, 0]), torch.tensor([11.0, 7.0]))

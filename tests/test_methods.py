@@ -340,7 +340,7 @@ def test_refl_with_reward_shift_spreads_the_gradient_of_a_position_bound_reward(
         decode = policy.decode
         policy.decode = lambda latents: images  # score fixed images so the gradient is read in pixel space
         try:
-            score = algorithm.score_latents(policy, None, batch.prompts, batch.seeds)
+            score = algorithm.score_latents(policy, None, batch, list(range(len(batch.prompts))))
         finally:
             policy.decode = decode
         grads.append(torch.autograd.grad(score.sum(), images)[0][:, 0])

@@ -186,18 +186,23 @@ class Algorithm:
         """
         raise NotImplementedError
 
-    def score_latents(self, policy, latents: torch.Tensor, prompts: list[str],
-                      seeds: list[int] | None = None) -> torch.Tensor:
-        """Reward of decoded latents, differentiable in the latents when the reward is.
+    def score_latents(self, policy, latents: torch.Tensor, batch: RolloutBatch, rows: list[int],
+                      shifted: bool = True) -> torch.Tensor:
+        """Reward of decoded latents of the batch's samples `rows` (judged against their prompts and condition
+        items), differentiable in the latents when the reward is.
 
-        With `seeds` and a params `reward_shift` > 0 (RewardGradientParams), the score is averaged over shifted
-        copies of each image (rewards/augment.py), the gradient the reward-gradient methods climb.
+        With `shifted` and a params `reward_shift` > 0 (RewardGradientParams), the score is averaged over shifted
+        copies of each image, drawn from the samples' seeds (rewards/augment.py): the gradient the reward-gradient
+        methods climb.
         """
         from ..rewards import latent_scorer
+        prompts = [batch.prompts[i] for i in rows]
+        every_item = batch.trajectory.cond.items
+        items = [every_item[i] for i in rows] if every_item else None
         shift = ShiftAverage(getattr(self.params, "reward_shift", 0), getattr(self.params, "reward_shift_copies", 1))
-        if seeds is None or not shift.active:
-            return latent_scorer(policy, self.reward)(latents, prompts)
-        return shift.score(self.reward, policy.decode(latents), prompts, seeds)
+        if not shifted or not shift.active:
+            return latent_scorer(policy, self.reward)(latents, prompts, items)
+        return shift.score(self.reward, policy.decode(latents), prompts, [batch.seeds[i] for i in rows], items)
 
     def loss(self, policy, batch: RolloutBatch, items: WorkItems) -> tuple[torch.Tensor, dict]:
         """Per-item losses [N] (weights not yet applied) with gradients, plus per-item diagnostics."""

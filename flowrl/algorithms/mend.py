@@ -144,12 +144,11 @@ class MEND(Algorithm):
         net = torch.zeros(len(x0))
         index = torch.nonzero(below).flatten()
         if len(index):
-            prompts = [batch.prompts[i] for i in index.tolist()]
-            with torch.enable_grad():
+            rows = index.tolist()
+            with torch.enable_grad():  # proposals follow the shift-averaged gradient
                 x = x0[index].detach().requires_grad_(True)
-                seeds = [batch.seeds[i] for i in index.tolist()]  # proposals follow the shift-averaged gradient
-                gradient, = torch.autograd.grad(self.score_latents(policy, x, prompts, seeds).sum(), x)
-            reward_of = lambda z: self.score_latents(policy, z, prompts).float()  # noqa: E731
+                gradient, = torch.autograd.grad(self.score_latents(policy, x, batch, rows).sum(), x)
+            reward_of = lambda z: self.score_latents(policy, z, batch, rows, shifted=False).float()  # noqa: E731
             with torch.no_grad():
                 rewards = batch.rewards[index].float().to(device)
                 caps = cap[index].to(device)

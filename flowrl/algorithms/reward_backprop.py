@@ -82,8 +82,7 @@ class ReFL(_RewardBackprop):
         sigma = traj.sigmas[items.step].to(x)
         v = policy.velocity(x, sigma, traj.cond.select(items.sample), traj.guidance_scale)
         x0_hat = x0_prediction(v, x, sigma)
-        scores = self.score_latents(policy, x0_hat, [batch.prompts[i] for i in items.sample.tolist()],
-                                    [batch.seeds[i] for i in items.sample.tolist()])
+        scores = self.score_latents(policy, x0_hat, batch, items.sample.tolist())
         return reward_loss(scores, self.params.cap, self.params.loss_scale), {"reward_of_prediction": scores.detach()}
 
 
@@ -113,8 +112,7 @@ class DRaFT(_RewardBackprop):
                 else:
                     v = policy.velocity(x, sigma, cond, traj.guidance_scale)
                 x = x + (sigma_next - sigma) * v
-            score = self.score_latents(policy, x, [batch.prompts[i] for i in sample.tolist()],
-                                       [batch.seeds[i] for i in sample.tolist()])
+            score = self.score_latents(policy, x, batch, sample.tolist())
             losses.append((rows, reward_loss(score, self.params.cap, self.params.loss_scale)))
             scores.append((rows, score.detach()))
         out = torch.zeros(len(items), device=traj.final.device)

@@ -45,7 +45,9 @@ class ShiftAverage:
                 out.append(padded[b, :, s + dy:s + dy + height, s + dx:s + dx + width].reshape(*lead, height, width))
         return torch.stack(out)
 
-    def score(self, reward, images: torch.Tensor, prompts: list[str], seeds: list[int]) -> torch.Tensor:
-        """Mean reward over the shifted copies of each image: [B]."""
-        scores = reward(self.shifted(images, seeds), [p for p in prompts for _ in range(self.copies)]).scores
+    def score(self, reward, images: torch.Tensor, prompts: list[str], seeds: list[int],
+              items: list | None = None) -> torch.Tensor:
+        """Mean reward over the shifted copies of each image (judged against its condition item, when given): [B]."""
+        meta = {"conditions": [item for item in items for _ in range(self.copies)]} if items else None
+        scores = reward(self.shifted(images, seeds), [p for p in prompts for _ in range(self.copies)], meta).scores
         return scores.reshape(len(prompts), self.copies).mean(1)
