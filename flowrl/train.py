@@ -378,14 +378,14 @@ class Trainer:
             # one generator per group, from its first sample's seed: the draws do not depend on the process split
             groups = [torch.Generator().manual_seed(derived_seed(every_seed[int(g) * size], FK_DRAWS))
                       for g in local_groups[::size]]
-            steering = FKSteering(c.sampler.fk, latent_scorer(policy, self.reward), c.sampler.num_steps,
+            steering = FKSteering(c.sampler.fk, latent_scorer(policy, self.reward, robust=True), c.sampler.num_steps,
                                   len(local_prompts) // size, groups)
             callbacks = [steering]
         recorder = None
         if self.algorithm.needs_step_rewards:
             from .algorithms.credit import IntermediateRewards
 
-            recorder = IntermediateRewards(latent_scorer(policy, self.reward), c.sampler.num_steps)
+            recorder = IntermediateRewards(latent_scorer(policy, self.reward, robust=True), c.sampler.num_steps)
             callbacks.append(recorder)  # after FK, so it follows FK's re-indexing
         meta = {"seeds": local_seeds, "conditions": local_items}
         if c.train.async_rewards:

@@ -405,3 +405,23 @@ def test_a_failed_intermediate_reward_skips_its_group_under_incremental_credit(t
     items, _ = trainer.algorithm.prepare(batch, trainer.policy)
     losses, _ = trainer.algorithm.loss(trainer.policy, batch, items)
     assert len(losses) and torch.isfinite(losses).all()
+
+
+class RaisesMidway(Reward):
+    """Brightness on final samples; raises on intermediate x0 predictions (calls without seeds), as a served judge
+    that went down mid-rollout would."""
+    name = "raises_midway"
+
+    def __call__(self, samples, prompts, meta=None):
+        if "seeds" not in (meta or {}):
+            raise RuntimeError("the judge is down")
+        return RewardOutput(samples.flatten(1).mean(1))
+
+
+def test_an_intermediate_reward_that_raises_fails_its_samples_instead_of_the_rollout(tiny_sd3_dir, tmp_path):
+    """It once escaped the rollout as the reward's own exception, past the loop's clean stop (RewardFailure)."""
+    from flowrl.train import RewardFailure
+
+    trainer = _trainer(tiny_sd3_dir, tmp_path, "RaisesMidway", "algorithm.params={credit: incremental}")
+    with pytest.raises(RewardFailure, match="100% of update 0's samples got no finite reward"):
+        trainer.collect(0)

@@ -175,13 +175,20 @@ def failed_output(reward: Reward, count: int) -> RewardOutput:
     return RewardOutput(nan, {term.name: nan.clone() for term in terms})
 
 
-def latent_scorer(policy, reward: Reward):
+def latent_scorer(policy, reward: Reward, robust: bool = False):
     """`(latents, prompts, items=None) -> scores` through the policy's decoder: what FK potentials, intermediate
     rewards and reward-gradient methods call on latents (differentiable when the reward is). `items` are the
     samples' condition items: rewards that judge against an item's own scene or source (shapes_edit, edit_rubric,
-    the 3D rewards) need them; without, they fall back to the scene a bare prompt stands for."""
+    the 3D rewards) need them; without, they fall back to the scene a bare prompt stands for. `robust`: a call that
+    raises scores NaN (what score_robustly makes of a failure; FK weighs such particles 0, incremental credit
+    drops their groups) instead of stopping the rollout."""
     def score(latents: torch.Tensor, prompts: list[str], items: list | None = None) -> torch.Tensor:
-        return reward(policy.decode(latents), prompts, {"conditions": list(items)} if items else None).scores
+        try:
+            return reward(policy.decode(latents), prompts, {"conditions": list(items)} if items else None).scores
+        except Exception:
+            if not robust:
+                raise
+            return torch.full((len(prompts),), float("nan"))
     return score
 
 
