@@ -6,8 +6,9 @@ blank or refused image), benign shapes accuracy (binary verifier verdict) and de
 on which the probe fired, and the wall time of producing the images relative to plain sampling (the cost of
 monitoring and steering; reject-and-resample's checker calls count, the evaluation's own scoring does not).
 All modes use the same prompts and seeds, so a mode changes an image only where it acts; the FK modes excepted:
-their particles take the Flow-SDE (noise level 0.7, as `flowrl sample --fk-particles`), since resampled copies of
-a particle under the ODE stay identical (FK would only choose among the starting noises), and their own seeds.
+their particles take a stochastic sampler (generate.particle_sampler: the Flow-SDE at noise level 0.7, DDIM with
+eta 1 on epsilon pipelines, as `flowrl sample --fk-particles`), since resampled copies of a particle under the ODE
+stay identical (FK would only choose among the starting noises), and their own seeds.
 """
 from __future__ import annotations
 

@@ -45,8 +45,8 @@ def steering_arguments(parser, with_mode: bool = True) -> None:
     parser.add_argument("--steer-from-step", type=int, default=None, help="earliest step the probe may fire (0)")
     parser.add_argument("--negative-scale", type=float, default=None, help="negative: guidance scale away from the "
                         "concept (8)")
-    parser.add_argument("--gradient-scale", type=float, default=None, help="probe_gradient: step in velocity-RMS "
-                        "units (4)")
+    parser.add_argument("--gradient-scale", type=float, default=None, help="probe_gradient: the step's RMS, "
+                        "absolute: the probe's gradient at unit RMS times this (4)")
     parser.add_argument("--steer-concept", default=None, help="negative-guidance prompt ('a red triangle')")
     parser.add_argument("--steer-lora", default=None, help="steering LoRA checkpoint (a safe-RL run's), for lora")
     parser.add_argument("--steer-particles", type=int, default=None, help="fk: particles per image (4)")
