@@ -125,16 +125,21 @@ def trained_weights_file(path: Path, prefer_ema: bool = True) -> Path:
     return weights_file
 
 
+def read_trained_weights(path: Path, prefer_ema: bool = True) -> dict:
+    """A checkpoint's trained weights (trained_weights_file's choice); one error for a file that cannot be read."""
+    weights_file = trained_weights_file(path, prefer_ema)
+    try:
+        return load_file(weights_file)
+    except Exception as error:  # safetensors' own error type: a truncated or foreign file
+        raise CorruptCheckpoint(f"checkpoint {path}: {weights_file.name} cannot be read as safetensors "
+                                f"({str(error)[:120]}); a copy cut short?") from None
+
+
 def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True) -> None:
     """Put a checkpoint's trained weights (EMA when present) into a policy, adding its LoRA adapter if needed (with
     its sampling gate: what `flowrl sample`, `eval` and the demo draw from a checkpoint)."""
     path = Path(checkpoint)
-    weights_file = trained_weights_file(path, prefer_ema)
-    try:
-        weights = load_file(weights_file)
-    except Exception as error:  # safetensors' own error type: a truncated or foreign file
-        raise CorruptCheckpoint(f"checkpoint {path}: {weights_file.name} cannot be read as safetensors "
-                                f"({str(error)[:120]}); a copy cut short?") from None
+    weights = read_trained_weights(path, prefer_ema)
     policy.train_networks_named(weights, f"checkpoint {path}")
     if any("lora_" in k for k in weights) and not policy.has_lora:
         adapter = json.loads((path / "adapter.json").read_text()) if (path / "adapter.json").is_file() else None

@@ -153,9 +153,16 @@ class RewardTerm:
     def validate(self, where: str):
         if not self.name:
             raise ConfigError(f"{where}.name: expected a registered reward or package.module:Name")
-        if any(not isinstance(key, str) for key in self.params):  # YAML 1.1: a bare `yes:` / `no:` key is a boolean
-            raise ConfigError(f"{where}.params: a key reads as {next(k for k in self.params if not isinstance(k, str))!r}"
-                              ": YAML takes a bare yes / no as a boolean; quote it ('yes': [...])")
+        def keys(values: dict, at: str):  # at any depth (a judge's params)
+            for key, value in values.items():
+                yield at, key
+                if isinstance(value, dict):
+                    yield from keys(value, f"{at}.{key}")
+
+        for at, key in keys(self.params, f"{where}.params"):  # YAML 1.1: a bare `yes:` / `no:` key is a boolean
+            if not isinstance(key, str):
+                raise ConfigError(f"{at}: a key reads as {key!r}: YAML takes a bare yes / no as a boolean; quote it "
+                                  "('yes': [...])")
         if self.batch_size < 0:
             raise ConfigError(f"{where}.batch_size: expected an integer >= 0 (0: as many as it is given), got "
                               f"{self.batch_size}")

@@ -28,9 +28,7 @@ class CheckpointSet:
     """The base model plus checkpoints, any one of which can be made active."""
 
     def __init__(self, policy, checkpoints: list[str]):
-        from safetensors.torch import load_file
-
-        from .checkpoint import trained_weights_file
+        from .checkpoint import read_trained_weights
 
         self.policy = policy
         self.labels = ["base"]
@@ -39,10 +37,9 @@ class CheckpointSet:
         params = policy.named_trained_parameters()
         for number, checkpoint in enumerate(checkpoints):
             path = Path(checkpoint)
-            weights_file = trained_weights_file(path)  # its EMA when it has one, as `flowrl sample` takes
             label = f"{path.parent.parent.name}/{path.name}" if path.parent.name == "checkpoints" else path.name
             label = label if label not in self.labels else f"{label} ({number})"
-            weights = load_file(weights_file)
+            weights = read_trained_weights(path)  # its EMA when it has one, as `flowrl sample` takes
             if not policy.extra_trained:
                 policy.train_networks_named(weights, f"--checkpoint {path}")
                 params = policy.named_trained_parameters()

@@ -120,6 +120,8 @@ def test_answer_words_as_yaml_reads_them_are_named(tmp_path):
         build_reward("vlm_judge", **params)
     with pytest.raises(ConfigError, match="reward.0..params: a key reads as True: YAML takes a bare yes / no"):
         load_config(REPO / "configs/shapes_grpo.yaml", ["reward=[{name: vlm_judge, params: {yes: ['Yes']}}]"])
+    with pytest.raises(ConfigError, match=r"reward.0..params.judge: a key reads as False"):
+        load_config(REPO / "configs/shapes_grpo.yaml", ["reward=[{name: edit_rubric, params: {judge: {no: ['No']}}}]"])
     assert build_reward("vlm_judge", url="http://127.0.0.1:1/v1", yes="Yes").yes == ("Yes",)
     with pytest.raises(ConfigError, match="judge.no: expected a list"):
         build_reward("edit_rubric", judge={"url": "http://127.0.0.1:1/v1", "no": [False]})
