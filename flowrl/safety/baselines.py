@@ -37,9 +37,9 @@ def filtered_generate(policy, prompts: list[str], prompt_filter: PromptFilter, n
     allowed = [prompts[i] for i in keep]
     allowed_seeds = [seeds[i * num_per_prompt + k] for i in keep for k in range(num_per_prompt)]
     images, records = generate(policy, allowed, num_per_prompt, seeds=allowed_seeds, **kwargs) if allowed else (None, [])
-    # a refused prompt's black image has the shape of the others (the pipeline's size; frames for video); with
-    # every prompt refused, one image is drawn only to learn that shape
-    blank = np.zeros_like(images[0] if allowed else generate(policy, prompts[:1], 1, seed=seed, **kwargs)[0][0])
+    # a refused prompt's black image has the shape of the others: the sample size (frames for video)
+    spec = kwargs.get("spec") or policy.default_spec()
+    blank = np.zeros(((spec.num_frames,) if spec.num_frames else ()) + (spec.height, spec.width, 3), np.uint8)
     out_images, out_records, n = [], [], 0
     for prompt, refuse in zip(prompts, refused):
         for _ in range(num_per_prompt):
