@@ -74,7 +74,7 @@ def normalized_weights(log_weights: torch.Tensor) -> torch.Tensor:
 
 def effective_sample_size(log_weights: torch.Tensor) -> torch.Tensor:
     """ESS per group of a [G, k] log-weight matrix: 1 / sum(w_norm^2)."""
-    return 1.0 / (normalized_weights(log_weights) ** 2).sum(dim=1)
+    return (1.0 / (normalized_weights(log_weights) ** 2).sum(dim=1)).to(log_weights.dtype)
 
 
 def resample_indices(log_weights: torch.Tensor, generator: torch.Generator | list[torch.Generator],

@@ -505,10 +505,9 @@ class Trainer:
         batches, the processes' shares) a whole number of groups; else rubrics are built on parts of groups and
         results depend on memory settings and the number of processes. Read off the config (Reward.groups_scored),
         before any model loads."""
-        from .rewards.base import REWARDS
+        from .rewards.base import groups_scored
 
-        grouped = [i for i, term in enumerate(config.reward)
-                   if REWARDS.get(term.name, f"reward[{i}].name").groups_scored(term.params)]
+        grouped = [i for i, term in enumerate(config.reward) if groups_scored(term.name, term.params, f"reward[{i}]")]
         if not grouped:
             return
         size, c = config.train.group_size, config.train

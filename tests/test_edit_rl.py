@@ -219,9 +219,9 @@ def test_a_group_rubric_refuses_training_cuts_that_split_its_groups(tmp_path):
         Trainer(load_config(tmp_path / "rubric.yaml", ["train.reward_microbatch=8", "reward=[{name: edit_rubric, batch_size: 2, params: {mode: group}}]"]))
     per_sample = ["train.reward_microbatch=6", "reward=[{name: edit_rubric, params: {mode: sample}}]"]
     assert Trainer(load_config(tmp_path / "rubric.yaml", per_sample)).reward.scores_groups is False
-    from flowrl.rewards.base import REWARDS
+    from flowrl.rewards.base import groups_scored
 
     # known from the config before any model loads; a served reward's kind is not known here, so not refused
-    assert [REWARDS.get(name, "reward").groups_scored(params) for name, params in [
+    assert [groups_scored(name, params) for name, params in [
         ("edit_rubric", {}), ("edit_rubric", {"mode": "sample"}), ("remote", {"url": "http://x"}), ("shapes", {})]] \
         == [True, False, False, False]

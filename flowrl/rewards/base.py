@@ -95,6 +95,13 @@ def build_reward(name: str, where: str = "reward", **params) -> Reward:
         raise ConfigError(f"{where}.params: {error}") from None
 
 
+def groups_scored(name: str, params: dict, where: str = "reward") -> bool:
+    """Whether reward `name` built with `params` scores a condition's samples together, known before it is built
+    (Reward.groups_scored); a reward registered as a factory function says nothing: False."""
+    factory = REWARDS.get(name, f"{where}.name")
+    return bool(factory.groups_scored(params)) if hasattr(factory, "groups_scored") else False
+
+
 def check_reward(name: str, params: dict, where: str = "reward") -> None:
     """What can be checked of a reward without loading it: its name is registered, and each local folder or file a
     built-in reward's `path` parameter names (at any depth: a judge's, a wrapped reward's) exists; a ConfigError
