@@ -425,3 +425,25 @@ def test_an_intermediate_reward_that_raises_fails_its_samples_instead_of_the_rol
     trainer = _trainer(tiny_sd3_dir, tmp_path, "RaisesMidway", "algorithm.params={credit: incremental}")
     with pytest.raises(RewardFailure, match="100% of update 0's samples got no finite reward"):
         trainer.collect(0)
+
+
+def test_after_a_raise_a_group_scoring_reward_is_asked_one_group_at_a_time():
+    """The fallback once scored one sample per call: a group rubric then built one-sample rubrics inside a group."""
+    from flowrl.rewards.base import score_robustly
+    from flowrl.tasks.base import Condition
+
+    class GroupRubricLike(Reward):
+        scores_groups = True
+        calls = []
+
+        def __call__(self, samples, prompts, meta=None):
+            self.calls.append(list(prompts))
+            if "bad" in prompts:
+                raise RuntimeError("cannot audit this group")
+            return RewardOutput(torch.full((len(prompts),), float(len(prompts))))
+
+    items = [Condition(p) for p in ["a", "a", "bad", "bad", "c", "c"]]
+    out, error = score_robustly(GroupRubricLike(), torch.zeros(6, 3, 4, 4), [i.prompt for i in items],
+                                {"conditions": items})
+    assert error.startswith("RuntimeError") and GroupRubricLike.calls[1:] == [["a", "a"], ["bad", "bad"], ["c", "c"]]
+    assert out.scores[[0, 1, 4, 5]].tolist() == [2.0] * 4 and torch.isnan(out.scores[2:4]).all()

@@ -149,7 +149,8 @@ def score_in_chunks(reward: Reward, samples: torch.Tensor, prompts: list[str], m
 
 def score_robustly(reward: Reward, samples: torch.Tensor, prompts: list[str], meta: dict,
                    chunk: int = 0) -> tuple[RewardOutput, str | None]:
-    """`score_in_chunks`, except that a reward raising is not fatal: the samples are then scored one by one and
+    """`score_in_chunks`, except that a reward raising is not fatal: the samples are then scored one by one (a
+    reward that scores groups: one run of equal conditions at a time, so no rubric is built on part of a group) and
     those whose call raises get NaN (scores and every info key). Returns the output on the CPU and the first
     error's message (None when none raised)."""
     try:
@@ -159,19 +160,26 @@ def score_robustly(reward: Reward, samples: torch.Tensor, prompts: list[str], me
         return failed_output(reward, len(prompts)), str(error)
     except Exception as error:  # a reward's own failure; the loop decides whether the run can go on
         first = f"{type(error).__name__}: {error}"
+    n, items = len(prompts), (meta or {}).get("conditions")
+    bounds = list(range(n + 1))
+    if reward.scores_groups and items:
+        bounds = [0] + [i for i in range(1, n) if items[i].key() != items[i - 1].key()] + [n]
     outputs = []
-    for i in range(len(prompts)):
+    for a, b in zip(bounds, bounds[1:]):
         try:
-            out = reward(samples[i:i + 1], prompts[i:i + 1], {k: v[i:i + 1] for k, v in (meta or {}).items()})
-            outputs.append(RewardOutput(out.scores.float().reshape(1).cpu(),
-                                        {k: v.float().reshape(1).cpu() for k, v in out.info.items()}))
+            out = reward(samples[a:b], prompts[a:b], {k: v[a:b] for k, v in (meta or {}).items()})
+            outputs.append((b - a, RewardOutput(out.scores.float().reshape(b - a).cpu(),
+                                                {k: v.float().reshape(b - a).cpu() for k, v in out.info.items()})))
         except Exception:
-            outputs.append(None)
-    keys = sorted(set(failed_output(reward, 1).info).union(*[o.info for o in outputs if o is not None]))
-    nan = torch.full((1,), float("nan"))
-    return RewardOutput(torch.cat([o.scores if o is not None else nan for o in outputs]),
-                        {k: torch.cat([o.info.get(k, nan) if o is not None else nan for o in outputs])
-                         for k in keys}), first
+            outputs.append((b - a, None))
+    keys = sorted(set(failed_output(reward, 1).info).union(*[o.info for _, o in outputs if o is not None]))
+
+    def part(size: int, out: RewardOutput | None, key: str | None) -> torch.Tensor:
+        value = None if out is None else out.scores if key is None else out.info.get(key)
+        return value if value is not None else torch.full((size,), float("nan"))
+
+    return RewardOutput(torch.cat([part(size, out, None) for size, out in outputs]),
+                        {k: torch.cat([part(size, out, k) for size, out in outputs]) for k in keys}), first
 
 
 def failed_output(reward: Reward, count: int) -> RewardOutput:
