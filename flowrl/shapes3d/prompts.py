@@ -4,8 +4,9 @@ describes (drawn with jitter), and a fixed train / eval split that holds out com
 Tags: `single` ("a tall box"), `stacked` ("a sphere on top of a cylinder"), `side_by_side` ("a cone next to a box"),
 `tower` ("a cone on top of a box on top of a cylinder"). Size words change the half-extents: tall (y x1.6), flat
 (y x0.5), wide (x and z x1.4), small (all x0.7); none keeps the base size. Stacked parts touch; side-by-side parts
-stand on the same floor a small gap apart. Held out of training: every prompt that names a sphere on top of a cone,
-a cylinder next to a cone, or a flat sphere, and the tower prompts whose top is a sphere.
+stand on the same floor a small gap apart. Held out of training: the stacked prompts that name a sphere on top of a
+cone, every prompt with a cylinder next to a cone or a flat sphere, and the tower prompts whose top is a sphere (three
+training towers hold a sphere on top of a cone lower down: the contact itself is not held out, docs/3d.md).
 """
 from __future__ import annotations
 

@@ -35,8 +35,9 @@ def item_scene(item: Condition):
 @TASKS.register("shapes_edit")
 class ShapesEditTask(GrammarTask):
     """Sets: `train` (every training instruction with 2 scenes, drawn kind first), `eval` (16 items per kind of
-    the held-out instructions, each with its own scene) and `val` (as eval, on other held-out instructions and other
-    scenes: for choosing a recipe without touching eval)."""
+    the held-out instructions, each with its own scene) and `val` (as eval, on other held-out instructions where the
+    kind has any, remove's and replace's being all in eval, and other scenes: for choosing a recipe without touching
+    eval)."""
     name = "shapes_edit"
     set_names = ("train", "eval", "val")
     metric_name = "edit success"
