@@ -232,21 +232,18 @@ class Trainer:
         if global_batch % self.world:
             raise ConfigError(f"train.groups_per_update x train.group_size = {global_batch} samples must divide "
                               f"evenly over {self.world} processes")
-        if config.sampler.fk is not None and config.train.groups_per_update % self.world:
-            raise ConfigError(f"train.groups_per_update: FK rollouts keep each prompt's particles on one process; "
-                              f"expected a multiple of {self.world} processes, got {config.train.groups_per_update}")
         # checked before the model loads (minutes for a large pipeline): the task, its prompts, the rewards' names
         # and local folders (the reward models load after the pipeline is placed, so host memory holds one at a time)
         self.task = build_task(config.task.name, config.task.params)
         self.prompts = PromptSource(self.task, config.prompts.source)
         check_reward_terms(config)
-        self.check_whole_groups_scored(config)
+        self.algorithm = build_algorithm(config.algorithm.name, config.algorithm.params, config.sampler)
+        self.check_whole_groups(config)
         torch.manual_seed(config.run.seed)  # LoRA initialisation draws from the global generator
         self.policy = placed_policy(config, self.accelerator.device)
         if config.sampler.kind not in self.policy.kinds:
             raise ConfigError(f"sampler.kind: a {type(self.policy.pipeline).__name__} samples with "
                               f"{list(self.policy.kinds)}, got {config.sampler.kind!r}")
-        self.algorithm = build_algorithm(config.algorithm.name, config.algorithm.params, config.sampler)
         self.check_resume_settings()  # (after the config's own errors: a typo'd name is said as such)
         if config.train.rollout_microbatch:
             # an algorithm's own no-grad forwards (NFT's, DHO's and DPO's old velocities) take as many items as a
@@ -256,12 +253,6 @@ class Trainer:
             raise ConfigError(f"train.normalize_rewards: algorithm {config.algorithm.name!r} compares the batch's "
                               f"rewards with rewards it computes itself, on the raw scale; expected none, got "
                               f"{config.train.normalize_rewards!r}")
-        if self.algorithm.needs_whole_groups and config.train.groups_per_update % self.world:
-            # a group split over two processes would pair (match) only within each part: results would depend on
-            # the number of processes
-            raise ConfigError(f"train.groups_per_update: algorithm {config.algorithm.name!r} pairs samples within a "
-                              f"group on one process; expected a multiple of {self.world} processes, got "
-                              f"{config.train.groups_per_update}")
         if config.train.async_rollouts and self.world > 1:
             raise ConfigError("train.async_rollouts: runs on one process; set it to false under accelerate / torchrun")
         if config.train.async_rollouts and config.train.staleness and self.algorithm.old_policy_from_prepare:
@@ -499,33 +490,40 @@ class Trainer:
     def _global_max(self, value: int) -> int:
         return int(self.accelerator.gather(torch.tensor([value], device=self.accelerator.device)).max())
 
-    def check_whole_groups_scored(self, config: RunConfig) -> None:
-        """A reward that scores a condition's samples together (a group rubric builds one rubric per call) must get
-        each training group whole: every cut of the rollout's samples (reward calls, async chunks, the term's
-        batches, the processes' shares) a whole number of groups; else rubrics are built on parts of groups and
-        results depend on memory settings and the number of processes. Read off the config (Reward.groups_scored),
-        before any model loads."""
+    def check_whole_groups(self, config: RunConfig) -> None:
+        """Groups that must stay whole, checked off the config before any model loads: FK's particles (a group)
+        resample on one process, an algorithm that pairs or matches within a group (DPO, DHO) sees one process's
+        rows, and a reward that scores a condition's samples together (a group rubric builds one rubric per call,
+        Reward.groups_scored) must get whole groups from every cut of the rollout's samples (reward calls, async
+        chunks, the term's batches); else results would depend on memory settings and the number of processes."""
         from .rewards.base import groups_scored
 
+        c = config.train
         grouped = [i for i, term in enumerate(config.reward) if groups_scored(term.name, term.params, f"reward[{i}]")]
+        names = ", ".join(config.reward[i].name for i in grouped)
+        reasons = []
+        if config.sampler.fk is not None:
+            reasons.append("FK rollouts keep each prompt's particles on one process")
+        if self.algorithm.needs_whole_groups:
+            reasons.append(f"algorithm {config.algorithm.name!r} pairs samples within a group on one process")
+        if grouped:
+            reasons.append(f"reward {names} scores a group's samples together")
+        if reasons and c.groups_per_update % self.world:
+            raise ConfigError(f"train.groups_per_update: {'; '.join(reasons)}; expected a multiple of {self.world} "
+                              f"processes, got {c.groups_per_update}")
         if not grouped:
             return
-        size, c = config.train.group_size, config.train
+        size = c.group_size
         cuts = {"train.reward_microbatch": c.reward_microbatch}
         if c.async_rewards:
             cuts["train.rollout_microbatch"] = c.rollout_microbatch
         for i in grouped:
             cuts[f"reward[{i}].batch_size"] = config.reward[i].batch_size
-        names = ", ".join(config.reward[i].name for i in grouped)
         for name, value in cuts.items():
             if value % size:
-                raise ConfigError(f"{name}: reward {names} scores a group's samples together (a group rubric, or a "
-                                  f"served reward that may be one); expected 0 or a multiple of train.group_size = "
+                raise ConfigError(f"{name}: reward {names} scores a group's samples together (a group rubric); "
+                                  f"expected 0 or a multiple of train.group_size = "
                                   f"{size}, got {value}")
-        if c.groups_per_update % self.world:
-            raise ConfigError(f"train.groups_per_update: reward {names} scores a group's samples together, so every "
-                              f"process must hold whole groups; expected a multiple of {self.world} processes, got "
-                              f"{c.groups_per_update}")
 
     def _global_sum(self, value: int) -> int:
         return int(self.accelerator.gather(torch.tensor([value], device=self.accelerator.device)).sum())
