@@ -242,7 +242,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     steers = [s for s in (e.sample_steer(args, policy) for e in extensions if e.sample_steer) if s is not None]
     stochastic, stochastic_noise = particle_sampler(policy)
     # FK particles (--fk-particles, a task's FK steering) take a stochastic sampler unless --kind says otherwise
-    particles = args.fk_particles or any(getattr(s, "particles", 1) > 1 for s in steers)
+    particles = args.fk_particles or any(s.particles > 1 for s in steers)
     kind = args.kind or (stochastic if particles else "ode")
     if kind not in policy.kinds:
         raise UserError(f"--kind: a {type(policy.pipeline).__name__} samples with {list(policy.kinds)}, got {kind!r}")

@@ -142,6 +142,15 @@ class AlgorithmSection:
     params: dict[str, Any] = field(default_factory=dict)
 
 
+def nested_params(values: dict, at: str):
+    """(where, key, value) for every key of a params mapping at any depth (a judge's, a wrapped reward's params),
+    `where` naming the mapping that holds it (reward[0].params.judge)."""
+    for key, value in values.items():
+        yield at, key, value
+        if isinstance(value, dict):
+            yield from nested_params(value, f"{at}.{key}")
+
+
 @dataclass
 class RewardTerm:
     name: str = ""  # a registered reward or package.module:Name
@@ -153,13 +162,7 @@ class RewardTerm:
     def validate(self, where: str):
         if not self.name:
             raise ConfigError(f"{where}.name: expected a registered reward or package.module:Name")
-        def keys(values: dict, at: str):  # at any depth (a judge's params)
-            for key, value in values.items():
-                yield at, key
-                if isinstance(value, dict):
-                    yield from keys(value, f"{at}.{key}")
-
-        for at, key in keys(self.params, f"{where}.params"):  # YAML 1.1: a bare `yes:` / `no:` key is a boolean
+        for at, key, _ in nested_params(self.params, f"{where}.params"):  # YAML 1.1: a bare `yes:` key is a boolean
             if not isinstance(key, str):
                 raise ConfigError(f"{at}: a key reads as {key!r}: YAML takes a bare yes / no as a boolean; quote it "
                                   "('yes': [...])")

@@ -17,7 +17,7 @@ from .generate import contiguous_share, generate_samples, particle_sampler, samp
 from .prompt_source import PromptSource
 from .report import MetricsLog, image_grid, number, plot_rewards, save_json, tile, write_report
 from .samples import VideoSamples, side_by_side_clips
-from .tasks.base import build_task, format_metrics, tag_metrics
+from .tasks.base import build_task, condition_runs, format_metrics, tag_metrics
 from .train import Trainer, adapter_description, write_config
 
 GRID_PROMPTS = 12
@@ -184,7 +184,7 @@ def group_spans(items: list, size: int, keep_groups: bool = True) -> list[tuple[
         return [(a, min(a + size, len(items))) for a in range(0, len(items), size)]
 
     spans, start = [], 0
-    runs = [0] + [i for i in range(1, len(items)) if items[i].key() != items[i - 1].key()] + [len(items)]
+    runs = condition_runs(items)
     for a, b in zip(runs, runs[1:]):
         if a > start and b - start > size:
             spans.append((start, a))

@@ -9,7 +9,8 @@ potential is lambda r(x0) minus the log-product of the potentials applied so far
 potentials is exactly exp(lambda r(x0)) (for diff it telescopes to that already). Weights accumulate between
 resamplings; at a scheduled step the particles of each prompt are resampled (multinomial) when the effective
 sample size 1 / sum(w_norm^2) is below ess_threshold * k (ess_threshold 1 resamples at every scheduled step where
-the weights are not all equal), and always at the final step. Works for every policy: it runs as a rollout callback on the policy's x0 prediction.
+the weights are not all equal), and always at the final step. Works for every policy: it runs as a rollout callback
+on the policy's x0 prediction.
 """
 from __future__ import annotations
 

@@ -100,13 +100,15 @@ def added_object(found: list[Detection], spec: EditSpec, source: list[ShapeObjec
 
 
 def edit_region(spec: EditSpec, source: list[ShapeObject], target: list[ShapeObject], size: int,
-                edited: np.ndarray | None = None) -> np.ndarray:
+                edited: np.ndarray | None = None, found: list[Detection] | None = None) -> np.ndarray:
     """Where the edit may change pixels: the edited object's source and target masks, grown by 1 px. For an add
-    judged on `edited` (uint8 at the world's size) that made it, the added object's detected pixels stand for the
-    target's box: the editor chose its place."""
+    judged on `edited` (uint8 at the world's size; `found`: its detections, when the caller has them) that made it,
+    the added object's detected pixels stand for the target's box: the editor chose its place."""
     before, after = edited_objects(spec, source, target)
     region = np.zeros((size, size), dtype=bool)
-    added = added_object(detect(edited), spec, source) if spec.kind == "add" and edited is not None else None
+    added = None
+    if spec.kind == "add" and edited is not None:
+        added = added_object(detect(edited) if found is None else found, spec, source)
     if added is not None:
         region |= detected_mask(edited, added)
         after = []
@@ -155,7 +157,7 @@ def judge_edit(edited: np.ndarray, spec: EditSpec, source: list[ShapeObject],
     preserved = all(kept) and extra == 0
     share = (sum(kept) / len(kept)) if kept else 1.0
     dense = 0.5 * float(requested) + 0.5 * max(0.0, share - extra / max(1, len(target)))
-    outside = ~edit_region(spec, source, target, edited.shape[0], edited)
+    outside = ~edit_region(spec, source, target, edited.shape[0], edited, found)
     off_target = float(changed_pixels(edited, render(source))[outside].mean()) if outside.any() else 0.0
     return EditJudgement(requested, preserved, dense, off_target, clean_share(edited),
                          fidelity(edited, render(target, edited.shape[0])))

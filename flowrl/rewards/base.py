@@ -108,19 +108,15 @@ def check_reward(name: str, params: dict, where: str = "reward") -> None:
     naming `where` otherwise. A plug-in's parameters mean what it says (a `path` may be a hub id): left to it."""
     from pathlib import Path
 
-    def paths(values: dict, at: str):
-        for key, value in values.items():
-            if isinstance(value, dict):
-                yield from paths(value, f"{at}.{key}")
-            elif key in ("path", "questions_file") and isinstance(value, str):
-                yield f"{at}.{key}", value
+    from ..config import nested_params
 
     REWARDS.get(name, f"{where}.name")
     if ":" in name:
         return
-    for at, value in paths(params, f"{where}.params"):
-        if not Path(value).exists():
-            raise ConfigError(f"{at}: {value} does not exist; expected a local folder (nothing is fetched from a hub)")
+    for at, key, value in nested_params(params, f"{where}.params"):
+        if key in ("path", "questions_file") and isinstance(value, str) and not Path(value).exists():
+            raise ConfigError(f"{at}.{key}: {value} does not exist; expected a local folder (nothing is fetched from "
+                              "a hub)")
 
 
 def condition_items(prompts: list[str], meta: dict | None) -> list:
@@ -160,10 +156,10 @@ def score_robustly(reward: Reward, samples: torch.Tensor, prompts: list[str], me
         return failed_output(reward, len(prompts)), str(error)
     except Exception as error:  # a reward's own failure; the loop decides whether the run can go on
         first = f"{type(error).__name__}: {error}"
-    n, items = len(prompts), (meta or {}).get("conditions")
-    bounds = list(range(n + 1))
-    if reward.scores_groups and items:
-        bounds = [0] + [i for i in range(1, n) if items[i].key() != items[i - 1].key()] + [n]
+    from ..tasks.base import condition_runs
+
+    items = (meta or {}).get("conditions")
+    bounds = condition_runs(items) if reward.scores_groups and items else list(range(len(prompts) + 1))
     outputs = []
     for a, b in zip(bounds, bounds[1:]):
         try:

@@ -12,7 +12,7 @@ audit the issue compares against). The auditor is rule-based on the shapes-editi
 (`params.judge`: a local folder or an OpenAI-compatible endpoint, flowrl/rewards/rubric_vlm.py) with the same
 `audit` / `requested` / `verify` methods and, optionally, one audit pass per group. A group's rubric sees the
 samples of the group that are in one call: a run refuses training cuts that would split a group
-(Trainer.check_whole_groups_scored); evaluations keep a condition's samples in one call.
+(Trainer.check_whole_groups); evaluations keep a condition's samples in one call.
 """
 from __future__ import annotations
 

@@ -31,6 +31,12 @@ class Condition:
         return self.prompt, repr(sorted(self.meta.items()))
 
 
+def condition_runs(items: list[Condition]) -> list[int]:
+    """Boundaries of the runs of consecutive equal conditions (Condition.key): [0, ..., len(items)], run r being
+    items[bounds[r]:bounds[r + 1]] (a group of a rollout, a condition's samples of an evaluation)."""
+    return [0] + [i for i in range(1, len(items)) if items[i].key() != items[i - 1].key()] + [len(items)]
+
+
 @dataclass
 class ConditionSet:
     items: list[Condition]
@@ -198,7 +204,7 @@ def tag_metrics(values: list[float], tags: list[str], tag_order: tuple[str, ...]
             by_tag.setdefault(tag, []).append(index)
         else:
             failed[tag] = failed.get(tag, 0) + 1
-    order = [t for t in (tag_order or sorted(set(by_tag) | set(failed))) if t in by_tag]
+    order = [t for t in (tag_order or sorted(by_tag)) if t in by_tag]
     keys = list(clusters) if clusters is not None else list(range(len(x)))
     means = {t: float(np.mean(x[by_tag[t]])) for t in order}
     errors = {t: clustered_stderr(x[by_tag[t]], [keys[i] for i in by_tag[t]]) for t in order}
