@@ -3,6 +3,8 @@ first with the weight unused, as a gated LoRA's adapter-free pass), rank 1 one; 
 `flowrl.train.without_buffer_broadcast` the steps finish and the gradients agree; with DDP's default, rank 0's
 extra buffer broadcast pairs with rank 1's gradient all-reduce."""
 import datetime
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -41,6 +43,9 @@ if __name__ == "__main__":
         gathered = [torch.zeros_like(grads) for _ in range(2)]
         dist.all_gather(gathered, grads)
         assert torch.equal(gathered[0], gathered[1]), step
-    dist.barrier()  # no process exits while another may still be sending to it (gloo aborts it: exit code -6)
+    dist.barrier()  # no process exits while another may still be sending to it
     print("ok", rank, flush=True)
-    dist.destroy_process_group()
+    sys.stderr.flush()
+    # what is tested is done; the interpreter's teardown (DDP's reducer and gloo's pairs destroyed while the other
+    # process closes its sockets) aborted one rank once under a busy CI (exit code -6 after the steps), so it is skipped
+    os._exit(0)

@@ -222,7 +222,7 @@ def test_two_processes_train_both_experts_as_one(wan22_run, tmp_path, fsdp2):
     still runs it (one row, weighted zero), so the processes' collectives (DDP's gradient buckets; FSDP2's gathers of
     each expert's shards) match and each expert's weights are one process's."""
     _, config, single = wan22_run
-    double = train_on_two_processes(config, tmp_path / "two.safetensors", 29533 + 10 * fsdp2,
+    double = train_on_two_processes(config, tmp_path / "two.safetensors", 29551 + 10 * fsdp2,
                                     ["run.name=two", "train.checkpoint_every=0"], fsdp2=fsdp2)
     for low in (False, True):
         assert_same_weights(single, double, [k for k in single if k.startswith(LOW_NOISE_EXPERT) == low])
