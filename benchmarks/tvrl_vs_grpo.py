@@ -93,7 +93,7 @@ def table(base: dict, rows: list[dict]) -> str:
             if not rs:
                 continue
             accs = [r["accuracy"] for r in rs]
-            lines.append(f"| {kind} | {algorithm} | {np.mean(accs):.3f} (+{np.mean(accs) - base['accuracy']:.3f}) | "
+            lines.append(f"| {kind} | {algorithm} | {np.mean(accs):.3f} ({np.mean(accs) - base['accuracy']:+.3f}) | "
                          f"{', '.join(f'{a:.3f}' for a in accs)} | {np.mean([r['reward'] for r in rs]):.3f} | "
                          f"{np.mean([r['untouched_change'] for r in rs]):.4f} | "
                          f"{np.mean([r['train_seconds'] for r in rs]):.0f} |")
