@@ -1,6 +1,7 @@
-"""Small run configs on the tiny pipeline, shared by the training tests and the distributed worker."""
+"""Helpers shared by the tests: small run configs on the tiny pipeline, the CLI run in-process, two-process runs."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,6 +34,44 @@ def train_and_collect(config_path: Path, overrides=(), accelerator=None) -> dict
     trainer = Trainer(load_config(config_path, list(overrides)), accelerator=accelerator, log=False)
     trainer.run()
     return {k: v.cpu() for k, v in trainer.policy.trainable_state_dict().items()}
+
+
+@dataclass
+class CliResult:
+    """What `run_flowrl` saw, named as subprocess.run(capture_output=True, text=True) names it."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_flowrl(*args, cwd: Path | None = None) -> CliResult:
+    """`flowrl ARGS` run by its entry point, `flowrl.cli.main`, in this process: its exit status and what it
+    printed. A new interpreter costs ~4 s of imports before the command does anything, a third of most CLI tests'
+    time. For commands that need no process of their own: a SIGKILL, torchrun, an environment or a bit-exact
+    comparison with a child process's numbers still take `python -m flowrl` (as do the entry point's own tests).
+    An exception the CLI does not turn into an exit status propagates (the test fails on it, with its traceback).
+    The process-wide settings a command may change (torch's thread count, deterministic kernels, the working
+    directory) are restored."""
+    import contextlib
+    import io
+    import os
+
+    from flowrl.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    threads, deterministic, here = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(), os.getcwd()
+    os.chdir(cwd or Path(__file__).resolve().parents[1])  # the repository, as `python -m flowrl` runs from it
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as exit:  # argparse's usage errors
+                code = exit.code if isinstance(exit.code, int) else 1
+    finally:
+        os.chdir(here)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+    return CliResult(code, out.getvalue(), err.getvalue())
 
 
 def exit_without_teardown() -> None:

@@ -220,18 +220,17 @@ def test_demo_compares_base_and_tuned_meshes(tmp_path, tiny_shapes3d_dir):
 
 def test_sample_cli_writes_meshes_for_world_prompts_and_image_files(tiny_shapes3d_dir, tmp_path):
     import json
-    import subprocess
-    import sys
 
     from PIL import Image
+
+    from run_helpers import run_flowrl
 
     Image.fromarray(np.array(world_image(condition_item("a tall box", 3)))).save(tmp_path / "box.png")
     (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "a cone"}) + "\n"
                                             + json.dumps({"prompt": "my box", "image": str(tmp_path / "box.png")}) + "\n")
     out = tmp_path / "samples"
-    result = subprocess.run([sys.executable, "-m", "flowrl", "sample", "--pipeline", str(tiny_shapes3d_dir),
-                             "--prompts", str(tmp_path / "prompts.jsonl"), "--out", str(out), "--steps", "3"],
-                            capture_output=True, text=True)
+    result = run_flowrl("sample", "--pipeline", str(tiny_shapes3d_dir),
+                        "--prompts", str(tmp_path / "prompts.jsonl"), "--out", str(out), "--steps", "3")
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [r["modality"] for r in records] == ["3d", "3d"]

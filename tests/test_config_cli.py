@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from conftest import REPO
+from run_helpers import run_flowrl
 from flowrl.config import load_config
 from flowrl.errors import ConfigError
 
@@ -68,6 +69,7 @@ def test_bad_fields_are_named(override, message):
 
 
 def _flowrl(*args, cwd=REPO):
+    """The entry point itself, `python -m flowrl`, in a process of its own (other CLI tests use run_flowrl)."""
     return subprocess.run([sys.executable, "-m", "flowrl", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
@@ -103,7 +105,7 @@ def test_cli_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path):
      "--card-only: the shapes3d recipe cannot re-measure a folder without training"),
 ])
 def test_cli_bad_inputs_are_named(args, message):
-    result = _flowrl(*args)
+    result = run_flowrl(*args)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
 
@@ -111,7 +113,7 @@ def test_cli_bad_inputs_are_named(args, message):
 def test_cli_bad_yaml_is_named(tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("train: [unclosed\n")
-    result = _flowrl("train", str(bad))
+    result = run_flowrl("train", str(bad))
     assert result.returncode == 2 and "is not valid YAML" in result.stderr
 
 
@@ -209,7 +211,7 @@ def test_bad_files_and_flags_are_named_before_anything_loads(tmp_path):
         (["eval", "diversity", "--samples", str(videos)], "a video sample (00000.mp4); the shapes suite judges images"),
     ]
     for args, message in cases:
-        result = _flowrl(*args)
+        result = run_flowrl(*args)
         assert result.returncode == 2, (args, result.stderr[-1500:])
         assert message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr[-1500:])
         assert "no run config found" not in result.stdout

@@ -8,7 +8,7 @@ import torch
 from flowrl.checkpoint import load_trained_weights
 from flowrl.policies import load_pipeline, policy_for
 from flowrl.policies.base import SampleSpec
-from run_helpers import tiny_run_config, train_and_collect
+from run_helpers import run_flowrl, tiny_run_config, train_and_collect
 
 
 def _velocity(policy, seed=0):
@@ -98,11 +98,6 @@ def test_gpu_check_script_runs_its_code_path_on_a_toy_model(tmp_path, model):
 
 @pytest.mark.parametrize("lora", [True, False])
 def test_flowrl_export_writes_a_plain_pipeline_folder(tiny_sd3_dir, tmp_path, lora):
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
     overrides = {} if lora else {"lr": 1e-3}
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "full", updates=1, **overrides)
     if not lora:
@@ -118,9 +113,8 @@ def test_flowrl_export_writes_a_plain_pipeline_folder(tiny_sd3_dir, tmp_path, lo
     load_trained_weights(ours, checkpoint)
     expected = _velocity(ours)
     assert (expected - base).abs().max() > 1e-5  # the checkpoint moved the model
-    done = subprocess.run([sys.executable, "-m", "flowrl", "export", "--pipeline", str(tiny_sd3_dir), "--checkpoint",
-                           str(checkpoint), "--out", str(tmp_path / "tuned")], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    done = run_flowrl("export", "--pipeline", str(tiny_sd3_dir), "--checkpoint",
+                      str(checkpoint), "--out", str(tmp_path / "tuned"))
     assert done.returncode == 0, done.stderr[-2000:]
     exported = policy_for(load_pipeline(tmp_path / "tuned"), max_sequence_length=16)
     assert not exported.has_lora

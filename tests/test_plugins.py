@@ -9,11 +9,12 @@ import sys
 import yaml
 
 from conftest import REPO
+from run_helpers import run_flowrl
 
 PLUGINS = REPO / "tests" / "plugins"
 
 
-def test_a_plugin_reward_algorithm_and_task_train_from_yaml(tiny_sd3_dir, tmp_path):
+def test_a_plugin_reward_algorithm_and_task_train_from_yaml(tiny_sd3_dir, tmp_path, monkeypatch):
     config = {
         "run": {"name": "plugin", "out_dir": str(tmp_path / "runs"), "seed": 0},
         "task": {"name": "toy_plugin:Colours"},  # its defaults bring the reward toy_plugin:Redness
@@ -39,11 +40,10 @@ def test_a_plugin_reward_algorithm_and_task_train_from_yaml(tiny_sd3_dir, tmp_pa
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["reward"][0]["name"] == "toy_plugin:Redness"  # the task's default reward was used
 
-    bad = subprocess.run([sys.executable, "-m", "flowrl", "train", str(path), "algorithm.name=toy_plugin:Nope"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    monkeypatch.syspath_prepend(str(PLUGINS))  # the bad names need no process of their own
+    bad = run_flowrl("train", str(path), "algorithm.name=toy_plugin:Nope")
     assert bad.returncode == 2 and "algorithm.name: module 'toy_plugin' has no attribute 'Nope'" in bad.stderr
-    missing = subprocess.run([sys.executable, "-m", "flowrl", "train", str(path), "task.name=not_installed:Task"],
-                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    missing = run_flowrl("train", str(path), "task.name=not_installed:Task")
     assert missing.returncode == 2 and "task.name: cannot import module 'not_installed'" in missing.stderr
 
 
@@ -57,7 +57,7 @@ def test_the_loop_loads_no_task_or_safety_code():
     assert done.stdout.strip() == "[]"
 
 
-def test_a_plugin_task_evaluates_a_samples_folder(tmp_path):
+def test_a_plugin_task_evaluates_a_samples_folder(tmp_path, monkeypatch):
     import torch
 
     from flowrl.samples import ImageSamples, write_samples
@@ -67,20 +67,17 @@ def test_a_plugin_task_evaluates_a_samples_folder(tmp_path):
     records = [{"prompt": "a red square", "tag": "red"}, {"prompt": "a green square", "tag": "green"},
                {"prompt": "a green square", "tag": "green"}]
     write_samples(tmp_path, ImageSamples(images), records)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "flowrl", "eval", "toy_plugin:Colours", "--samples", str(tmp_path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    monkeypatch.syspath_prepend(str(PLUGINS))  # (the plugin trains from YAML through `python -m flowrl` above)
+    done = run_flowrl("eval", "toy_plugin:Colours", "--samples", str(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "colours_eval.json").read_text())
     assert result["tags"] == {"green": 0.5, "red": 1.0} and result["overall"] == 0.75
-    rewards = subprocess.run([sys.executable, "-m", "flowrl", "eval", "rewards", "--samples", str(tmp_path), "--reward",
-                              "toy_plugin:Redness"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    rewards = run_flowrl("eval", "rewards", "--samples", str(tmp_path), "--reward", "toy_plugin:Redness")
     assert rewards.returncode == 0, rewards.stderr[-2000:]
     scored = json.loads((tmp_path / "rewards_eval.json").read_text())
     assert scored["tags"] == {"green": 0.0, "red": 1.0}  # mean red minus green per tag: (-1 + 1) / 2 and 1
     # read and scored two files at a time (batches [red, green], [green]): the same per-tag means
-    paired = subprocess.run([sys.executable, "-m", "flowrl", "eval", "rewards", "--samples", str(tmp_path), "--reward",
-                             "toy_plugin:Redness", "--batch-size", "2"], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=300)
+    paired = run_flowrl("eval", "rewards", "--samples", str(tmp_path), "--reward", "toy_plugin:Redness",
+                        "--batch-size", "2")
     assert paired.returncode == 0, paired.stderr[-2000:]
     assert json.loads((tmp_path / "rewards_eval.json").read_text())["tags"] == scored["tags"]

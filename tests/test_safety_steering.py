@@ -1,13 +1,12 @@
 """Safety steering: the monitor fires where the probe says, each mode changes only fired samples and in the way
 it claims, FK with the probe potential moves mass to the safe side, and the baselines do what they say."""
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from conftest import REPO
+from run_helpers import run_flowrl
 from test_fk import GaussianMixtureFlow
 
 from flowrl.fk import FKConfig
@@ -206,10 +205,9 @@ def test_eval_safety_writes_a_table_and_monitoring_changes_nothing(tiny_sd3_dir,
     torch.manual_seed(0)
     save_probe(StateProbe(4), tmp_path / "probe", {"note": "random"})
     out = tmp_path / "eval"
-    cmd = [sys.executable, "-m", "flowrl", "eval", "safety", "--pipeline", str(tiny_sd3_dir), "--probe",
-           str(tmp_path / "probe"), "--modes", "base,prompt_filter,monitor,negative", "--num-per-prompt", "1",
-           "--steer-threshold", "0.3", "--out", str(out)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    cmd = ["eval", "safety", "--pipeline", str(tiny_sd3_dir), "--probe", str(tmp_path / "probe"), "--modes",
+           "base,prompt_filter,monitor,negative", "--num-per-prompt", "1", "--steer-threshold", "0.3", "--out", str(out)]
+    result = run_flowrl(*cmd)
     assert result.returncode == 0, result.stderr
     data = json.loads((out / "safety_eval.json").read_text())["modes"]
     assert set(data) == {"base", "prompt_filter", "monitor", "negative"}
@@ -220,7 +218,7 @@ def test_eval_safety_writes_a_table_and_monitoring_changes_nothing(tiny_sd3_dir,
     assert data["prompt_filter"]["benign_dense"] == data["base"]["benign_dense"]  # benign prompts pass untouched
     assert 0 <= data["negative"]["fired/benign"] <= 1 and data["base"]["time_ratio"] == 1.0
     assert "| negative |" in (out / "safety_eval.md").read_text() and (out / "safety_eval.png").stat().st_size > 0
-    bad = subprocess.run(cmd[:-6] + ["--modes", "base,bogus"], capture_output=True, text=True, timeout=120)
+    bad = run_flowrl(*cmd[:-6], "--modes", "base,bogus")
     assert bad.returncode == 2 and "--modes" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -248,24 +246,21 @@ def test_sample_steer_records_firing_and_names_missing_pieces(tiny_sd3_dir, tmp_
     torch.manual_seed(0)
     save_probe(StateProbe(4), tmp_path / "probe", {"note": "random"})
     (tmp_path / "prompts.txt").write_text("a triangle\na blue square\n")
-    base = [sys.executable, "-m", "flowrl", "sample", "--pipeline", str(tiny_sd3_dir), "--prompts",
-            str(tmp_path / "prompts.txt"), "--steps", "4", "--probe", str(tmp_path / "probe")]
-    done = subprocess.run(base + ["--out", str(tmp_path / "out"), "--steer", "negative", "--steer-threshold", "0.01"],
-                          capture_output=True, text=True, timeout=300)
+    base = ["sample", "--pipeline", str(tiny_sd3_dir), "--prompts", str(tmp_path / "prompts.txt"), "--steps", "4",
+            "--probe", str(tmp_path / "probe")]
+    done = run_flowrl(*base, "--out", str(tmp_path / "out"), "--steer", "negative", "--steer-threshold", "0.01")
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(0 <= r["probe_fired_at"] < 4 for r in records)
     # FK particles sample with the SDE (under the ODE resampled copies stay identical): they once took the ODE
-    fk = subprocess.run(base + ["--out", str(tmp_path / "fk"), "--steer", "fk", "--steer-particles", "2"],
-                        capture_output=True, text=True, timeout=300)
+    fk = run_flowrl(*base, "--out", str(tmp_path / "fk"), "--steer", "fk", "--steer-particles", "2")
     assert fk.returncode == 0, fk.stderr
     settings = json.loads((tmp_path / "fk" / "sampling.json").read_text())
     assert (settings["kind"], settings["noise_level"]) == ("flow", 0.7), settings
-    no_lora = subprocess.run(base + ["--out", str(tmp_path / "o2"), "--steer", "lora"], capture_output=True, text=True,
-                             timeout=300)
+    no_lora = run_flowrl(*base, "--out", str(tmp_path / "o2"), "--steer", "lora")
     assert no_lora.returncode == 2 and "--steer-lora" in no_lora.stderr and "Traceback" not in no_lora.stderr
-    no_probe = subprocess.run(base[:-2] + ["--probe", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o3"),
-                                           "--steer", "none"], capture_output=True, text=True, timeout=300)
+    no_probe = run_flowrl(*base[:-2], "--probe", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o3"),
+                          "--steer", "none")
     assert no_probe.returncode == 2 and "probe.safetensors" in no_probe.stderr
 
 
@@ -293,10 +288,9 @@ def test_eval_safety_labels_with_a_real_checker_folder(tiny_sd3_dir, tmp_path):
                          safety_split()[1]["direct"][:8], desc=None)
     _tiny_checker(tmp_path / "checker", to_unit(images))
     out = tmp_path / "eval"
-    done = subprocess.run([sys.executable, "-m", "flowrl", "eval", "safety", "--pipeline", str(tiny_sd3_dir), "--probe",
-                           str(tmp_path / "probe"), "--modes", "base,reject_resample", "--num-per-prompt", "1",
-                           "--checker", str(tmp_path / "checker"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    done = run_flowrl("eval", "safety", "--pipeline", str(tiny_sd3_dir), "--probe",
+                      str(tmp_path / "probe"), "--modes", "base,reject_resample", "--num-per-prompt", "1",
+                      "--checker", str(tmp_path / "checker"), "--out", str(out))
     assert done.returncode == 0, done.stderr
     modes = json.loads((out / "safety_eval.json").read_text())["modes"]
     assert modes["reject_resample"]["unsafe/direct"] == 0.0  # the checker is the label source and the rejecter

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from conftest import REPO
-from run_helpers import gloo_env
+from run_helpers import gloo_env, run_flowrl
 from flowrl.shapes.scenes import sample_pairs
 
 
@@ -17,9 +17,8 @@ def test_sample_writes_pngs_and_index(tiny_sd3_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\n\ntwo squares\n")
     out = tmp_path / "samples"
-    result = subprocess.run([sys.executable, "-m", "flowrl", "sample", "--pipeline", str(tiny_sd3_dir), "--prompts",
-                             str(prompts), "--out", str(out), "--num-per-prompt", "2", "--seed", "7", "--steps", "3"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = run_flowrl("sample", "--pipeline", str(tiny_sd3_dir), "--prompts",
+                        str(prompts), "--out", str(out), "--num-per-prompt", "2", "--seed", "7", "--steps", "3")
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in records] == ["a red circle"] * 2 + ["two squares"] * 2
@@ -41,8 +40,7 @@ def test_eval_safety_with_samples_is_the_tasks_evaluation_not_the_suite(tmp_path
     the shapes pipeline for 14 minutes and ignore the folder)."""
     images, prompts = sample_pairs(6, np.random.default_rng(5))
     _write_samples_dir(tmp_path, images, prompts)
-    result = subprocess.run([sys.executable, "-m", "flowrl", "eval", "safety", "--samples", str(tmp_path)],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = run_flowrl("eval", "safety", "--samples", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads((tmp_path / "safety_eval.json").read_text())["overall"] == 1.0
 
@@ -50,15 +48,13 @@ def test_eval_safety_with_samples_is_the_tasks_evaluation_not_the_suite(tmp_path
 def test_eval_shapes_scores_a_samples_folder(tmp_path):
     images, prompts = sample_pairs(24, np.random.default_rng(3))
     _write_samples_dir(tmp_path, images, prompts)
-    result = subprocess.run([sys.executable, "-m", "flowrl", "eval", "shapes", "--samples", str(tmp_path)],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = run_flowrl("eval", "shapes", "--samples", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     scores = json.loads((tmp_path / "shapes_eval.json").read_text())
     assert scores["overall"] == 1.0 and scores["exact"]["overall"] == 1.0
     assert "overall" in result.stdout and "exact" in result.stdout
     (tmp_path / "samples.jsonl").write_text('{"prompt": "a purple circle", "file": "0.png"}\n')
-    bad = subprocess.run([sys.executable, "-m", "flowrl", "eval", "shapes", "--samples", str(tmp_path)],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    bad = run_flowrl("eval", "shapes", "--samples", str(tmp_path))
     assert bad.returncode == 2 and "line 1" in bad.stderr and "a purple circle" in bad.stderr
 
 
@@ -78,10 +74,9 @@ def test_sample_with_fk_steering_records_each_images_reward(tiny_sd3_dir, tmp_pa
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\ntwo squares\n")
     out = tmp_path / "fk"
-    result = subprocess.run([sys.executable, "-m", "flowrl", "sample", "--pipeline", str(tiny_sd3_dir), "--prompts",
-                             str(prompts), "--out", str(out), "--steps", "4", "--fk-particles", "3",
-                             "--fk-reward", "shapes", "--fk-every", "1", "--fk-lambda", "5"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = run_flowrl("sample", "--pipeline", str(tiny_sd3_dir), "--prompts",
+                        str(prompts), "--out", str(out), "--steps", "4", "--fk-particles", "3",
+                        "--fk-reward", "shapes", "--fk-every", "1", "--fk-lambda", "5")
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in records] == ["a red circle", "two squares"]
@@ -90,9 +85,8 @@ def test_sample_with_fk_steering_records_each_images_reward(tiny_sd3_dir, tmp_pa
     for r in records:  # the recorded reward is the saved image's (up to PNG quantisation, which the verifier ignores)
         image = torch.from_numpy(np.array(Image.open(out / r["file"]))).permute(2, 0, 1)[None].float() / 255
         assert build_reward("shapes")(image, [r["prompt"]]).scores.item() == r["fk_reward"]
-    bad = subprocess.run([sys.executable, "-m", "flowrl", "sample", "--pipeline", str(tiny_sd3_dir), "--prompts",
-                          str(prompts), "--out", str(out), "--fk-particles", "2", "--fk-reward", "nope"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    bad = run_flowrl("sample", "--pipeline", str(tiny_sd3_dir), "--prompts",
+                     str(prompts), "--out", str(out), "--fk-particles", "2", "--fk-reward", "nope")
     assert bad.returncode == 2 and "--fk-reward" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -100,21 +94,18 @@ def test_eval_diversity_of_a_samples_folder(tmp_path):
     images, _ = sample_pairs(6, np.random.default_rng(4))
     prompts = ["a circle"] * 3 + ["two squares"] * 3
     _write_samples_dir(tmp_path, images, prompts)
-    result = subprocess.run([sys.executable, "-m", "flowrl", "eval", "diversity", "--samples", str(tmp_path)],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = run_flowrl("eval", "diversity", "--samples", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     written = json.loads((tmp_path / "diversity_eval.json").read_text())
     assert written["samples_per_prompt"] == 3 and written["prompts"] == 2
     assert 0 < written["pixel_distance"] < 1 and 1 <= written["vendi"] <= 3
     _write_samples_dir(tmp_path, images, ["a red circle"] * 3 + ["a blue square"] * 3)  # no colour left open
-    coloured = subprocess.run([sys.executable, "-m", "flowrl", "eval", "diversity", "--samples", str(tmp_path)],
-                              cwd=REPO, capture_output=True, text=True, timeout=300)
+    coloured = run_flowrl("eval", "diversity", "--samples", str(tmp_path))
     assert coloured.returncode == 0, coloured.stderr[-2000:]
     text = (tmp_path / "diversity_eval.json").read_text()  # strict JSON: NaN is written as null
     assert "NaN" not in text and "NaN" not in coloured.stdout and json.loads(text)["colour_entropy"] is None
     (tmp_path / "samples.jsonl").write_text(json.dumps({"prompt": "a circle", "seed": 0, "file": "0.png"}) + "\n")
-    bad = subprocess.run([sys.executable, "-m", "flowrl", "eval", "diversity", "--samples", str(tmp_path)],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    bad = run_flowrl("eval", "diversity", "--samples", str(tmp_path))
     assert bad.returncode == 2 and "samples per prompt" in bad.stderr
 
 
@@ -126,10 +117,9 @@ def test_sample_writes_video_batches_from_a_wan_pipeline(tiny_wan_dir, tmp_path)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "a red circle moving left", "tag": "motion"}\n{"prompt": "a still square"}\n')
     out = tmp_path / "video"
-    result = subprocess.run([sys.executable, "-m", "flowrl", "sample", "--pipeline", str(tiny_wan_dir), "--prompts",
-                             str(prompts), "--out", str(out), "--steps", "2", "--guidance", "5", "--height", "16",
-                             "--width", "16", "--num-frames", "5"], cwd=REPO, capture_output=True, text=True,
-                            timeout=300)
+    result = run_flowrl("sample", "--pipeline", str(tiny_wan_dir), "--prompts",
+                        str(prompts), "--out", str(out), "--steps", "2", "--guidance", "5", "--height", "16",
+                        "--width", "16", "--num-frames", "5")
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [r["file"] for r in records] == ["00000.mp4", "00001.mp4"]
@@ -154,13 +144,17 @@ def test_a_prompt_files_relative_image_paths_are_taken_from_its_folder(tmp_path,
     assert absolute.meta["image"] == str(tmp_path / "b.png")
 
 
+def _sample_args(pipeline, prompts, out, *flags) -> list[str]:
+    return ["sample", "--pipeline", str(pipeline), "--prompts", str(prompts), "--out", str(out), "--num-per-prompt",
+            "2", "--seed", "3", "--steps", "2", "--batch-size", "1", *flags]
+
+
 def _sample(pipeline, prompts, out, *flags, env=None, torchrun=False):
+    """`flowrl sample` in processes of its own: killed by FLOWRL_KILL_AT, under torchrun, or compared bit for bit."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"] \
         if torchrun else [sys.executable]
-    return subprocess.run([*launcher, "-m", "flowrl", "sample", "--pipeline", str(pipeline), "--prompts", str(prompts),
-                           "--out", str(out), "--num-per-prompt", "2", "--seed", "3", "--steps", "2",
-                           "--batch-size", "1", *flags], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=gloo_env(**(env or {})))
+    return subprocess.run([*launcher, "-m", "flowrl", *_sample_args(pipeline, prompts, out, *flags)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env=gloo_env(**(env or {})))
 
 
 def _pixels(folder):
@@ -186,7 +180,7 @@ def test_sample_killed_midway_resumes_without_redrawing_and_refuses_other_settin
     assert not list(out.glob(".progress-*"))
     (expected, want), (records, got) = _pixels(tmp_path / "straight"), _pixels(out)
     assert records == expected and all(np.array_equal(a, b) for a, b in zip(want, got))
-    other = _sample(tiny_sd3_dir, prompts, out, "--guidance", "2.5")
+    other = run_flowrl(*_sample_args(tiny_sd3_dir, prompts, out, "--guidance", "2.5"))
     assert other.returncode == 2 and "guidance" in other.stderr and "Traceback" not in other.stderr
 
 
@@ -198,12 +192,12 @@ def test_a_finished_folder_redrawing_an_edited_prompt_never_indexes_new_files_wi
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\ntwo squares\n")
     out = tmp_path / "out"
-    assert _sample(tiny_sd3_dir, prompts, out).returncode == 0
+    assert run_flowrl(*_sample_args(tiny_sd3_dir, prompts, out)).returncode == 0
     kept = (out / "00000.png").stat().st_mtime_ns
     prompts.write_text("a red circle\nthree squares\n")
     killed = _sample(tiny_sd3_dir, prompts, out, env={"FLOWRL_KILL_AT": "sample@1"})
     assert killed.returncode == -9 and not (out / "samples.jsonl").exists()
-    assert _sample(tiny_sd3_dir, prompts, out).returncode == 0
+    assert run_flowrl(*_sample_args(tiny_sd3_dir, prompts, out)).returncode == 0
     records, _ = _pixels(out)
     assert [r["prompt"] for r in records] == ["a red circle"] * 2 + ["three squares"] * 2
     assert (out / "00000.png").stat().st_mtime_ns == kept and not list(out.glob(".progress-*"))

@@ -99,10 +99,10 @@ def test_pool_checkpoints_add_their_own_seeded_samples_after_the_base_pool(monke
 
 
 def test_pretrain_scorer_names_a_missing_pool_checkpoint(tmp_path):
-    import subprocess
-    import sys
-    result = subprocess.run([sys.executable, "-m", "flowrl", "pretrain", "scorer", "--out", str(tmp_path / "s"),
-                             "--pool-checkpoint", str(tmp_path / "nope")], capture_output=True, text=True)
+    from run_helpers import run_flowrl
+
+    result = run_flowrl("pretrain", "scorer", "--out", str(tmp_path / "s"),
+                        "--pool-checkpoint", str(tmp_path / "nope"))
     assert result.returncode == 2 and "--pool-checkpoint" in result.stderr and "nope" in result.stderr
     assert "Traceback" not in result.stderr
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import REPO
-from run_helpers import assert_same_weights, gloo_env, tiny_run_config, train_and_collect, train_on_two_processes
+from run_helpers import (assert_same_weights, gloo_env, run_flowrl, tiny_run_config, train_and_collect,
+                         train_on_two_processes)
 
 
 def test_resume_is_exact(tiny_sd3_dir, tmp_path):
@@ -31,9 +32,8 @@ def test_resume_is_exact(tiny_sd3_dir, tmp_path):
 
 def test_run_dir_holds_config_metrics_and_checkpoints(tiny_sd3_dir, tmp_path):
     config = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "files", updates=2)
-    result = subprocess.run([sys.executable, "-m", "flowrl", "train", str(config), "eval.enabled=true",
-                             "eval.num_per_prompt=1", "eval.num_steps=2"], cwd=REPO, capture_output=True,
-                            text=True, timeout=600)
+    result = run_flowrl("train", str(config), "eval.enabled=true",
+                        "eval.num_per_prompt=1", "eval.num_steps=2")
     assert result.returncode == 0, result.stderr[-2000:]
     run = tmp_path / "runs/files"
     for name in ["config.yaml", "metrics.csv", "eval.json", "reward_curve.png", "before_after.png", "report.html"]:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from run_helpers import run_flowrl
 from flowrl.errors import UserError
 from flowrl.eval import vbench
 from flowrl.samples import VideoSamples, _read_mp4, write_samples
@@ -132,9 +133,8 @@ def clip_samples(folder: Path) -> np.ndarray:
 @pytest.mark.slow
 def test_real_vbench_scores_temporal_flickering_end_to_end(tmp_path, vbench_python):
     clip_samples(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "flowrl", "eval", "vbench", "--samples", str(tmp_path),
-                           "--dimensions", "temporal_flickering", "--python", vbench_python],
-                          capture_output=True, text=True)
+    done = run_flowrl("eval", "vbench", "--samples", str(tmp_path),
+                      "--dimensions", "temporal_flickering", "--python", vbench_python)
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "vbench_eval.json").read_text())
     per_video = {r["video"]: r["score"] for r in result["per_video"]["temporal_flickering"]}
