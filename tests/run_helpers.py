@@ -46,7 +46,7 @@ class CliResult:
 
 def run_flowrl(*args, cwd: Path | None = None) -> CliResult:
     """`flowrl ARGS` run by its entry point, `flowrl.cli.main`, in this process: its exit status and what it
-    printed. A new interpreter costs ~4 s of imports before the command does anything, a third of most CLI tests'
+    printed. A new interpreter costs ~4 s of imports before the command does anything, most of a small CLI test's
     time. For commands that need no process of their own: a SIGKILL, torchrun, an environment or a bit-exact
     comparison with a child process's numbers still take `python -m flowrl` (as do the entry point's own tests).
     An exception the CLI does not turn into an exit status propagates (the test fails on it, with its traceback).
