@@ -44,7 +44,7 @@ class CliResult:
     stderr: str
 
 
-def run_flowrl(*args, cwd: Path | None = None) -> CliResult:
+def run_flowrl(*args) -> CliResult:
     """`flowrl ARGS` run by its entry point, `flowrl.cli.main`, in this process: its exit status and what it
     printed. A new interpreter costs ~4 s of imports before the command does anything, most of a small CLI test's
     time. For commands that need no process of their own: a SIGKILL, torchrun, an environment or a bit-exact
@@ -60,13 +60,13 @@ def run_flowrl(*args, cwd: Path | None = None) -> CliResult:
 
     out, err = io.StringIO(), io.StringIO()
     threads, deterministic, here = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(), os.getcwd()
-    os.chdir(cwd or Path(__file__).resolve().parents[1])  # the repository, as `python -m flowrl` runs from it
+    os.chdir(Path(__file__).resolve().parents[1])  # the repository, as the tests run `python -m flowrl` from it
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main([str(a) for a in args])
-            except SystemExit as exit:  # argparse's usage errors
-                code = exit.code if isinstance(exit.code, int) else 1
+            except SystemExit as exit:  # argparse's usage errors; read as the interpreter reads sys.exit's argument
+                code = 0 if exit.code is None else exit.code if isinstance(exit.code, int) else 1
     finally:
         os.chdir(here)
         torch.set_num_threads(threads)
