@@ -12,6 +12,7 @@ position spread of the attributes a prompt leaves open).
 
 Writes OUT/results.json, OUT/table.md and OUT/tradeoff.png (OUT = benchmarks/results/alignment_diversity).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,17 +38,28 @@ from flowrl.train import Trainer  # noqa: E402
 TRAINED = {
     "ddpo (all steps)": [],
     "ddpo latter-only": ["algorithm.params.window_schedule=latter", "algorithm.params.window_size=3"],
-    "incremental FK": ["algorithm.params.credit=incremental", "algorithm.params.window_schedule=incremental",
-                       "algorithm.params.window_size=3"],
+    "incremental FK": [
+        "algorithm.params.credit=incremental",
+        "algorithm.params.window_schedule=incremental",
+        "algorithm.params.window_size=3",
+    ],
 }
 PIPELINE = "pipelines/shapes-sd"
 
 
 def train_points(label: str, overrides: list[str], args, scorer) -> list[dict]:
     name = label.replace(" ", "_").replace("(", "").replace(")", "")
-    shared = [f"run.name={name}", f"run.out_dir={args.out / 'runs'}", f"train.updates={args.updates}",
-              "train.groups_per_update=4", "train.group_size=8", "train.checkpoint_every=0", "eval.enabled=false",
-              "algorithm.params.timestep_fraction=1.0", "reward=[{name: shapes_clip, weight: 1.0}]"]
+    shared = [
+        f"run.name={name}",
+        f"run.out_dir={args.out / 'runs'}",
+        f"train.updates={args.updates}",
+        "train.groups_per_update=4",
+        "train.group_size=8",
+        "train.checkpoint_every=0",
+        "eval.enabled=false",
+        "algorithm.params.timestep_fraction=1.0",
+        "reward=[{name: shapes_clip, weight: 1.0}]",
+    ]
     config = load_config(ROOT / "configs" / "shapes_ddpo.yaml", shared + overrides)
     shutil.rmtree(Path(config.run.out_dir) / name, ignore_errors=True)
     trainer = Trainer(config, log=False)
@@ -58,8 +70,11 @@ def train_points(label: str, overrides: list[str], args, scorer) -> list[dict]:
         if update % args.eval_every == 0:
             point = {"budget": update, "train_seconds": clock["train"], **evaluate_policy(trainer.policy, scorer)[0]}
             points.append(point)
-            print(f"  {label} {update}: reward {point['learned_reward']:.3f}  acc {point['accuracy']:.3f}  "
-                  f"div {point['diversity']:.3f}  vendi {point['vendi']:.3f}", flush=True)
+            print(
+                f"  {label} {update}: reward {point['learned_reward']:.3f}  acc {point['accuracy']:.3f}  "
+                f"div {point['diversity']:.3f}  vendi {point['vendi']:.3f}",
+                flush=True,
+            )
 
     trainer.run(on_update)
     return points
@@ -73,16 +88,29 @@ def fk_points(args, scorer) -> list[dict]:
         fk = FKConfig(num_particles=k, lam=args.fk_lambda, potential="diff", resample_every=2)
         metrics, _ = evaluate_policy(policy, scorer, kind="ddim", noise_level=1.0, fk=fk, fk_reward=scorer)
         points.append({"budget": k, "sample_seconds": time.time() - started, **metrics})
-        print(f"  FK steering k={k}: reward {metrics['learned_reward']:.3f}  acc {metrics['accuracy']:.3f}  "
-              f"div {metrics['diversity']:.3f}  vendi {metrics['vendi']:.3f}", flush=True)
+        print(
+            f"  FK steering k={k}: reward {metrics['learned_reward']:.3f}  acc {metrics['accuracy']:.3f}  "
+            f"div {metrics['diversity']:.3f}  vendi {metrics['vendi']:.3f}",
+            flush=True,
+        )
     return points
 
 
 def write_table(base: dict, results: dict, path: Path) -> str:
-    columns = ["learned_reward", "accuracy", "diversity", "feature_diversity", "vendi", "colour_entropy",
-               "position_spread"]
-    lines = ["| method | budget | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns),
-             "| base (DDIM, eta 0) | - | " + " | ".join(f"{base[c]:.3f}" for c in columns) + " |"]
+    columns = [
+        "learned_reward",
+        "accuracy",
+        "diversity",
+        "feature_diversity",
+        "vendi",
+        "colour_entropy",
+        "position_spread",
+    ]
+    lines = [
+        "| method | budget | " + " | ".join(columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+        "| base (DDIM, eta 0) | - | " + " | ".join(f"{base[c]:.3f}" for c in columns) + " |",
+    ]
     for label, points in results.items():
         unit = "particles" if label.startswith("FK") else "updates"
         for p in points:
@@ -100,10 +128,18 @@ def plot(base: dict, results: dict, path: Path) -> None:
             for label, points in results.items():
                 ax.plot([p[diversity] for p in points], [p["learned_reward"] for p in points], marker="o", label=label)
                 for p in points:
-                    ax.annotate(str(p["budget"]), (p[diversity], p["learned_reward"]), fontsize=7,
-                                textcoords="offset points", xytext=(3, 3))
-            ax.set_xlabel({"diversity": "within-prompt pixel distance",
-                           "vendi": "within-prompt Vendi score (scorer features)"}[diversity])
+                    ax.annotate(
+                        str(p["budget"]),
+                        (p[diversity], p["learned_reward"]),
+                        fontsize=7,
+                        textcoords="offset points",
+                        xytext=(3, 3),
+                    )
+            ax.set_xlabel(
+                {"diversity": "within-prompt pixel distance", "vendi": "within-prompt Vendi score (scorer features)"}[
+                    diversity
+                ]
+            )
             ax.set_ylabel("learned reward (eval split)")
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=8)
@@ -113,8 +149,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--updates", type=int, default=60)
     parser.add_argument("--eval-every", type=int, default=20)
-    parser.add_argument("--particles", type=int, nargs="+", default=[1, 2, 4, 8],
-                        help="FK particle counts (1 = plain stochastic DDIM, the no-steering reference)")
+    parser.add_argument(
+        "--particles",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4, 8],
+        help="FK particle counts (1 = plain stochastic DDIM, the no-steering reference)",
+    )
     parser.add_argument("--fk-lambda", type=float, default=5.0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "alignment_diversity")
     args = parser.parse_args()
@@ -129,8 +170,9 @@ def main():
         results[label] = train_points(label, overrides, args, scorer)
     print(f"FK steering at sampling time, lambda {args.fk_lambda}", flush=True)
     results["FK steering (sampling)"] = fk_points(args, scorer)
-    (args.out / "results.json").write_text(json.dumps({"base": base, "results": results,
-                                                       "minutes": (time.time() - started) / 60}, indent=2) + "\n")
+    (args.out / "results.json").write_text(
+        json.dumps({"base": base, "results": results, "minutes": (time.time() - started) / 60}, indent=2) + "\n"
+    )
     print(write_table(base, results, args.out / "table.md"))
     plot(base, results, args.out / "tradeoff.png")
     print(f"{(time.time() - started) / 60:.1f} minutes; written to {args.out}")

@@ -5,6 +5,7 @@ rounds), reporting seconds per update for the collect phase (rollout + reward) a
 
     python benchmarks/async_rewards.py [--rounds 3] [--updates 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,11 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "async_rewards.json"))
     args = parser.parse_args()
     shared = ["eval.enabled=false", "train.rollout_microbatch=32", "run.out_dir=/tmp/flowrl_async_bench"]
-    modes = {"sync": [], "async": ["train.async_rewards=true"],
-             "async_process": ["train.async_rewards=true",
-                               "reward=[{name: shapes, params: {dense: true}, process: true}]"]}
+    modes = {
+        "sync": [],
+        "async": ["train.async_rewards=true"],
+        "async_process": ["train.async_rewards=true", "reward=[{name: shapes, params: {dense: true}, process: true}]"],
+    }
     trainers = {mode: Trainer(load_config(args.config, shared + extra), log=False) for mode, extra in modes.items()}
     for trainer in trainers.values():  # warm-up
         collect_seconds(trainer, 1)
@@ -50,9 +53,13 @@ def main() -> None:
         for mode, trainer in trainers.items():
             seconds[mode] += collect_seconds(trainer, args.updates)
     mean = {mode: sum(v) / len(v) for mode, v in seconds.items()}
-    result = {"seconds_per_collect": mean, "async_over_sync": mean["async"] / mean["sync"],
-              "async_process_over_sync": mean["async_process"] / mean["sync"],
-              "samples": seconds, "torch_threads": torch.get_num_threads()}
+    result = {
+        "seconds_per_collect": mean,
+        "async_over_sync": mean["async"] / mean["sync"],
+        "async_process_over_sync": mean["async_process"] / mean["sync"],
+        "samples": seconds,
+        "torch_threads": torch.get_num_threads(),
+    }
     print(json.dumps(result, indent=2))
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

@@ -8,6 +8,7 @@ differs. Run it from the repository root:
     python benchmarks/behaviour_snapshot.py --out before.json [--eval]
     python benchmarks/behaviour_snapshot.py --compare before.json after.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,10 +22,16 @@ from pathlib import Path
 
 def run_config(config: Path, out_dir: Path, updates: int, extra: list[str]) -> list[dict]:
     name = config.stem
-    overrides = [f"run.out_dir={out_dir}", f"run.name={name}", f"train.updates={updates}",
-                 "train.checkpoint_every=0", *extra]
-    subprocess.run([sys.executable, "-m", "flowrl", "train", str(config), *overrides], check=True,
-                   stdout=subprocess.DEVNULL)
+    overrides = [
+        f"run.out_dir={out_dir}",
+        f"run.name={name}",
+        f"train.updates={updates}",
+        "train.checkpoint_every=0",
+        *extra,
+    ]
+    subprocess.run(
+        [sys.executable, "-m", "flowrl", "train", str(config), *overrides], check=True, stdout=subprocess.DEVNULL
+    )
     with (out_dir / name / "metrics.csv").open() as f:
         return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(f)]
 
@@ -47,8 +54,12 @@ def snapshot(updates: int, with_eval: bool, only: list[str], old_defaults: bool)
             result[config.stem] = run_config(config, Path(tmp), updates, extra)
         if with_eval:
             out = Path(tmp) / "eval"
-            run_config(Path("configs/shapes_grpo.yaml"), out, 1, ["eval.enabled=true", "eval.every=0"]
-                       + (OLD_DEFAULTS if old_defaults else []))
+            run_config(
+                Path("configs/shapes_grpo.yaml"),
+                out,
+                1,
+                ["eval.enabled=true", "eval.every=0"] + (OLD_DEFAULTS if old_defaults else []),
+            )
             result["shapes_grpo_eval"] = json.loads((out / "shapes_grpo" / "eval.json").read_text())
     return result
 
@@ -72,8 +83,12 @@ def main() -> None:
     parser.add_argument("--eval", action="store_true")
     parser.add_argument("--only", default="", help="comma-separated config names")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"))
-    parser.add_argument("--old-defaults", action="store_true", help="train with the defaults issue 14 changed set "
-                        "to their old values (CFG's unconditional gradient kept; NFT's unscaled loss, A = 0 dropped)")
+    parser.add_argument(
+        "--old-defaults",
+        action="store_true",
+        help="train with the defaults issue 14 changed set "
+        "to their old values (CFG's unconditional gradient kept; NFT's unscaled loss, A = 0 dropped)",
+    )
     args = parser.parse_args()
     if args.compare:
         a, b = (json.loads(Path(p).read_text()) for p in args.compare)

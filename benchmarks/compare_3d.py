@@ -13,6 +13,7 @@ DHO config samples asynchronously, one version stale), for the wall-clock compar
 
 Writes OUT/results.json, OUT/table.md and OUT/curves.png (OUT = benchmarks/results/compare_3d).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,16 @@ METRICS = ("iou", "chamfer", "fscore", "valid")
 
 def config_for(method: str, seed: int, args):
     base = method.split("_")[0]
-    overrides = [f"run.name={method}_seed{seed}", f"run.out_dir={args.out / 'runs'}", f"run.seed={seed}",
-                 f"train.updates={args.updates}", "train.checkpoint_every=0", "eval.enabled=true",
-                 *METHODS[method], *args.override]
+    overrides = [
+        f"run.name={method}_seed{seed}",
+        f"run.out_dir={args.out / 'runs'}",
+        f"run.seed={seed}",
+        f"train.updates={args.updates}",
+        "train.checkpoint_every=0",
+        "eval.enabled=true",
+        *METHODS[method],
+        *args.override,
+    ]
     return load_config(ROOT / "configs" / f"shapes3d_{base}.yaml", overrides)
 
 
@@ -49,8 +57,7 @@ def measure(trainer: Trainer, desc: str) -> dict:
     result, samples, items = evaluate(trainer, desc)
     report = result["metrics"]["overall"]
     rewards = tag_metrics_of(reward_scores(trainer.reward, in_batches(samples, items, 64)), items)
-    return {**{k: report[k] for k in METRICS}, "eval_reward": rewards["overall"],
-            "tags_iou": result["tags"]}
+    return {**{k: report[k] for k in METRICS}, "eval_reward": rewards["overall"], "tags_iou": result["tags"]}
 
 
 def run_one(method: str, seed: int, args, base_point: dict | None) -> dict:
@@ -67,9 +74,12 @@ def run_one(method: str, seed: int, args, base_point: dict | None) -> dict:
         if update % args.eval_every == 0 or update == args.updates:
             point = {"update": update, "train_seconds": clock["train"], **measure(trainer, f"{method} {update}")}
             curve.append(point)
-            print(f"  {method} seed {seed} {update:3d}: IoU {point['iou']:.3f}  F {point['fscore']:.3f}  "
-                  f"Chamfer {point['chamfer']:.4f}  valid {point['valid']:.3f}  reward {point['eval_reward']:.3f}  "
-                  f"({clock['train']:.0f} s)", flush=True)
+            print(
+                f"  {method} seed {seed} {update:3d}: IoU {point['iou']:.3f}  F {point['fscore']:.3f}  "
+                f"Chamfer {point['chamfer']:.4f}  valid {point['valid']:.3f}  reward {point['eval_reward']:.3f}  "
+                f"({clock['train']:.0f} s)",
+                flush=True,
+            )
 
     started = time.time()
     trainer.run(on_update)
@@ -77,9 +87,15 @@ def run_one(method: str, seed: int, args, base_point: dict | None) -> dict:
     # the per-update time so that evaluation never counts for or against a method
     evals = {p["update"] for p in curve}
     timed = [h["seconds"] for h in history if h["update"] - 1 not in evals or h["update"] == 1]
-    return {"method": method, "seed": seed, "curve": curve, "history": history,
-            "seconds_per_update": float(np.mean(timed)), "wall_seconds": time.time() - started,
-            "config": config_to_dict(config)}
+    return {
+        "method": method,
+        "seed": seed,
+        "curve": curve,
+        "history": history,
+        "seconds_per_update": float(np.mean(timed)),
+        "wall_seconds": time.time() - started,
+        "config": config_to_dict(config),
+    }
 
 
 def summary(runs: list[dict]) -> dict:
@@ -87,22 +103,34 @@ def summary(runs: list[dict]) -> dict:
     out = {}
     for method in dict.fromkeys(r["method"] for r in runs):
         mine = [r for r in runs if r["method"] == method]
-        row = {"seeds": [r["seed"] for r in mine], "s_per_update": float(np.mean([r["seconds_per_update"] for r in mine]))}
+        row = {
+            "seeds": [r["seed"] for r in mine],
+            "s_per_update": float(np.mean([r["seconds_per_update"] for r in mine])),
+        }
         for key in (*METRICS, "eval_reward"):
             finals = [r["curve"][-1][key] for r in mine]
-            row[key] = {"base": mine[0]["curve"][0][key], "final": float(np.mean(finals)),
-                        "spread": float(max(finals) - min(finals)), "per_seed": finals}
+            row[key] = {
+                "base": mine[0]["curve"][0][key],
+                "final": float(np.mean(finals)),
+                "spread": float(max(finals) - min(finals)),
+                "per_seed": finals,
+            }
         out[method] = row
     return out
 
 
 def write_table(table: dict, path: Path) -> str:
-    lines = ["| method | seeds | volume IoU (base -> final) | Chamfer | F-score | valid | eval reward | s / update |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | seeds | volume IoU (base -> final) | Chamfer | F-score | valid | eval reward | s / update |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for method, row in table.items():
-        cells = [f"{row[k]['base']:.3f} -> {row[k]['final']:.3f} (±{row[k]['spread'] / 2:.3f})"
-                 if k != "chamfer" else f"{row[k]['base']:.4f} -> {row[k]['final']:.4f}"
-                 for k in (*METRICS, "eval_reward")]
+        cells = [
+            f"{row[k]['base']:.3f} -> {row[k]['final']:.3f} (±{row[k]['spread'] / 2:.3f})"
+            if k != "chamfer"
+            else f"{row[k]['base']:.4f} -> {row[k]['final']:.4f}"
+            for k in (*METRICS, "eval_reward")
+        ]
         lines.append(f"| {method} | {len(row['seeds'])} | " + " | ".join(cells) + f" | {row['s_per_update']:.2f} |")
     text = "\n".join(lines) + "\n\n(final: mean over training seeds; ± half the seeds' range)\n"
     path.write_text(text)
@@ -115,25 +143,45 @@ def plot(runs: list[dict], path: Path) -> None:
     title = "3D methods on shapes3d-flow: same rewards, conditions and samples per update (thin: seeds)"
     with figure(path, 2, 2, figsize=(10, 7), title=title) as (fig, axes):
         colours = dict(zip(METHODS, matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]))
-        panels = [("iou", "volume IoU (held-out)"), ("fscore", "F-score at 0.05 (held-out)"),
-                  ("eval_reward", "reward on held-out samples")]
+        panels = [
+            ("iou", "volume IoU (held-out)"),
+            ("fscore", "F-score at 0.05 (held-out)"),
+            ("eval_reward", "reward on held-out samples"),
+        ]
         for method in dict.fromkeys(r["method"] for r in runs):
             mine = [r for r in runs if r["method"] == method]
             for ax, (key, label) in zip(axes.flat, panels):
                 for r in mine:
-                    ax.plot([p["update"] for p in r["curve"]], [p[key] for p in r["curve"]], color=colours[method],
-                            alpha=0.3, lw=1)
+                    ax.plot(
+                        [p["update"] for p in r["curve"]],
+                        [p[key] for p in r["curve"]],
+                        color=colours[method],
+                        alpha=0.3,
+                        lw=1,
+                    )
                 xs = [p["update"] for p in mine[0]["curve"]]
-                ax.plot(xs, np.mean([[p[key] for p in r["curve"]] for r in mine], 0), color=colours[method], marker="o",
-                        ms=3, label=method)
+                ax.plot(
+                    xs,
+                    np.mean([[p[key] for p in r["curve"]] for r in mine], 0),
+                    color=colours[method],
+                    marker="o",
+                    ms=3,
+                    label=method,
+                )
                 ax.set_ylabel(label)
                 ax.set_xlabel("update")
             ax = axes[1, 1]
             for r in mine:
                 rewards = [h["reward_mean"] for h in r["history"]]
                 k = max(1, len(rewards) // 10)
-                ax.plot(np.arange(k, len(rewards) + 1), np.convolve(rewards, np.ones(k) / k, mode="valid"),
-                        color=colours[method], alpha=0.6, lw=1, label=method if r is mine[0] else None)
+                ax.plot(
+                    np.arange(k, len(rewards) + 1),
+                    np.convolve(rewards, np.ones(k) / k, mode="valid"),
+                    color=colours[method],
+                    alpha=0.6,
+                    lw=1,
+                    label=method if r is mine[0] else None,
+                )
             ax.set_ylabel(f"train reward ({k}-update mean)")
             ax.set_xlabel("update")
         axes[0, 0].legend(fontsize=8)
@@ -165,7 +213,9 @@ def main():
         for seed in [int(s) for s in args.seeds.split(",")]:
             print(f"{method} seed {seed}: {args.updates} updates", flush=True)
             run = run_one(method, seed, args, base_point)
-            base_point = base_point or {k: v for k, v in run["curve"][0].items() if k not in ("update", "train_seconds")}
+            base_point = base_point or {
+                k: v for k, v in run["curve"][0].items() if k not in ("update", "train_seconds")
+            }
             runs = [r for r in runs if (r["method"], r["seed"]) != (method, seed)] + [run]
             results_path.write_text(json.dumps({"runs": runs}, indent=2) + "\n")  # nothing lost if a later run fails
     table = summary(runs)

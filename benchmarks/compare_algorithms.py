@@ -12,6 +12,7 @@ diversity, against updates and against training wall-clock (evaluation time excl
 
 Writes OUT/results.json, OUT/table.md and OUT/curves.png (OUT = benchmarks/results/compare_algorithms).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,15 +34,29 @@ from flowrl.report import figure  # noqa: E402
 from flowrl.rewards import build_reward  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 
-METHODS = {name: ROOT / "configs" / f"shapes_{name}.yaml" for name in ("grpo", "nft", "refl", "draft", "mend", "ddpo", "dho")}
+METHODS = {
+    name: ROOT / "configs" / f"shapes_{name}.yaml" for name in ("grpo", "nft", "refl", "draft", "mend", "ddpo", "dho")
+}
 
 
 def method_config(name: str, updates: int, out: Path, seed: int, extra: list[str] = ()) -> RunConfig:
     """The method's shipped config with the shared budget, reward and seed of the comparison (and `extra`)."""
-    shared = [f"run.name={name}", f"run.out_dir={out / 'runs'}", f"run.seed={seed}", f"train.updates={updates}",
-              "train.groups_per_update=4", "train.group_size=8", "train.lr=1.0e-3", "train.lr_schedule=cosine",
-              "train.microbatch_size=32", "train.checkpoint_every=0", "lora.rank=16", "lora.alpha=32",
-              "eval.enabled=false", "reward=[{name: shapes_clip, weight: 1.0}]"]
+    shared = [
+        f"run.name={name}",
+        f"run.out_dir={out / 'runs'}",
+        f"run.seed={seed}",
+        f"train.updates={updates}",
+        "train.groups_per_update=4",
+        "train.group_size=8",
+        "train.lr=1.0e-3",
+        "train.lr_schedule=cosine",
+        "train.microbatch_size=32",
+        "train.checkpoint_every=0",
+        "lora.rank=16",
+        "lora.alpha=32",
+        "eval.enabled=false",
+        "reward=[{name: shapes_clip, weight: 1.0}]",
+    ]
     return load_config(METHODS[name], shared + list(extra))
 
 
@@ -73,17 +88,29 @@ def run_method(name: str, args, evaluator: Evaluator) -> dict:
         clock["train"] += metrics["seconds"]
         history.append({"update": update, **{k: float(v) for k, v in metrics.items()}})
         if update % args.eval_every == 0 or update == args.updates:
-            point = {"update": update, "train_seconds": clock["train"], "train_reward": metrics["reward_mean"],
-                     **evaluator(trainer.policy, path, f"{name} eval {update}")}
+            point = {
+                "update": update,
+                "train_seconds": clock["train"],
+                "train_reward": metrics["reward_mean"],
+                **evaluator(trainer.policy, path, f"{name} eval {update}"),
+            }
             curve.append(point)
-            print(f"  {name} {update:4d}: learned {point['learned_reward']:.3f}  acc {point['accuracy']:.3f}  "
-                  f"dist {point['distance_to_base']:.3f}  div {point['diversity']:.3f}  ({clock['train']:.0f} s)",
-                  flush=True)
+            print(
+                f"  {name} {update:4d}: learned {point['learned_reward']:.3f}  acc {point['accuracy']:.3f}  "
+                f"dist {point['distance_to_base']:.3f}  div {point['diversity']:.3f}  ({clock['train']:.0f} s)",
+                flush=True,
+            )
 
     started = time.time()
     trainer.run(on_update)
-    return {"pipeline": path, "curve": curve, "history": history, "seconds_per_update": clock["train"] / args.updates,
-            "wall_seconds": time.time() - started, "config": config_to_dict(config)}
+    return {
+        "pipeline": path,
+        "curve": curve,
+        "history": history,
+        "seconds_per_update": clock["train"] / args.updates,
+        "wall_seconds": time.time() - started,
+        "config": config_to_dict(config),
+    }
 
 
 def updates_to_target(curve: list[dict], target: float) -> int | None:
@@ -91,16 +118,20 @@ def updates_to_target(curve: list[dict], target: float) -> int | None:
 
 
 def write_table(results: dict, gain: float, path: Path) -> str:
-    lines = [f"| method | pipeline | learned reward (base -> final) | eval accuracy (base -> final) | updates to "
-             f"+{gain} learned reward | s / update | distance to base | diversity (base -> final) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| method | pipeline | learned reward (base -> final) | eval accuracy (base -> final) | updates to "
+        f"+{gain} learned reward | s / update | distance to base | diversity (base -> final) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in results.items():
         first, final = r["curve"][0], r["curve"][-1]
         reached = updates_to_target(r["curve"], first["learned_reward"] + gain)
-        lines.append(f"| {name} | {Path(r['pipeline']).name} | {first['learned_reward']:.2f} -> {final['learned_reward']:.2f} "
-                     f"| {first['accuracy']:.3f} -> {final['accuracy']:.3f} | {reached if reached else 'not reached'} "
-                     f"| {r['seconds_per_update']:.1f} | {final['distance_to_base']:.3f} "
-                     f"| {first['diversity']:.3f} -> {final['diversity']:.3f} |")
+        lines.append(
+            f"| {name} | {Path(r['pipeline']).name} | {first['learned_reward']:.2f} -> {final['learned_reward']:.2f} "
+            f"| {first['accuracy']:.3f} -> {final['accuracy']:.3f} | {reached if reached else 'not reached'} "
+            f"| {r['seconds_per_update']:.1f} | {final['distance_to_base']:.3f} "
+            f"| {first['diversity']:.3f} -> {final['diversity']:.3f} |"
+        )
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
@@ -115,8 +146,9 @@ def plot(results: dict, path: Path) -> None:
             c = r["curve"]
             for row, key in enumerate(["learned_reward", "accuracy"]):
                 axes[row, 0].plot([p["update"] for p in c], [p[key] for p in c], marker="o", ms=3, label=name)
-                axes[row, 1].plot([p["train_seconds"] / 60 for p in c], [p[key] for p in c], marker="o", ms=3,
-                                  label=name)
+                axes[row, 1].plot(
+                    [p["train_seconds"] / 60 for p in c], [p[key] for p in c], marker="o", ms=3, label=name
+                )
         for row, label in enumerate(["learned reward (eval split)", "verifier accuracy (eval split)"]):
             axes[row, 0].set_ylabel(label)
             axes[row, 0].set_xlabel("updates")
@@ -134,8 +166,13 @@ def main():
     parser.add_argument("--gain", type=float, default=1.0, help="the stated target: base learned reward + GAIN")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "compare_algorithms")
-    parser.add_argument("--override", nargs="*", default=[], help="key=value applied to every selected method "
-                        "(a side run; its results are stored under the method name plus --suffix)")
+    parser.add_argument(
+        "--override",
+        nargs="*",
+        default=[],
+        help="key=value applied to every selected method "
+        "(a side run; its results are stored under the method name plus --suffix)",
+    )
     parser.add_argument("--suffix", default="", help="label suffix for side runs, e.g. ' (lr 3e-4)'")
     parser.add_argument("--replot", action="store_true", help="only rewrite table.md and curves.png from results.json")
     args = parser.parse_args()

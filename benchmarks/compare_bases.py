@@ -5,6 +5,7 @@ recipe moved the base before RL is run on it.
 
     python benchmarks/compare_bases.py pipelines/shapes-sd3 OTHER_DIR --out benchmarks/results/NAME.json   # ~2 min
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,18 +34,24 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     evaluator = LowNoiseEval(args.per_tag, args.steps)
-    verdicts = {path: evaluator.both_verdicts(policy_for(load_pipeline(path), max_sequence_length=16))
-                for path in (args.a, args.b)}
+    verdicts = {
+        path: evaluator.both_verdicts(policy_for(load_pipeline(path), max_sequence_length=16))
+        for path in (args.a, args.b)
+    }
     result = {"a": args.a, "b": args.b, "images": len(evaluator.expanded)}
     for i, verdict in enumerate(("geneval", "exact")):
         a, b = verdicts[args.a][i], verdicts[args.b][i]
         result[verdict] = {"a": evaluator.summary(a), "b": evaluator.summary(b), "b_minus_a": evaluator.summary(b - a)}
         diff = result[verdict]["b_minus_a"]
-        print(f"{verdict}: a {result[verdict]['a']['overall']:.3f}  b {result[verdict]['b']['overall']:.3f}  "
-              f"b - a {100 * diff['overall']:+.1f} +- {100 * 1.96 * diff['draw_se']:.1f} points")
+        print(
+            f"{verdict}: a {result[verdict]['a']['overall']:.3f}  b {result[verdict]['b']['overall']:.3f}  "
+            f"b - a {100 * diff['overall']:+.1f} +- {100 * 1.96 * diff['draw_se']:.1f} points"
+        )
         for tag, value in diff["tags"].items():
-            print(f"  {tag:<14} a {result[verdict]['a']['tags'][tag]:.2f}  b {result[verdict]['b']['tags'][tag]:.2f}  "
-                  f"b - a {100 * value:+.1f}")
+            print(
+                f"  {tag:<14} a {result[verdict]['a']['tags'][tag]:.2f}  b {result[verdict]['b']['tags'][tag]:.2f}  "
+                f"b - a {100 * value:+.1f}"
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -22,6 +22,7 @@ chosen on the val split, judged on the eval split), into OUT/checkpoint_eval.jso
 
 Writes OUT/results.json and OUT/table.md (OUT = benchmarks/results/compare_edit_rewards).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,16 +44,23 @@ from flowrl.tasks.base import interval  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 
 REWARDS = {
-    "verifier": '[{name: shapes_edit, params: {dense: true}}]',
-    "audit": '[{name: edit_rubric, params: {mode: sample}}]',
-    "rubric": '[{name: edit_rubric, params: {mode: group}}]',
+    "verifier": "[{name: shapes_edit, params: {dense: true}}]",
+    "audit": "[{name: edit_rubric, params: {mode: sample}}]",
+    "rubric": "[{name: edit_rubric, params: {mode: group}}]",
 }
 METRICS = ("off_target", "sc", "pq", "editscore", "requested", "preserved")
 
 
 def config_for(reward: str, seed: int, args):
-    overrides = [f"run.name={reward}_seed{seed}", f"run.out_dir={args.out / 'runs'}", f"run.seed={seed}",
-                 f"reward={REWARDS[reward]}", "train.checkpoint_every=0", "eval.every=0", *args.override]
+    overrides = [
+        f"run.name={reward}_seed{seed}",
+        f"run.out_dir={args.out / 'runs'}",
+        f"run.seed={seed}",
+        f"reward={REWARDS[reward]}",
+        "train.checkpoint_every=0",
+        "eval.every=0",
+        *args.override,
+    ]
     if args.updates is not None:
         overrides.append(f"train.updates={args.updates}")
     return load_config(args.config, overrides)
@@ -64,8 +72,12 @@ def measure(trainer: Trainer, eval_seeds: list[int], desc: str) -> dict:
     for seed in eval_seeds:
         trainer.config.eval.seed = seed
         result, _, _ = evaluate(trainer, f"{desc} eval seed {seed}")
-        out[str(seed)] = {"success": result["overall"], "interval": interval(result), "tags": result["tags"],
-                          **{k: result["metrics"][k]["overall"] for k in METRICS}}
+        out[str(seed)] = {
+            "success": result["overall"],
+            "interval": interval(result),
+            "tags": result["tags"],
+            **{k: result["metrics"][k]["overall"] for k in METRICS},
+        }
     return out
 
 
@@ -93,16 +105,26 @@ def run_one(reward: str, seed: int, args, base: dict | None) -> dict:
     def on_update(update, metrics):
         history.append({"update": update, **{k: float(v) for k, v in metrics.items()}})
         if update % 10 == 0:
-            print(f"  {reward} seed {seed} {update:3d}: train reward {metrics['reward_mean']:.3f} "
-                  f"({metrics['seconds']:.1f} s)", flush=True)
+            print(
+                f"  {reward} seed {seed} {update:3d}: train reward {metrics['reward_mean']:.3f} "
+                f"({metrics['seconds']:.1f} s)",
+                flush=True,
+            )
 
     started = time.time()
     trainer.run(on_update)
     train_seconds = time.time() - started
     final = measure(trainer, args.eval_seeds, f"{reward} final")
-    return {"reward": reward, "seed": seed, "base": base, "final": final, "history": history,
-            "train_seconds": train_seconds, "seconds_per_update": float(np.mean([h["seconds"] for h in history])),
-            "config": config_to_dict(config)}
+    return {
+        "reward": reward,
+        "seed": seed,
+        "base": base,
+        "final": final,
+        "history": history,
+        "train_seconds": train_seconds,
+        "seconds_per_update": float(np.mean([h["seconds"] for h in history])),
+        "config": config_to_dict(config),
+    }
 
 
 def judge_checkpoint(args) -> None:
@@ -113,18 +135,27 @@ def judge_checkpoint(args) -> None:
     base = measure(trainer, args.eval_seeds, "base")
     load_trained_weights(trainer.policy, args.checkpoint)
     final = measure(trainer, args.eval_seeds, "checkpoint")
-    result = {"checkpoint": str(args.checkpoint), "eval_prompts": trainer.config.eval.prompts, "base": base,
-              "final": final}
+    result = {
+        "checkpoint": str(args.checkpoint),
+        "eval_prompts": trainer.config.eval.prompts,
+        "base": base,
+        "final": final,
+    }
     (args.out / "checkpoint_eval.json").write_text(json.dumps(result, indent=2) + "\n")
     for key in ("success", "off_target"):
-        print(f"{key}: base {mean_over_seeds(base, key):.4f} -> {mean_over_seeds(final, key):.4f} (mean of eval "
-              f"seeds {', '.join(map(str, args.eval_seeds))})")
+        print(
+            f"{key}: base {mean_over_seeds(base, key):.4f} -> {mean_over_seeds(final, key):.4f} (mean of eval "
+            f"seeds {', '.join(map(str, args.eval_seeds))})"
+        )
     print(f"written to {args.out / 'checkpoint_eval.json'}")
 
 
 def write_table(runs: list[dict], path: Path) -> str:
-    lines = ["| reward | training seeds | edit success (base -> final, 95% +-) | per seed | off-target (x base) | "
-             "SC | PQ | Overall | s / update |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| reward | training seeds | edit success (base -> final, 95% +-) | per seed | off-target (x base) | "
+        "SC | PQ | Overall | s / update |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for reward in dict.fromkeys(r["reward"] for r in runs):
         mine = [r for r in runs if r["reward"] == reward]
         base = mine[0]["base"]
@@ -133,15 +164,21 @@ def write_table(runs: list[dict], path: Path) -> str:
         off = [mean_over_seeds(r["final"], "off_target") / mean_over_seeds(base, "off_target") for r in mine]
 
         def pair(key, digits=2):
-            return (f"{mean_over_seeds(base, key):.{digits}f} -> "
-                    f"{np.mean([mean_over_seeds(r['final'], key) for r in mine]):.{digits}f}")
+            return (
+                f"{mean_over_seeds(base, key):.{digits}f} -> "
+                f"{np.mean([mean_over_seeds(r['final'], key) for r in mine]):.{digits}f}"
+            )
 
-        lines.append(f"| {reward} | {len(mine)} | {mean_over_seeds(base, 'success'):.3f} -> {np.mean(finals):.3f} "
-                     f"(+-{half:.3f}) | {', '.join(f'{f:.3f}' for f in finals)} | {pair('off_target', 4)} "
-                     f"({np.mean(off):.2f}) | {pair('sc')} | {pair('pq')} | {pair('editscore')} | "
-                     f"{np.mean([r['seconds_per_update'] for r in mine]):.1f} |")
-    text = ("\n".join(lines) + "\n\n(finals: mean over training seeds of the mean over eval seeds; 95% +- is one "
-            "run's interval, scenes as the sampling unit)\n")
+        lines.append(
+            f"| {reward} | {len(mine)} | {mean_over_seeds(base, 'success'):.3f} -> {np.mean(finals):.3f} "
+            f"(+-{half:.3f}) | {', '.join(f'{f:.3f}' for f in finals)} | {pair('off_target', 4)} "
+            f"({np.mean(off):.2f}) | {pair('sc')} | {pair('pq')} | {pair('editscore')} | "
+            f"{np.mean([r['seconds_per_update'] for r in mine]):.1f} |"
+        )
+    text = (
+        "\n".join(lines) + "\n\n(finals: mean over training seeds of the mean over eval seeds; 95% +- is one "
+        "run's interval, scenes as the sampling unit)\n"
+    )
     path.write_text(text)
     return text
 
@@ -151,13 +188,21 @@ def main():
     parser.add_argument("--rewards", default=",".join(REWARDS))
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--eval-seeds", default="2024,2025,2026")
-    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "shapes_edit_grpo.yaml",
-                        help="the edit RL config every variant trains (e.g. configs/shapes_edit_nft.yaml)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=ROOT / "configs" / "shapes_edit_grpo.yaml",
+        help="the edit RL config every variant trains (e.g. configs/shapes_edit_nft.yaml)",
+    )
     parser.add_argument("--updates", type=int, default=None, help="default: the config's")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "compare_edit_rewards")
     parser.add_argument("--override", nargs="*", default=[], help="key=value applied to every run")
-    parser.add_argument("--checkpoint", type=Path, default=None,
-                        help="judge this checkpoint against the base (no training) into OUT/checkpoint_eval.json")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="judge this checkpoint against the base (no training) into OUT/checkpoint_eval.json",
+    )
     args = parser.parse_args()
     torch.set_num_threads(2)
     rewards = [r.strip() for r in args.rewards.split(",") if r.strip()]

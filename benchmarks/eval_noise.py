@@ -10,6 +10,7 @@ interval of the paired difference, and the seconds per image.
 
 Writes benchmarks/results/eval_noise.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,9 @@ def image_scores(checkpoint: str | None, pipeline: str, steps: int) -> tuple[np.
         load_trained_weights(policy, checkpoint)
     prompts = eval_prompt_set()
     started = time.time()
-    samples, records = generate_samples(policy, prompts, PER_PROMPT, PROTOCOL["seed"], steps,
-                                        PROTOCOL["guidance_scale"], desc=None)
+    samples, records = generate_samples(
+        policy, prompts, PER_PROMPT, PROTOCOL["seed"], steps, PROTOCOL["guidance_scale"], desc=None
+    )
     seconds = (time.time() - started) / len(records)
     verdicts = [score(image, r["prompt"]) for image, r in zip(samples.to_uint8(), records)]
     return np.asarray(verdicts, dtype=float).reshape(len(prompts), PER_PROMPT), seconds
@@ -77,8 +79,10 @@ def main() -> None:
         print(f"{steps} steps ({row['seconds_per_image']:.3f} s / image):")
         for n in (4, PER_PROMPT):
             b, t, g = row[f"base_{n}"], row[f"tuned_{n}"], row[f"gain_{n}"]
-            print(f"  {n:2d} per prompt: base {b['overall']:.3f} +- {b['interval']:.3f}   tuned {t['overall']:.3f} +- "
-                  f"{t['interval']:.3f}   gain {100 * g['overall']:+.1f} +- {100 * g['interval']:.1f} points")
+            print(
+                f"  {n:2d} per prompt: base {b['overall']:.3f} +- {b['interval']:.3f}   tuned {t['overall']:.3f} +- "
+                f"{t['interval']:.3f}   gain {100 * g['overall']:+.1f} +- {100 * g['interval']:.1f} points"
+            )
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(f"written to {args.out}")
 

@@ -12,6 +12,7 @@ whether a checkpoint's gain on the held-out split shows on the prompts it traine
 
 (~40 s per model and seed on 2 CPU cores). Writes benchmarks/results/eval_seed_spread.json (or --out) with --save.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,12 +43,19 @@ def split_items(task, split: str) -> list:
         return task.condition_set("eval").items
     by_tag = task.condition_set("train").by_tag
     rng = np.random.default_rng(7)
-    return [by_tag[tag][i] for tag in by_tag
-            for i in rng.permutation(len(by_tag[tag]))[:TRAIN_PROMPTS_PER_TAG].tolist()]
+    return [
+        by_tag[tag][i] for tag in by_tag for i in rng.permutation(len(by_tag[tag]))[:TRAIN_PROMPTS_PER_TAG].tolist()
+    ]
 
 
-def overall_by_seed(checkpoint: str | None, seeds: list[int], pipeline: str, split: str = "eval",
-                    task_name: str = "shapes", guidance_scale: float = PROTOCOL["guidance_scale"]) -> list[float]:
+def overall_by_seed(
+    checkpoint: str | None,
+    seeds: list[int],
+    pipeline: str,
+    split: str = "eval",
+    task_name: str = "shapes",
+    guidance_scale: float = PROTOCOL["guidance_scale"],
+) -> list[float]:
     """The task's overall accuracy on the split, per eval seed (the runs' protocol: ODE, 20 steps, CFG 4.5 unless
     `guidance_scale` says otherwise, e.g. 1.0 for a CFG-free policy, 4 per prompt, the pipeline's own size)."""
     task = build_task(task_name)
@@ -61,8 +69,16 @@ def overall_by_seed(checkpoint: str | None, seeds: list[int], pipeline: str, spl
     expanded = [item for item in items for _ in range(PROTOCOL["num_per_prompt"])]
     out = []
     for seed in seeds:
-        samples, _ = generate_samples(policy, [c.prompt for c in items], PROTOCOL["num_per_prompt"], seed,
-                                      PROTOCOL["num_steps"], guidance_scale, spec, desc=None)
+        samples, _ = generate_samples(
+            policy,
+            [c.prompt for c in items],
+            PROTOCOL["num_per_prompt"],
+            seed,
+            PROTOCOL["num_steps"],
+            guidance_scale,
+            spec,
+            desc=None,
+        )
         out.append(task.evaluate(samples, expanded)["overall"])
     return out
 
@@ -73,10 +89,18 @@ def main() -> None:
     parser.add_argument("--seeds", default="2024,1,2,3,4", help="eval seeds (2024 is the runs' own)")
     parser.add_argument("--pipeline", default="pipelines/shapes-sd3")
     parser.add_argument("--task", default="shapes", help="shapes, moving_shapes, ...: whose splits and evaluation")
-    parser.add_argument("--split", choices=("eval", "train"), default="eval",
-                        help="eval: the held-out eval prompts; train: up to 12 training prompts per tag")
-    parser.add_argument("--guidance-scale", type=float, default=PROTOCOL["guidance_scale"],
-                        help="CFG for base and checkpoints alike (1.0 judges a CFG-free policy at its own scale)")
+    parser.add_argument(
+        "--split",
+        choices=("eval", "train"),
+        default="eval",
+        help="eval: the held-out eval prompts; train: up to 12 training prompts per tag",
+    )
+    parser.add_argument(
+        "--guidance-scale",
+        type=float,
+        default=PROTOCOL["guidance_scale"],
+        help="CFG for base and checkpoints alike (1.0 judges a CFG-free policy at its own scale)",
+    )
     parser.add_argument("--save", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "eval_seed_spread.json"))
     args = parser.parse_args()
@@ -86,16 +110,25 @@ def main() -> None:
         return f"{np.std(values, ddof=1):6.{digits}f}" if len(values) > 1 else "     -"
 
     base = overall_by_seed(None, seeds, args.pipeline, args.split, args.task, args.guidance_scale)
-    results = {"task": args.task, "split": args.split, "seeds": seeds, "guidance_scale": args.guidance_scale,
-               "base": base, "checkpoints": {}}
+    results = {
+        "task": args.task,
+        "split": args.split,
+        "seeds": seeds,
+        "guidance_scale": args.guidance_scale,
+        "base": base,
+        "checkpoints": {},
+    }
     print("seed      " + "  ".join(f"{s:>6}" for s in seeds) + "    mean    std")
     print("base      " + "  ".join(f"{a:6.3f}" for a in base) + f"  {np.mean(base):6.3f} {spread(base)}")
     for checkpoint in args.checkpoints:
         tuned = overall_by_seed(checkpoint, seeds, args.pipeline, args.split, args.task, args.guidance_scale)
         gain = 100 * (np.array(tuned) - np.array(base))
         results["checkpoints"][checkpoint] = {"overall": tuned, "gain_points": gain.tolist()}
-        print(f"{checkpoint}\n  tuned   " + "  ".join(f"{a:6.3f}" for a in tuned)
-              + f"  {np.mean(tuned):6.3f} {spread(tuned)}")
+        print(
+            f"{checkpoint}\n  tuned   "
+            + "  ".join(f"{a:6.3f}" for a in tuned)
+            + f"  {np.mean(tuned):6.3f} {spread(tuned)}"
+        )
         print("  gain    " + "  ".join(f"{g:+6.1f}" for g in gain) + f"  {gain.mean():+6.1f} {spread(gain, 1)}")
     if args.save:
         out = Path(args.out)

@@ -13,6 +13,7 @@ numbers are the denoiser's and the VAE decode's, which dominate RL fine-tuning. 
 FLOPs (`transformer_flops`: each layer on the tokens it runs on, plus attention; the update 3x a forward, not the
 checkpointed re-forward) against the GPU's dense bf16 peak (--peak-tflops); the VAE's FLOPs are not counted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,52 +36,155 @@ from flowrl.rollout import rollout, sample_generators  # noqa: E402
 def _sd3_pipeline(full: bool):
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
-    transformer = SD3Transformer2DModel(**(
-        dict(sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24, attention_head_dim=64,
-             num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048,
-             pos_embed_max_size=384, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm") if full else
-        dict(sample_size=8, patch_size=2, in_channels=16, out_channels=16, num_layers=2, attention_head_dim=8,
-             num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=16,
-             pos_embed_max_size=16, dual_attention_layers=(0,), qk_norm="rms_norm")))
+    transformer = SD3Transformer2DModel(
+        **(
+            dict(
+                sample_size=128,
+                patch_size=2,
+                in_channels=16,
+                out_channels=16,
+                num_layers=24,
+                attention_head_dim=64,
+                num_attention_heads=24,
+                joint_attention_dim=4096,
+                caption_projection_dim=1536,
+                pooled_projection_dim=2048,
+                pos_embed_max_size=384,
+                dual_attention_layers=tuple(range(13)),
+                qk_norm="rms_norm",
+            )
+            if full
+            else dict(
+                sample_size=8,
+                patch_size=2,
+                in_channels=16,
+                out_channels=16,
+                num_layers=2,
+                attention_head_dim=8,
+                num_attention_heads=2,
+                joint_attention_dim=32,
+                caption_projection_dim=16,
+                pooled_projection_dim=16,
+                pos_embed_max_size=16,
+                dual_attention_layers=(0,),
+                qk_norm="rms_norm",
+            )
+        )
+    )
     vae = _image_vae(full, latent_channels=16, shift_factor=0.0609, scaling_factor=1.5305)
     with torch.device("cpu"):  # schedulers keep their tables on the host, as loaded pipelines do
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
-    return StableDiffusion3Pipeline(transformer=transformer, scheduler=scheduler,
-                                    vae=vae, text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
-                                    text_encoder_3=None, tokenizer_3=None)
+    return StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=None,
+        tokenizer=None,
+        text_encoder_2=None,
+        tokenizer_2=None,
+        text_encoder_3=None,
+        tokenizer_3=None,
+    )
 
 
 def _flux_pipeline(full: bool):
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
-    transformer = FluxTransformer2DModel(**(
-        dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
-             num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
-             axes_dims_rope=(16, 56, 56)) if full else
-        dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=8,
-             num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=True,
-             axes_dims_rope=(2, 2, 4))))
+    transformer = FluxTransformer2DModel(
+        **(
+            dict(
+                patch_size=1,
+                in_channels=64,
+                num_layers=19,
+                num_single_layers=38,
+                attention_head_dim=128,
+                num_attention_heads=24,
+                joint_attention_dim=4096,
+                pooled_projection_dim=768,
+                guidance_embeds=True,
+                axes_dims_rope=(16, 56, 56),
+            )
+            if full
+            else dict(
+                patch_size=1,
+                in_channels=64,
+                num_layers=1,
+                num_single_layers=1,
+                attention_head_dim=8,
+                num_attention_heads=2,
+                joint_attention_dim=32,
+                pooled_projection_dim=16,
+                guidance_embeds=True,
+                axes_dims_rope=(2, 2, 4),
+            )
+        )
+    )
     with torch.device("cpu"):
-        scheduler = FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=4096,
-                                                    max_shift=1.15, shift=3.0, use_dynamic_shifting=True)
+        scheduler = FlowMatchEulerDiscreteScheduler(
+            base_image_seq_len=256,
+            base_shift=0.5,
+            max_image_seq_len=4096,
+            max_shift=1.15,
+            shift=3.0,
+            use_dynamic_shifting=True,
+        )
     vae = _image_vae(full, latent_channels=16, shift_factor=0.1159, scaling_factor=0.3611)
-    return FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=None, tokenizer=None, text_encoder_2=None,
-                        tokenizer_2=None, transformer=transformer)
+    return FluxPipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=None,
+        tokenizer=None,
+        text_encoder_2=None,
+        tokenizer_2=None,
+        transformer=transformer,
+    )
 
 
 def _wan_pipeline(full: bool):
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
 
-    transformer = WanTransformer3DModel(**(
-        dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
-             text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
-             qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024) if full else
-        dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=16, out_channels=16,
-             text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2, cross_attn_norm=True,
-             qk_norm="rms_norm_across_heads", rope_max_seq_len=32)))
+    transformer = WanTransformer3DModel(
+        **(
+            dict(
+                patch_size=(1, 2, 2),
+                num_attention_heads=12,
+                attention_head_dim=128,
+                in_channels=16,
+                out_channels=16,
+                text_dim=4096,
+                freq_dim=256,
+                ffn_dim=8960,
+                num_layers=30,
+                cross_attn_norm=True,
+                qk_norm="rms_norm_across_heads",
+                eps=1e-6,
+                rope_max_seq_len=1024,
+            )
+            if full
+            else dict(
+                patch_size=(1, 2, 2),
+                num_attention_heads=2,
+                attention_head_dim=8,
+                in_channels=16,
+                out_channels=16,
+                text_dim=32,
+                freq_dim=16,
+                ffn_dim=32,
+                num_layers=2,
+                cross_attn_norm=True,
+                qk_norm="rms_norm_across_heads",
+                rope_max_seq_len=32,
+            )
+        )
+    )
     # the released VAE's layout is the class's default
-    vae = AutoencoderKLWan() if full else AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1],
-                                                           num_res_blocks=1, temperal_downsample=[False, True, True])
+    vae = (
+        AutoencoderKLWan()
+        if full
+        else AutoencoderKLWan(
+            base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+        )
+    )
     with torch.device("cpu"):
         scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
     return WanPipeline(tokenizer=None, text_encoder=None, transformer=transformer, vae=vae, scheduler=scheduler)
@@ -90,21 +194,39 @@ def _image_vae(full: bool, **config):
     from diffusers import AutoencoderKL
 
     blocks = (128, 256, 512, 512) if full else (8, 8, 8, 8)
-    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * len(blocks),
-                         up_block_types=("UpDecoderBlock2D",) * len(blocks), block_out_channels=blocks,
-                         layers_per_block=2, norm_num_groups=32 if full else 4, **config)
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * len(blocks),
+        up_block_types=("UpDecoderBlock2D",) * len(blocks),
+        block_out_channels=blocks,
+        layers_per_block=2,
+        norm_num_groups=32 if full else 4,
+        **config,
+    )
 
 
 # per model: the pipeline, the prompt embeddings the encoders would give ({key: (full shape, tiny shape)} per
 # sample), whether the guidance is true CFG (a second branch) or an embedding, the default size, and whether the
 # text enters by cross-attention (Wan) or as tokens of one joint sequence (SD3, FLUX)
 MODELS = {
-    "sd3.5-medium": dict(build=_sd3_pipeline, embeds={"embeds": ((333, 4096), (12, 32)), "pooled": ((2048,), (16,))},
-                         cfg=True, size=512, cross=False),
-    "flux1-dev": dict(build=_flux_pipeline, embeds={"embeds": ((512, 4096), (12, 32)), "pooled": ((768,), (16,))},
-                      cfg=False, size=1024, cross=False),
-    "wan2.1-1.3b": dict(build=_wan_pipeline, embeds={"embeds": ((512, 4096), (12, 32))}, cfg=True, size=(480, 832),
-                        cross=True),
+    "sd3.5-medium": dict(
+        build=_sd3_pipeline,
+        embeds={"embeds": ((333, 4096), (12, 32)), "pooled": ((2048,), (16,))},
+        cfg=True,
+        size=512,
+        cross=False,
+    ),
+    "flux1-dev": dict(
+        build=_flux_pipeline,
+        embeds={"embeds": ((512, 4096), (12, 32)), "pooled": ((768,), (16,))},
+        cfg=False,
+        size=1024,
+        cross=False,
+    ),
+    "wan2.1-1.3b": dict(
+        build=_wan_pipeline, embeds={"embeds": ((512, 4096), (12, 32))}, cfg=True, size=(480, 832), cross=True
+    ),
 }
 
 
@@ -126,8 +248,13 @@ def transformer_flops(transformer, image_tokens: int, text_tokens: int, cross: b
             return 1
         if "single_transformer_blocks" in name:
             return joint
-        if ("context" in name or ".add_" in name or "to_add_out" in name or "text_embedder" in name
-                or (cross and name.endswith(("attn2.to_k", "attn2.to_v")))):
+        if (
+            "context" in name
+            or ".add_" in name
+            or "to_add_out" in name
+            or "text_embedder" in name
+            or (cross and name.endswith(("attn2.to_k", "attn2.to_v")))
+        ):
             return text_tokens
         return image_tokens
 
@@ -150,16 +277,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=list(MODELS), default="sd3.5-medium")
     parser.add_argument("--tiny", action="store_true", help="a toy model of the family (CPU smoke test of this script)")
-    parser.add_argument("--size", type=int, nargs="+", default=None, help="height [width] in pixels (default: the "
-                        "model's training size in the anchors' examples)")
+    parser.add_argument(
+        "--size",
+        type=int,
+        nargs="+",
+        default=None,
+        help="height [width] in pixels (default: the model's training size in the anchors' examples)",
+    )
     parser.add_argument("--frames", type=int, default=33, help="video models: frames per clip (1 + 4k)")
     parser.add_argument("--batch", type=int, default=8, help="samples per rollout (2 prompt groups of batch / 2)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--lora-rank", type=int, default=32)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H100/H200: 989)")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
-    parser.add_argument("--no-checkpointing", action="store_true",
-                        help="keep the transformer's activations (faster update, more memory)")
+    parser.add_argument(
+        "--no-checkpointing",
+        action="store_true",
+        help="keep the transformer's activations (faster update, more memory)",
+    )
     args = parser.parse_args()
     spec = MODELS[args.model]
     full = not args.tiny
@@ -181,8 +316,9 @@ def main() -> None:
     b, guidance = args.batch, 4.5
     which = 0 if full else 1
     embeds = {key: torch.randn(b, *shapes[which], device=device, dtype=dtype) for key, shapes in spec["embeds"].items()}
-    cond = Conditioning(embeds, {key: value * 0 for key, value in embeds.items()} if spec["cfg"] else {},
-                        ["prompt"] * b)
+    cond = Conditioning(
+        embeds, {key: value * 0 for key, value in embeds.items()} if spec["cfg"] else {}, ["prompt"] * b
+    )
     shape = policy.noise_shape(SampleSpec(height, width, frames))
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-4)
     algorithm = build_algorithm("grpo", {"clip_range": 1e-4}, SamplerSection(kind="flow", num_steps=args.steps))
@@ -219,12 +355,21 @@ def main() -> None:
     rollout_flops = flops * branches * b * args.steps
     update_flops = flops * branches * timings["items"] * 3  # forward + backward (~2x)
     result = {
-        "device": torch.cuda.get_device_name() if cuda else "cpu", "model": args.model + (" (tiny)" if args.tiny else ""),
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "model": args.model + (" (tiny)" if args.tiny else ""),
         "transformer_params_M": base_params / 1e6,
         "lora_params_M": sum(p.numel() for p in policy.trainable_parameters()) / 1e6,
-        "height": height, "width": width, "frames": frames, "tokens": latent_tokens, "batch": b, "steps": args.steps,
-        "lora_rank": args.lora_rank, "gradient_checkpointing": not args.no_checkpointing, **timings,
-        "rollout_samples_per_s": b / timings["rollout_s"], "update_items_per_s": timings["items"] / timings["update_s"],
+        "height": height,
+        "width": width,
+        "frames": frames,
+        "tokens": latent_tokens,
+        "batch": b,
+        "steps": args.steps,
+        "lora_rank": args.lora_rank,
+        "gradient_checkpointing": not args.no_checkpointing,
+        **timings,
+        "rollout_samples_per_s": b / timings["rollout_s"],
+        "update_items_per_s": timings["items"] / timings["update_s"],
         "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "rollout_mfu": rollout_flops / timings["rollout_s"] / (args.peak_tflops * 1e12),
         "update_mfu": update_flops / timings["update_s"] / (args.peak_tflops * 1e12),

@@ -12,6 +12,7 @@ RL undoing an artefact of the sampler setting, which a lower CFG would also remo
 
 (~1 minute per model and scale at --per-tag 96 on 2 CPU cores). Writes benchmarks/results/guidance_sweep.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,12 +70,18 @@ def main(argv=None):
             with torch.no_grad():
                 verdicts, empty = judge(evaluator, policy, scale)
             reference = verdicts if reference is None else reference
-            rows[str(scale)] = {"accuracy": evaluator.summary(verdicts), "empty": float(empty.mean()),
-                                "gain_vs_base_at_eval_cfg": evaluator.summary(verdicts - reference)}
+            rows[str(scale)] = {
+                "accuracy": evaluator.summary(verdicts),
+                "empty": float(empty.mean()),
+                "gain_vs_base_at_eval_cfg": evaluator.summary(verdicts - reference),
+            }
             a, g = rows[str(scale)]["accuracy"], rows[str(scale)]["gain_vs_base_at_eval_cfg"]
-            print(f"{Path(model).parent.parent.name if model != 'base' else 'base':12s} CFG {scale:3.1f}: overall "
-                  f"{a['overall']:.3f}  gain {100 * g['overall']:+.1f} +- {196 * g['draw_se']:.1f}  empty "
-                  f"{empty.mean():.3f}  " + "  ".join(f"{t[:6]} {v:.2f}" for t, v in a["tags"].items()), flush=True)
+            print(
+                f"{Path(model).parent.parent.name if model != 'base' else 'base':12s} CFG {scale:3.1f}: overall "
+                f"{a['overall']:.3f}  gain {100 * g['overall']:+.1f} +- {196 * g['draw_se']:.1f}  empty "
+                f"{empty.mean():.3f}  " + "  ".join(f"{t[:6]} {v:.2f}" for t, v in a["tags"].items()),
+                flush=True,
+            )
         results["models"][model] = rows
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

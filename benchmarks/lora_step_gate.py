@@ -12,6 +12,7 @@ still acts at the low-noise steps it never learned on; `high noise only` is what
 (any folder `pipe.load_lora_weights` reads: a flowrl checkpoint holds its LoRA in diffusers' format)
 Writes OUT (default benchmarks/results/lora_step_gate.json) and prints a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,19 +26,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from flowrl.policies import load_pipeline, policy_for  # noqa: E402
 from time_to_quality import LowNoiseEval  # noqa: E402
+
+from flowrl.policies import load_pipeline, policy_for  # noqa: E402
 
 MODES = ("base", "every step", "high noise only", "low noise only")
 
 
 def base_below(policy, sigma_min: float):
     """A sampler guide giving the adapter-free output at sigma >= sigma_min (the LoRA acts only below)."""
+
     def guide(x, sigma, cond, guidance_scale, v):
         if float(torch.as_tensor(sigma).reshape(-1)[0]) < sigma_min:
             return v
         with policy.reference():
             return policy.velocity(x, sigma, cond, guidance_scale)
+
     return guide
 
 
@@ -47,8 +51,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--pipeline", default=str(ROOT / "pipelines" / "shapes-sd3"))
     parser.add_argument("--sigma", type=float, default=0.6, help="the gate: high noise is sigma >= this")
     parser.add_argument("--per-tag", type=int, default=192)
-    parser.add_argument("--modes", default=",".join(MODES[1:]),
-                        help=f"comma-separated, of {MODES[1:]}; the base is always judged first (gains are paired)")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES[1:]),
+        help=f"comma-separated, of {MODES[1:]}; the base is always judged first (gains are paired)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "lora_step_gate.json")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -74,11 +81,15 @@ def main(argv=None) -> dict:
         base = verdicts if base is None else base
         results[mode] = evaluator.point(verdicts, base)
         for label, r in (("", results[mode]), ("exact ", results[mode]["exact"])):
-            print(f"{label + mode:22s} accuracy {r['accuracy']['overall']:.3f}  gain {100 * r['gain']['overall']:+.1f} +- "
-                  f"{196 * r['gain']['draw_se']:.1f}  " + "  ".join(f"{t} {v:.2f}" for t, v in r["accuracy"]["tags"].items()),
-                  flush=True)
-    args.out.write_text(json.dumps({"checkpoint": str(args.checkpoint), "sigma": args.sigma, "modes": results},
-                                   indent=1) + "\n")
+            print(
+                f"{label + mode:22s} accuracy {r['accuracy']['overall']:.3f}  gain {100 * r['gain']['overall']:+.1f} +- "
+                f"{196 * r['gain']['draw_se']:.1f}  "
+                + "  ".join(f"{t} {v:.2f}" for t, v in r["accuracy"]["tags"].items()),
+                flush=True,
+            )
+    args.out.write_text(
+        json.dumps({"checkpoint": str(args.checkpoint), "sigma": args.sigma, "modes": results}, indent=1) + "\n"
+    )
     return results
 
 

@@ -4,6 +4,7 @@ update, and writes benchmarks/results/memory.json plus a markdown table.
 
     python benchmarks/memory.py [--config configs/shapes_grpo.yaml] [--updates 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,17 @@ SETTINGS = {
     "gradient_checkpointing": ["train.gradient_checkpointing=true"],
     "weight_dtype=bf16": ["train.weight_dtype=bf16", "train.mixed_precision=bf16"],
     "offload_text_encoders+cache": ["train.offload_text_encoders=true", "train.embedding_cache=true"],
-    "all of the above": ["train.rollout_microbatch=16", "train.decode_microbatch=8", "train.reward_microbatch=8",
-                         "train.microbatch_size=8", "train.gradient_checkpointing=true", "train.weight_dtype=bf16",
-                         "train.mixed_precision=bf16", "train.offload_text_encoders=true", "train.embedding_cache=true"],
+    "all of the above": [
+        "train.rollout_microbatch=16",
+        "train.decode_microbatch=8",
+        "train.reward_microbatch=8",
+        "train.microbatch_size=8",
+        "train.gradient_checkpointing=true",
+        "train.weight_dtype=bf16",
+        "train.mixed_precision=bf16",
+        "train.offload_text_encoders=true",
+        "train.embedding_cache=true",
+    ],
 }
 
 CHILD = """
@@ -54,20 +63,32 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, overrides in SETTINGS.items():
             result = Path(tmp) / f"{len(results)}.json"
-            shared = [f"run.out_dir={tmp}", f"run.name=m{len(results)}", f"train.updates={args.updates}",
-                      "train.checkpoint_every=0", "eval.enabled=false"]
-            subprocess.run([sys.executable, "-c", CHILD, args.config, str(result), *shared, *overrides], check=True,
-                           cwd=ROOT)
+            shared = [
+                f"run.out_dir={tmp}",
+                f"run.name=m{len(results)}",
+                f"train.updates={args.updates}",
+                "train.checkpoint_every=0",
+                "eval.enabled=false",
+            ]
+            subprocess.run(
+                [sys.executable, "-c", CHILD, args.config, str(result), *shared, *overrides], check=True, cwd=ROOT
+            )
             results[name] = json.loads(result.read_text())
             print(name, results[name], flush=True)
-    Path(args.out).write_text(json.dumps({"config": args.config, "updates": args.updates, "settings": results},
-                                         indent=1) + "\n")
+    Path(args.out).write_text(
+        json.dumps({"config": args.config, "updates": args.updates, "settings": results}, indent=1) + "\n"
+    )
     base = results["baseline"]["peak_rss_mib"]
-    print("\n| setting | peak RSS (MiB) | vs baseline | s/update (last) |" + (" peak GPU (MiB) |" if "peak_gpu_mib" in results["baseline"] else ""))
+    print(
+        "\n| setting | peak RSS (MiB) | vs baseline | s/update (last) |"
+        + (" peak GPU (MiB) |" if "peak_gpu_mib" in results["baseline"] else "")
+    )
     print("|---|---|---|---|" + ("---|" if "peak_gpu_mib" in results["baseline"] else ""))
     for name, r in results.items():
         gpu = f" {r['peak_gpu_mib']:.0f} |" if "peak_gpu_mib" in r else ""
-        print(f"| {name} | {r['peak_rss_mib']:.0f} | {r['peak_rss_mib'] / base:.2f} | {r['seconds_per_update'][-1]:.1f} |{gpu}")
+        print(
+            f"| {name} | {r['peak_rss_mib']:.0f} | {r['peak_rss_mib'] / base:.2f} | {r['seconds_per_update'][-1]:.1f} |{gpu}"
+        )
 
 
 if __name__ == "__main__":

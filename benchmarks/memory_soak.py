@@ -4,6 +4,7 @@ run to the last tenth (goal: under 2%) and writes benchmarks/results/memory_soak
 
     python benchmarks/memory_soak.py [--updates 300]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,16 +36,31 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "memory_soak.json"))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        config = load_config(args.config, [f"run.out_dir={tmp}", f"train.updates={args.updates}", "eval.enabled=false",
-                                           "train.groups_per_update=2", "train.group_size=4", "sampler.num_steps=6",
-                                           "sampler.sde_window_range=[0, 2]", "train.checkpoint_every=50"])
+        config = load_config(
+            args.config,
+            [
+                f"run.out_dir={tmp}",
+                f"train.updates={args.updates}",
+                "eval.enabled=false",
+                "train.groups_per_update=2",
+                "train.group_size=4",
+                "sampler.num_steps=6",
+                "sampler.sde_window_range=[0, 2]",
+                "train.checkpoint_every=50",
+            ],
+        )
         trainer = Trainer(config, log=False)
         rss = []
         trainer.run(lambda update, metrics: rss.append(rss_mib()))
     tenth = max(1, len(rss) // 10)
     early, late = sum(rss[:tenth]) / tenth, sum(rss[-tenth:]) / tenth
-    result = {"updates": len(rss), "rss_mib_first_tenth": early, "rss_mib_last_tenth": late,
-              "growth": late / early - 1, "rss_mib": rss}
+    result = {
+        "updates": len(rss),
+        "rss_mib_first_tenth": early,
+        "rss_mib_last_tenth": late,
+        "growth": late / early - 1,
+        "rss_mib": rss,
+    }
     Path(args.out).write_text(json.dumps(result) + "\n")
     with figure(Path(args.out).with_suffix(".png"), figsize=(6, 3), dpi=120) as (fig, ax):
         ax.plot(range(1, len(rss) + 1), rss)

@@ -18,6 +18,7 @@ questions, measured on the rollouts of configs/shapes_mend.yaml (its first `--ba
 
 With --save, adds the run to benchmarks/results/mend_moves.json under its --target-states.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,12 +64,18 @@ def fit_curve(trainer: Trainer, batch, items, delta: torch.Tensor, fit_steps: in
         again, _ = trainer.collect(0)  # update 0's prompts and seeds, sampled by the updated policy
         shift = (again.trajectory.final - x0).flatten(1)
         cosine = torch.nn.functional.cosine_similarity(shift[rows], d[rows].flatten(1), dim=1)
-        curve.append({"fit_steps": step, "loss": metrics["loss"], "cosine_shift_delta": cosine.mean().item(),
-                      "shift_over_delta": (shift[rows].norm(dim=1) / d[rows].flatten(1).norm(dim=1)).mean().item(),
-                      "unmoved_drift_rms": shift[still].pow(2).mean().sqrt().item() if still else 0.0,
-                      "delta_rms": d[rows].pow(2).mean().sqrt().item(),
-                      "learned_moved_before": batch.rewards[rows].mean().item(),
-                      "learned_moved_after": again.rewards[rows].mean().item()})
+        curve.append(
+            {
+                "fit_steps": step,
+                "loss": metrics["loss"],
+                "cosine_shift_delta": cosine.mean().item(),
+                "shift_over_delta": (shift[rows].norm(dim=1) / d[rows].flatten(1).norm(dim=1)).mean().item(),
+                "unmoved_drift_rms": shift[still].pow(2).mean().sqrt().item() if still else 0.0,
+                "delta_rms": d[rows].pow(2).mean().sqrt().item(),
+                "learned_moved_before": batch.rewards[rows].mean().item(),
+                "learned_moved_after": again.rewards[rows].mean().item(),
+            }
+        )
     return curve
 
 
@@ -82,17 +89,31 @@ def main():
     parser.add_argument("--groups", type=int, default=8, help="prompt groups per batch (8 samples each)")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--fit-steps", type=int, default=20)
-    parser.add_argument("--target-states", choices=["stored", "shifted"], default="stored",
-                        help="where the velocity regresses onto MEND's targets (algorithm.params.target_states)")
+    parser.add_argument(
+        "--target-states",
+        choices=["stored", "shifted"],
+        default="stored",
+        help="where the velocity regresses onto MEND's targets (algorithm.params.target_states)",
+    )
     parser.add_argument("--save", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    config = load_config(ROOT / "configs" / "shapes_mend.yaml", [
-        "run.out_dir=/tmp/flowrl_mend_moves", f"train.groups_per_update={args.groups}", "eval.enabled=false",
-        "train.checkpoint_every=0", f"train.lr={args.lr}", "train.lr_schedule=constant",
-        f"algorithm.params.target_states={args.target_states}",
-        # the moves studied here are final-sample ones (the config before prediction moves), as measured then
-        "algorithm.params.move_space=final", "algorithm.params.normalize=sample", "algorithm.params.timestep_fraction=0.3"])
+    config = load_config(
+        ROOT / "configs" / "shapes_mend.yaml",
+        [
+            "run.out_dir=/tmp/flowrl_mend_moves",
+            f"train.groups_per_update={args.groups}",
+            "eval.enabled=false",
+            "train.checkpoint_every=0",
+            f"train.lr={args.lr}",
+            "train.lr_schedule=constant",
+            f"algorithm.params.target_states={args.target_states}",
+            # the moves studied here are final-sample ones (the config before prediction moves), as measured then
+            "algorithm.params.move_space=final",
+            "algorithm.params.normalize=sample",
+            "algorithm.params.timestep_fraction=0.3",
+        ],
+    )
     trainer = Trainer(config, log=False)
     algorithm = trainer.algorithm
 
@@ -110,9 +131,12 @@ def main():
             after[key] += values
         if first is None:
             first = (batch, items, algorithm.delta.clone())
-    moves = {"moved_samples": len(before["verdict"]), "samples": args.batches * args.groups * config.train.group_size,
-             **{f"{key}_before": mean(before[key]) for key in before},
-             **{f"{key}_after_move": mean(after[key]) for key in after}}
+    moves = {
+        "moved_samples": len(before["verdict"]),
+        "samples": args.batches * args.groups * config.train.group_size,
+        **{f"{key}_before": mean(before[key]) for key in before},
+        **{f"{key}_after_move": mean(after[key]) for key in after},
+    }
     print("1. accepted moves, moved samples only ({moved_samples} of {samples}):".format(**moves))
     for key in before:
         print(f"   {key:8s} {moves[key + '_before']:.3f} -> {moves[key + '_after_move']:.3f}")
@@ -133,9 +157,11 @@ def main():
     print("   targets          steps  loss      cos(shift, delta)  |shift|/|delta|  unmoved drift  learned (moved)")
     for label, curve in (("MEND's moves", fit), ("one shared move", fit_shared)):
         for p in curve:
-            print(f"   {label:15s}  {p['fit_steps']:5d}  {p['loss']:.5f}   {p['cosine_shift_delta']:+.3f}             "
-                  f"{p['shift_over_delta']:.2f}             {p['unmoved_drift_rms']:.3f}          "
-                  f"{p['learned_moved_before']:.2f} -> {p['learned_moved_after']:.2f}")
+            print(
+                f"   {label:15s}  {p['fit_steps']:5d}  {p['loss']:.5f}   {p['cosine_shift_delta']:+.3f}             "
+                f"{p['shift_over_delta']:.2f}             {p['unmoved_drift_rms']:.3f}          "
+                f"{p['learned_moved_before']:.2f} -> {p['learned_moved_after']:.2f}"
+            )
     if args.save:
         out = ROOT / "benchmarks" / "results" / "mend_moves.json"
         saved = json.loads(out.read_text()) if out.is_file() else {}

@@ -12,6 +12,7 @@ prompt-to-sample pairing) from a weak signal. Both score images [B, 3, H, W] and
 
 (run from the repository root, which puts `benchmarks` on the import path). docs/video.md has the measured runs.
 """
+
 from __future__ import annotations
 
 import re

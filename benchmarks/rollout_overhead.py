@@ -5,6 +5,7 @@ alternately in one process (this machine is shared and noisy) and the ratio of m
 
     python benchmarks/rollout_overhead.py [--pipeline pipelines/shapes-sd3] [--batch 16] [--steps 10] [--repeats 7]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,8 @@ import torch
 
 from flowrl.models.shapes_sd3 import T5_SEQUENCE_LENGTH
 from flowrl.policies import load_pipeline, policy_for
-from flowrl.rollout import rollout, sample_generators
 from flowrl.policies.base import SampleSpec
+from flowrl.rollout import rollout, sample_generators
 
 
 def main():
@@ -35,14 +36,23 @@ def main():
     shape = policy.noise_shape(SampleSpec(32, 32))
 
     def plain():
-        pipe(prompts, negative_prompt=[""] * len(prompts), num_inference_steps=args.steps,
-             guidance_scale=args.guidance, height=32, width=32, max_sequence_length=T5_SEQUENCE_LENGTH, output_type="pt",
-             generator=torch.Generator().manual_seed(0))
+        pipe(
+            prompts,
+            negative_prompt=[""] * len(prompts),
+            num_inference_steps=args.steps,
+            guidance_scale=args.guidance,
+            height=32,
+            width=32,
+            max_sequence_length=T5_SEQUENCE_LENGTH,
+            output_type="pt",
+            generator=torch.Generator().manual_seed(0),
+        )
 
     def flowrl():
         cond = policy.encode(prompts, args.guidance)
-        traj = rollout(policy, cond, sample_generators(range(len(prompts))), shape, args.steps, args.kind, 0.7,
-                       args.guidance)
+        traj = rollout(
+            policy, cond, sample_generators(range(len(prompts))), shape, args.steps, args.kind, 0.7, args.guidance
+        )
         with torch.no_grad():
             policy.decode(traj.final)
         assert traj.log_probs.shape == (args.steps, len(prompts))
@@ -56,8 +66,10 @@ def main():
             fn()
             times[name].append(time.perf_counter() - start)
     base, ours = statistics.median(times["pipeline"]), statistics.median(times["flowrl"])
-    print(f"pipeline(...) median {base * 1000:.1f} ms; flowrl {args.kind} rollout with log-probs median "
-          f"{ours * 1000:.1f} ms ({args.batch} prompts, {args.steps} steps, CFG {args.guidance}, {args.repeats} runs each)")
+    print(
+        f"pipeline(...) median {base * 1000:.1f} ms; flowrl {args.kind} rollout with log-probs median "
+        f"{ours * 1000:.1f} ms ({args.batch} prompts, {args.steps} steps, CFG {args.guidance}, {args.repeats} runs each)"
+    )
     print(f"ratio flowrl / pipeline = {ours / base:.3f}")
 
 

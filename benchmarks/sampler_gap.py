@@ -8,6 +8,7 @@ RL sees; time_to_quality's runs gain +11 to +12 points in 60 updates while their
 
     python benchmarks/sampler_gap.py            # ~4 minutes on 2 CPU cores; writes benchmarks/results/sampler_gap.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,15 +40,20 @@ def main(argv=None):
     results, verdicts = {}, {}
     with torch.no_grad():
         for name, (kind, window) in SAMPLERS.items():
-            verdicts[name] = evaluator.verdicts(policy, kind=kind, noise_level=0.0 if kind == "ode" else 0.7,
-                                                sde_window=window)
+            verdicts[name] = evaluator.verdicts(
+                policy, kind=kind, noise_level=0.0 if kind == "ode" else 0.7, sde_window=window
+            )
             # paired with the ODE's image of the same prompt and initial noise
-            results[name] = {"accuracy": evaluator.summary(verdicts[name]),
-                             "minus_ode": evaluator.summary(verdicts[name] - verdicts["ode"])}
+            results[name] = {
+                "accuracy": evaluator.summary(verdicts[name]),
+                "minus_ode": evaluator.summary(verdicts[name] - verdicts["ode"]),
+            }
             a, d = results[name]["accuracy"], results[name]["minus_ode"]
-            print(f"{name:15s} overall {a['overall']:.3f} (minus ODE {100 * d['overall']:+.1f} +- "
-                  f"{196 * d['draw_se']:.1f} points)  " + "  ".join(f"{t} {v:.2f}" for t, v in a["tags"].items()),
-                  flush=True)
+            print(
+                f"{name:15s} overall {a['overall']:.3f} (minus ODE {100 * d['overall']:+.1f} +- "
+                f"{196 * d['draw_se']:.1f} points)  " + "  ".join(f"{t} {v:.2f}" for t, v in a["tags"].items()),
+                flush=True,
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"images": len(evaluator.expanded), "results": results}, indent=2) + "\n")
 

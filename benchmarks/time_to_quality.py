@@ -28,6 +28,7 @@ Finished (method, seed) runs are kept in OUT/results.json and skipped on the nex
 the benchmark can be run in parts and survives interruption. Writes OUT/results.json, OUT/table.md and
 OUT/curves.png (OUT = benchmarks/results/time_to_quality).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,17 +59,30 @@ VERIFIER = "reward=[{name: shapes, weight: 1.0, params: {dense: true}}]"
 EXACT_VERIFIER = "reward=[{name: shapes, weight: 1.0, params: {dense: true, exact_objects: true}}]"
 # Flow-GRPO trains the first int(0.99 x 10) = 9 steps in order (its last, lowest-noise step never); the stored
 # grpo_anchor run predates step_order and trained all 10
-ANCHOR = ["sampler.sde_window_size=0", "sampler.noise_level=0.7", "algorithm.params.timestep_fraction=0.99",
-          "algorithm.params.step_order=first",
-          "algorithm.params.kl_beta=0.04", "algorithm.params.std=global", "algorithm.params.clip_range=1.0e-4",
-          "train.lr=3.0e-4", "train.lr_schedule=constant"]
+ANCHOR = [
+    "sampler.sde_window_size=0",
+    "sampler.noise_level=0.7",
+    "algorithm.params.timestep_fraction=0.99",
+    "algorithm.params.step_order=first",
+    "algorithm.params.kl_beta=0.04",
+    "algorithm.params.std=global",
+    "algorithm.params.clip_range=1.0e-4",
+    "train.lr=3.0e-4",
+    "train.lr_schedule=constant",
+]
 # DiffusionNFT at the paper's geneval setting (DiffusionNFT config/nft.py): CFG-free rollouts, training and evaluation
 # (the gain is still against the base at CFG 4.5), every step trained, the reference's C x loss, A = 0 items kept,
 # lr 3e-4 constant; their KL beta 1e-4 and EMA old policy (decay <= 0.16 over these updates) are left out. The
 # shipped recipe trains the guided velocity at CFG 4.5 and collapses on the verifier's reward.
-NFT_CFG_FREE = ["sampler.guidance_scale=1.0", "eval.guidance_scale=1.0", "algorithm.params.timestep_fraction=1.0",
-                "algorithm.params.scale_by_adv_clip=true", "algorithm.params.drop_zero_advantage=false",
-                "train.lr=3.0e-4", "train.lr_schedule=constant"]
+NFT_CFG_FREE = [
+    "sampler.guidance_scale=1.0",
+    "eval.guidance_scale=1.0",
+    "algorithm.params.timestep_fraction=1.0",
+    "algorithm.params.scale_by_adv_clip=true",
+    "algorithm.params.drop_zero_advantage=false",
+    "train.lr=3.0e-4",
+    "train.lr_schedule=constant",
+]
 # name: (shipped config, overrides); the reward is the verifier's unless the method needs gradients of it
 METHODS = {
     "grpo": ("shapes_grpo", [VERIFIER]),
@@ -89,8 +103,16 @@ METHODS = {
     # DDPO's structure on the flow model: every step stochastic and trained (CPS, so each step's noise is a set share
     # of the next noise level, as DDIM's eta = 1 is), per-prompt std: is it DDPO's recipe or shapes-sd's base that
     # learns faster than the main job?
-    "grpo_cps_full": ("shapes_grpo", [VERIFIER, "sampler.kind=cps", "sampler.noise_level=0.7",
-                                      "sampler.sde_window_size=0", "algorithm.params.std=group"]),
+    "grpo_cps_full": (
+        "shapes_grpo",
+        [
+            VERIFIER,
+            "sampler.kind=cps",
+            "sampler.noise_level=0.7",
+            "sampler.sde_window_size=0",
+            "algorithm.params.std=group",
+        ],
+    ),
     # the main job with its window's SDE step made coefficients-preserving (CPS): the flow analogue of ddpo_window's
     # DDIM step, each window step's fresh noise sin(0.3 pi) = 0.81 of the next noise level (DDIM eta 1: 0.73-0.79
     # on shapes-sd's first steps), so the window's samples stay on the model's marginals
@@ -108,20 +130,44 @@ METHODS = {
 # 26-30 minutes; the counts stay as run, since the lr schedule spans them and further seeds must match seed 0.
 # runs from before the benchmark recorded its CPU all ran on the project's AMD EPYC machine (docs/benchmarks.md)
 UNRECORDED_CPU = "AMD EPYC"
-UPDATES = {"grpo": 240, "grpo_exact": 240, "grpo_anchor": 100, "grpo_group_std": 240, "grpo_fast": 300, "dancegrpo": 150,
-           "fk_incremental": 240, "nft": 200, "nft_cfg_free": 160, "nft_cfg_free_exact": 160, "mend": 300, "ddpo": 200,
-           "ddpo_window": 300, "grpo_cps_full": 130, "grpo_cps_window": 240, "grpo_gated_lora": 240,
-           "refl": 330, "draft": 95}
+UPDATES = {
+    "grpo": 240,
+    "grpo_exact": 240,
+    "grpo_anchor": 100,
+    "grpo_group_std": 240,
+    "grpo_fast": 300,
+    "dancegrpo": 150,
+    "fk_incremental": 240,
+    "nft": 200,
+    "nft_cfg_free": 160,
+    "nft_cfg_free_exact": 160,
+    "mend": 300,
+    "ddpo": 200,
+    "ddpo_window": 300,
+    "grpo_cps_full": 130,
+    "grpo_cps_window": 240,
+    "grpo_gated_lora": 240,
+    "refl": 330,
+    "draft": 95,
+}
 GAINS = (0.10, 0.20)
 EVAL_CFG = 4.5  # the wide eval's guidance scale
 
 
 def method_config(name: str, seed: int, out: Path, args):
     config_name, overrides = METHODS[name]
-    shared = [f"run.name={name}_seed{seed}", f"run.out_dir={out / 'runs'}", f"run.seed={seed}",
-              f"train.updates={args.updates or UPDATES[name]}", f"train.groups_per_update={args.groups}",
-              f"train.group_size={args.group_size}", "train.checkpoint_every=0", "eval.enabled=false",
-              "lora.rank=16", "lora.alpha=32"]
+    shared = [
+        f"run.name={name}_seed{seed}",
+        f"run.out_dir={out / 'runs'}",
+        f"run.seed={seed}",
+        f"train.updates={args.updates or UPDATES[name]}",
+        f"train.groups_per_update={args.groups}",
+        f"train.group_size={args.group_size}",
+        "train.checkpoint_every=0",
+        "eval.enabled=false",
+        "lora.rank=16",
+        "lora.alpha=32",
+    ]
     return load_config(ROOT / "configs" / f"{config_name}.yaml", shared + overrides + list(args.override))
 
 
@@ -142,8 +188,9 @@ class LowNoiseEval:
 
     def images(self, policy, guidance_scale: float = EVAL_CFG, **sampler) -> np.ndarray:
         """One uint8 image per (prompt, seed); `sampler` (kind, noise_level, sde_window) replaces the ODE."""
-        samples, _ = generate_samples(policy, self.expanded, 1, 0, self.steps, guidance_scale, desc=None,
-                                      seeds=self.seeds, **sampler)
+        samples, _ = generate_samples(
+            policy, self.expanded, 1, 0, self.steps, guidance_scale, desc=None, seeds=self.seeds, **sampler
+        )
         return samples.to_uint8()
 
     def judge(self, images: np.ndarray, verdict=score) -> np.ndarray:
@@ -161,8 +208,13 @@ class LowNoiseEval:
 
     def summary(self, values: np.ndarray) -> dict:
         r = tag_metrics(values.tolist(), self.tags, TAGS, clusters=self.expanded)
-        return {"overall": r["overall"], "tags": r["tags"], "draw_se": r["draw_stderr"]["overall"],
-                "prompt_se": r["stderr"]["overall"], "tag_draw_se": r["draw_stderr"]["tags"]}
+        return {
+            "overall": r["overall"],
+            "tags": r["tags"],
+            "draw_se": r["draw_stderr"]["overall"],
+            "prompt_se": r["stderr"]["overall"],
+            "tag_draw_se": r["draw_stderr"]["tags"],
+        }
 
     def __call__(self, policy, pipeline: str, untrained: bool = False, guidance_scale: float = EVAL_CFG) -> dict:
         """The point of `policy` sampled at `guidance_scale`, under GenEval's verdict and under the exact one
@@ -182,8 +234,11 @@ class LowNoiseEval:
     def point(self, verdicts: tuple[np.ndarray, np.ndarray], base: tuple[np.ndarray, np.ndarray]) -> dict:
         """Accuracy and paired gain over `base` of `both_verdicts`' (GenEval's, exact) pair, the exact one as `exact`."""
         (lenient, exact), (base_lenient, base_exact) = verdicts, base
-        return {"accuracy": self.summary(lenient), "gain": self.summary(lenient - base_lenient),
-                "exact": {"accuracy": self.summary(exact), "gain": self.summary(exact - base_exact)}}
+        return {
+            "accuracy": self.summary(lenient),
+            "gain": self.summary(lenient - base_lenient),
+            "exact": {"accuracy": self.summary(exact), "gain": self.summary(exact - base_exact)},
+        }
 
 
 def run_method(name: str, seed: int, args, evaluator: LowNoiseEval) -> dict:
@@ -193,8 +248,14 @@ def run_method(name: str, seed: int, args, evaluator: LowNoiseEval) -> dict:
     pipeline, updates = config.pipeline.path, config.train.updates
     samples_per_update = config.train.groups_per_update * config.train.group_size
     cfg = config.eval.guidance_scale  # the method's own sampling scale (4.5 but for CFG-free methods)
-    curve = [{"update": 0, "train_seconds": 0.0, "samples": 0,
-              **evaluator(trainer.policy, pipeline, untrained=True, guidance_scale=cfg)}]
+    curve = [
+        {
+            "update": 0,
+            "train_seconds": 0.0,
+            "samples": 0,
+            **evaluator(trainer.policy, pipeline, untrained=True, guidance_scale=cfg),
+        }
+    ]
     clock = {"train": 0.0}
     rewards = []
 
@@ -203,17 +264,31 @@ def run_method(name: str, seed: int, args, evaluator: LowNoiseEval) -> dict:
         rewards.append(float(metrics["reward_mean"]))
         if update % args.eval_every == 0 or update == updates:
             with sampled_as_checkpoint(trainer) as policy:  # as the run's own evaluations sample
-                point = {"update": update, "train_seconds": clock["train"], "samples": update * samples_per_update,
-                         **evaluator(policy, pipeline, guidance_scale=cfg)}
+                point = {
+                    "update": update,
+                    "train_seconds": clock["train"],
+                    "samples": update * samples_per_update,
+                    **evaluator(policy, pipeline, guidance_scale=cfg),
+                }
             curve.append(point)
             g = point["gain"]
-            print(f"  {name} seed {seed} update {update:4d}: accuracy {point['accuracy']['overall']:.3f}  gain "
-                  f"{100 * g['overall']:+.1f} +- {196 * g['draw_se']:.1f} points  ({clock['train'] / 60:.1f} min)",
-                  flush=True)
+            print(
+                f"  {name} seed {seed} update {update:4d}: accuracy {point['accuracy']['overall']:.3f}  gain "
+                f"{100 * g['overall']:+.1f} +- {196 * g['draw_se']:.1f} points  ({clock['train'] / 60:.1f} min)",
+                flush=True,
+            )
 
     trainer.run(on_update)
-    return {"method": name, "seed": seed, "pipeline": pipeline, "curve": curve, "train_rewards": rewards,
-            "seconds_per_update": clock["train"] / updates, "cpu": cpu_model(), "config": config_to_dict(config)}
+    return {
+        "method": name,
+        "seed": seed,
+        "pipeline": pipeline,
+        "curve": curve,
+        "train_rewards": rewards,
+        "seconds_per_update": clock["train"] / updates,
+        "cpu": cpu_model(),
+        "config": config_to_dict(config),
+    }
 
 
 def time_to_gain(curve: list[dict], gain: float, key: str = "train_seconds") -> float | None:
@@ -252,21 +327,23 @@ def summarize(results: dict, minutes: float) -> dict:
     """Per method, over its seeds: final and at-`minutes` gains, times to each of GAINS, per-tag final gains."""
     table = {}
     for name, runs in runs_by_method(results).items():
-        row = {"seeds": sorted(r["seed"] for r in runs), "pipeline": Path(runs[0]["pipeline"]).name,
-               "cpu": " / ".join(sorted({r.get("cpu", UNRECORDED_CPU) for r in runs})),
-               "seconds_per_update": float(np.mean([r["seconds_per_update"] for r in runs])),
-               "base": float(np.mean([r["curve"][0]["accuracy"]["overall"] for r in runs])),
-               "final_gain": mean_se([r["curve"][-1]["gain"]["overall"] for r in runs]),
-               "final_draw_se": float(np.mean([r["curve"][-1]["gain"]["draw_se"] for r in runs])),
-               "train_minutes": float(np.mean([r["curve"][-1]["train_seconds"] for r in runs])) / 60,
-               "gain_at_budget": mean_se([gain_at(r["curve"], 60 * minutes) for r in runs]),
-               "exact_gain_at_budget": exact_gain_at(runs, 60 * minutes),
-               "tag_gains": {t: float(np.mean([r["curve"][-1]["gain"]["tags"][t] for r in runs])) for t in TAGS}}
+        row = {
+            "seeds": sorted(r["seed"] for r in runs),
+            "pipeline": Path(runs[0]["pipeline"]).name,
+            "cpu": " / ".join(sorted({r.get("cpu", UNRECORDED_CPU) for r in runs})),
+            "seconds_per_update": float(np.mean([r["seconds_per_update"] for r in runs])),
+            "base": float(np.mean([r["curve"][0]["accuracy"]["overall"] for r in runs])),
+            "final_gain": mean_se([r["curve"][-1]["gain"]["overall"] for r in runs]),
+            "final_draw_se": float(np.mean([r["curve"][-1]["gain"]["draw_se"] for r in runs])),
+            "train_minutes": float(np.mean([r["curve"][-1]["train_seconds"] for r in runs])) / 60,
+            "gain_at_budget": mean_se([gain_at(r["curve"], 60 * minutes) for r in runs]),
+            "exact_gain_at_budget": exact_gain_at(runs, 60 * minutes),
+            "tag_gains": {t: float(np.mean([r["curve"][-1]["gain"]["tags"][t] for r in runs])) for t in TAGS},
+        }
         for gain in GAINS:
             times = [time_to_gain(r["curve"], gain) for r in runs]
             reached = [t for t in times if t is not None]
-            row[f"minutes_to_{round(100 * gain)}"] = (float(np.mean(reached)) / 60 if len(reached) == len(runs)
-                                                      else None)
+            row[f"minutes_to_{round(100 * gain)}"] = float(np.mean(reached)) / 60 if len(reached) == len(runs) else None
             row[f"reached_{round(100 * gain)}"] = f"{len(reached)}/{len(runs)}"
         table[name] = row
     return table
@@ -279,21 +356,31 @@ def anchor_ratio(table: dict) -> str:
         return ""
     anchor = table["grpo_anchor"]
     # minutes on different CPUs are not comparable: only methods timed on the anchor's
-    reached = {n: r["minutes_to_10"] for n, r in table.items()
-               if r["minutes_to_10"] is not None and n != "grpo_anchor" and r.get("cpu") == anchor.get("cpu")}
+    reached = {
+        n: r["minutes_to_10"]
+        for n, r in table.items()
+        if r["minutes_to_10"] is not None and n != "grpo_anchor" and r.get("cpu") == anchor.get("cpu")
+    }
     if not reached:
         return ""
 
     def line(name: str) -> str:
         minutes, pipeline = reached[name], table[name].get("pipeline")
-        label = name if pipeline == anchor.get("pipeline") else \
-            f"{name} (on {pipeline}, the anchor on {anchor.get('pipeline')})"
+        label = (
+            name
+            if pipeline == anchor.get("pipeline")
+            else f"{name} (on {pipeline}, the anchor on {anchor.get('pipeline')})"
+        )
         if anchor["minutes_to_10"] is not None:
-            return (f"\nTime to +10 points: {label} {minutes:.1f} min vs grpo_anchor {anchor['minutes_to_10']:.1f} "
-                    f"min: {anchor['minutes_to_10'] / minutes:.1f}x faster.")
-        return (f"\nTime to +10 points: {label} {minutes:.1f} min; grpo_anchor did not reach +10 in its "
-                f"{anchor['train_minutes']:.1f} minutes ({anchor['reached_10']} seeds): at least "
-                f"{anchor['train_minutes'] / minutes:.1f}x faster.")
+            return (
+                f"\nTime to +10 points: {label} {minutes:.1f} min vs grpo_anchor {anchor['minutes_to_10']:.1f} "
+                f"min: {anchor['minutes_to_10'] / minutes:.1f}x faster."
+            )
+        return (
+            f"\nTime to +10 points: {label} {minutes:.1f} min; grpo_anchor did not reach +10 in its "
+            f"{anchor['train_minutes']:.1f} minutes ({anchor['reached_10']} seeds): at least "
+            f"{anchor['train_minutes'] / minutes:.1f}x faster."
+        )
 
     best = min(reached, key=reached.get)
     same_base = [n for n in reached if table[n].get("pipeline") == anchor.get("pipeline")]
@@ -311,25 +398,33 @@ def write_table(table: dict, minutes: float, path: Path) -> str:
         value = row[f"minutes_to_{gain}"]
         return f"{value:.1f} ({row[f'reached_{gain}']})" if value is not None else f"- ({row[f'reached_{gain}']})"
 
-    lines = [f"| method | pipeline | seeds | base acc | final gain (pts) | final draw +- | "
-             f"gain at {minutes:g} min (pts) | exact verdict's gain at {minutes:g} min (pts) | "
-             "min to +10 | min to +20 | minutes trained | s / update | cpu | "
-             + " | ".join(f"{t} gain" for t in TAGS) + " |",
-             "|" + "---|" * (13 + len(TAGS))]
+    lines = [
+        f"| method | pipeline | seeds | base acc | final gain (pts) | final draw +- | "
+        f"gain at {minutes:g} min (pts) | exact verdict's gain at {minutes:g} min (pts) | "
+        "min to +10 | min to +20 | minutes trained | s / update | cpu | "
+        + " | ".join(f"{t} gain" for t in TAGS)
+        + " |",
+        "|" + "---|" * (13 + len(TAGS)),
+    ]
     for name, row in sorted(table.items(), key=lambda kv: -kv[1]["gain_at_budget"][0]):
-        lines.append(f"| {name} | {row['pipeline']} | {len(row['seeds'])} | {row['base']:.3f} | "
-                     f"{pm(row['final_gain'], row['seeds'])} | "
-                     f"{196 * row['final_draw_se']:.1f} | {pm(row['gain_at_budget'], row['seeds'])} | "
-                     f"{pm(row['exact_gain_at_budget'], row['seeds']) if row['exact_gain_at_budget'] is not None else '-'} | "
-                     f"{reach(row, 10)} | {reach(row, 20)} | {row['train_minutes']:.1f} | "
-                     f"{row['seconds_per_update']:.1f} | {row['cpu']} | "
-                     + " | ".join(f"{100 * row['tag_gains'][t]:+.1f}" for t in TAGS) + " |")
+        lines.append(
+            f"| {name} | {row['pipeline']} | {len(row['seeds'])} | {row['base']:.3f} | "
+            f"{pm(row['final_gain'], row['seeds'])} | "
+            f"{196 * row['final_draw_se']:.1f} | {pm(row['gain_at_budget'], row['seeds'])} | "
+            f"{pm(row['exact_gain_at_budget'], row['seeds']) if row['exact_gain_at_budget'] is not None else '-'} | "
+            f"{reach(row, 10)} | {reach(row, 20)} | {row['train_minutes']:.1f} | "
+            f"{row['seconds_per_update']:.1f} | {row['cpu']} | "
+            + " | ".join(f"{100 * row['tag_gains'][t]:+.1f}" for t in TAGS)
+            + " |"
+        )
     lines.append(anchor_ratio(table))
-    lines.append("\nGains are paired (checkpoint minus base, same prompts and seeds); +- is 95% over training seeds "
-                 "(with 2 or more); 'final draw +-' is one eval's 95% interval for a redraw of its seeds (the mean "
-                 "over seeds); the exact verdict also refuses objects the prompt does not name ('-': run recorded "
-                 "before it was); times are training wall-clock (eval excluded), the mean over seeds, shown only when "
-                 "every seed reached the gain (how many did in brackets).")
+    lines.append(
+        "\nGains are paired (checkpoint minus base, same prompts and seeds); +- is 95% over training seeds "
+        "(with 2 or more); 'final draw +-' is one eval's 95% interval for a redraw of its seeds (the mean "
+        "over seeds); the exact verdict also refuses objects the prompt does not name ('-': run recorded "
+        "before it was); times are training wall-clock (eval excluded), the mean over seeds, shown only when "
+        "every seed reached the gain (how many did in brackets)."
+    )
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
@@ -344,7 +439,7 @@ def plot(results: dict, path: Path) -> None:
                 length = min(len(r["curve"]) for r in runs)
                 x = np.mean([[p[key] * scale for p in r["curve"][:length]] for r in runs], axis=0)
                 y = 100 * np.array([[p["gain"]["overall"] for p in r["curve"][:length]] for r in runs])
-                line, = ax.plot(x, y.mean(0), marker="o", ms=3, label=f"{name} ({len(runs)} seeds)")
+                (line,) = ax.plot(x, y.mean(0), marker="o", ms=3, label=f"{name} ({len(runs)} seeds)")
                 if len(runs) > 1:
                     spread = 1.96 * y.std(0, ddof=1) / np.sqrt(len(runs))
                     ax.fill_between(x, y.mean(0) - spread, y.mean(0) + spread, color=line.get_color(), alpha=0.15)

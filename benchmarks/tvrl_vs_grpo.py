@@ -13,6 +13,7 @@ token-level credit should leave alone).
 
 Writes OUT/results.json and OUT/table.md (OUT = benchmarks/results/tvrl_vs_grpo).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,18 +63,30 @@ def evaluate(policy, scorer, seeds: list[int], base: dict | None) -> tuple[dict,
             mask = background_mask(base[seed])
             change = np.abs(clips.astype(np.float32) - base[seed].astype(np.float32)).mean(-1)
             untouched.append(float(change[mask].mean() / 255))
-    metrics = {"accuracy": float(np.mean(accuracy)), "accuracy_by_seed": accuracy, "reward": float(np.mean(reward)),
-               "untouched_change": float(np.mean(untouched)) if untouched else 0.0}
+    metrics = {
+        "accuracy": float(np.mean(accuracy)),
+        "accuracy_by_seed": accuracy,
+        "reward": float(np.mean(reward)),
+        "untouched_change": float(np.mean(untouched)) if untouched else 0.0,
+    }
     return metrics, clips_by_seed
 
 
 def run(kind: str, algorithm: str, seed: int, args, scorer, base: dict) -> dict:
     name = f"{kind}_{algorithm}_s{seed}"
-    overrides = [f"run.name={name}", f"run.out_dir={args.out / 'runs'}", f"run.seed={seed}",
-                 f"train.updates={args.updates}", f"train.groups_per_update={args.groups}",
-                 f"train.group_size={args.group_size}", "train.checkpoint_every=0", "eval.enabled=false",
-                 f"sampler.kind={kind}", f"algorithm.name={algorithm}",
-                 "reward=[{name: moving_shapes_qa, weight: 1.0}]"] + list(args.override)
+    overrides = [
+        f"run.name={name}",
+        f"run.out_dir={args.out / 'runs'}",
+        f"run.seed={seed}",
+        f"train.updates={args.updates}",
+        f"train.groups_per_update={args.groups}",
+        f"train.group_size={args.group_size}",
+        "train.checkpoint_every=0",
+        "eval.enabled=false",
+        f"sampler.kind={kind}",
+        f"algorithm.name={algorithm}",
+        "reward=[{name: moving_shapes_qa, weight: 1.0}]",
+    ] + list(args.override)
     config = load_config(CONFIG, overrides)
     shutil.rmtree(Path(config.run.out_dir) / name, ignore_errors=True)  # a fresh run, never a resume
     trainer = Trainer(config, log=False)
@@ -84,19 +97,25 @@ def run(kind: str, algorithm: str, seed: int, args, scorer, base: dict) -> dict:
 
 
 def table(base: dict, rows: list[dict]) -> str:
-    lines = [f"base: accuracy {base['accuracy']:.3f}, scorer reward {base['reward']:.3f}", "",
-             "| SDE kind | method | held-out accuracy (mean over training seeds) | per training seed | scorer reward "
-             "| untouched-region change | s / run |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"base: accuracy {base['accuracy']:.3f}, scorer reward {base['reward']:.3f}",
+        "",
+        "| SDE kind | method | held-out accuracy (mean over training seeds) | per training seed | scorer reward "
+        "| untouched-region change | s / run |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for kind in dict.fromkeys(r["kind"] for r in rows):
         for algorithm in ("grpo", "tvrl"):
             rs = [r for r in rows if r["kind"] == kind and r["algorithm"] == algorithm]
             if not rs:
                 continue
             accs = [r["accuracy"] for r in rs]
-            lines.append(f"| {kind} | {algorithm} | {np.mean(accs):.3f} ({np.mean(accs) - base['accuracy']:+.3f}) | "
-                         f"{', '.join(f'{a:.3f}' for a in accs)} | {np.mean([r['reward'] for r in rs]):.3f} | "
-                         f"{np.mean([r['untouched_change'] for r in rs]):.4f} | "
-                         f"{np.mean([r['train_seconds'] for r in rs]):.0f} |")
+            lines.append(
+                f"| {kind} | {algorithm} | {np.mean(accs):.3f} ({np.mean(accs) - base['accuracy']:+.3f}) | "
+                f"{', '.join(f'{a:.3f}' for a in accs)} | {np.mean([r['reward'] for r in rs]):.3f} | "
+                f"{np.mean([r['untouched_change'] for r in rs]):.4f} | "
+                f"{np.mean([r['train_seconds'] for r in rs]):.0f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -118,8 +137,12 @@ def main() -> None:
     torch.set_num_threads(2)
 
     scorer = build_reward("moving_shapes_qa")
-    base_trainer = Trainer(load_config(CONFIG, [f"run.out_dir={args.out / 'runs'}", "run.name=base",
-                                                "eval.enabled=false", *args.override]), log=False)
+    base_trainer = Trainer(
+        load_config(
+            CONFIG, [f"run.out_dir={args.out / 'runs'}", "run.name=base", "eval.enabled=false", *args.override]
+        ),
+        log=False,
+    )
     base_metrics, base_clips = evaluate(base_trainer.policy, scorer, args.eval_seeds, None)
     del base_trainer
     print(f"base: accuracy {base_metrics['accuracy']:.3f}  reward {base_metrics['reward']:.3f}", flush=True)
@@ -130,11 +153,17 @@ def main() -> None:
                 started = time.time()
                 rows.append(run(kind, algorithm, seed, args, scorer, base_clips))
                 r = rows[-1]
-                print(f"{kind:6s} {algorithm:5s} seed {seed}: accuracy {r['accuracy']:.3f}  reward {r['reward']:.3f}  "
-                      f"untouched change {r['untouched_change']:.4f}  ({time.time() - started:.0f} s)", flush=True)
-                (args.out / "results.json").write_text(json.dumps({"base": base_metrics, "runs": rows,
-                                                                   "args": {k: str(v) for k, v in vars(args).items()}},
-                                                                  indent=2))
+                print(
+                    f"{kind:6s} {algorithm:5s} seed {seed}: accuracy {r['accuracy']:.3f}  reward {r['reward']:.3f}  "
+                    f"untouched change {r['untouched_change']:.4f}  ({time.time() - started:.0f} s)",
+                    flush=True,
+                )
+                (args.out / "results.json").write_text(
+                    json.dumps(
+                        {"base": base_metrics, "runs": rows, "args": {k: str(v) for k, v in vars(args).items()}},
+                        indent=2,
+                    )
+                )
     text = table(base_metrics, rows)
     (args.out / "table.md").write_text(text)
     print(text)

@@ -8,6 +8,7 @@ fails where the layout and shapes are decided.
 
 Writes benchmarks/results/wan_denoise_from_t.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,9 +45,13 @@ def main() -> None:
     policy = policy_for(pipe, max_sequence_length=WAN_SEQUENCE_LENGTH)
     clips, prompts = sample_pairs(args.clips, np.random.default_rng(args.seed))
     x0 = normalised_latents(pipe.vae, clips)
-    embeds, negative = pipe.encode_prompt(prompts, negative_prompt=[""] * len(prompts),
-                                          do_classifier_free_guidance=True, max_sequence_length=WAN_SEQUENCE_LENGTH,
-                                          device=torch.device("cpu"))
+    embeds, negative = pipe.encode_prompt(
+        prompts,
+        negative_prompt=[""] * len(prompts),
+        do_classifier_free_guidance=True,
+        max_sequence_length=WAN_SEQUENCE_LENGTH,
+        device=torch.device("cpu"),
+    )
     grid = shifted_sigmas(args.steps, pipe.scheduler.config.shift).tolist()  # the sampler's sigmas
     generator = torch.Generator().manual_seed(args.seed)
     rows = []
@@ -58,8 +63,9 @@ def main() -> None:
             for sigma, following in zip(path[:-1], path[1:]):
                 t = torch.full((len(x),), sigma * 1000)
                 cond = pipe.transformer(hidden_states=x, timestep=t, encoder_hidden_states=embeds, return_dict=False)[0]
-                uncond = pipe.transformer(hidden_states=x, timestep=t, encoder_hidden_states=negative,
-                                          return_dict=False)[0]
+                uncond = pipe.transformer(
+                    hidden_states=x, timestep=t, encoder_hidden_states=negative, return_dict=False
+                )[0]
                 x = x + (following - sigma) * (uncond + args.guidance * (cond - uncond))
             video = policy.decode(x)
         frames = (video.clamp(0, 1) * 255).round().byte().permute(0, 2, 3, 4, 1).numpy()

@@ -7,6 +7,7 @@ median of each and the ratio.
 
 Writes benchmarks/results/wan_frame_convs.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 from flowrl.models.shapes_wan import ShapesWanSize, build_vae  # noqa: E402
 from flowrl.motion.world import sample_pairs  # noqa: E402
 from flowrl.policies.wan_vae import frame_convolutions  # noqa: E402
-from flowrl.report import cpu_model  # noqa: E402
 from flowrl.pretrain.shapes_wan import clips_to_tensor, decode_unclamped, inflate_causal_convs  # noqa: E402
+from flowrl.report import cpu_model  # noqa: E402
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ encoder's output at each position moves when one word of "a red circle" changes 
 
     python benchmarks/wan_shape_diagnosis.py --pipeline PATH/TO/shapes-wan --out result.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,23 +53,40 @@ def fills_by_shape(clips: np.ndarray, prompts: list[str]) -> dict:
     by = collections.defaultdict(list)
     for clip, prompt in zip(clips, prompts):
         by[parse_prompt(prompt).movers[0].shape] += silhouette_fills(clip)
-    return {shape: {"components": len(v), "median": float(np.median(v)), "q25": float(np.quantile(v, 0.25)),
-                    "q75": float(np.quantile(v, 0.75))} for shape, v in sorted(by.items())}
+    return {
+        shape: {
+            "components": len(v),
+            "median": float(np.median(v)),
+            "q25": float(np.quantile(v, 0.25)),
+            "q75": float(np.quantile(v, 0.75)),
+        }
+        for shape, v in sorted(by.items())
+    }
 
 
 def text_sensitivity(pipe) -> dict:
     """Per-position distance between the text encoder's outputs for "a red circle" and a prompt one word away."""
+
     def encode(prompt):
-        return pipe.encode_prompt([prompt], do_classifier_free_guidance=False, max_sequence_length=WAN_SEQUENCE_LENGTH,
-                                  device=torch.device("cpu"))[0][0].float()
+        return pipe.encode_prompt(
+            [prompt],
+            do_classifier_free_guidance=False,
+            max_sequence_length=WAN_SEQUENCE_LENGTH,
+            device=torch.device("cpu"),
+        )[0][0].float()
 
     with torch.no_grad():
         base = encode("a red circle")
         tokens = len(pipe.tokenizer("a red circle").input_ids)
-        moved = {other: (encode(other) - base).norm(dim=-1)[:tokens].round(decimals=2).tolist()
-                 for other in ("a blue circle", "a green circle", "a red square", "a red triangle")}
-    return {"positions": pipe.tokenizer.convert_ids_to_tokens(pipe.tokenizer("a red circle").input_ids),
-            "output_norm": base.norm(dim=-1)[:tokens].round(decimals=2).tolist(), "distance": moved}
+        moved = {
+            other: (encode(other) - base).norm(dim=-1)[:tokens].round(decimals=2).tolist()
+            for other in ("a blue circle", "a green circle", "a red square", "a red triangle")
+        }
+    return {
+        "positions": pipe.tokenizer.convert_ids_to_tokens(pipe.tokenizer("a red circle").input_ids),
+        "output_norm": base.norm(dim=-1)[:tokens].round(decimals=2).tolist(),
+        "distance": moved,
+    }
 
 
 def main() -> None:
@@ -82,8 +100,9 @@ def main() -> None:
     pipe = load_pipeline(args.pipeline)
     policy = policy_for(pipe, max_sequence_length=WAN_SEQUENCE_LENGTH)
     prompts = eval_prompt_set()
-    samples, records = generate_samples(policy, prompts, args.num_per_prompt, args.seed, 20, 4.5,
-                                        SampleSpec(SIZE, SIZE, FRAMES), desc="diagnosis")
+    samples, records = generate_samples(
+        policy, prompts, args.num_per_prompt, args.seed, 20, 4.5, SampleSpec(SIZE, SIZE, FRAMES), desc="diagnosis"
+    )
     clips, asked = samples.to_uint8(), [r["prompt"] for r in records]
 
     checks, tracked = collections.defaultdict(list), collections.defaultdict(list)
@@ -101,15 +120,25 @@ def main() -> None:
     reconstructed = ((decoded.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 4, 1).numpy()
     single_prompts = [asked[i] for i in single]
     result = {
-        "pipeline": args.pipeline, "seed": args.seed, "clips": len(asked),
-        "constraints_by_tag": {tag: {"clips": len(rows), "each_holds": np.mean(rows, 0).round(3).tolist(),
-                                     "all_hold": float(np.mean([all(r) for r in rows]))}
-                               for tag, rows in checks.items()},
-        "tracked_by_named_shape": {shape: {"objects": len(v), "share": float(np.mean(v))}
-                                   for shape, v in sorted(tracked.items())},
-        "silhouette_fill": {"generated": fills_by_shape(clips[single], single_prompts),
-                            "rendered": fills_by_shape(rendered, single_prompts),
-                            "vae_reconstructed": fills_by_shape(reconstructed, single_prompts)},
+        "pipeline": args.pipeline,
+        "seed": args.seed,
+        "clips": len(asked),
+        "constraints_by_tag": {
+            tag: {
+                "clips": len(rows),
+                "each_holds": np.mean(rows, 0).round(3).tolist(),
+                "all_hold": float(np.mean([all(r) for r in rows])),
+            }
+            for tag, rows in checks.items()
+        },
+        "tracked_by_named_shape": {
+            shape: {"objects": len(v), "share": float(np.mean(v))} for shape, v in sorted(tracked.items())
+        },
+        "silhouette_fill": {
+            "generated": fills_by_shape(clips[single], single_prompts),
+            "rendered": fills_by_shape(rendered, single_prompts),
+            "vae_reconstructed": fills_by_shape(reconstructed, single_prompts),
+        },
         "text_sensitivity": text_sensitivity(pipe),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

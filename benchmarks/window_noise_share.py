@@ -13,6 +13,7 @@ shapes-sd with DDIM eta 1 (`ddpo_window`), windows of 3 steps at the given start
     python benchmarks/window_noise_share.py            # ~5 minutes on 2 CPU cores
 Writes benchmarks/results/window_noise_share.json and prints a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,18 @@ from flowrl.shapes.prompts import train_prompt_set  # noqa: E402
 SAMPLERS = {"pipelines/shapes-sd3": ("flow", 0.7), "pipelines/shapes-sd": ("ddim", 1.0)}
 
 
-def spread(policy, prompts, kind, noise_level, window, inits: int, draws: int, seed: int, steps: int = 10,
-           guidance_scale: float = 4.5) -> dict:
+def spread(
+    policy,
+    prompts,
+    kind,
+    noise_level,
+    window,
+    inits: int,
+    draws: int,
+    seed: int,
+    steps: int = 10,
+    guidance_scale: float = 4.5,
+) -> dict:
     """Rewards [prompt, init, draw] for one pipeline and window, and their variance split."""
     shape = policy.noise_shape(policy.default_spec())
     rewards = np.zeros((len(prompts), inits, draws))
@@ -46,8 +57,9 @@ def spread(policy, prompts, kind, noise_level, window, inits: int, draws: int, s
         initial = initial.repeat_interleave(draws, 0)
         generators = sample_generators([derived_seed(seed, p, i, d, 1) for i in range(inits) for d in range(draws)])
         cond = policy.encode([prompt] * (inits * draws), guidance_scale)
-        traj = rollout(policy, cond, generators, shape, steps, kind, noise_level, guidance_scale, window,
-                       initial_noise=initial)
+        traj = rollout(
+            policy, cond, generators, shape, steps, kind, noise_level, guidance_scale, window, initial_noise=initial
+        )
         images = policy.decode_samples(traj.final).to_uint8()
         rewards[p] = np.array([dense_score(im, prompt) for im in images]).reshape(inits, draws)
     return {"window": list(window), **variance_split(rewards)}
@@ -55,16 +67,20 @@ def spread(policy, prompts, kind, noise_level, window, inits: int, draws: int, s
 
 def variance_split(rewards: np.ndarray, resamples: int = 2000, seed: int = 0) -> dict:
     """The window's share of the within-prompt variance, with a 95% bootstrap interval over prompts."""
+
     def share(r):
         return r.var(axis=2, ddof=1).mean() / r.reshape(len(r), -1).var(axis=1, ddof=1).mean()
 
     rng = np.random.default_rng(seed)
     boot = [share(rewards[rng.integers(0, len(rewards), len(rewards))]) for _ in range(resamples)]
-    return {"mean_reward": float(rewards.mean()),
-            "within_prompt_var": float(rewards.reshape(len(rewards), -1).var(axis=1, ddof=1).mean()),
-            "window_var": float(rewards.var(axis=2, ddof=1).mean()), "window_share": float(share(rewards)),
-            "window_share_95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
-            "rewards": rewards.round(4).tolist()}
+    return {
+        "mean_reward": float(rewards.mean()),
+        "within_prompt_var": float(rewards.reshape(len(rewards), -1).var(axis=1, ddof=1).mean()),
+        "window_var": float(rewards.var(axis=2, ddof=1).mean()),
+        "window_share": float(share(rewards)),
+        "window_share_95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
+        "rewards": rewards.round(4).tolist(),
+    }
 
 
 def main(argv=None) -> dict:
@@ -79,8 +95,11 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     rng = np.random.default_rng(args.seed)
-    prompts = [p for tag_prompts in train_prompt_set().values()
-               for p in rng.choice(tag_prompts, min(args.prompts_per_tag, len(tag_prompts)), replace=False)]
+    prompts = [
+        p
+        for tag_prompts in train_prompt_set().values()
+        for p in rng.choice(tag_prompts, min(args.prompts_per_tag, len(tag_prompts)), replace=False)
+    ]
     results = {}
     for path in args.pipelines.split(","):
         kind, noise_level = SAMPLERS[path]
@@ -88,11 +107,15 @@ def main(argv=None) -> dict:
         for start in (int(s) for s in args.starts.split(",")):
             r = spread(policy, prompts, kind, noise_level, (start, start + 3), args.inits, args.draws, args.seed)
             results[f"{Path(path).name} window {start}-{start + 2}"] = {"kind": kind, "noise_level": noise_level, **r}
-            print(f"{Path(path).name:10s} {kind:4s} window {start}-{start + 2}: mean reward {r['mean_reward']:.3f}  "
-                  f"within-prompt var {r['within_prompt_var']:.4f}  window share {r['window_share']:.2f} "
-                  f"[{r['window_share_95'][0]:.2f}, {r['window_share_95'][1]:.2f}]", flush=True)
-    args.out.write_text(json.dumps({"prompts": prompts, "inits": args.inits, "draws": args.draws,
-                                    "results": results}, indent=1) + "\n")
+            print(
+                f"{Path(path).name:10s} {kind:4s} window {start}-{start + 2}: mean reward {r['mean_reward']:.3f}  "
+                f"within-prompt var {r['within_prompt_var']:.4f}  window share {r['window_share']:.2f} "
+                f"[{r['window_share_95'][0]:.2f}, {r['window_share_95'][1]:.2f}]",
+                flush=True,
+            )
+    args.out.write_text(
+        json.dumps({"prompts": prompts, "inits": args.inits, "draws": args.draws, "results": results}, indent=1) + "\n"
+    )
     return results
 
 

@@ -15,16 +15,14 @@ text encoders), which the two threads only read in no-grad passes, and owns its 
 adapter's memory, not a second model (a full fine-tune copies its trainable denoiser). Prompt encoding is serialised
 by a lock the two share, since offloading text encoders moves them between devices.
 """
+
 from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-
 from pathlib import Path
 
 from safetensors.torch import load_file, save_file
-
-
 
 SNAPSHOTS_FILE = "rollout_snapshots.safetensors"  # in a checkpoint: the weight versions pending batches use
 
@@ -62,10 +60,14 @@ class RolloutWorker:
         self.snapshots[update] = self.current()
         queued = range(update, min(update + self.staleness + 1, last))
         missing = sorted({snapshot_version(u, self.staleness) for u in queued} - set(self.snapshots))
-        if missing:  # e.g. a synchronous checkpoint resumed asynchronously, or a larger staleness than it was saved with
-            raise UserError(f"train.staleness: resuming at update {update} with staleness {self.staleness} needs the "
-                            f"weights of updates {missing}, which the checkpoint does not hold; resume with the "
-                            "staleness it was saved with, or train.async_rollouts: false")
+        if (
+            missing
+        ):  # e.g. a synchronous checkpoint resumed asynchronously, or a larger staleness than it was saved with
+            raise UserError(
+                f"train.staleness: resuming at update {update} with staleness {self.staleness} needs the "
+                f"weights of updates {missing}, which the checkpoint does not hold; resume with the "
+                "staleness it was saved with, or train.async_rollouts: false"
+            )
         for u in queued:
             self.submit(u)
 
@@ -105,8 +107,15 @@ class RolloutWorker:
     def write_snapshots(self, folder: Path, current: int) -> None:
         """Into a checkpoint folder: the snapshots a run resumed at update `current` needs besides its current weights
         (versions u - S .. u - 1; the checkpoint holds version u itself)."""
-        save_file({f"{v}/{k}": t.contiguous() for v, state in self.snapshots.items() if v != current
-                   for k, t in state.items()}, Path(folder) / SNAPSHOTS_FILE)
+        save_file(
+            {
+                f"{v}/{k}": t.contiguous()
+                for v, state in self.snapshots.items()
+                if v != current
+                for k, t in state.items()
+            },
+            Path(folder) / SNAPSHOTS_FILE,
+        )
 
     def close(self) -> None:
         for future in self.pending.values():

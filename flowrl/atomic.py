@@ -1,5 +1,6 @@
 """Files and folders written whole or not at all: an interruption (Ctrl-C, a kill, a lost machine) leaves the old
 version or the new one, never half of one."""
+
 from __future__ import annotations
 
 import tempfile

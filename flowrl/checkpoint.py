@@ -5,6 +5,7 @@ run_config.yaml (the run's config, which sampling commands read), and for LoRA r
 A checkpoint is written to a temporary folder and renamed, so an interruption never leaves a half-written one.
 optimizer.pt holds only tensors and plain values and loads with weights_only=True.
 """
+
 from __future__ import annotations
 
 import ast
@@ -20,8 +21,17 @@ from safetensors.torch import load_file, save_file
 from .errors import UserError
 
 
-def save_checkpoint(folder: Path, update: int, trainable: dict, optimizer_state: dict, ema: dict | None,
-                    adapter: dict | None = None, keep: int = 2, write_extra=None, grad_scaler: dict | None = None) -> Path:
+def save_checkpoint(
+    folder: Path,
+    update: int,
+    trainable: dict,
+    optimizer_state: dict,
+    ema: dict | None,
+    adapter: dict | None = None,
+    keep: int = 2,
+    write_extra=None,
+    grad_scaler: dict | None = None,
+) -> Path:
     """Write a checkpoint atomically; `write_extra(tmp_folder)` adds files (e.g. exports) before the rename;
     `grad_scaler` is fp16 training's loss-scale state (its scale and growth tracker)."""
     final = folder / f"update_{update:06d}"
@@ -34,13 +44,21 @@ def save_checkpoint(folder: Path, update: int, trainable: dict, optimizer_state:
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     older = [p for p in list_checkpoints(folder) if p.name < final.name]  # never the one just written
-    for old in older[:max(0, len(older) - (keep - 1))] if keep > 0 else []:
+    for old in older[: max(0, len(older) - (keep - 1))] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def _write(tmp: Path, update: int, trainable: dict, optimizer_state: dict, ema: dict | None, adapter: dict | None,
-           write_extra, grad_scaler: dict | None = None) -> None:
+def _write(
+    tmp: Path,
+    update: int,
+    trainable: dict,
+    optimizer_state: dict,
+    ema: dict | None,
+    adapter: dict | None,
+    write_extra,
+    grad_scaler: dict | None = None,
+) -> None:
     tmp.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -51,9 +69,13 @@ def _write(tmp: Path, update: int, trainable: dict, optimizer_state: dict, ema: 
     if adapter is not None:  # how to rebuild the LoRA adapter these weights belong to
         (tmp / "adapter.json").write_text(json.dumps(adapter))
     _, keys, position, has_gauss, gauss = np.random.get_state()  # the whole state: the key and where in it
-    state = {"update": update, "python_rng": repr(random.getstate()), "numpy_rng": keys.tolist(),
-             "numpy_rng_position": [int(position), int(has_gauss), float(gauss)],
-             "torch_rng": torch.get_rng_state().tolist()}
+    state = {
+        "update": update,
+        "python_rng": repr(random.getstate()),
+        "numpy_rng": keys.tolist(),
+        "numpy_rng_position": [int(position), int(has_gauss), float(gauss)],
+        "torch_rng": torch.get_rng_state().tolist(),
+    }
     if grad_scaler:
         state["grad_scaler"] = grad_scaler
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # the GPU's generator: dropout in a trained model
@@ -85,19 +107,26 @@ def load_checkpoint(path: Path) -> dict:
     """Read every file of a checkpoint, then restore the RNG states (so a corrupt one changes nothing)."""
     path = Path(path)
     if not (path / "state.json").is_file():
-        raise UserError(f"checkpoint {path} is incomplete or missing; expected a folder with state.json and "
-                        "trainable.safetensors (runs/<name>/checkpoints/update_N)")
+        raise UserError(
+            f"checkpoint {path} is incomplete or missing; expected a folder with state.json and "
+            "trainable.safetensors (runs/<name>/checkpoints/update_N)"
+        )
     if not (path / "trainable.safetensors").is_file():
         raise CorruptCheckpoint(f"checkpoint {path} is corrupt (trainable.safetensors is missing)")
     try:
         state = json.loads((path / "state.json").read_text())
-        saved = {"update": state["update"],
-                 "trainable": load_file(path / "trainable.safetensors"),
-                 "ema": load_file(path / "ema.safetensors") if (path / "ema.safetensors").is_file() else None,
-                 "optimizer": torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"),
-                 "grad_scaler": state.get("grad_scaler")}
-        rng = (torch.tensor(state["torch_rng"], dtype=torch.uint8), np.array(state["numpy_rng"], dtype=np.uint32),
-               ast.literal_eval(state["python_rng"]))
+        saved = {
+            "update": state["update"],
+            "trainable": load_file(path / "trainable.safetensors"),
+            "ema": load_file(path / "ema.safetensors") if (path / "ema.safetensors").is_file() else None,
+            "optimizer": torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"),
+            "grad_scaler": state.get("grad_scaler"),
+        }
+        rng = (
+            torch.tensor(state["torch_rng"], dtype=torch.uint8),
+            np.array(state["numpy_rng"], dtype=np.uint32),
+            ast.literal_eval(state["python_rng"]),
+        )
         cuda_rng = torch.tensor(state["cuda_rng"], dtype=torch.uint8) if "cuda_rng" in state else None
     except Exception as error:  # truncated or garbled files: whatever the reader raised
         raise CorruptCheckpoint(f"checkpoint {path} is corrupt ({type(error).__name__}: {error})") from None
@@ -119,7 +148,9 @@ def sampling_gate(adapter: dict) -> float | None:
 def trained_weights_file(path: Path, prefer_ema: bool = True) -> Path:
     """A checkpoint's trained weights (its EMA when present and preferred); one error where there are none (checked
     before a large pipeline loads)."""
-    weights_file = path / ("ema.safetensors" if prefer_ema and (path / "ema.safetensors").is_file() else "trainable.safetensors")
+    weights_file = path / (
+        "ema.safetensors" if prefer_ema and (path / "ema.safetensors").is_file() else "trainable.safetensors"
+    )
     if not weights_file.is_file():
         raise UserError(f"checkpoint {path} has no trainable.safetensors; expected runs/<name>/checkpoints/update_N")
     return weights_file
@@ -131,8 +162,10 @@ def read_trained_weights(path: Path, prefer_ema: bool = True) -> dict:
     try:
         return load_file(weights_file)
     except Exception as error:  # safetensors' own error type: a truncated or foreign file
-        raise CorruptCheckpoint(f"checkpoint {path}: {weights_file.name} cannot be read as safetensors "
-                                f"({str(error)[:120]}); a copy cut short?") from None
+        raise CorruptCheckpoint(
+            f"checkpoint {path}: {weights_file.name} cannot be read as safetensors "
+            f"({str(error)[:120]}); a copy cut short?"
+        ) from None
 
 
 def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True) -> None:
@@ -148,8 +181,10 @@ def load_trained_weights(policy, checkpoint: str | Path, prefer_ema: bool = True
         try:
             policy.add_lora(adapter["rank"], adapter["alpha"], adapter["target_modules"])
         except ValueError as error:  # peft: no module matches the targets
-            raise UserError(f"checkpoint {path}: its LoRA does not fit this pipeline (a checkpoint of another model?): "
-                            f"{str(error)[:200]}") from None
+            raise UserError(
+                f"checkpoint {path}: its LoRA does not fit this pipeline (a checkpoint of another model?): "
+                f"{str(error)[:200]}"
+            ) from None
         policy.lora_active_from_sigma = sampling_gate(adapter)
     policy.load_trainable_state_dict(weights)
 
@@ -159,14 +194,37 @@ RUN_CONFIG = "run_config.yaml"  # in each checkpoint: the run's config, so a cop
 
 # what a resumed run may change: how long it trains, how it uses memory, how it logs, checkpoints and evaluates
 # along the way; everything its samples and updates depend on must be as the checkpoint's run had it
-RESUMABLE_CHANGES = frozenset((
-    "run.resume", "run.name", "run.out_dir", "run.wandb", "run.wandb_project", "run.deterministic",
-    "pipeline.attention", "pipeline.vae_slicing", "pipeline.vae_tiling", "train.updates", "train.microbatch_size",
-    "train.rollout_microbatch", "train.decode_microbatch", "train.reward_microbatch", "train.async_rewards",
-    "train.async_rollouts", "train.staleness",  # (switched on, a resume needs the checkpoint's snapshots: said)
-    "train.gradient_checkpointing", "train.offload_text_encoders", "train.embedding_cache", "train.checkpoint_every",
-    "train.keep_checkpoints", "train.threads", "train.collective_timeout_minutes", "train.max_failed_reward_share",
-    "eval.enabled", "eval.every"))
+RESUMABLE_CHANGES = frozenset(
+    (
+        "run.resume",
+        "run.name",
+        "run.out_dir",
+        "run.wandb",
+        "run.wandb_project",
+        "run.deterministic",
+        "pipeline.attention",
+        "pipeline.vae_slicing",
+        "pipeline.vae_tiling",
+        "train.updates",
+        "train.microbatch_size",
+        "train.rollout_microbatch",
+        "train.decode_microbatch",
+        "train.reward_microbatch",
+        "train.async_rewards",
+        "train.async_rollouts",
+        "train.staleness",  # (switched on, a resume needs the checkpoint's snapshots: said)
+        "train.gradient_checkpointing",
+        "train.offload_text_encoders",
+        "train.embedding_cache",
+        "train.checkpoint_every",
+        "train.keep_checkpoints",
+        "train.threads",
+        "train.collective_timeout_minutes",
+        "train.max_failed_reward_share",
+        "eval.enabled",
+        "eval.every",
+    )
+)
 
 
 def changed_settings(checkpoint: Path, config: dict) -> list[str]:
@@ -184,9 +242,11 @@ def changed_settings(checkpoint: Path, config: dict) -> list[str]:
         return []
 
     def flat(tree: dict) -> dict:
-        return {f"{name}.{field}" if isinstance(section, dict) else name: value
-                for name, section in tree.items()
-                for field, value in (section.items() if isinstance(section, dict) else [(None, section)])}
+        return {
+            f"{name}.{field}" if isinstance(section, dict) else name: value
+            for name, section in tree.items()
+            for field, value in (section.items() if isinstance(section, dict) else [(None, section)])
+        }
 
     ours, theirs = flat(yaml.safe_load(yaml.safe_dump(config, sort_keys=False))), flat(saved)
     return sorted(k for k in ours.keys() & theirs.keys() if ours[k] != theirs[k] and k not in RESUMABLE_CHANGES)
@@ -196,7 +256,10 @@ def run_config_file(checkpoint: str | Path) -> Path | None:
     """The config of the run a checkpoint belongs to: the copy in the checkpoint (written since flowrl kept one there),
     else the run dir's config.yaml (runs/<name>/checkpoints/update_N); None when neither is there."""
     path = Path(checkpoint)
-    for candidate in (path / RUN_CONFIG, path.parent.parent / "config.yaml" if path.parent.name == "checkpoints" else None):
+    for candidate in (
+        path / RUN_CONFIG,
+        path.parent.parent / "config.yaml" if path.parent.name == "checkpoints" else None,
+    ):
         if candidate is not None and candidate.is_file():
             return candidate
     return None
@@ -220,16 +283,25 @@ def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
     ev, pipe, train = config.get("eval") or {}, config.get("pipeline") or {}, config.get("train") or {}
     # eval.seed: flowrl sample derives each sample's seed as the run's evaluations do, so the run's eval prompts
     # with its seed redraw its evaluation images; weight_dtype: the frozen weights' precision it sampled in
-    settings = {"steps": ev.get("num_steps"), "guidance": ev.get("guidance_scale"), "seed": ev.get("seed"),
-                "weight_dtype": train.get("weight_dtype"), "height": pipe.get("height"),
-                "width": pipe.get("width"), "num_frames": pipe.get("num_frames"),
-                "max_sequence_length": pipe.get("max_sequence_length"), "guidance_2": pipe.get("guidance_scale_2"),
-                "shift": pipe.get("shift"), "reference_size": pipe.get("reference_size"),
-                # how it fitted in memory (settings that are off stay unsaid): flowrl sample's batch is the run's
-                # rollout batch, as its evaluations sampled
-                "batch_size": train.get("rollout_microbatch") or None, "vae_tiling": pipe.get("vae_tiling") or None,
-                "vae_slicing": pipe.get("vae_slicing") or None,
-                "decode_microbatch": train.get("decode_microbatch") or None,
-                "offload_text_encoders": train.get("offload_text_encoders") or None,
-                "policy": pipe.get("policy")}
+    settings = {
+        "steps": ev.get("num_steps"),
+        "guidance": ev.get("guidance_scale"),
+        "seed": ev.get("seed"),
+        "weight_dtype": train.get("weight_dtype"),
+        "height": pipe.get("height"),
+        "width": pipe.get("width"),
+        "num_frames": pipe.get("num_frames"),
+        "max_sequence_length": pipe.get("max_sequence_length"),
+        "guidance_2": pipe.get("guidance_scale_2"),
+        "shift": pipe.get("shift"),
+        "reference_size": pipe.get("reference_size"),
+        # how it fitted in memory (settings that are off stay unsaid): flowrl sample's batch is the run's
+        # rollout batch, as its evaluations sampled
+        "batch_size": train.get("rollout_microbatch") or None,
+        "vae_tiling": pipe.get("vae_tiling") or None,
+        "vae_slicing": pipe.get("vae_slicing") or None,
+        "decode_microbatch": train.get("decode_microbatch") or None,
+        "offload_text_encoders": train.get("offload_text_encoders") or None,
+        "policy": pipe.get("policy"),
+    }
     return {k: v for k, v in settings.items() if v is not None}, config_file

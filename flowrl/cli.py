@@ -3,6 +3,7 @@ suites, sampling options), which each task contributes through `Task.commands()`
 
 Bad input (a config field, a missing file, a malformed flag) prints one line naming it and exits with status 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -10,9 +11,9 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from .errors import UserError
 
@@ -20,6 +21,7 @@ from .errors import UserError
 @dataclass
 class TaskCommands:
     """What a task adds to the CLI. Handlers take the parsed arguments."""
+
     pretrain: dict[str, Callable] = field(default_factory=dict)  # recipe name -> handler
     card_only: tuple[str, ...] = ()  # the recipes that honour --card-only (re-measure a folder, no training)
     pretrain_out: dict[str, str] = field(default_factory=dict)  # recipe name -> its --out default
@@ -62,94 +64,163 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     sample = sub.add_parser("sample", help="generate samples (PNG, or MP4 + GIF for video) for a prompt file")
     sample.add_argument("--pipeline", required=True)
     sample.add_argument("--checkpoint", default=None, help="a run's checkpoint folder (LoRA or full weights)")
-    sample.add_argument("--prompts", required=True, help="a .txt file (one prompt per line) or .jsonl ('prompt' "
-                        "field; the other fields are kept in samples.jsonl)")
-    sample.add_argument("--out", required=True, help="the samples folder; written as drawn, so the same command "
-                        "resumes an interrupted one (other settings into it are an error)")
-    sample.add_argument("--seed", type=int, default=None, help="sample k of prompt p draws from a seed derived "
-                        f"from this, p and k (default: the checkpoint's run's eval.seed, else {SAMPLE_SEED})")
+    sample.add_argument(
+        "--prompts",
+        required=True,
+        help="a .txt file (one prompt per line) or .jsonl ('prompt' field; the other fields are kept in samples.jsonl)",
+    )
+    sample.add_argument(
+        "--out",
+        required=True,
+        help="the samples folder; written as drawn, so the same command "
+        "resumes an interrupted one (other settings into it are an error)",
+    )
+    sample.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="sample k of prompt p draws from a seed derived "
+        f"from this, p and k (default: the checkpoint's run's eval.seed, else {SAMPLE_SEED})",
+    )
     sample.add_argument("--num-per-prompt", type=int, default=1)
-    sample.add_argument("--batch-size", type=int, default=None, help="samples per sampler call (default: the "
-                        "checkpoint's run's train.rollout_microbatch, else 64; lower it for large images or long "
-                        "videos)")
+    sample.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="samples per sampler call (default: the "
+        "checkpoint's run's train.rollout_microbatch, else 64; lower it for large images or long "
+        "videos)",
+    )
     sampling_arguments(sample)
-    sample.add_argument("--kind", default=None, help="sampler: ode (default) or a stochastic kind (flow, dance, "
-                        "sage, cps; ddim for epsilon pipelines; the default with --fk-particles)")
+    sample.add_argument(
+        "--kind",
+        default=None,
+        help="sampler: ode (default) or a stochastic kind (flow, dance, "
+        "sage, cps; ddim for epsilon pipelines; the default with --fk-particles)",
+    )
     sample.add_argument("--noise-level", type=float, default=None, help="SDE noise level / DDIM eta")
     sample.add_argument("--fk-particles", type=int, default=0, help="FK steering with K particles per sample")
     sample.add_argument("--fk-lambda", type=float, default=10.0)
     sample.add_argument("--fk-potential", default="diff", choices=["diff", "max", "add", "rt"])
     sample.add_argument("--fk-every", type=int, default=2, help="steps between scheduled resamplings")
     sample.add_argument("--fk-reward", default="shapes_clip", help="reward the particles are steered towards")
-    sample.add_argument("--fk-reward-params", default="{}", help="the FK reward's parameters as JSON (e.g. "
-                        "'{\"path\": \"models/PickScore_v1\"}')")
+    sample.add_argument(
+        "--fk-reward-params",
+        default="{}",
+        help='the FK reward\'s parameters as JSON (e.g. \'{"path": "models/PickScore_v1"}\')',
+    )
 
     export = sub.add_parser("export", help="write a checkpoint's model as a plain diffusers pipeline folder")
     export.add_argument("--pipeline", required=True, help="the pipeline folder the run trained")
     export.add_argument("--checkpoint", required=True, help="a run's checkpoint folder (LoRA or full weights)")
     export.add_argument("--out", required=True, help="the new pipeline folder (save_pretrained layout)")
-    export.add_argument("--dtype", default=None, choices=["fp32", "fp16", "bf16"], help="the written weights' "
-                        "precision, and the one it loads in (each weight gets the fp32 LoRA update, rounded once); "
-                        "default: the one the pipeline folder stores its denoiser in (bf16 for released models: "
-                        "fp32 would double their folder and host memory)")
+    export.add_argument(
+        "--dtype",
+        default=None,
+        choices=["fp32", "fp16", "bf16"],
+        help="the written weights' "
+        "precision, and the one it loads in (each weight gets the fp32 LoRA update, rounded once); "
+        "default: the one the pipeline folder stores its denoiser in (bf16 for released models: "
+        "fp32 would double their folder and host memory)",
+    )
 
     serve = sub.add_parser("serve-reward", help="serve a registered reward over HTTP (for the `remote` reward)")
     serve.add_argument("name", help="a registered reward or package.module:Name")
     serve.add_argument("--params", default="{}", help="the reward's parameters as JSON")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8765)
-    serve.add_argument("--device", default=None, help="where the reward's models run (default: the GPU of "
-                       "LOCAL_RANK when there is one, else cpu)")
-    serve.add_argument("--token", default=os.environ.get("FLOWRL_REWARD_TOKEN"),
-                       help="require `Authorization: Bearer TOKEN` on every request (default: $FLOWRL_REWARD_TOKEN, "
-                            "which keeps it out of the process list)")
+    serve.add_argument(
+        "--device",
+        default=None,
+        help="where the reward's models run (default: the GPU of LOCAL_RANK when there is one, else cpu)",
+    )
+    serve.add_argument(
+        "--token",
+        default=os.environ.get("FLOWRL_REWARD_TOKEN"),
+        help="require `Authorization: Bearer TOKEN` on every request (default: $FLOWRL_REWARD_TOKEN, "
+        "which keeps it out of the process list)",
+    )
 
-    convert = sub.add_parser("convert-reward", help="turn a published reward checkpoint into the folder its "
-                                                    "adapter loads (hpsv2: HPS_v2.1_compressed.pt; imagereward: "
-                                                    "ImageReward.pt)")
+    convert = sub.add_parser(
+        "convert-reward",
+        help="turn a published reward checkpoint into the folder its "
+        "adapter loads (hpsv2: HPS_v2.1_compressed.pt; imagereward: "
+        "ImageReward.pt)",
+    )
     convert.add_argument("kind", choices=["hpsv2", "imagereward"])
     convert.add_argument("src", help="the published checkpoint file")
     convert.add_argument("dst", help="the new folder (params.path of the reward)")
-    convert.add_argument("--tokenizer", required=True, help="a saved tokenizer folder: OpenAI CLIP's BPE for hpsv2, "
-                                                            "bert-base-uncased for imagereward")
-    convert.add_argument("--vision-head-dim", type=int, default=None, help="head width of the image tower "
-                                                                          "(default: the published model's)")
+    convert.add_argument(
+        "--tokenizer",
+        required=True,
+        help="a saved tokenizer folder: OpenAI CLIP's BPE for hpsv2, bert-base-uncased for imagereward",
+    )
+    convert.add_argument(
+        "--vision-head-dim",
+        type=int,
+        default=None,
+        help="head width of the image tower (default: the published model's)",
+    )
     convert.add_argument("--text-head-dim", type=int, default=None, help="head width of the text tower")
 
     demo = sub.add_parser("demo", help="Gradio page: the base model and checkpoints side by side")
     demo.add_argument("--pipeline", required=True)
     demo.add_argument("--checkpoint", action="append", default=[], help="a checkpoint folder; repeat for several")
-    demo.add_argument("--reward", default=None, help="reward shown under each sample (default: shapes_clip; "
-                      "silhouette_iou for 3D pipelines, shapes_edit for editing ones, frame_consistency for video)")
+    demo.add_argument(
+        "--reward",
+        default=None,
+        help="reward shown under each sample (default: shapes_clip; "
+        "silhouette_iou for 3D pipelines, shapes_edit for editing ones, frame_consistency for video)",
+    )
     demo.add_argument("--reward-params", default="{}", help="the reward's parameters as JSON")
     demo.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
     demo.add_argument("--port", type=int, default=7860)
     sampling_arguments(demo)
 
     suites = sorted(s for e in extensions for s in e.eval_suites)
-    ev = sub.add_parser("eval", help="score a samples folder with a task's evaluation or a reward, or run a task's "
-                        "own suite")
-    ev.add_argument("suite", help=f"a task ({', '.join(TASKS.names())}, or package.module:Class): its evaluation "
-                    f"of --samples; rewards: the mean of --reward per tag; vbench: the real VBench package on clips; or a "
-                    f"task's suite ({', '.join(suites)})")
+    ev = sub.add_parser(
+        "eval", help="score a samples folder with a task's evaluation or a reward, or run a task's own suite"
+    )
+    ev.add_argument(
+        "suite",
+        help=f"a task ({', '.join(TASKS.names())}, or package.module:Class): its evaluation "
+        f"of --samples; rewards: the mean of --reward per tag; vbench: the real VBench package on clips; or a "
+        f"task's suite ({', '.join(suites)})",
+    )
     ev.add_argument("--samples", default=None, help="a folder written by `flowrl sample`")
     ev.add_argument("--reward", default=None, help="rewards: a registered reward or package.module:Name")
     ev.add_argument("--reward-params", default="{}", help="rewards: the reward's parameters as JSON")
     ev.add_argument("--dimensions", default="temporal_flickering", help="vbench: comma-separated VBench dimensions")
-    ev.add_argument("--python", default=None, help="vbench: the python of a VBench environment (default: "
-                    "$FLOWRL_VBENCH_PYTHON)")
-    ev.add_argument("--vbench-cache", default=None, help="vbench: folder of VBench's model weights (default: "
-                    "$VBENCH_CACHE_DIR or ~/.cache/vbench)")
-    ev.add_argument("--device", default=None, help="rewards, vbench: where the models run, cpu, cuda or cuda:N "
-                    "(default: cuda:LOCAL_RANK when there is a GPU)")
+    ev.add_argument(
+        "--python", default=None, help="vbench: the python of a VBench environment (default: $FLOWRL_VBENCH_PYTHON)"
+    )
+    ev.add_argument(
+        "--vbench-cache",
+        default=None,
+        help="vbench: folder of VBench's model weights (default: $VBENCH_CACHE_DIR or ~/.cache/vbench)",
+    )
+    ev.add_argument(
+        "--device",
+        default=None,
+        help="rewards, vbench: where the models run, cpu, cuda or cuda:N "
+        "(default: cuda:LOCAL_RANK when there is a GPU)",
+    )
     ev.add_argument("--batch-size", type=int, default=32, help="rewards: samples read and scored at a time")
     ev.add_argument("--make-env", default=None, metavar="DIR", help="vbench: create VBench's own environment in DIR")
-    ev.add_argument("--results", default=None, metavar="FILE", help="vbench: aggregate an existing VBench or "
-                    "VBench-2.0 *_eval_results.json (Quality / Semantic / Total, or the five category means)")
+    ev.add_argument(
+        "--results",
+        default=None,
+        metavar="FILE",
+        help="vbench: aggregate an existing VBench or "
+        "VBench-2.0 *_eval_results.json (Quality / Semantic / Total, or the five category means)",
+    )
 
     for extension in extensions:
-        for hook, target in ((extension.pretrain_arguments, pre), (extension.eval_arguments, ev),
-                             (extension.sample_arguments, sample)):
+        for hook, target in (
+            (extension.pretrain_arguments, pre),
+            (extension.eval_arguments, ev),
+            (extension.sample_arguments, sample),
+        ):
             if hook is not None:
                 hook(target)
     return parser
@@ -162,8 +233,10 @@ def refuse_foreign_folder(out: Path) -> None:
     """A recipe replaces its --out folder whole: one that an earlier recipe wrote may go, anything else (a typo'd
     `--out pipelines`, a user's own folder) is refused before training rather than deleted after it."""
     if out.is_dir() and any(out.iterdir()) and not any((out / marker).is_file() for marker in RECIPE_OUTPUT_MARKERS):
-        raise UserError(f"--out {out} is not empty and holds no earlier recipe output ({' or '.join(RECIPE_OUTPUT_MARKERS)}"
-                        f" missing); the recipe would replace the whole folder: pick a new or empty folder")
+        raise UserError(
+            f"--out {out} is not empty and holds no earlier recipe output ({' or '.join(RECIPE_OUTPUT_MARKERS)}"
+            f" missing); the recipe would replace the whole folder: pick a new or empty folder"
+        )
 
 
 def cmd_pretrain(args, extensions: list[TaskCommands]) -> None:
@@ -175,13 +248,17 @@ def cmd_pretrain(args, extensions: list[TaskCommands]) -> None:
     if getattr(args, "card_only", False) and args.recipe not in extension.card_only:
         # a recipe that ignored the flag would train anew and overwrite the folder it was asked to re-measure
         honoured = sorted(r for e in extensions for r in e.card_only)
-        raise UserError(f"--card-only: the {args.recipe} recipe cannot re-measure a folder without training; "
-                        f"recipes that can: {', '.join(honoured)}")
+        raise UserError(
+            f"--card-only: the {args.recipe} recipe cannot re-measure a folder without training; "
+            f"recipes that can: {', '.join(honoured)}"
+        )
     args.out = args.out or extension.pretrain_out.get(args.recipe)
     if getattr(args, "card_only", False):  # a card rewritten in place (small files), of a folder a recipe wrote
         if not any((Path(args.out) / marker).is_file() for marker in RECIPE_OUTPUT_MARKERS):
-            raise UserError(f"--card-only: {args.out} holds no trained {args.recipe} output "
-                            f"({' or '.join(RECIPE_OUTPUT_MARKERS)} missing)")
+            raise UserError(
+                f"--card-only: {args.out} holds no trained {args.recipe} output "
+                f"({' or '.join(RECIPE_OUTPUT_MARKERS)} missing)"
+            )
         extension.pretrain[args.recipe](args)
         return
     if args.out is None:
@@ -232,8 +309,12 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     state = job_processes()  # under torchrun / accelerate launch: one share of the samples per process
     placement = sampling_placement(args.device, args.weight_dtype)
     # loaded in the dtype it samples in: no fp32 copy of a large model in host memory (an adapter is kept fp32)
-    policy = policy_for(load_pipeline(args.pipeline, placement[1]), args.policy, args.policy_where,
-                        max_sequence_length=args.max_sequence_length)
+    policy = policy_for(
+        load_pipeline(args.pipeline, placement[1]),
+        args.policy,
+        args.policy_where,
+        max_sequence_length=args.max_sequence_length,
+    )
     policy.set_guidance_scale_2(args.guidance_2, "--guidance-2")
     policy.set_shift(args.shift, "--shift")
     policy.set_reference_size(args.reference_size, "--reference-size")
@@ -246,14 +327,21 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     kind = args.kind or (stochastic if particles else "ode")
     if kind not in policy.kinds:
         raise UserError(f"--kind: a {type(policy.pipeline).__name__} samples with {list(policy.kinds)}, got {kind!r}")
-    noise_level = args.noise_level if args.noise_level is not None else (
-        0.0 if kind == "ode" else stochastic_noise if kind == stochastic else 0.7)
+    noise_level = (
+        args.noise_level
+        if args.noise_level is not None
+        else (0.0 if kind == "ode" else stochastic_noise if kind == stochastic else 0.7)
+    )
     if args.fk_particles:
         from .fk import FKConfig, FKSteer
         from .rewards import build_reward
 
-        fk = FKConfig(num_particles=args.fk_particles, lam=args.fk_lambda, potential=args.fk_potential,
-                      resample_every=args.fk_every)
+        fk = FKConfig(
+            num_particles=args.fk_particles,
+            lam=args.fk_lambda,
+            potential=args.fk_potential,
+            resample_every=args.fk_every,
+        )
         fk.validate("--fk")
         params = json_object(args.fk_reward_params, "--fk-reward-params")
         fk_reward = build_reward(args.fk_reward, where="--fk-reward", **params).to(placement[0])
@@ -266,17 +354,39 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     spec = sample_spec(args, policy)
     # what fixes the samples; not where they are made or how work is split (a resumed job may change those)
     unrecorded = ("out", "batch_size", "device", "vae_slicing", "decode_microbatch", "offload_text_encoders")
-    settings = {k: v for k, v in sorted(vars(args).items()) if k not in unrecorded
-                and isinstance(v, (str, int, float, bool, type(None), list))}
+    settings = {
+        k: v
+        for k, v in sorted(vars(args).items())
+        if k not in unrecorded and isinstance(v, (str, int, float, bool, type(None), list))
+    }
     if settings.pop("vae_tiling", None):  # recorded only when on: off is the default a folder written before it had
         settings["vae_tiling"] = True
-    settings.update(device_type=placement[0].type, weight_dtype=str(placement[1]).removeprefix("torch."),
-                    kind=kind, noise_level=noise_level, height=spec.height, width=spec.width,
-                    num_frames=spec.num_frames)
+    settings.update(
+        device_type=placement[0].type,
+        weight_dtype=str(placement[1]).removeprefix("torch."),
+        kind=kind,
+        noise_level=noise_level,
+        height=spec.height,
+        width=spec.width,
+        num_frames=spec.num_frames,
+    )
     with precision():
-        draw_samples(policy, conditions, args.num_per_prompt, args.seed, Path(args.out), settings, state,
-                     num_steps=args.steps, guidance_scale=args.guidance, spec=spec, kind=kind,
-                     noise_level=noise_level, batch_size=args.batch_size, steer=steers[0] if steers else None)
+        draw_samples(
+            policy,
+            conditions,
+            args.num_per_prompt,
+            args.seed,
+            Path(args.out),
+            settings,
+            state,
+            num_steps=args.steps,
+            guidance_scale=args.guidance,
+            spec=spec,
+            kind=kind,
+            noise_level=noise_level,
+            batch_size=args.batch_size,
+            steer=steers[0] if steers else None,
+        )
 
 
 def cmd_export(args) -> None:
@@ -289,8 +399,9 @@ def cmd_export(args) -> None:
 def cmd_convert_reward(args) -> None:
     from .rewards.convert import convert_reward
 
-    convert_reward(args.kind, Path(args.src), Path(args.dst), Path(args.tokenizer), args.vision_head_dim,
-                   args.text_head_dim)
+    convert_reward(
+        args.kind, Path(args.src), Path(args.dst), Path(args.tokenizer), args.vision_head_dim, args.text_head_dim
+    )
     print(f"wrote {args.dst}; use it as {{name: {args.kind}, params: {{path: {args.dst}}}}}")
 
 
@@ -309,7 +420,7 @@ def cmd_serve_reward(args) -> None:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise UserError("serve-reward needs fastapi and uvicorn: pip install -e \".[serve]\"") from None
+        raise UserError('serve-reward needs fastapi and uvicorn: pip install -e ".[serve]"') from None
     from .rewards.remote import serve_reward
 
     check_port(args.port)
@@ -334,8 +445,19 @@ SAMPLE_BATCH_SIZE = 64  # flowrl sample's samples per sampler call, where neithe
 
 
 # the sampling commands' counting flags and the least each takes
-LEAST_VALUES = {"seed": 0, "num_per_prompt": 1, "batch_size": 1, "steps": 1, "noise_level": 0, "decode_microbatch": 0,
-                "height": 1, "width": 1, "num_frames": 1, "max_sequence_length": 1, "reference_size": 1}
+LEAST_VALUES = {
+    "seed": 0,
+    "num_per_prompt": 1,
+    "batch_size": 1,
+    "steps": 1,
+    "noise_level": 0,
+    "decode_microbatch": 0,
+    "height": 1,
+    "width": 1,
+    "num_frames": 1,
+    "max_sequence_length": 1,
+    "reference_size": 1,
+}
 
 
 def check_sampling_flags(args) -> None:
@@ -351,47 +473,101 @@ def check_sampling_flags(args) -> None:
 
 def apply_memory_flags(policy, args) -> None:
     """The sampling commands' memory flags (given, or the checkpoint's run's) on a placed policy."""
-    policy.set_memory_options(vae_slicing=bool(args.vae_slicing), vae_tiling=bool(args.vae_tiling),
-                              offload_text_encoders=bool(args.offload_text_encoders),
-                              decode_microbatch=args.decode_microbatch or 0)
+    policy.set_memory_options(
+        vae_slicing=bool(args.vae_slicing),
+        vae_tiling=bool(args.vae_tiling),
+        offload_text_encoders=bool(args.offload_text_encoders),
+        decode_microbatch=args.decode_microbatch or 0,
+    )
 
 
 def sampling_arguments(parser) -> None:
     """How a sampling command (`sample`, `demo`) draws: given flags win, then what the checkpoint's run evaluated
     with (its config.yaml), then SAMPLING_DEFAULTS and the pipeline's own; placed as a run would place the model."""
-    parser.add_argument("--steps", type=int, default=None, help="sampler steps (default: the checkpoint's run's "
-                        f"eval.num_steps, else {SAMPLING_DEFAULTS['steps']})")
-    parser.add_argument("--guidance", type=float, default=None, help="CFG scale (default: the checkpoint's run's "
-                        f"eval.guidance_scale, else {SAMPLING_DEFAULTS['guidance']})")
-    parser.add_argument("--guidance-2", type=float, default=None, help="Wan2.2's two experts: the low-noise one's "
-                        "CFG scale (default: the checkpoint's run's pipeline.guidance_scale_2, else --guidance)")
-    parser.add_argument("--shift", type=float, default=None, help="the flow schedule's shift (default: the "
-                        "checkpoint's run's pipeline.shift, else the pipeline folder's scheduler config)")
-    parser.add_argument("--reference-size", type=int, default=None, help="editors with reference images (FLUX.2, "
-                        "Qwen-Image-Edit): size each as the pipeline does for an N x N area (1024: the pipeline's "
-                        "own; default: the checkpoint's run's pipeline.reference_size, else the sample size)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"sampler steps (default: the checkpoint's run's eval.num_steps, else {SAMPLING_DEFAULTS['steps']})",
+    )
+    parser.add_argument(
+        "--guidance",
+        type=float,
+        default=None,
+        help=f"CFG scale (default: the checkpoint's run's eval.guidance_scale, else {SAMPLING_DEFAULTS['guidance']})",
+    )
+    parser.add_argument(
+        "--guidance-2",
+        type=float,
+        default=None,
+        help="Wan2.2's two experts: the low-noise one's "
+        "CFG scale (default: the checkpoint's run's pipeline.guidance_scale_2, else --guidance)",
+    )
+    parser.add_argument(
+        "--shift",
+        type=float,
+        default=None,
+        help="the flow schedule's shift (default: the "
+        "checkpoint's run's pipeline.shift, else the pipeline folder's scheduler config)",
+    )
+    parser.add_argument(
+        "--reference-size",
+        type=int,
+        default=None,
+        help="editors with reference images (FLUX.2, "
+        "Qwen-Image-Edit): size each as the pipeline does for an N x N area (1024: the pipeline's "
+        "own; default: the checkpoint's run's pipeline.reference_size, else the sample size)",
+    )
     size_arguments(parser)
-    parser.add_argument("--max-sequence-length", type=int, default=None, help="text tokens (default: the "
-                        "checkpoint's run's pipeline.max_sequence_length, else the pipeline's own or the shorter "
-                        "length its tokenizers declare: 16 for the embedded ones)")
+    parser.add_argument(
+        "--max-sequence-length",
+        type=int,
+        default=None,
+        help="text tokens (default: the "
+        "checkpoint's run's pipeline.max_sequence_length, else the pipeline's own or the shorter "
+        "length its tokenizers declare: 16 for the embedded ones)",
+    )
     memory = "(default: the checkpoint's run's {}, else off)"
-    parser.add_argument("--vae-tiling", action=argparse.BooleanOptionalAction, default=None,
-                        help="decode in overlapping tiles (large images, long videos) "
-                        + memory.format("pipeline.vae_tiling"))
-    parser.add_argument("--vae-slicing", action=argparse.BooleanOptionalAction, default=None,
-                        help="decode one sample at a time inside the VAE " + memory.format("pipeline.vae_slicing"))
-    parser.add_argument("--decode-microbatch", type=int, default=None, help="samples per VAE decode, 0: all of a "
-                        "sampler call's (default: the checkpoint's run's train.decode_microbatch, else 0)")
-    parser.add_argument("--offload-text-encoders", action=argparse.BooleanOptionalAction, default=None,
-                        help="keep the text encoders on the CPU except while encoding "
-                        + memory.format("train.offload_text_encoders"))
+    parser.add_argument(
+        "--vae-tiling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode in overlapping tiles (large images, long videos) " + memory.format("pipeline.vae_tiling"),
+    )
+    parser.add_argument(
+        "--vae-slicing",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode one sample at a time inside the VAE " + memory.format("pipeline.vae_slicing"),
+    )
+    parser.add_argument(
+        "--decode-microbatch",
+        type=int,
+        default=None,
+        help="samples per VAE decode, 0: all of a "
+        "sampler call's (default: the checkpoint's run's train.decode_microbatch, else 0)",
+    )
+    parser.add_argument(
+        "--offload-text-encoders",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep the text encoders on the CPU except while encoding " + memory.format("train.offload_text_encoders"),
+    )
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the GPU when there is one)")
-    parser.add_argument("--weight-dtype", default=None, choices=["fp32", "fp16", "bf16"],
-                        help="frozen weights' precision (default: the checkpoint's run's train.weight_dtype, else "
-                        "bf16 on a GPU, fp32 on the CPU)")
-    parser.add_argument("--policy", default=None, help="the adapter: a registered name (e.g. a pipeline class) or "
-                        "package.module:Class (default: the checkpoint's run's pipeline.policy, else the one "
-                        "registered for the pipeline's class)")
+    parser.add_argument(
+        "--weight-dtype",
+        default=None,
+        choices=["fp32", "fp16", "bf16"],
+        help="frozen weights' precision (default: the checkpoint's run's train.weight_dtype, else "
+        "bf16 on a GPU, fp32 on the CPU)",
+    )
+    parser.add_argument(
+        "--policy",
+        default=None,
+        help="the adapter: a registered name (e.g. a pipeline class) or "
+        "package.module:Class (default: the checkpoint's run's pipeline.policy, else the one "
+        "registered for the pipeline's class)",
+    )
 
 
 def check_checkpoint_folders(checkpoints: list[str]) -> None:
@@ -409,9 +585,11 @@ def fill_sampling_settings(args, checkpoint: str | None) -> None:
 
     settings, source = run_sampling_settings(checkpoint)
     if checkpoint and source is None:
-        print(f"checkpoint {checkpoint}: no run config found (its {RUN_CONFIG}, or the run dir's config.yaml two "
-              "folders up): sampling with flowrl's defaults and the pipeline's own settings, which may not be what the "
-              "run evaluated with")
+        print(
+            f"checkpoint {checkpoint}: no run config found (its {RUN_CONFIG}, or the run dir's config.yaml two "
+            "folders up): sampling with flowrl's defaults and the pipeline's own settings, which may not be what the "
+            "run evaluated with"
+        )
     taken = {k: v for k, v in settings.items() if hasattr(args, k) and getattr(args, k) is None}
     args.policy_where = f"pipeline.policy in {source}" if "policy" in taken else "--policy"
     for key, value in {**SAMPLING_DEFAULTS, **taken}.items():
@@ -431,18 +609,32 @@ def cmd_demo(args) -> None:
     try:
         import gradio  # noqa: F401
     except ImportError:
-        raise UserError("the demo needs gradio: pip install -e \".[demo]\"") from None
+        raise UserError('the demo needs gradio: pip install -e ".[demo]"') from None
     from .demo import build_demo
 
     check_port(args.port)
     check_checkpoint_folders(args.checkpoint)
     fill_sampling_settings(args, args.checkpoint[0] if args.checkpoint else None)
     check_sampling_flags(args)
-    demo = build_demo(args.pipeline, args.checkpoint, args.reward, args.steps, args.guidance,
-                      args.max_sequence_length, (args.height, args.width, args.num_frames), args.device,
-                      args.weight_dtype, json_object(args.reward_params, "--reward-params"), args.guidance_2,
-                      args.policy, args.policy_where, args.shift, args.reference_size,
-                      lambda policy: apply_memory_flags(policy, args), bool(args.offload_text_encoders))
+    demo = build_demo(
+        args.pipeline,
+        args.checkpoint,
+        args.reward,
+        args.steps,
+        args.guidance,
+        args.max_sequence_length,
+        (args.height, args.width, args.num_frames),
+        args.device,
+        args.weight_dtype,
+        json_object(args.reward_params, "--reward-params"),
+        args.guidance_2,
+        args.policy,
+        args.policy_where,
+        args.shift,
+        args.reference_size,
+        lambda policy: apply_memory_flags(policy, args),
+        bool(args.offload_text_encoders),
+    )
     # a server stopped by SIGTERM (a service manager, `kill`) exits as after Ctrl-C, so its files are cleaned up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     demo.queue().launch(server_name=args.host, server_port=args.port, show_error=True)
@@ -450,8 +642,19 @@ def cmd_demo(args) -> None:
 
 # fields a samples.jsonl line gives the sample itself (its seed, files, size, resume key and a steer's per-sample
 # record), not its condition
-SAMPLE_FIELDS = ("prompt", "seed", "file", "extra_files", "modality", "height", "width", "fps", "plan", "fk_reward",
-                 "probe_fired_at")
+SAMPLE_FIELDS = (
+    "prompt",
+    "seed",
+    "file",
+    "extra_files",
+    "modality",
+    "height",
+    "width",
+    "fps",
+    "plan",
+    "fk_reward",
+    "probe_fired_at",
+)
 
 
 def read_conditions(folder: str, records: list[dict]) -> list:
@@ -483,8 +686,10 @@ def cmd_eval_task(args) -> None:
             raise UserError(f"{Path(args.samples) / 'samples.jsonl'} line {number}: {error}") from None
     result = task.evaluate(samples, items)
     if result is None:
-        raise UserError(f"eval {args.suite}: the task has no evaluation of its own; use "
-                        "`flowrl eval rewards --samples DIR --reward NAME`")
+        raise UserError(
+            f"eval {args.suite}: the task has no evaluation of its own; use "
+            "`flowrl eval rewards --samples DIR --reward NAME`"
+        )
     out = Path(args.samples) / f"{task.name}_eval.json"
     save_json(out, result)  # (a NaN interval as null)
     print(format_metrics(result))
@@ -533,11 +738,14 @@ def cmd_eval_rewards(args) -> None:
     spans = group_spans(items, args.batch_size, reward.scores_groups)
     spans = [spans[i] for i in contiguous_share(len(spans), state.process_index, state.num_processes)]
     if state.num_processes > 1:
-        print(f"process {state.process_index} of {state.num_processes}: scoring {sum(b - a for a, b in spans)} "
-              "samples", flush=True)
+        print(
+            f"process {state.process_index} of {state.num_processes}: scoring {sum(b - a for a, b in spans)} samples",
+            flush=True,
+        )
     batches = ((load_samples(args.samples, records[a:b]), items[a:b]) for a, b in spans)
-    scores = reward_scores(reward, tqdm(batches, total=len(spans), desc="scoring", mininterval=2,
-                                        disable=not state.is_main_process))
+    scores = reward_scores(
+        reward, tqdm(batches, total=len(spans), desc="scoring", mininterval=2, disable=not state.is_main_process)
+    )
     parts = gathered_on_main(scores, state.num_processes, JOB_TIMEOUT_MINUTES)  # each process's list, in order
     state.wait_for_everyone()  # nobody exits while its share may still be in flight
     if not state.is_main_process:
@@ -565,13 +773,16 @@ def cmd_eval_vbench(args) -> None:
         out = Path(args.results).with_name("vbench_eval.json")
     else:
         if args.samples is None:
-            raise UserError("eval vbench: expected --samples DIR (clips written by `flowrl sample`), --results FILE "
-                            "or --make-env DIR")
+            raise UserError(
+                "eval vbench: expected --samples DIR (clips written by `flowrl sample`), --results FILE "
+                "or --make-env DIR"
+            )
         dimensions = [d.strip() for d in args.dimensions.split(",") if d.strip()]
         from .devices import chosen_device
 
-        result = vbench.run_vbench(args.samples, dimensions, args.python, args.vbench_cache,
-                                   str(chosen_device(args.device)))
+        result = vbench.run_vbench(
+            args.samples, dimensions, args.python, args.vbench_cache, str(chosen_device(args.device))
+        )
         out = Path(args.samples) / "vbench_eval.json"
     save_json(out, result)  # (a NaN interval as null)
     print(vbench.format_scores(result))
@@ -606,10 +817,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"flowrl: error: {error}", file=sys.stderr)
         return 2
     args = _parser(extensions).parse_args(argv)
-    commands = {"pretrain": lambda a: cmd_pretrain(a, extensions), "train": cmd_train,
-                "sample": lambda a: cmd_sample(a, extensions), "eval": lambda a: cmd_eval(a, extensions),
-                "demo": cmd_demo, "export": cmd_export, "serve-reward": cmd_serve_reward,
-                "convert-reward": cmd_convert_reward}
+    commands = {
+        "pretrain": lambda a: cmd_pretrain(a, extensions),
+        "train": cmd_train,
+        "sample": lambda a: cmd_sample(a, extensions),
+        "eval": lambda a: cmd_eval(a, extensions),
+        "demo": cmd_demo,
+        "export": cmd_export,
+        "serve-reward": cmd_serve_reward,
+        "convert-reward": cmd_convert_reward,
+    }
     try:
         commands[args.command](args)
     except UserError as error:

@@ -4,6 +4,7 @@ Every field is checked against its annotation (int, float, str, bool, Literal, X
 dataclass); unknown keys are errors that list the known ones. Algorithm parameters are validated by the
 algorithm's own dataclass (see algorithms/).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,13 +38,16 @@ class RunSection:
         if self.seed < 0:  # seeds derive per-sample generator seeds, which torch takes only non-negative
             raise ConfigError(f"run.seed: expected an integer >= 0, got {self.seed}")
         if self.resume not in (None, "auto") and not Path(self.resume).is_dir():  # before the model loads
-            raise ConfigError(f"run.resume: {self.resume} is not a folder; expected a checkpoint folder "
-                              "(runs/<name>/checkpoints/update_N) or auto")
+            raise ConfigError(
+                f"run.resume: {self.resume} is not a folder; expected a checkpoint folder "
+                "(runs/<name>/checkpoints/update_N) or auto"
+            )
 
 
 @dataclass
 class TaskSection:
     """The world the run trains and evaluates in: its sets, evaluation, data and config defaults (flowrl/tasks)."""
+
     name: str = "prompt_file"  # a registered task (shapes, safety, prompt_file) or package.module:Class
     params: dict[str, Any] = field(default_factory=dict)
 
@@ -125,15 +129,21 @@ class SamplerSection:
             raise ConfigError(f"sampler.noise_level: expected a number >= 0, got {self.noise_level}")
         lo, hi = (self.sde_window_range + [None, None])[:2]
         if len(self.sde_window_range) != 2 or not 0 <= lo < hi:
-            raise ConfigError(f"sampler.sde_window_range: expected [lo, hi] with 0 <= lo < hi, got {self.sde_window_range}")
+            raise ConfigError(
+                f"sampler.sde_window_range: expected [lo, hi] with 0 <= lo < hi, got {self.sde_window_range}"
+            )
         if self.sde_window_size < 0 or (self.sde_window_size and hi - 1 + self.sde_window_size > self.num_steps):
-            raise ConfigError(f"sampler.sde_window_size: a window of {self.sde_window_size} steps starting in "
-                              f"[{lo}, {hi}) must fit in sampler.num_steps={self.num_steps}")
+            raise ConfigError(
+                f"sampler.sde_window_size: a window of {self.sde_window_size} steps starting in "
+                f"[{lo}, {hi}) must fit in sampler.num_steps={self.num_steps}"
+            )
         if self.fk is not None and (self.kind == "ode" or self.noise_level == 0):
             # copies of a particle made by a resampling stay identical under a deterministic sampler: the group
             # would train on duplicates
-            raise ConfigError(f"sampler.fk: FK particles need a stochastic sampler; got sampler.kind {self.kind!r} "
-                              f"with noise_level {self.noise_level}")
+            raise ConfigError(
+                f"sampler.fk: FK particles need a stochastic sampler; got sampler.kind {self.kind!r} "
+                f"with noise_level {self.noise_level}"
+            )
 
 
 @dataclass
@@ -164,11 +174,13 @@ class RewardTerm:
             raise ConfigError(f"{where}.name: expected a registered reward or package.module:Name")
         for at, key, _ in nested_params(self.params, f"{where}.params"):  # YAML 1.1: a bare `yes:` key is a boolean
             if not isinstance(key, str):
-                raise ConfigError(f"{at}: a key reads as {key!r}: YAML takes a bare yes / no as a boolean; quote it "
-                                  "('yes': [...])")
+                raise ConfigError(
+                    f"{at}: a key reads as {key!r}: YAML takes a bare yes / no as a boolean; quote it ('yes': [...])"
+                )
         if self.batch_size < 0:
-            raise ConfigError(f"{where}.batch_size: expected an integer >= 0 (0: as many as it is given), got "
-                              f"{self.batch_size}")
+            raise ConfigError(
+                f"{where}.batch_size: expected an integer >= 0 (0: as many as it is given), got {self.batch_size}"
+            )
 
 
 @dataclass
@@ -180,12 +192,15 @@ class PromptsSection:
 class DataLossSection:
     """Pretraining-data regularization (flowrl/data_loss.py): weight x flow-matching loss on a batch of the task's
     pretraining data."""
+
     weight: float = 1.0
     batch: int = 32
 
     def validate(self):
         if self.weight < 0 or self.batch < 1:
-            raise ConfigError(f"train.data_loss: expected weight >= 0 and batch >= 1, got {self.weight} and {self.batch}")
+            raise ConfigError(
+                f"train.data_loss: expected weight >= 0 and batch >= 1, got {self.weight} and {self.batch}"
+            )
 
 
 @dataclass
@@ -229,18 +244,26 @@ class TrainSection:
     data_loss: DataLossSection | None = None  # regularize with the pretraining data's loss (ImageReward's ReFL)
 
     def validate(self):
-        for name in ("updates", "groups_per_update", "optimizer_steps_per_update", "microbatch_size",
-                     "collective_timeout_minutes"):
+        for name in (
+            "updates",
+            "groups_per_update",
+            "optimizer_steps_per_update",
+            "microbatch_size",
+            "collective_timeout_minutes",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}: expected an integer >= 1, got {getattr(self, name)}")
         if self.staleness < 0:
-            raise ConfigError(f"train.staleness: expected an integer >= 0 (0: rollouts use the newest weights), got "
-                              f"{self.staleness}")
+            raise ConfigError(
+                f"train.staleness: expected an integer >= 0 (0: rollouts use the newest weights), got {self.staleness}"
+            )
         for name in ("rollout_microbatch", "decode_microbatch", "reward_microbatch"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: expected an integer >= 0 (0: all at once), got {getattr(self, name)}")
         if self.group_size < 2:
-            raise ConfigError(f"train.group_size: expected an integer >= 2 (group advantages need it), got {self.group_size}")
+            raise ConfigError(
+                f"train.group_size: expected an integer >= 2 (group advantages need it), got {self.group_size}"
+            )
         if self.lr <= 0:
             raise ConfigError(f"train.lr: expected a positive number, got {self.lr}")
         if self.weight_decay < 0:
@@ -256,8 +279,10 @@ class TrainSection:
         if self.data_loss is not None:
             self.data_loss.validate()
         if self.weight_dtype != "fp32" and self.mixed_precision != self.weight_dtype:
-            raise ConfigError(f"train.weight_dtype: {self.weight_dtype} weights run under autocast; expected "
-                              f"train.mixed_precision: {self.weight_dtype}, got {self.mixed_precision!r}")
+            raise ConfigError(
+                f"train.weight_dtype: {self.weight_dtype} weights run under autocast; expected "
+                f"train.mixed_precision: {self.weight_dtype}, got {self.mixed_precision!r}"
+            )
 
 
 @dataclass
@@ -315,13 +340,17 @@ class RunConfig:
         if self.eval.enabled:
             check_source(task, self.eval.prompts, "eval.prompts")
             if self.eval.seed == self.run.seed:  # both derive sample seeds as (seed, index, index)
-                raise ConfigError(f"eval.seed: {self.eval.seed} is run.seed too, so evaluation image k of prompt p "
-                                  "would start from the noise of training update p's k-th sample; pick another")
+                raise ConfigError(
+                    f"eval.seed: {self.eval.seed} is run.seed too, so evaluation image k of prompt p "
+                    "would start from the noise of training update p's k-th sample; pick another"
+                )
         if self.sampler.fk is not None:
             self.sampler.fk.validate("sampler.fk")
             if self.sampler.fk.num_particles != self.train.group_size:
-                raise ConfigError(f"sampler.fk.num_particles: the FK particles of a prompt are its training group; "
-                                  f"expected train.group_size = {self.train.group_size}, got {self.sampler.fk.num_particles}")
+                raise ConfigError(
+                    f"sampler.fk.num_particles: the FK particles of a prompt are its training group; "
+                    f"expected train.group_size = {self.train.group_size}, got {self.sampler.fk.num_particles}"
+                )
         if not self.reward:
             raise ConfigError("reward: expected at least one reward term (a list of {name, weight, params})")
         for i, term in enumerate(self.reward):
@@ -441,7 +470,9 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {error.start}); expected a YAML file") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of sections at the top level")
-    if isinstance(data.get("task"), str):  # `task: shapes` is short for `task: {name: shapes}`; overrides may add params
+    if isinstance(
+        data.get("task"), str
+    ):  # `task: shapes` is short for `task: {name: shapes}`; overrides may add params
         data["task"] = {"name": data["task"]}
     data = apply_overrides(data, list(overrides))
     config = from_dict(RunConfig, with_task_defaults(data))

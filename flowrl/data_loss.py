@@ -7,6 +7,7 @@ distribution the reward was fitted to. The data comes from the task (`Task.data_
 renderer itself); the policy encodes it into its latent space (`encode_images`). Batches are drawn from
 (run seed, update, optimizer step, process), so a resumed run sees the same ones.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,10 @@ from .schedules import sample_noise_levels
 class DataLoss:
     def __init__(self, section, policy, task, seed: int):
         if not hasattr(policy, "encode_images") or policy.prediction != "flow":
-            raise ConfigError(f"train.data_loss: needs a flow-matching policy that encodes images into its latents "
-                              f"(encode_images); got a {type(policy.pipeline).__name__}")
+            raise ConfigError(
+                f"train.data_loss: needs a flow-matching policy that encodes images into its latents "
+                f"(encode_images); got a {type(policy.pipeline).__name__}"
+            )
         self.section, self.policy, self.task, self.seed = section, policy, task, seed
 
     def batch(self, update: int, step: int, rank: int) -> tuple[np.ndarray, list[str]]:

@@ -6,6 +6,7 @@ LoRA checkpoints become named peft adapters on one network (switched per image, 
 only), each sampled with its own step gate as `flowrl sample` applies it (checkpoint.sampling_gate); full-weight
 checkpoints are swapped in and out of the network's parameters.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -50,13 +51,19 @@ class CheckpointSet:
                 # (None for a weight missing here: no shape)
                 unknown = [k for k in weights if getattr(full_weight(params, k), "shape", None) != weights[k].shape]
                 if unknown:
-                    raise UserError(f"--checkpoint {path}: weights do not fit this pipeline (e.g. {unknown[0]}, "
-                                    "missing here or of another shape)")
+                    raise UserError(
+                        f"--checkpoint {path}: weights do not fit this pipeline (e.g. {unknown[0]}, "
+                        "missing here or of another shape)"
+                    )
                 self.kinds[label] = ("full", weights)
             self.labels.append(label)
         params = policy.named_trained_parameters()  # the names once every adapter is in
-        self.base_full = {k: full_weight(params, k).detach().clone() for _, (kind, w) in self.kinds.items()
-                          if kind == "full" for k in w}
+        self.base_full = {
+            k: full_weight(params, k).detach().clone()
+            for _, (kind, w) in self.kinds.items()
+            if kind == "full"
+            for k in w
+        }
         self.activate("base")
 
     def _add_adapter(self, path: Path, name: str, weights: dict) -> float | None:
@@ -74,8 +81,12 @@ class CheckpointSet:
             if prefix and not any(k.startswith(prefix) for k in weights):
                 continue  # (an expert this checkpoint did not train)
             try:
-                module.add_adapter(LoraConfig(r=adapter["rank"], lora_alpha=adapter["alpha"],
-                                              target_modules=adapter["target_modules"]), adapter_name=name)
+                module.add_adapter(
+                    LoraConfig(
+                        r=adapter["rank"], lora_alpha=adapter["alpha"], target_modules=adapter["target_modules"]
+                    ),
+                    adapter_name=name,
+                )
             except ValueError as error:  # peft: no module matches the targets (its NoMatchingPeftModuleError too)
                 raise UserError(f"{unfit}: {str(error)[:200]}") from None
         params = self.policy.named_trained_parameters()
@@ -122,8 +133,11 @@ def upscale(image: np.ndarray, size: int = DISPLAY_SIZE) -> np.ndarray:
 
 # shown by default per page kind (else shapes_clip); frame_consistency scores any clip, whatever its prompt
 DEFAULT_REWARD = {"3d": "silhouette_iou", "edit": "shapes_edit", "video": "frame_consistency"}
-DEFAULT_PROMPT = {"video": "a red circle moving left", "3d": "a sphere on top of a cylinder",
-                  "edit": "make the red circle blue"}
+DEFAULT_PROMPT = {
+    "video": "a red circle moving left",
+    "3d": "a sphere on top of a cylinder",
+    "edit": "make the red circle blue",
+}
 
 
 def page_kind(policy) -> str:
@@ -151,8 +165,10 @@ def edit_condition(policy, instruction: str, seed: int, source: np.ndarray | Non
     try:
         image = item_image(condition, policy.source_input, policy.source_world, "the demo")
     except UserError:
-        raise UserError(f"{instruction!r} is not an instruction of the {policy.source_world} world; upload a source "
-                        "image to edit with any instruction") from None
+        raise UserError(
+            f"{instruction!r} is not an instruction of the {policy.source_world} world; upload a source "
+            "image to edit with any instruction"
+        ) from None
     condition.inputs[policy.source_input] = to_uint8(image[None])[0]
     return condition
 
@@ -182,14 +198,24 @@ class Comparison:
     """One prompt and seed through the base model and every checkpoint: (label, reward, what to show) per model.
     Images are shown upscaled, videos as GIFs, 3D shapes as turntable strips plus a GLB for gr.Model3D."""
 
-    def __init__(self, policy, models: CheckpointSet, scorer, steps: int, guidance_scale: float, spec, folder: Path,
-                 precision=contextlib.nullcontext):
+    def __init__(
+        self,
+        policy,
+        models: CheckpointSet,
+        scorer,
+        steps: int,
+        guidance_scale: float,
+        spec,
+        folder: Path,
+        precision=contextlib.nullcontext,
+    ):
         self.policy, self.models, self.scorer = policy, models, scorer
         self.steps, self.guidance_scale, self.spec, self.folder = steps, guidance_scale, spec, folder
         self.precision = precision  # a new context per generation (autocast for half-precision weights)
 
-    def __call__(self, prompt: str, seed: int, progress=None, source: np.ndarray | None = None,
-                 references=()) -> list[dict]:
+    def __call__(
+        self, prompt: str, seed: int, progress=None, source: np.ndarray | None = None, references=()
+    ) -> list[dict]:
         """Editing pipelines take the instruction as `prompt` and `source` (else the world's scene), then any
         further `references` (uint8 [H, W, 3] each); the first entries are then the source and each reference,
         unscored, and an uploaded source's edits go unscored too (the world's verifier needs the world's scene)."""
@@ -213,8 +239,9 @@ class Comparison:
                 progress(number / len(self.models.labels), desc=f"generating with {label}")
             self.models.activate(label)
             with self.precision():
-                samples, _ = generate_samples(self.policy, [condition], 1, seed, self.steps, self.guidance_scale,
-                                              self.spec, desc=None)
+                samples, _ = generate_samples(
+                    self.policy, [condition], 1, seed, self.steps, self.guidance_scale, self.spec, desc=None
+                )
             with torch.no_grad():  # the reward sees what the file would hold (uint8 for pixels), the page a preview
                 decoded = samples.decoded() if modality == "3d" else torch.round(samples.decoded() * 255) / 255
                 score = None
@@ -233,12 +260,25 @@ class Comparison:
         return out
 
 
-def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = None, steps: int = 20,
-               guidance_scale: float = 4.5, max_sequence_length: int | None = None, size: tuple = (None, None, None),
-               device: str | None = None, weight_dtype: str | None = None, reward_params: dict | None = None,
-               guidance_2: float | None = None, policy_name: str | None = None, policy_where: str = "--policy",
-               shift: float | None = None, reference_size: int | None = None, memory=None,
-               text_encoders_on_host: bool = False):
+def build_demo(
+    pipeline_dir: str,
+    checkpoints: list[str],
+    reward: str | None = None,
+    steps: int = 20,
+    guidance_scale: float = 4.5,
+    max_sequence_length: int | None = None,
+    size: tuple = (None, None, None),
+    device: str | None = None,
+    weight_dtype: str | None = None,
+    reward_params: dict | None = None,
+    guidance_2: float | None = None,
+    policy_name: str | None = None,
+    policy_where: str = "--policy",
+    shift: float | None = None,
+    reference_size: int | None = None,
+    memory=None,
+    text_encoders_on_host: bool = False,
+):
     """The page; `size` (height, width, frames) overrides the pipeline's default sample size where given; `reward`
     defaults to the page kind's (shapes_clip; silhouette_iou for 3D, shapes_edit for editing, frame_consistency
     for video), built with `reward_params`; `device` and `weight_dtype` as `flowrl sample` places the model
@@ -256,8 +296,9 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
     placement = sampling_placement(device, weight_dtype)
     if reward is not None:  # a wrong name or folder is said before the pipeline loads (minutes for a large one)
         check_reward(reward, reward_params or {}, "--reward")
-    policy = policy_for(load_pipeline(pipeline_dir, placement[1]), policy_name, policy_where,
-                        max_sequence_length=max_sequence_length)
+    policy = policy_for(
+        load_pipeline(pipeline_dir, placement[1]), policy_name, policy_where, max_sequence_length=max_sequence_length
+    )
     policy.set_guidance_scale_2(guidance_2, "--guidance-2")
     policy.set_shift(shift, "--shift")
     policy.set_reference_size(reference_size, "--reference-size")
@@ -273,8 +314,9 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
     if modality not in scorer.modalities:
         from .errors import ConfigError
 
-        raise ConfigError(f"--reward: {reward} scores {' and '.join(scorer.modalities)}, but the pipeline samples "
-                          f"{modality}")
+        raise ConfigError(
+            f"--reward: {reward} scores {' and '.join(scorer.modalities)}, but the pipeline samples {modality}"
+        )
     spec = sample_spec(Namespace(height=size[0], width=size[1], num_frames=size[2]), policy)
     folder = Path(tempfile.mkdtemp(prefix="flowrl_demo_"))  # GIFs and meshes are shown from files written here
     atexit.register(shutil.rmtree, folder, ignore_errors=True)  # served while the demo runs; gone when it exits
@@ -293,37 +335,62 @@ def build_demo(pipeline_dir: str, checkpoints: list[str], reward: str | None = N
             return "-" if score is None else f"{score:.3f}"
 
         inputs = {e["label"] for e in entries if e["score"] is None and e["label"] not in models.labels}
-        gallery = [(e["shown"], e["label"] if e["label"] in inputs else f"{e['label']} | {reward} {shown(e['score'])}")
-                   for e in entries]
-        table = "| model | " + reward + " |\n|---|---|\n" + "\n".join(
-            f"| {e['label']} | {shown(e['score'])} |" for e in entries if e["label"] not in inputs)
+        gallery = [
+            (e["shown"], e["label"] if e["label"] in inputs else f"{e['label']} | {reward} {shown(e['score'])}")
+            for e in entries
+        ]
+        table = (
+            "| model | "
+            + reward
+            + " |\n|---|---|\n"
+            + "\n".join(f"| {e['label']} | {shown(e['score'])} |" for e in entries if e["label"] not in inputs)
+        )
         return [gallery, table, *[e["mesh"] for e in entries if "mesh" in e]]
 
     with gr.Blocks(title="flowrl: base vs tuned") as demo:
         what = "shape" if modality == "3d" else "image"
-        gr.Markdown(f"## flowrl: base and fine-tuned side by side\nPipeline `{pipeline_dir}`; {steps} steps, "
-                    f"CFG {guidance_scale}; the caption under each {what} is its `{reward}` reward.")
+        gr.Markdown(
+            f"## flowrl: base and fine-tuned side by side\nPipeline `{pipeline_dir}`; {steps} steps, "
+            f"CFG {guidance_scale}; the caption under each {what} is its `{reward}` reward."
+        )
         with gr.Row():
-            prompt = gr.Textbox(label="instruction" if kind == "edit" else "prompt",
-                                value=DEFAULT_PROMPT.get(kind, "a red circle left of a blue square"), elem_id="prompt")
+            prompt = gr.Textbox(
+                label="instruction" if kind == "edit" else "prompt",
+                value=DEFAULT_PROMPT.get(kind, "a red circle left of a blue square"),
+                elem_id="prompt",
+            )
             seed = gr.Number(label="seed", value=0, precision=0, elem_id="seed")
         sources = []
         if policy.source_input:  # an uploaded source, or (left empty) the editing world's scene for the instruction
-            label = (f"{source_noun(policy)} (empty: the {policy.source_world} world's scene, chosen by the seed)"
-                     if policy.source_world else f"{source_noun(policy)} (required)")
+            label = (
+                f"{source_noun(policy)} (empty: the {policy.source_world} world's scene, chosen by the seed)"
+                if policy.source_world
+                else f"{source_noun(policy)} (required)"
+            )
             sources = [gr.Image(label=label, type="numpy", image_mode="RGB", height=200, elem_id="source")]
             if policy.max_references is None:  # editors that take several images: the rest, in order
-                sources.append(gr.File(label="further reference images (in order; optional)", file_count="multiple",
-                                       file_types=["image"], elem_id="references"))
+                sources.append(
+                    gr.File(
+                        label="further reference images (in order; optional)",
+                        file_count="multiple",
+                        file_types=["image"],
+                        elem_id="references",
+                    )
+                )
         button = gr.Button("Generate", variant="primary", elem_id="generate")
         scores = gr.Markdown(elem_id="scores")
         meshes = []
         if modality == "3d":  # base and tuned meshes side by side, each turnable
             with gr.Row():
-                meshes = [gr.Model3D(label=label, height=300, elem_id=f"mesh{i}")
-                          for i, label in enumerate(models.labels)]
-        gallery = gr.Gallery(label="turntable views" if modality == "3d" else "samples",
-                             columns=len(models.labels) + bool(sources), height=340, object_fit="contain",
-                             elem_id="gallery")
+                meshes = [
+                    gr.Model3D(label=label, height=300, elem_id=f"mesh{i}") for i, label in enumerate(models.labels)
+                ]
+        gallery = gr.Gallery(
+            label="turntable views" if modality == "3d" else "samples",
+            columns=len(models.labels) + bool(sources),
+            height=340,
+            object_fit="contain",
+            elem_id="gallery",
+        )
         button.click(run, inputs=[prompt, seed, *sources], outputs=[gallery, scores, *meshes])
     return demo

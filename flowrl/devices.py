@@ -1,4 +1,5 @@
 """Where work runs, and how much of it at once, when a command or a config does not say."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """`flowrl train`: a Trainer wrapped with what a run dir holds (config, metrics, evals, plots, report)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -66,17 +67,30 @@ def evaluate(trainer: Trainer, desc: str, judge: bool = True):
         batch = trainer.config.train.rollout_microbatch or DEFAULT_BATCH_SIZE
         steer = trainer.task.eval_steer(policy)
         kind, noise_level = particle_sampler(policy) if steer is not None and steer.particles > 1 else ("ode", 0.0)
-        samples, _ = generate_samples(policy, [items[i] for i in mine], 1, c.seed, c.num_steps, c.guidance_scale,
-                                      trainer.spec, kind, noise_level, batch_size=batch,
-                                      desc=desc if trainer.is_main else None, steer=steer,
-                                      seeds=[seeds[i] for i in mine])
+        samples, _ = generate_samples(
+            policy,
+            [items[i] for i in mine],
+            1,
+            c.seed,
+            c.num_steps,
+            c.guidance_scale,
+            trainer.spec,
+            kind,
+            noise_level,
+            batch_size=batch,
+            desc=desc if trainer.is_main else None,
+            steer=steer,
+            seeds=[seeds[i] for i in mine],
+        )
     own = samples.select(list(range(real * k)))
     reward_batch = trainer.config.train.reward_microbatch or DEFAULT_BATCH_SIZE
     scores, error = None, None
     if judge and not trainer.task.judges_samples():
         try:
-            scores = reward_scores(trainer.reward, in_batches(own, [items[i] for i in mine[:real * k]], reward_batch,
-                                                              trainer.reward.scores_groups))
+            scores = reward_scores(
+                trainer.reward,
+                in_batches(own, [items[i] for i in mine[: real * k]], reward_batch, trainer.reward.scores_groups),
+            )
         except Exception as failure:  # every process stops together, not one while the others wait to gather
             error = f"{type(failure).__name__}: {failure}"
     wait = trainer.config.train.collective_timeout_minutes
@@ -91,8 +105,11 @@ def evaluate(trainer: Trainer, desc: str, judge: bool = True):
         return None, samples, items
     result = trainer.task.evaluate(samples, items) if scores is None else None
     if result is None:  # the run's reward per tag (scored above, or here for a task that judged nothing)
-        scores = [s for _, part in parts for s in part] if scores is not None else \
-            reward_scores(trainer.reward, in_batches(samples, items, reward_batch, trainer.reward.scores_groups))
+        scores = (
+            [s for _, part in parts for s in part]
+            if scores is not None
+            else reward_scores(trainer.reward, in_batches(samples, items, reward_batch, trainer.reward.scores_groups))
+        )
         result = tag_metrics_of(scores, items)
     return result, samples, items
 
@@ -116,8 +133,11 @@ def _host_group(timeout_minutes: int):
 
     if _HOST_GROUP is None:  # created once, by every process at the same point (their first evaluation); it waits
         # as long as the run's collectives do (gloo's own default is 30 minutes; a VLM judge's share can take longer)
-        _HOST_GROUP = dist.group.WORLD if dist.get_backend() == "gloo" else \
-            dist.new_group(backend="gloo", timeout=timedelta(minutes=timeout_minutes))
+        _HOST_GROUP = (
+            dist.group.WORLD
+            if dist.get_backend() == "gloo"
+            else dist.new_group(backend="gloo", timeout=timedelta(minutes=timeout_minutes))
+        )
     return _HOST_GROUP
 
 
@@ -192,8 +212,7 @@ def group_spans(items: list, size: int, keep_groups: bool = True) -> list[tuple[
     return spans + ([(start, len(items))] if items else [])
 
 
-def log_samples(log: MetricsLog, samples, update: int, per_prompt: int, prompts: int = 16,
-                longest: int = 4096) -> None:
+def log_samples(log: MetricsLog, samples, update: int, per_prompt: int, prompts: int = 16, longest: int = 4096) -> None:
     """The first sample of up to `prompts` eval prompts as one grid (video: frame strips), to TensorBoard / wandb,
     shrunk so its longer side is at most `longest` pixels (16 samples at 1024 px, or 81-frame strips, would put tens
     of MB into every event)."""
@@ -222,8 +241,11 @@ def run_experiment(config: RunConfig) -> Path:
     if resumed_at is not None:  # an abandoned attempt's evaluations past the checkpoint go, as its metrics rows do
         evals = {key: value for key, value in evals.items() if int(key) <= resumed_at}
     wandb = {"project": config.run.wandb_project, "name": config.run.name, "config": config_to_dict(config)}
-    log = MetricsLog(run_dir, wandb=wandb if config.run.wandb else None,
-                     resumed_at=resumed_at) if trainer.is_main else None
+    log = (
+        MetricsLog(run_dir, wandb=wandb if config.run.wandb else None, resumed_at=resumed_at)
+        if trainer.is_main
+        else None
+    )
     base_samples = None
     do_eval = config.eval.enabled  # every process samples its share of each evaluation; the main one judges
     # every process read eval.json above, before the main one can write it (it waits for the others' samples
@@ -278,24 +300,42 @@ def run_experiment(config: RunConfig) -> Path:
             from .images import item_image, to_uint8
 
             size = (trainer.spec.height, trainer.spec.width)
-            sources = [item_image(items[i], policy.source_input, policy.source_world, "the grid", resize_to=size)
-                       for i in rows]
+            sources = [
+                item_image(items[i], policy.source_input, policy.source_world, "the grid", resize_to=size) for i in rows
+            ]
             columns, labels = [to_uint8(torch.stack(sources))] + columns, ["source"] + labels
         image_grid(columns, labels, [items[i].prompt for i in rows], run_dir / "before_after.png")
         if isinstance(tuned_samples, VideoSamples) and base_samples is not None:  # the clips, base | tuned
-            files = side_by_side_clips([base_samples, tuned_samples.select(rows)],
-                                       run_dir / "before_after", "base_tuned")
-            clips = [(items[i].prompt, f"before_after/{mp4}", f"before_after/{gif}") for i, (mp4, gif) in zip(rows, files)]
+            files = side_by_side_clips(
+                [base_samples, tuned_samples.select(rows)], run_dir / "before_after", "base_tuned"
+            )
+            clips = [
+                (items[i].prompt, f"before_after/{mp4}", f"before_after/{gif}") for i, (mp4, gif) in zip(rows, files)
+            ]
     log.close()
-    plot_rewards(log.rows, run_dir / "reward_curve.png", evals or None, title=config.run.name,
-                 eval_label=f"eval: {trainer.task.metric_name}")
+    plot_rewards(
+        log.rows,
+        run_dir / "reward_curve.png",
+        evals or None,
+        title=config.run.name,
+        eval_label=f"eval: {trainer.task.metric_name}",
+    )
     before, after = evals.get("0"), evals.get(str(config.train.updates))
     notes = []
     if before and after:
         b, a = number(before["overall"]), number(after["overall"])
         notes.append(f"Overall eval {trainer.task.metric_name} {b:.3f} -> {a:.3f} ({100 * (a - b):+.1f} points).")
-    write_report(run_dir, yaml.safe_dump(config_to_dict(config), sort_keys=False), before, after, log.rows, notes,
-                 metric_name=trainer.task.metric_name, clips=clips, grid=do_eval)
+    write_report(
+        run_dir,
+        yaml.safe_dump(config_to_dict(config), sort_keys=False),
+        before,
+        after,
+        log.rows,
+        notes,
+        metric_name=trainer.task.metric_name,
+        clips=clips,
+        grid=do_eval,
+    )
     return run_dir
 
 
@@ -314,5 +354,7 @@ def _base_samples(trainer: Trainer):
         with trainer.policy.reference():
             return evaluate(trainer, "eval base (for the grid)", judge=False)[1]
     if trainer.is_main:
-        print("resumed full fine-tune: the base weights are gone, so the before / after grid shows the tuned model only")
+        print(
+            "resumed full fine-tune: the base weights are gone, so the before / after grid shows the tuned model only"
+        )
     return None

@@ -9,6 +9,7 @@ with: the EMA when the run keeps one. Wan2.2 with both experts trained (pipeline
 expert's adapter as `pytorch_lora_weights_transformer_2.safetensors` (`pipe.load_lora_weights(checkpoint_dir,
 weight_name=..., load_into_transformer_2=True)`) and in peft's layout under `transformer_2/`.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,25 +36,37 @@ def write_lora_files(policy, weights: dict, folder: Path, gate: float | None = N
     from peft.utils import get_peft_model_state_dict
 
     if gate is not None:  # loaded alone, the LoRA would act at every step: another model than flowrl samples
-        (Path(folder) / LORA_GATE_FILE).write_text(json.dumps({
-            "sample_from_sigma": gate,
-            "load": "pipe.load_lora_weights(folder); pipe.enable_lora(); pipe(prompt, callback_on_step_end="
+        (Path(folder) / LORA_GATE_FILE).write_text(
+            json.dumps(
+                {
+                    "sample_from_sigma": gate,
+                    "load": "pipe.load_lora_weights(folder); pipe.enable_lora(); pipe(prompt, callback_on_step_end="
                     "flowrl.export.lora_gate_callback(sample_from_sigma)): the adapter acts only at steps with sigma "
-                    ">= sample_from_sigma, as flowrl samples it (see lora_gate_callback for the six lines to copy)"},
-            indent=2) + "\n")
+                    ">= sample_from_sigma, as flowrl samples it (see lora_gate_callback for the six lines to copy)",
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
     name = denoiser_name(policy.pipeline)
     for prefix, module in policy.trained_modules().items():
-        own = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix) and
-               (prefix or not any(k.startswith(p) for p in policy.extra_trained))}
+        own = {
+            k[len(prefix) :]: v
+            for k, v in weights.items()
+            if k.startswith(prefix) and (prefix or not any(k.startswith(p) for p in policy.extra_trained))
+        }
         state = {k: v.contiguous() for k, v in get_peft_model_state_dict(module, state_dict=own).items()}
         config = module.peft_config["default"]
-        metadata = json.loads(json.dumps(config.to_dict(),
-                                         default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
+        metadata = json.loads(
+            json.dumps(config.to_dict(), default=lambda v: sorted(v) if isinstance(v, set) else str(v))
+        )
         # diffusers' loaders read a transformer's LoRA under the "transformer" prefix, the low-noise expert's too
-        type(policy.pipeline).save_lora_weights(folder, **{f"{name}_lora_layers": state,
-                                                          f"{name}_lora_adapter_metadata": metadata},
-                                                weight_name=DIFFUSERS_LORA_FILE_2 if prefix else DIFFUSERS_LORA_FILE)
+        type(policy.pipeline).save_lora_weights(
+            folder,
+            **{f"{name}_lora_layers": state, f"{name}_lora_adapter_metadata": metadata},
+            weight_name=DIFFUSERS_LORA_FILE_2 if prefix else DIFFUSERS_LORA_FILE,
+        )
         peft_folder = Path(folder) / prefix.rstrip(".")
         peft_folder.mkdir(exist_ok=True)
         config.save_pretrained(peft_folder)
@@ -74,6 +87,7 @@ def lora_gate_callback(from_sigma: float):
             return callback_kwargs
         pipe(prompt, callback_on_step_end=gate)
     """
+
     def gate(pipe, step, timestep, callback_kwargs):
         sigmas = pipe.scheduler.sigmas
         if step + 1 < len(sigmas) and float(sigmas[step + 1]) < from_sigma:
@@ -132,18 +146,23 @@ def write_export(pipeline_dir, checkpoint, out: Path, dtype: str | None) -> None
 
     if dtype is None:
         dtype = stored_dtype(pipeline_dir)
-        print(f"exporting in {dtype}, the precision {pipeline_dir} stores its denoiser in (--dtype chooses)",
-              file=sys.stderr)
+        print(
+            f"exporting in {dtype}, the precision {pipeline_dir} stores its denoiser in (--dtype chooses)",
+            file=sys.stderr,
+        )
     pipeline = load_pipeline(pipeline_dir, WEIGHT_DTYPES[dtype])
     settings = run_sampling_settings(str(checkpoint))[0]
     run_policy = settings.get("policy")  # the adapter the run trained through
     policy = policy_for(pipeline, run_policy, "pipeline.policy of the checkpoint's run")
     load_trained_weights(policy, checkpoint)
     if policy.lora_active_from_sigma is not None:
-        print(f"warning: {checkpoint} samples with its LoRA only at sigma >= {policy.lora_active_from_sigma} "
-              "(lora.active_from_sigma / sample_from_sigma); the exported pipeline applies the tuned weights at every "
-              "step (to keep the gate: the checkpoint's LoRA with load_lora_weights and "
-              "flowrl.export.lora_gate_callback, docs/cli.md)", file=sys.stderr)
+        print(
+            f"warning: {checkpoint} samples with its LoRA only at sigma >= {policy.lora_active_from_sigma} "
+            "(lora.active_from_sigma / sample_from_sigma); the exported pipeline applies the tuned weights at every "
+            "step (to keep the gate: the checkpoint's LoRA with load_lora_weights and "
+            "flowrl.export.lora_gate_callback, docs/cli.md)",
+            file=sys.stderr,
+        )
     if policy.has_lora:
         for module in policy.trained_modules().values():
             module.fuse_lora(lora_scale=1.0)
@@ -160,7 +179,11 @@ def write_export(pipeline_dir, checkpoint, out: Path, dtype: str | None) -> None
     trained = {id(module) for module in policy.trained_modules().values()}
     for name, component in pipeline.components.items():
         source = Path(pipeline_dir) / name
-        if (isinstance(component, torch.nn.Module) and id(component) not in trained and source.is_dir()
-                and (out / name).is_dir()):
+        if (
+            isinstance(component, torch.nn.Module)
+            and id(component) not in trained
+            and source.is_dir()
+            and (out / name).is_dir()
+        ):
             shutil.rmtree(out / name)
             shutil.copytree(source, out / name)

@@ -12,6 +12,7 @@ sample size 1 / sum(w_norm^2) is below ess_threshold * k (ess_threshold 1 resamp
 the weights are not all equal), and always at the final step. Works for every policy: it runs as a rollout callback
 on the policy's x0 prediction.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,16 +34,19 @@ class FKConfig:
 
     def validate(self, where: str = "fk"):
         from .errors import ConfigError
+
         if self.num_particles < 1 or self.resample_every < 1:
             raise ConfigError(f"{where}: num_particles and resample_every must be >= 1")
         if self.potential not in POTENTIALS:
             raise ConfigError(f"{where}.potential: expected one of {list(POTENTIALS)}, got {self.potential!r}")
         if not 0 <= self.ess_threshold <= 1:
             raise ConfigError(f"{where}.ess_threshold: expected a number in [0, 1], got {self.ess_threshold}")
-        if self.resample_range is not None and (len(self.resample_range) != 2 or not
-                                                0 <= self.resample_range[0] <= self.resample_range[1]):
-            raise ConfigError(f"{where}.resample_range: expected [start, end] steps with 0 <= start <= end, got "
-                              f"{self.resample_range}")
+        if self.resample_range is not None and (
+            len(self.resample_range) != 2 or not 0 <= self.resample_range[0] <= self.resample_range[1]
+        ):
+            raise ConfigError(
+                f"{where}.resample_range: expected [start, end] steps with 0 <= start <= end, got {self.resample_range}"
+            )
 
     def scheduled(self, step: int, num_steps: int) -> bool:
         start, end = self.resample_range or (0, num_steps - 1)
@@ -78,8 +82,11 @@ def effective_sample_size(log_weights: torch.Tensor) -> torch.Tensor:
     return (1.0 / (normalized_weights(log_weights) ** 2).sum(dim=1)).to(log_weights.dtype)
 
 
-def resample_indices(log_weights: torch.Tensor, generator: torch.Generator | list[torch.Generator],
-                     groups_to_resample: torch.Tensor | None = None) -> torch.Tensor:
+def resample_indices(
+    log_weights: torch.Tensor,
+    generator: torch.Generator | list[torch.Generator],
+    groups_to_resample: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Multinomial resampling within each group: [G, k] log-weights -> flat indices [G * k] into the particles.
 
     Groups outside `groups_to_resample` (a [G] bool mask; default all) keep their particles in place. `generator`:
@@ -88,8 +95,9 @@ def resample_indices(log_weights: torch.Tensor, generator: torch.Generator | lis
     groups, k = log_weights.shape
     w = normalized_weights(log_weights)
     if isinstance(generator, (list, tuple)):
-        picks = torch.stack([torch.multinomial(w[g], k, replacement=True, generator=own)
-                             for g, own in enumerate(generator)])
+        picks = torch.stack(
+            [torch.multinomial(w[g], k, replacement=True, generator=own) for g, own in enumerate(generator)]
+        )
     else:
         picks = torch.multinomial(w, k, replacement=True, generator=generator)
     if groups_to_resample is not None:

@@ -1,4 +1,5 @@
 """Conversions between the float samples policies decode and the uint8 images verifiers, files and JPEG see."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,15 +35,17 @@ def as_image_batch(image) -> torch.Tensor:
     return to_unit(np.stack([np.asarray(i.convert("RGB") if hasattr(i, "convert") else i) for i in images]))
 
 
-def item_image(item, key: str, world: str, needed_by: str, size: int | None = None,
-               resize_to: tuple[int, int] | None = None) -> torch.Tensor:
+def item_image(
+    item, key: str, world: str, needed_by: str, size: int | None = None, resize_to: tuple[int, int] | None = None
+) -> torch.Tensor:
     """A condition item's input image (its first, where it gives several: an editor's source) as float [3, H, W] in
     [0, 1]: see `item_images`."""
     return item_images(item, key, world, needed_by, size, resize_to)[0]
 
 
-def item_images(item, key: str, world: str, needed_by: str, size: int | None = None,
-                resize_to: tuple[int, int] | None = None) -> list[torch.Tensor]:
+def item_images(
+    item, key: str, world: str, needed_by: str, size: int | None = None, resize_to: tuple[int, int] | None = None
+) -> list[torch.Tensor]:
     """A condition item's input images, each float [3, H, W] in [0, 1], from, in order: its inputs[key] (one image or
     a list of them: uint8 [H, W, 3] arrays, float tensors [3, H, W] in [0, 1], or PIL images), its meta["image"] (a
     path to an image file, or a list of paths, e.g. from a .jsonl prompt file; resized to `size` when given), or the
@@ -67,16 +70,20 @@ def item_images(item, key: str, world: str, needed_by: str, size: int | None = N
                 image = opened.convert("RGB")
                 given.append(image.resize((size, size)) if size is not None else image.copy())
     if given is None and world is None:
-        raise UserError(f"prompt {item.prompt!r} has no condition image; {needed_by} needs one: give it as 'image' "
-                        "(a file path) in a .jsonl prompt file")
+        raise UserError(
+            f"prompt {item.prompt!r} has no condition image; {needed_by} needs one: give it as 'image' "
+            "(a file path) in a .jsonl prompt file"
+        )
     if given is None:
         from .tasks.base import build_task
 
         try:
             given = build_task(world).condition_image(item)
         except ValueError as error:
-            raise UserError(f"{error}; {needed_by} needs a condition image: give it as 'image' (a file path) in a "
-                            f".jsonl prompt file, or use prompts of the {world} world") from None
+            raise UserError(
+                f"{error}; {needed_by} needs a condition image: give it as 'image' (a file path) in a "
+                f".jsonl prompt file, or use prompts of the {world} world"
+            ) from None
     images = []
     for image in given if isinstance(given, (list, tuple)) else [given]:
         # a copy: a task's cached renders may be read-only
@@ -92,6 +99,7 @@ def resized(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
     resampled, when it already has that size."""
     if tuple(image.shape[-2:]) == (height, width):
         return image
-    out = torch.nn.functional.interpolate(image[None].float(), size=(height, width), mode="bicubic",
-                                          antialias=True, align_corners=False)
+    out = torch.nn.functional.interpolate(
+        image[None].float(), size=(height, width), mode="bicubic", antialias=True, align_corners=False
+    )
     return out[0].clamp(0, 1).to(image.dtype)

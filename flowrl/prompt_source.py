@@ -1,5 +1,6 @@
 """Where training and eval conditions come from (a task's named set or a prompt file), drawn reproducibly per
 update from (seed, update) alone, so a resumed run needs no state to draw the same ones."""
+
 from __future__ import annotations
 
 import zlib

@@ -5,6 +5,7 @@ A name resolves to (1) something registered with `register`, (2) a built-in, who
 `package.module:Name` to a user's own class or factory, imported from their package: how flowrl is extended
 without editing it (docs/extending.md).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -20,8 +21,9 @@ def import_dotted(path: str, where: str):
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ConfigError(f"{where}: cannot import module {module_name!r} ({error}); is its package installed or on "
-                          "PYTHONPATH?") from None
+        raise ConfigError(
+            f"{where}: cannot import module {module_name!r} ({error}); is its package installed or on PYTHONPATH?"
+        ) from None
     if not hasattr(module, attribute):
         raise ConfigError(f"{where}: module {module_name!r} has no attribute {attribute!r}")
     return getattr(module, attribute)
@@ -35,9 +37,11 @@ class Registry:
 
     def register(self, name: str | None = None):
         """Decorator: register a class or factory under `name` (default: its `name` attribute)."""
+
         def wrap(obj):
             self.entries[name or obj.name] = obj
             return obj
+
         return wrap
 
     def names(self) -> list[str]:
@@ -49,6 +53,8 @@ class Registry:
         if name not in self.entries and name in self.builtins:
             importlib.import_module(self.builtins[name])
         if name not in self.entries:
-            raise ConfigError(f"{where}: unknown {self.kind} {name!r}; expected one of {self.names()} or a dotted "
-                              "path package.module:Name")
+            raise ConfigError(
+                f"{where}: unknown {self.kind} {name!r}; expected one of {self.names()} or a dotted "
+                "path package.module:Name"
+            )
         return self.entries[name]

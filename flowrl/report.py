@@ -1,10 +1,11 @@
 """Run-dir outputs people read: metrics.csv, TensorBoard events, a reward-curve PNG, a before/after grid and
 report.html."""
+
 from __future__ import annotations
 
 import csv
-import io
 import html
+import io
 import json
 import math
 import platform
@@ -31,14 +32,16 @@ class MetricsLog:
     """Appends one row per update to metrics.csv (columns grow as new metrics appear), to TensorBoard, and to
     Weights & Biases when `wandb` is given (its init arguments; offline unless WANDB_MODE says otherwise)."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, wandb: dict | None = None,
-                 resumed_at: int | None = None):
+    def __init__(
+        self, run_dir: Path, tensorboard: bool = True, wandb: dict | None = None, resumed_at: int | None = None
+    ):
         self.path = run_dir / "metrics.csv"
         self.rows = self._read()
         self.writer = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
+
                 # a resumed run drops an abandoned attempt's events past its checkpoint, as metrics.csv its rows
                 purge = resumed_at + 1 if resumed_at is not None else None
                 self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
@@ -100,6 +103,7 @@ def figure(path: Path, *grid: int, title: str | None = None, dpi: int = 110, **s
     """`with figure(path, 1, 2, figsize=(11, 4)) as (fig, axes):` draws on a headless matplotlib figure that is laid
     out, titled and written to `path` when the block ends (and closed either way, so long runs hold no figures)."""
     import matplotlib
+
     matplotlib.use("Agg")  # no display on servers and CI
     import matplotlib.pyplot as plt
 
@@ -114,15 +118,16 @@ def figure(path: Path, *grid: int, title: str | None = None, dpi: int = 110, **s
         plt.close(fig)
 
 
-def plot_rewards(rows: list[dict], path: Path, evals: dict | None = None, title: str = "reward",
-                 eval_label: str = "eval (overall)") -> None:
+def plot_rewards(
+    rows: list[dict], path: Path, evals: dict | None = None, title: str = "reward", eval_label: str = "eval (overall)"
+) -> None:
     with figure(path, figsize=(6, 3.6), dpi=120) as (fig, ax):
         updates = [r["update"] for r in rows]
         ax.plot(updates, [r["reward_mean"] for r in rows], color="#bbbbbb", lw=1, label="train reward (per update)")
         if len(rows) >= 5:
             k = max(2, len(rows) // 10)
             smooth = np.convolve([r["reward_mean"] for r in rows], np.ones(k) / k, mode="valid")
-            ax.plot(updates[k - 1:], smooth, color="#1f77b4", lw=2, label=f"train reward ({k}-update mean)")
+            ax.plot(updates[k - 1 :], smooth, color="#1f77b4", lw=2, label=f"train reward ({k}-update mean)")
         if evals:
             xs, ys = zip(*sorted((int(u), e["overall"]) for u, e in evals.items()))
             ax.plot(xs, ys, "o-", color="#d62728", label=eval_label)
@@ -140,12 +145,13 @@ def tile(images: np.ndarray, columns: int = 4, gap: int = 2) -> np.ndarray:
     canvas = np.full((rows * (h + gap) - gap, min(n, columns) * (w + gap) - gap, 3), 255, dtype=np.uint8)
     for i, image in enumerate(images):
         r, c = divmod(i, columns)
-        canvas[r * (h + gap):r * (h + gap) + h, c * (w + gap):c * (w + gap) + w] = image
+        canvas[r * (h + gap) : r * (h + gap) + h, c * (w + gap) : c * (w + gap) + w] = image
     return canvas
 
 
-def image_grid(columns: list[np.ndarray], labels: list[str], row_titles: list[str], path: Path, scale: int = 4,
-               max_cell: int = 256) -> None:
+def image_grid(
+    columns: list[np.ndarray], labels: list[str], row_titles: list[str], path: Path, scale: int = 4, max_cell: int = 256
+) -> None:
     """A labelled grid: columns[c][r] is the uint8 image at row r, column c; small images are enlarged `scale`
     times, and no cell's longer side exceeds `max_cell` pixels (a 1024 px run's grid stays a few MB). Columns may
     differ in shape (an image-to-video run's first frame beside its clips' frame strips): each keeps its own aspect
@@ -168,9 +174,17 @@ def image_grid(columns: list[np.ndarray], labels: list[str], row_titles: list[st
     canvas.save(path)
 
 
-def write_report(run_dir: Path, config_text: str, before: dict | None, after: dict | None, rows: list[dict],
-                 notes: list[str] = (), metric_name: str = "eval metric",
-                 clips: list[tuple[str, str, str]] = (), grid: bool = True) -> Path:
+def write_report(
+    run_dir: Path,
+    config_text: str,
+    before: dict | None,
+    after: dict | None,
+    rows: list[dict],
+    notes: list[str] = (),
+    metric_name: str = "eval metric",
+    clips: list[tuple[str, str, str]] = (),
+    grid: bool = True,
+) -> Path:
     """report.html: the before/after table, the plots and the config, self-contained beside the PNGs; for video
     runs `clips` (prompt, MP4, GIF paths relative to the run folder) play base | tuned side by side; `grid`: whether
     this run wrote before_after.png (not without evaluations)."""
@@ -189,26 +203,36 @@ def write_report(run_dir: Path, config_text: str, before: dict | None, after: di
         out = ["<table><tr><th>tag</th><th>base</th><th>tuned</th><th>change</th></tr>"]
         for tag in before["tags"]:
             b, a = number(before["tags"][tag]), number(after["tags"].get(tag))
-            out.append(f"<tr><td>{html.escape(str(tag))}</td><td>{cell(before, tag)}</td><td>{cell(after, tag)}</td><td>{a - b:+.3f}</td></tr>")
+            out.append(
+                f"<tr><td>{html.escape(str(tag))}</td><td>{cell(before, tag)}</td><td>{cell(after, tag)}</td><td>{a - b:+.3f}</td></tr>"
+            )
         b, a = number(before["overall"]), number(after["overall"])
-        out.append(f"<tr><th>overall</th><th>{cell(before, None)}</th><th>{cell(after, None)}</th><th>{a - b:+.3f}</th>"
-                   "</tr></table><p>&plusmn;: 95% interval (1.96 standard errors, the task's conditions as the sampling unit).</p>")
+        out.append(
+            f"<tr><th>overall</th><th>{cell(before, None)}</th><th>{cell(after, None)}</th><th>{a - b:+.3f}</th>"
+            "</tr></table><p>&plusmn;: 95% interval (1.96 standard errors, the task's conditions as the sampling unit).</p>"
+        )
         return "\n".join(out)
 
     minutes = sum(r.get("seconds", 0) for r in rows) / 60
-    clip_section = "" if not clips else "<h2>Clips: base | tuned</h2>" + "".join(
-        f'<figure><img src="{html.escape(gif)}" style="image-rendering:pixelated;height:96px">'
-        f'<figcaption>{html.escape(prompt)} (<a href="{html.escape(mp4)}">MP4</a>)</figcaption></figure>'
-        for prompt, mp4, gif in clips)
+    clip_section = (
+        ""
+        if not clips
+        else "<h2>Clips: base | tuned</h2>"
+        + "".join(
+            f'<figure><img src="{html.escape(gif)}" style="image-rendering:pixelated;height:96px">'
+            f'<figcaption>{html.escape(prompt)} (<a href="{html.escape(mp4)}">MP4</a>)</figcaption></figure>'
+            for prompt, mp4, gif in clips
+        )
+    )
     body = f"""<!doctype html><html><head><meta charset="utf-8"><title>flowrl run {html.escape(run_dir.name)}</title>
 <style>body{{font-family:sans-serif;max-width:900px;margin:2em auto}}td,th{{padding:2px 10px;text-align:right}}
 pre{{background:#f4f4f4;padding:1em;overflow:auto}}</style></head><body>
 <h1>flowrl run: {html.escape(run_dir.name)}</h1>
 <p>{len(rows)} updates, {minutes:.1f} minutes of training (rollout + update).</p>
 <h2>Eval set: {html.escape(metric_name)} (same seeds before and after)</h2>{table()}
-{''.join(f'<p>{html.escape(n)}</p>' for n in notes)}
+{"".join(f"<p>{html.escape(n)}</p>" for n in notes)}
 <h2>Reward</h2><img src="reward_curve.png">
-{'<h2>Base vs tuned (same prompt, same seed)</h2><img src="before_after.png">' if grid else ''}
+{'<h2>Base vs tuned (same prompt, same seed)</h2><img src="before_after.png">' if grid else ""}
 {clip_section}
 <h2>Config</h2><pre>{html.escape(config_text)}</pre></body></html>"""
     path = run_dir / "report.html"

@@ -6,10 +6,11 @@ is sharded across several, and a resumed run replays exactly the samples it woul
 Callbacks run after every step and may replace the latents and re-index the particles (FK resampling,
 in-generation steering); the conditioning follows the same index.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -39,6 +40,7 @@ class Trajectory:
 @dataclass
 class StepState:
     """What a callback sees after step i; it may assign `latents` and `index` (a particle re-indexing)."""
+
     step: int
     sigma: float
     sigma_next: float
@@ -67,10 +69,21 @@ def sde_step_mask(num_steps: int, kind: str, window: tuple[int, int] | None) -> 
 
 
 @torch.no_grad()
-def rollout(policy: FlowPolicy, cond: Conditioning, generators: list[torch.Generator], noise_shape: tuple[int, ...],
-            num_steps: int, kind: str = "flow", noise_level: float = 0.7, guidance_scale: float = 1.0,
-            sde_window: tuple[int, int] | None = None, initial_noise: torch.Tensor | None = None,
-            callbacks: list[Callable[[StepState], None]] = (), progress=None, guide=None) -> Trajectory:
+def rollout(
+    policy: FlowPolicy,
+    cond: Conditioning,
+    generators: list[torch.Generator],
+    noise_shape: tuple[int, ...],
+    num_steps: int,
+    kind: str = "flow",
+    noise_level: float = 0.7,
+    guidance_scale: float = 1.0,
+    sde_window: tuple[int, int] | None = None,
+    initial_noise: torch.Tensor | None = None,
+    callbacks: list[Callable[[StepState], None]] = (),
+    progress=None,
+    guide=None,
+) -> Trajectory:
     """Sample len(cond) trajectories. `sde_window` (start, end) keeps SDE steps only in that range (ODE elsewhere).
 
     `guide` (see FlowPolicy.step) may change the model output at every step; it must follow particle
@@ -89,8 +102,9 @@ def rollout(policy: FlowPolicy, cond: Conditioning, generators: list[torch.Gener
         sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
         step_kind = kind if stochastic[i] else "ode"
         noise = per_sample_noise(generators, noise_shape).to(device) if step_kind != "ode" else None
-        x, _, std, log_prob, x0_pred = policy.step(step_kind, x, sigma, sigma_next, cond, guidance_scale,
-                                                   noise_level, noise=noise, guide=guide)
+        x, _, std, log_prob, x0_pred = policy.step(
+            step_kind, x, sigma, sigma_next, cond, guidance_scale, noise_level, noise=noise, guide=guide
+        )
         stochastic[i] = stochastic[i] and bool((torch.as_tensor(std) > 0).all())  # e.g. CPS's last step
         if callbacks:
             state = StepState(i, sigma, sigma_next, x, x0_pred, cond)
@@ -108,33 +122,94 @@ def rollout(policy: FlowPolicy, cond: Conditioning, generators: list[torch.Gener
         log_probs.append(log_prob)
         if progress is not None:
             progress.update(1)
-    return Trajectory(torch.stack(latents), torch.stack(log_probs), sigmas, stochastic, kind, noise_level,
-                      guidance_scale, cond)
+    return Trajectory(
+        torch.stack(latents), torch.stack(log_probs), sigmas, stochastic, kind, noise_level, guidance_scale, cond
+    )
 
 
-def rollout_in_chunks(chunk: int, policy: FlowPolicy, cond: Conditioning, generators: list[torch.Generator],
-                      noise_shape: tuple[int, ...], num_steps: int, kind: str = "flow", noise_level: float = 0.7,
-                      guidance_scale: float = 1.0, sde_window: tuple[int, int] | None = None,
-                      initial_noise: torch.Tensor | None = None, progress=None) -> Trajectory:
+def rollout_in_chunks(
+    chunk: int,
+    policy: FlowPolicy,
+    cond: Conditioning,
+    generators: list[torch.Generator],
+    noise_shape: tuple[int, ...],
+    num_steps: int,
+    kind: str = "flow",
+    noise_level: float = 0.7,
+    guidance_scale: float = 1.0,
+    sde_window: tuple[int, int] | None = None,
+    initial_noise: torch.Tensor | None = None,
+    progress=None,
+) -> Trajectory:
     """`rollout` over `chunk` samples at a time (memory), joined into one trajectory. Each sample's noise comes
     from its own generator, so the samples are those of one whole-batch rollout up to the model's batch-size
     numerics. Rollouts with callbacks (FK resampling, intermediate rewards) see whole groups and are not chunked."""
     if chunk <= 0 or chunk >= len(cond):
-        return rollout(policy, cond, generators, noise_shape, num_steps, kind, noise_level, guidance_scale,
-                       sde_window, initial_noise, progress=progress)
-    parts = [part for _, part in rollout_chunks(chunk, policy, cond, generators, noise_shape, num_steps, kind,
-                                                 noise_level, guidance_scale, sde_window, initial_noise, progress)]
+        return rollout(
+            policy,
+            cond,
+            generators,
+            noise_shape,
+            num_steps,
+            kind,
+            noise_level,
+            guidance_scale,
+            sde_window,
+            initial_noise,
+            progress=progress,
+        )
+    parts = [
+        part
+        for _, part in rollout_chunks(
+            chunk,
+            policy,
+            cond,
+            generators,
+            noise_shape,
+            num_steps,
+            kind,
+            noise_level,
+            guidance_scale,
+            sde_window,
+            initial_noise,
+            progress,
+        )
+    ]
     return join_trajectories(parts, cond)
 
 
-def rollout_chunks(chunk: int, policy: FlowPolicy, cond: Conditioning, generators: list[torch.Generator],
-                   noise_shape: tuple[int, ...], num_steps: int, kind: str, noise_level: float, guidance_scale: float,
-                   sde_window: tuple[int, int] | None, initial_noise: torch.Tensor | None, progress=None):
+def rollout_chunks(
+    chunk: int,
+    policy: FlowPolicy,
+    cond: Conditioning,
+    generators: list[torch.Generator],
+    noise_shape: tuple[int, ...],
+    num_steps: int,
+    kind: str,
+    noise_level: float,
+    guidance_scale: float,
+    sde_window: tuple[int, int] | None,
+    initial_noise: torch.Tensor | None,
+    progress=None,
+):
     """Yield (rows, trajectory of those rows) for consecutive chunks of `chunk` samples, one rollout each."""
     for rows in chunk_rows(len(cond), chunk):
-        yield rows, rollout(policy, cond.select(rows), [generators[i] for i in rows], noise_shape, num_steps, kind,
-                            noise_level, guidance_scale, sde_window,
-                            initial_noise[rows] if initial_noise is not None else None, progress=progress)
+        yield (
+            rows,
+            rollout(
+                policy,
+                cond.select(rows),
+                [generators[i] for i in rows],
+                noise_shape,
+                num_steps,
+                kind,
+                noise_level,
+                guidance_scale,
+                sde_window,
+                initial_noise[rows] if initial_noise is not None else None,
+                progress=progress,
+            ),
+        )
 
 
 def chunk_rows(count: int, chunk: int) -> list[list[int]]:
@@ -149,5 +224,13 @@ def join_trajectories(parts: list[Trajectory], cond: Conditioning) -> Trajectory
         return parts[0]
     first = parts[0]
     stochastic = torch.stack([p.stochastic for p in parts]).all(0)
-    return Trajectory(torch.cat([p.latents for p in parts], 1), torch.cat([p.log_probs for p in parts], 1),
-                      first.sigmas, stochastic, first.kind, first.noise_level, first.guidance_scale, cond)
+    return Trajectory(
+        torch.cat([p.latents for p in parts], 1),
+        torch.cat([p.log_probs for p in parts], 1),
+        first.sigmas,
+        stochastic,
+        first.kind,
+        first.noise_level,
+        first.guidance_scale,
+        cond,
+    )

@@ -8,22 +8,24 @@ sample is written, `samples.jsonl` in sample order (what `flowrl eval` reads); t
 Sample k of prompt p keeps its seed whatever is resumed or shared, so its noise never changes; which samples
 share a batch does, and with it the last bits of float rounding (and an FK steer's resampling draws).
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from .atomic import write_whole
 from .errors import UserError
 from .generate import contiguous_share, sample_chunks, sample_seeds
-from .atomic import write_whole
 from .samples import INDEX_FILE, index_line
 
 SETTINGS_FILE = "sampling.json"
 PROGRESS_GLOB = ".progress-*.jsonl"
 
 
-def draw_samples(policy, conditions: list, num_per_prompt: int, seed: int, folder: Path, settings: dict, state,
-                 **sampling) -> Path:
+def draw_samples(
+    policy, conditions: list, num_per_prompt: int, seed: int, folder: Path, settings: dict, state, **sampling
+) -> Path:
     """Draw num_per_prompt samples of every condition into `folder` (what is not there yet, this process's share
     of it; `state`: accelerate's PartialState) and, on the main process, write the index once all are there.
     `sampling`: generate.sample_chunks's settings (steps, guidance, spec, kind, noise, batch size, steer)."""
@@ -34,8 +36,12 @@ def draw_samples(policy, conditions: list, num_per_prompt: int, seed: int, folde
     if main:  # a new (or empty) folder starts; one with sampling.json resumes
         check_sample_folder(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        resume_or_start(folder / SETTINGS_FILE, settings, "delete the folder or choose another --out",
-                        [folder / INDEX_FILE, *folder.glob(PROGRESS_GLOB)])
+        resume_or_start(
+            folder / SETTINGS_FILE,
+            settings,
+            "delete the folder or choose another --out",
+            [folder / INDEX_FILE, *folder.glob(PROGRESS_GLOB)],
+        )
     state.wait_for_everyone()
     done = written_samples(folder, planned)
     state.wait_for_everyone()  # every process has read what is done before any writes more
@@ -51,8 +57,14 @@ def draw_samples(policy, conditions: list, num_per_prompt: int, seed: int, folde
         print(f"{len(done)} of {len(planned)} samples already in {folder}; drawing the other {len(todo)}")
     if state.num_processes > 1:
         print(f"process {state.process_index} of {state.num_processes}: drawing {len(mine)} samples", flush=True)
-    chunks = sample_chunks(policy, [items[n] for n in mine], 1, seeds=[seeds[n] for n in mine],
-                           desc="sampling" if main else None, **sampling)
+    chunks = sample_chunks(
+        policy,
+        [items[n] for n in mine],
+        1,
+        seeds=[seeds[n] for n in mine],
+        desc="sampling" if main else None,
+        **sampling,
+    )
     draw_into(folder, chunks, mine, [items[n] for n in mine], state.process_index, policy.fps, policy.modality)
     state.wait_for_everyone()
     if not main:
@@ -85,9 +97,11 @@ def check_sample_folder(folder: Path) -> None:
     if folder.exists() and not folder.is_dir():
         raise UserError(f"--out {folder} is a file; pick a folder")
     if folder.is_dir() and any(folder.iterdir()) and not (folder / SETTINGS_FILE).is_file():
-        raise UserError(f"--out {folder} is not empty and holds no {SETTINGS_FILE} (not a flowrl sample folder, or "
-                        f"one written before flowrl kept {SETTINGS_FILE}: delete it to draw anew); pick a new or empty "
-                        f"folder")
+        raise UserError(
+            f"--out {folder} is not empty and holds no {SETTINGS_FILE} (not a flowrl sample folder, or "
+            f"one written before flowrl kept {SETTINGS_FILE}: delete it to draw anew); pick a new or empty "
+            f"folder"
+        )
 
 
 def resume_or_start(path: Path, settings: dict, remedy: str, stale: list[Path]) -> None:
@@ -123,9 +137,11 @@ def check_settings(path: Path, settings: dict, remedy: str) -> bool:
         raise UserError(f"{path} is not readable as JSON; {remedy}") from None
     changed = sorted(k for k in old.keys() | settings.keys() if old.get(k) != settings.get(k))
     if changed:
-        raise UserError(f"{path} records other settings ("
-                        + "; ".join(f"{k}: {old.get(k)!r}, now {settings.get(k)!r}" for k in changed)
-                        + f"); {remedy}")
+        raise UserError(
+            f"{path} records other settings ("
+            + "; ".join(f"{k}: {old.get(k)!r}, now {settings.get(k)!r}" for k in changed)
+            + f"); {remedy}"
+        )
     return True
 
 
@@ -136,8 +152,9 @@ def written_samples(folder: Path, planned: list[str]) -> dict[int, dict]:
     lines = []
     index = folder / INDEX_FILE
     if index.is_file():
-        lines += [{**json.loads(line), "index": n} for n, line in enumerate(index.read_text().splitlines())
-                  if line.strip()]
+        lines += [
+            {**json.loads(line), "index": n} for n, line in enumerate(index.read_text().splitlines()) if line.strip()
+        ]
     for progress in sorted(folder.glob(PROGRESS_GLOB)):
         lines += json_lines(progress)
     done = {}
@@ -146,8 +163,7 @@ def written_samples(folder: Path, planned: list[str]) -> dict[int, dict]:
         if not isinstance(n, int) or not 0 <= n < len(planned):
             continue
         files = [line.get("file"), *line.get("extra_files", [])]
-        if line.get("plan") == planned[n] and \
-                all(isinstance(f, str) and (folder / f).is_file() for f in files):
+        if line.get("plan") == planned[n] and all(isinstance(f, str) and (folder / f).is_file() for f in files):
             done[n] = line
     return done
 
@@ -180,11 +196,15 @@ def finish(folder: Path, planned: list[str]) -> Path:
     done = written_samples(folder, planned)
     missing = [n for n in range(len(planned)) if n not in done]
     if missing:
-        raise UserError(f"--out {folder}: {len(missing)} of {len(planned)} samples were not written (first: "
-                        f"{missing[0]}); run the same command again to draw them")
+        raise UserError(
+            f"--out {folder}: {len(missing)} of {len(planned)} samples were not written (first: "
+            f"{missing[0]}); run the same command again to draw them"
+        )
     index = folder / INDEX_FILE
-    write_whole(index, "".join(json.dumps({k: v for k, v in done[n].items() if k != "index"}) + "\n"
-                               for n in range(len(planned))))  # a reader never sees half an index
+    write_whole(
+        index,
+        "".join(json.dumps({k: v for k, v in done[n].items() if k != "index"}) + "\n" for n in range(len(planned))),
+    )  # a reader never sees half an index
     for progress in folder.glob(PROGRESS_GLOB):
         progress.unlink()
     return index

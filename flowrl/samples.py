@@ -52,11 +52,11 @@ class Samples:
     def __len__(self) -> int:
         return self.tensor.shape[0]
 
-    def select(self, index) -> "Samples":
+    def select(self, index) -> Samples:
         index = torch.as_tensor(index, dtype=torch.long, device=self.tensor.device)
         return self.like(self.tensor[index])
 
-    def like(self, tensor: torch.Tensor) -> "Samples":
+    def like(self, tensor: torch.Tensor) -> Samples:
         """A batch of the same kind holding `tensor`; subclasses with extra fields (fps) keep them."""
         return type(self)(tensor)
 
@@ -104,7 +104,7 @@ class VideoSamples(Samples):
         super().__init__(tensor)
         self.fps = fps
 
-    def like(self, tensor: torch.Tensor) -> "VideoSamples":
+    def like(self, tensor: torch.Tensor) -> VideoSamples:
         return VideoSamples(tensor, fps=self.fps)
 
     def decoded(self) -> torch.Tensor:
@@ -150,8 +150,9 @@ class ShapeSamples(Samples):
         """Turntable renders, [N, V, H, W, 3] (V = len(TURNTABLE), H = W = 32)."""
         from flowrl.sdf import grid_field, render, turntable_view
 
-        return np.stack([np.stack([render(grid_field(g), 32, view=turntable_view(a))[0] for a in TURNTABLE])
-                         for g in self.grids()])
+        return np.stack(
+            [np.stack([render(grid_field(g), 32, view=turntable_view(a))[0] for a in TURNTABLE]) for g in self.grids()]
+        )
 
     def preview(self) -> np.ndarray:
         views = self.to_uint8()
@@ -182,8 +183,9 @@ def write_empty_glb(path: Path) -> None:
 
     body = json.dumps({"asset": {"version": "2.0"}, "scene": 0, "scenes": [{}]}).encode()
     body += b" " * (-len(body) % 4)  # chunks are 4-byte aligned, JSON padded with spaces
-    path.write_bytes(struct.pack("<4sII", b"glTF", 2, 12 + 8 + len(body)) + struct.pack("<I4s", len(body), b"JSON")
-                     + body)
+    path.write_bytes(
+        struct.pack("<4sII", b"glTF", 2, 12 + 8 + len(body)) + struct.pack("<I4s", len(body), b"JSON") + body
+    )
 
 
 def _mp4_scale(height: int, width: int) -> int:
@@ -271,8 +273,7 @@ def as_samples(decoded: torch.Tensor, fps: int = 8, modality: str | None = None)
         # diffusers' video VAEs put channels before frames; we keep frames first.
         return VideoSamples(decoded.permute(0, 2, 1, 3, 4), fps=fps)
     raise ValueError(
-        f"decoded samples have shape {tuple(decoded.shape)}; expected [B,3,H,W] images "
-        "or [B,3,F,H,W] videos"
+        f"decoded samples have shape {tuple(decoded.shape)}; expected [B,3,H,W] images or [B,3,F,H,W] videos"
     )
 
 
@@ -282,8 +283,10 @@ def write_samples(folder, samples: Samples, records: list[dict]) -> Path:
         raise ValueError(f"{len(records)} records for {len(samples)} samples")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps(index_line(samples, record, samples.write(folder, f"{i:05d}", i)))
-             for i, record in enumerate(records)]
+    lines = [
+        json.dumps(index_line(samples, record, samples.write(folder, f"{i:05d}", i)))
+        for i, record in enumerate(records)
+    ]
     path = folder / INDEX_FILE
     path.write_text("".join(line + "\n" for line in lines))
     return path
@@ -292,8 +295,14 @@ def write_samples(folder, samples: Samples, records: list[dict]) -> Path:
 def index_line(samples: Samples, record: dict, files: list[str]) -> dict:
     """A sample's samples.jsonl line: its record, the files it was written to, and what reading it back needs."""
     height, width = samples.size()
-    line = {**record, "file": files[0], "modality": samples.modality, "extra_files": files[1:],
-            "height": height, "width": width}
+    line = {
+        **record,
+        "file": files[0],
+        "modality": samples.modality,
+        "extra_files": files[1:],
+        "height": height,
+        "width": width,
+    }
     if isinstance(samples, VideoSamples):
         line["fps"] = samples.fps
     return line
@@ -304,8 +313,10 @@ def read_records(folder) -> list[dict]:
     hand may leave it out: the file's type says which it is)."""
     index = Path(folder) / INDEX_FILE
     if not index.is_file():
-        raise UserError(f"{index} does not exist; expected a folder written by `flowrl sample` (sample files plus "
-                        f"{INDEX_FILE} with prompt, seed, file per line)")
+        raise UserError(
+            f"{index} does not exist; expected a folder written by `flowrl sample` (sample files plus "
+            f"{INDEX_FILE} with prompt, seed, file per line)"
+        )
     try:
         records = [json.loads(line) for line in index.read_text().splitlines() if line.strip()]
     except (OSError, ValueError) as e:
@@ -350,7 +361,7 @@ def load_samples(folder, records: list[dict]) -> Samples:
         except Exception as e:  # missing, truncated or not decodable: all the user's to fix
             raise UserError(
                 f"cannot read sample file {path} listed in {index}: expected "
-                f"{ {'video': 'an MP4 video', '3d': 'an SDF grid (.npy)'}.get(record['modality'], 'a PNG image')} "
+                f"{ {'video': 'an MP4 video', '3d': 'an SDF grid (.npy)'}.get(record['modality'], 'a PNG image') } "
                 f"({type(e).__name__}: {e})"
             ) from e
     try:

@@ -22,6 +22,7 @@ non-batch elements (as the anchors do, hence their tiny PPO clip ranges), `reduc
 map for token-level credit. The anchors' CPS log-prob drops the constants and the 1/(2 std^2) factor; here every
 kind uses the true density, so ratios share one temperature.
 """
+
 from __future__ import annotations
 
 import math
@@ -68,9 +69,18 @@ def _gaussian_transition(mean, std, noise, prev_sample, reduce, generator):
     return prev_sample, mean, std, gaussian_log_prob(prev_sample, mean, std, reduce)
 
 
-def sde_step(kind: str, velocity: torch.Tensor, sample: torch.Tensor, sigma, sigma_next, noise_level: float,
-             noise: torch.Tensor | None = None, prev_sample: torch.Tensor | None = None, reduce: str = "mean",
-             generator: torch.Generator | None = None):
+def sde_step(
+    kind: str,
+    velocity: torch.Tensor,
+    sample: torch.Tensor,
+    sigma,
+    sigma_next,
+    noise_level: float,
+    noise: torch.Tensor | None = None,
+    prev_sample: torch.Tensor | None = None,
+    reduce: str = "mean",
+    generator: torch.Generator | None = None,
+):
     """One step from `sigma` to `sigma_next` (floats or [B] tensors).
 
     Returns (prev_sample, mean, std, log_prob): the next sample (the given `prev_sample` when scoring a stored
@@ -105,9 +115,17 @@ def sde_step(kind: str, velocity: torch.Tensor, sample: torch.Tensor, sigma, sig
     return _gaussian_transition(mean, std, noise, prev_sample, reduce, generator)
 
 
-def ddim_step(epsilon: torch.Tensor, sample: torch.Tensor, alpha_prod, alpha_prod_prev, eta: float,
-              noise: torch.Tensor | None = None, prev_sample: torch.Tensor | None = None, reduce: str = "mean",
-              generator: torch.Generator | None = None):
+def ddim_step(
+    epsilon: torch.Tensor,
+    sample: torch.Tensor,
+    alpha_prod,
+    alpha_prod_prev,
+    eta: float,
+    noise: torch.Tensor | None = None,
+    prev_sample: torch.Tensor | None = None,
+    reduce: str = "mean",
+    generator: torch.Generator | None = None,
+):
     """DDIM step with log-prob for epsilon-prediction models (DDPO, arXiv 2305.13301; Song et al. eq. 12).
 
     alpha_prod / alpha_prod_prev are the cumulative alphas at t and at the previous (less noisy) timestep.

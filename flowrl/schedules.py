@@ -1,4 +1,5 @@
 """Schedules shared by training and the pretraining recipes: learning-rate decay, flow-matching noise levels."""
+
 from __future__ import annotations
 
 import math

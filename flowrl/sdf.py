@@ -9,6 +9,7 @@ nearest-neighbour distances (L2, not squared), and F-score at tau, the harmonic 
 within tau of the truth) and recall (true points within tau of the generated), on surface points; validity:
 watertight, connected components, floaters (a component under 10% of the largest one's bounding-box diagonal).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -92,7 +93,7 @@ def render(sdf, size: int = 32, steps: int = 64, view=VIEW) -> tuple[np.ndarray,
     return np.repeat(image[..., None], 3, -1), hit.reshape(size, size).numpy()
 
 
-def grid_field(values) -> "callable":
+def grid_field(values) -> callable:
     """An SDF callable on points [N, 3] from a field sampled on the world grid (geometry.grid_points: cell centres
     over [-1, 1]^3, x slowest): trilinear inside the cube, plus the distance to the cube outside it, so that sphere
     tracing from outside moves in full steps."""
@@ -152,8 +153,12 @@ def validity(mesh) -> dict:
     sizes = [float(np.linalg.norm(p.extents)) for p in parts]
     floaters = sum(s < FLOATER_SHARE * max(sizes) for s in sizes)
     watertight = float(mesh.is_watertight)
-    return {"watertight": watertight, "components": float(len(parts)), "floaters": float(floaters),
-            "valid": float(watertight and floaters == 0)}
+    return {
+        "watertight": watertight,
+        "components": float(len(parts)),
+        "floaters": float(floaters),
+        "valid": float(watertight and floaters == 0),
+    }
 
 
 def compare(pred_sdf: np.ndarray, true_sdf: np.ndarray, seed: int = 0) -> dict:
@@ -163,6 +168,7 @@ def compare(pred_sdf: np.ndarray, true_sdf: np.ndarray, seed: int = 0) -> dict:
     if pred_mesh is None or true_mesh is None:
         out.update(chamfer=float("nan"), fscore=0.0)
     else:
-        out["chamfer"], out["fscore"] = chamfer_and_fscore(surface_points(pred_mesh, seed=seed),
-                                                           surface_points(true_mesh, seed=seed + 1))
+        out["chamfer"], out["fscore"] = chamfer_and_fscore(
+            surface_points(pred_mesh, seed=seed), surface_points(true_mesh, seed=seed + 1)
+        )
     return out

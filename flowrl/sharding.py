@@ -6,6 +6,7 @@ holding this process's shard; gathering one is a collective, so every process ca
 in the same order. Tensors are gathered one at a time and moved to host memory, so a full fine-tune's checkpoint never
 holds two whole copies on a GPU, and only the process that writes keeps them.
 """
+
 from __future__ import annotations
 
 import torch
@@ -67,6 +68,8 @@ def sharded_optimizer_state(state: dict, params: list[torch.Tensor]) -> dict:
     per_param = {}
     for index, values in state["state"].items():
         param = params[int(index)]
-        per_param[index] = {key: like(value, param) if isinstance(value, torch.Tensor) and value.shape == param.shape
-                            else value for key, value in values.items()}
+        per_param[index] = {
+            key: like(value, param) if isinstance(value, torch.Tensor) and value.shape == param.shape else value
+            for key, value in values.items()
+        }
     return {"state": per_param, "param_groups": state["param_groups"]}

@@ -4,6 +4,7 @@ Runs unchanged on one CPU, on several processes (`accelerate launch` / torchrun:
 across ranks, rewards gathered before advantages, gradients averaged by DDP), with exact resume from the newest
 checkpoint of the run dir or from `run.resume=PATH`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,8 +23,16 @@ from tqdm import tqdm
 
 from .algorithms import RolloutBatch, WorkItems, build_algorithm
 from .algorithms.base import ALGORITHMS, drop_groups
-from .checkpoint import (RUN_CONFIG, CorruptCheckpoint, changed_settings, checkpoint_update, list_checkpoints,
-                         load_checkpoint, sampling_gate, save_checkpoint)
+from .checkpoint import (
+    RUN_CONFIG,
+    CorruptCheckpoint,
+    changed_settings,
+    checkpoint_update,
+    list_checkpoints,
+    load_checkpoint,
+    sampling_gate,
+    save_checkpoint,
+)
 from .config import RunConfig, config_to_dict
 from .devices import use_deterministic_kernels
 from .errors import ConfigError, UserError
@@ -32,8 +41,7 @@ from .policies import WEIGHT_DTYPES, load_pipeline, policy_for
 from .policies.base import SampleSpec
 from .prompt_source import PromptSource, derived_seed
 from .rewards import WeightedSum, build_reward, check_reward, latent_scorer
-from .rewards.base import REWARDS
-from .rewards.base import RewardOutput, score_robustly, standardized_sum
+from .rewards.base import REWARDS, RewardOutput, score_robustly, standardized_sum
 from .rollout import join_trajectories, per_sample_noise, rollout, rollout_chunks, rollout_in_chunks, sample_generators
 from .schedules import cosine_decay
 from .sharding import gathered, gathered_optimizer_state, is_sharded, like, sharded_optimizer_state
@@ -61,8 +69,11 @@ def build_policy(config: RunConfig):
     # under LoRA every loaded weight stays frozen: load it in its final dtype, so a large model never sits in host
     # memory in fp32 (FLUX with T5-XXL: ~67 GB per process); a full fine-tune loads fp32 for its trainable denoiser
     dtype = WEIGHT_DTYPES[config.train.weight_dtype] if config.lora is not None else None
-    policy = policy_for(load_pipeline(config.pipeline.path, dtype), config.pipeline.policy,
-                        max_sequence_length=config.pipeline.max_sequence_length)
+    policy = policy_for(
+        load_pipeline(config.pipeline.path, dtype),
+        config.pipeline.policy,
+        max_sequence_length=config.pipeline.max_sequence_length,
+    )
     policy.set_guidance_scale_2(config.pipeline.guidance_scale_2, "pipeline.guidance_scale_2")
     policy.set_trained_experts(config.pipeline.experts, "pipeline.experts")
     policy.set_shift(config.pipeline.shift, "pipeline.shift")
@@ -70,8 +81,10 @@ def build_policy(config: RunConfig):
     if config.lora is not None:
         targets = config.lora.target_modules or policy.lora_targets
         if not targets:
-            raise ConfigError(f"lora.target_modules: {type(policy).__name__} names no default LoRA targets; list the "
-                              "denoiser's module names to adapt (e.g. [attn.to_q, attn.to_k, attn.to_v])")
+            raise ConfigError(
+                f"lora.target_modules: {type(policy).__name__} names no default LoRA targets; list the "
+                "denoiser's module names to adapt (e.g. [attn.to_q, attn.to_k, attn.to_v])"
+            )
         policy.add_lora(config.lora.rank, config.lora.alpha, targets)
         policy.lora_active_from_sigma = config.lora.active_from_sigma
     else:
@@ -91,8 +104,9 @@ def fsdp2_precision(accelerator) -> None:
         return
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    plugin.mixed_precision_policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32,
-                                                         cast_forward_inputs=False)
+    plugin.mixed_precision_policy = MixedPrecisionPolicy(
+        param_dtype=compute, reduce_dtype=torch.float32, cast_forward_inputs=False
+    )
 
 
 def without_buffer_broadcast(model) -> None:
@@ -120,8 +134,15 @@ def placed_policy(config: RunConfig, device):
     policy.cfg_uncond_grad = uncond_grad_of(config)
     t = config.train
     policy.place(device, WEIGHT_DTYPES[t.weight_dtype], text_encoders_on_host=t.offload_text_encoders)
-    policy.set_memory_options(t.gradient_checkpointing, config.pipeline.vae_slicing, config.pipeline.vae_tiling,
-                              t.offload_text_encoders, t.embedding_cache, t.decode_microbatch, config.pipeline.attention)
+    policy.set_memory_options(
+        t.gradient_checkpointing,
+        config.pipeline.vae_slicing,
+        config.pipeline.vae_tiling,
+        t.offload_text_encoders,
+        t.embedding_cache,
+        t.decode_microbatch,
+        config.pipeline.attention,
+    )
     return policy
 
 
@@ -141,9 +162,11 @@ def build_rewards(config: RunConfig, modality: str | None = None):
     names = [term.name for term in terms]
     for i, name in enumerate(names):  # each term's scores are logged and normalised under its name
         if name in names[:i]:
-            raise ConfigError(f"reward[{i}]: a second term named {name!r} (reward[{names.index(name)}] is one): its "
-                              "scores would overwrite the first's; give one a params.name of its own (remote) or "
-                              "combine them in one term")
+            raise ConfigError(
+                f"reward[{i}]: a second term named {name!r} (reward[{names.index(name)}] is one): its "
+                "scores would overwrite the first's; give one a params.name of its own (remote) or "
+                "combine them in one term"
+            )
     reward = WeightedSum(terms, [t.weight for t in config.reward], [t.batch_size for t in config.reward])
     if modality is not None:
         check_reward_modalities(config, reward, modality)
@@ -155,9 +178,11 @@ def check_reward_modalities(config: RunConfig, reward, modality: str) -> None:
     pipeline's `modality`."""
     for i, (term, one) in enumerate(zip(config.reward, reward.rewards)):
         if modality not in one.modalities:
-            raise ConfigError(f"reward[{i}].name: {term.name} scores {' and '.join(one.modalities)}, but the "
-                              f"pipeline samples {modality}; score frames with {{name: per_frame, params: "
-                              f"{{reward: {term.name}}}}}")
+            raise ConfigError(
+                f"reward[{i}].name: {term.name} scores {' and '.join(one.modalities)}, but the "
+                f"pipeline samples {modality}; score frames with {{name: per_frame, params: "
+                f"{{reward: {term.name}}}}}"
+            )
 
 
 def check_reward_terms(config: RunConfig) -> None:
@@ -174,9 +199,12 @@ def build_optimizer(train, params):
         try:
             import bitsandbytes
         except ImportError:
-            raise ConfigError("train.optimizer: adamw_8bit needs bitsandbytes (pip install bitsandbytes; CUDA)") from None
-        return bitsandbytes.optim.AdamW8bit(params, lr=train.lr, betas=tuple(train.adam_betas),
-                                            weight_decay=train.weight_decay)
+            raise ConfigError(
+                "train.optimizer: adamw_8bit needs bitsandbytes (pip install bitsandbytes; CUDA)"
+            ) from None
+        return bitsandbytes.optim.AdamW8bit(
+            params, lr=train.lr, betas=tuple(train.adam_betas), weight_decay=train.weight_decay
+        )
     return torch.optim.AdamW(params, lr=train.lr, betas=tuple(train.adam_betas), weight_decay=train.weight_decay)
 
 
@@ -189,9 +217,13 @@ def sample_spec(config: RunConfig, policy) -> SampleSpec:
 def adapter_description(config: RunConfig, policy) -> dict | None:
     if config.lora is None:
         return None
-    return {"rank": config.lora.rank, "alpha": config.lora.alpha,
-            "target_modules": config.lora.target_modules or policy.lora_targets,
-            "active_from_sigma": config.lora.active_from_sigma, "sample_from_sigma": config.lora.sample_from_sigma}
+    return {
+        "rank": config.lora.rank,
+        "alpha": config.lora.alpha,
+        "target_modules": config.lora.target_modules or policy.lora_targets,
+        "active_from_sigma": config.lora.active_from_sigma,
+        "sample_from_sigma": config.lora.sample_from_sigma,
+    }
 
 
 def refuse_deepspeed(accelerator) -> None:
@@ -202,9 +234,11 @@ def refuse_deepspeed(accelerator) -> None:
     from accelerate.utils import DistributedType
 
     if getattr(accelerator, "distributed_type", None) == DistributedType.DEEPSPEED:
-        raise ConfigError("accelerate launch: DeepSpeed is not supported by flowrl's trainer (it would step the "
-                          "optimizer once per microbatch); launch with configs/accelerate/ddp.yaml (LoRA) or "
-                          "configs/accelerate/fsdp2.yaml (full fine-tunes: weights, gradients and Adam's state sharded)")
+        raise ConfigError(
+            "accelerate launch: DeepSpeed is not supported by flowrl's trainer (it would step the "
+            "optimizer once per microbatch); launch with configs/accelerate/ddp.yaml (LoRA) or "
+            "configs/accelerate/fsdp2.yaml (full fine-tunes: weights, gradients and Adam's state sharded)"
+        )
 
 
 class Trainer:
@@ -220,8 +254,9 @@ class Trainer:
         if config.train.threads:
             torch.set_num_threads(config.train.threads)
         wait = InitProcessGroupKwargs(timeout=timedelta(minutes=config.train.collective_timeout_minutes))
-        self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[wait],
-                                                      mixed_precision=config.train.mixed_precision)
+        self.accelerator = accelerator or Accelerator(
+            cpu=not torch.cuda.is_available(), kwargs_handlers=[wait], mixed_precision=config.train.mixed_precision
+        )
         refuse_deepspeed(self.accelerator)
         self.world = self.accelerator.num_processes
         self.rank = self.accelerator.process_index
@@ -230,8 +265,10 @@ class Trainer:
         self.log = log and self.is_main
         global_batch = config.train.groups_per_update * config.train.group_size
         if global_batch % self.world:
-            raise ConfigError(f"train.groups_per_update x train.group_size = {global_batch} samples must divide "
-                              f"evenly over {self.world} processes")
+            raise ConfigError(
+                f"train.groups_per_update x train.group_size = {global_batch} samples must divide "
+                f"evenly over {self.world} processes"
+            )
         # checked before the model loads (minutes for a large pipeline): the task, its prompts, the rewards' names
         # and local folders (the reward models load after the pipeline is placed, so host memory holds one at a time)
         self.task = build_task(config.task.name, config.task.params)
@@ -242,37 +279,55 @@ class Trainer:
         torch.manual_seed(config.run.seed)  # LoRA initialisation draws from the global generator
         self.policy = placed_policy(config, self.accelerator.device)
         if config.sampler.kind not in self.policy.kinds:
-            raise ConfigError(f"sampler.kind: a {type(self.policy.pipeline).__name__} samples with "
-                              f"{list(self.policy.kinds)}, got {config.sampler.kind!r}")
+            raise ConfigError(
+                f"sampler.kind: a {type(self.policy.pipeline).__name__} samples with "
+                f"{list(self.policy.kinds)}, got {config.sampler.kind!r}"
+            )
         self.check_resume_settings()  # (after the config's own errors: a typo'd name is said as such)
         if config.train.rollout_microbatch:
             # an algorithm's own no-grad forwards (NFT's, DHO's and DPO's old velocities) take as many items as a
             # rollout call does, so a large model's memory setting bounds them too
             self.algorithm.chunk = config.train.rollout_microbatch
         if self.algorithm.needs_raw_rewards and config.train.normalize_rewards != "none":
-            raise ConfigError(f"train.normalize_rewards: algorithm {config.algorithm.name!r} compares the batch's "
-                              f"rewards with rewards it computes itself, on the raw scale; expected none, got "
-                              f"{config.train.normalize_rewards!r}")
+            raise ConfigError(
+                f"train.normalize_rewards: algorithm {config.algorithm.name!r} compares the batch's "
+                f"rewards with rewards it computes itself, on the raw scale; expected none, got "
+                f"{config.train.normalize_rewards!r}"
+            )
         if config.train.async_rollouts and self.world > 1:
             raise ConfigError("train.async_rollouts: runs on one process; set it to false under accelerate / torchrun")
         if config.train.async_rollouts and config.train.staleness and self.algorithm.old_policy_from_prepare:
-            raise ConfigError(f"train.staleness: algorithm {config.algorithm.name!r} takes its ratio's old "
-                              "log-densities from the current policy, so batches sampled with older weights would go "
-                              "uncorrected; set train.staleness: 0 or train.async_rollouts: false")
+            raise ConfigError(
+                f"train.staleness: algorithm {config.algorithm.name!r} takes its ratio's old "
+                "log-densities from the current policy, so batches sampled with older weights would go "
+                "uncorrected; set train.staleness: 0 or train.async_rollouts: false"
+            )
         if self.algorithm.needs_reference and config.lora is None:
-            raise ConfigError(f"lora: algorithm {config.algorithm.name!r} compares against the frozen base (the "
-                              "LoRA-disabled policy); set a lora section")
+            raise ConfigError(
+                f"lora: algorithm {config.algorithm.name!r} compares against the frozen base (the "
+                "LoRA-disabled policy); set a lora section"
+            )
         if config.train.async_rewards and not config.train.rollout_microbatch:
-            raise ConfigError("train.async_rewards: overlaps a chunk's reward with the next chunk's rollout; set "
-                              "train.rollout_microbatch to a part of each process's samples")
+            raise ConfigError(
+                "train.async_rewards: overlaps a chunk's reward with the next chunk's rollout; set "
+                "train.rollout_microbatch to a part of each process's samples"
+            )
         if config.train.rollout_microbatch and (config.sampler.fk is not None or self.algorithm.needs_step_rewards):
-            raise ConfigError("train.rollout_microbatch: FK-resampled and intermediate-reward rollouts see whole "
-                              "groups at once; set it to 0")
+            raise ConfigError(
+                "train.rollout_microbatch: FK-resampled and intermediate-reward rollouts see whole "
+                "groups at once; set it to 0"
+            )
         local = global_batch // self.world
-        self.rollout_chunks = math.ceil(local / config.train.rollout_microbatch) if config.train.rollout_microbatch else 1
-        if (self.algorithm.needs_ode_rollout or self.algorithm.needs_flow_matching) and self.policy.prediction == "epsilon":
-            raise ConfigError(f"algorithm.name: {config.algorithm.name!r} is implemented for flow-matching pipelines; "
-                              f"{type(self.policy.pipeline).__name__} predicts noise")
+        self.rollout_chunks = (
+            math.ceil(local / config.train.rollout_microbatch) if config.train.rollout_microbatch else 1
+        )
+        if (
+            self.algorithm.needs_ode_rollout or self.algorithm.needs_flow_matching
+        ) and self.policy.prediction == "epsilon":
+            raise ConfigError(
+                f"algorithm.name: {config.algorithm.name!r} is implemented for flow-matching pipelines; "
+                f"{type(self.policy.pipeline).__name__} predicts noise"
+            )
         self.reward = build_rewards(config, self.policy.modality).to(self.accelerator.device)
         self.reward.bind_policy(self.policy)
         self.algorithm.bind_reward(self.reward)
@@ -319,17 +374,27 @@ class Trainer:
         below = [j for j in steps if float(sigmas[j]) < frozen[0]]
         if not below:
             return
-        where = (f"sigma < {frozen[0]:g}, where {frozen[1]}; the steps at sigma >= {frozen[0]:g} are "
-                 f"{[j for j in range(c.num_steps) if float(sigmas[j]) >= frozen[0]]}")
+        where = (
+            f"sigma < {frozen[0]:g}, where {frozen[1]}; the steps at sigma >= {frozen[0]:g} are "
+            f"{[j for j in range(c.num_steps) if float(sigmas[j]) >= frozen[0]]}"
+        )
         if len(below) == len(steps):
-            raise ConfigError(f"sampler: every SDE step ({list(steps)}) sits at {where}: the run would train nothing; "
-                              "set sampler.sde_window_size and sde_window_range on those steps")
+            raise ConfigError(
+                f"sampler: every SDE step ({list(steps)}) sits at {where}: the run would train nothing; "
+                "set sampler.sde_window_size and sde_window_range on those steps"
+            )
         if getattr(self.accelerator, "is_fsdp2", False):  # a microbatch of only such steps has no gradient through
             # the sharded module, so its process would skip the gradient reduction the others run
-            raise ConfigError(f"sampler: SDE steps {below} sit at {where}; under FSDP2 every SDE step must train: set "
-                              "sampler.sde_window_size and sde_window_range on the steps at or above it, or use DDP")
-        logging.getLogger("flowrl").warning("sampler: SDE steps %s sit at %s: they train nothing (sampler."
-                                            "sde_window_size and sde_window_range choose the SDE steps)", below, where)
+            raise ConfigError(
+                f"sampler: SDE steps {below} sit at {where}; under FSDP2 every SDE step must train: set "
+                "sampler.sde_window_size and sde_window_range on the steps at or above it, or use DDP"
+            )
+        logging.getLogger("flowrl").warning(
+            "sampler: SDE steps %s sit at %s: they train nothing (sampler."
+            "sde_window_size and sde_window_range choose the SDE steps)",
+            below,
+            where,
+        )
 
     # ---- rollout and scoring ------------------------------------------------------------------------------
     def local_slice(self) -> slice:
@@ -357,20 +422,28 @@ class Trainer:
         window = None
         if c.sampler.sde_window_size:
             lo, hi = c.sampler.sde_window_range
-            start = int(torch.randint(lo, hi, (1,), generator=torch.Generator().manual_seed(derived_seed(seed, update, 29))))
+            start = int(
+                torch.randint(lo, hi, (1,), generator=torch.Generator().manual_seed(derived_seed(seed, update, 29)))
+            )
             window = (start, start + c.sampler.sde_window_size)
         cond = policy.encode(local_items, c.sampler.guidance_scale, self.spec)
         callbacks, steering = [], None
         if c.sampler.fk is not None:
             from .fk import FKSteering
-
             from .generate import FK_DRAWS
 
             # one generator per group, from its first sample's seed: the draws do not depend on the process split
-            groups = [torch.Generator().manual_seed(derived_seed(every_seed[int(g) * size], FK_DRAWS))
-                      for g in local_groups[::size]]
-            steering = FKSteering(c.sampler.fk, latent_scorer(policy, self.reward, robust=True), c.sampler.num_steps,
-                                  len(local_prompts) // size, groups)
+            groups = [
+                torch.Generator().manual_seed(derived_seed(every_seed[int(g) * size], FK_DRAWS))
+                for g in local_groups[::size]
+            ]
+            steering = FKSteering(
+                c.sampler.fk,
+                latent_scorer(policy, self.reward, robust=True),
+                c.sampler.num_steps,
+                len(local_prompts) // size,
+                groups,
+            )
             callbacks = [steering]
         recorder = None
         if self.algorithm.needs_step_rewards:
@@ -380,19 +453,41 @@ class Trainer:
             callbacks.append(recorder)  # after FK, so it follows FK's re-indexing
         meta = {"seeds": local_seeds, "conditions": local_items}
         if c.train.async_rewards:
-            traj, scored, error = self.rollout_scoring_behind(policy, cond, generators, shape, window, initial,
-                                                              progress, local_prompts, meta)
+            traj, scored, error = self.rollout_scoring_behind(
+                policy, cond, generators, shape, window, initial, progress, local_prompts, meta
+            )
         else:
             with self.accelerator.autocast():
                 if callbacks:
-                    traj = rollout(policy, cond, generators, shape, c.sampler.num_steps, c.sampler.kind,
-                                   c.sampler.noise_level, c.sampler.guidance_scale, window, initial_noise=initial,
-                                   callbacks=callbacks, progress=progress)
+                    traj = rollout(
+                        policy,
+                        cond,
+                        generators,
+                        shape,
+                        c.sampler.num_steps,
+                        c.sampler.kind,
+                        c.sampler.noise_level,
+                        c.sampler.guidance_scale,
+                        window,
+                        initial_noise=initial,
+                        callbacks=callbacks,
+                        progress=progress,
+                    )
                 else:
-                    traj = rollout_in_chunks(c.train.rollout_microbatch, policy, cond, generators, shape,
-                                             c.sampler.num_steps, c.sampler.kind, c.sampler.noise_level,
-                                             c.sampler.guidance_scale, window, initial_noise=initial,
-                                             progress=progress)
+                    traj = rollout_in_chunks(
+                        c.train.rollout_microbatch,
+                        policy,
+                        cond,
+                        generators,
+                        shape,
+                        c.sampler.num_steps,
+                        c.sampler.kind,
+                        c.sampler.noise_level,
+                        c.sampler.guidance_scale,
+                        window,
+                        initial_noise=initial,
+                        progress=progress,
+                    )
                 with torch.no_grad():
                     samples = policy.decode_in_chunks(traj.final)
             scored, error = score_robustly(self.reward, samples, local_prompts, meta, c.train.reward_microbatch)
@@ -401,15 +496,30 @@ class Trainer:
         global_rewards = self.accelerator.gather(rewards).cpu()
         global_groups = self.accelerator.gather(local_groups.to(self.accelerator.device)).cpu()
         if c.train.normalize_rewards != "none":  # over the gathered batch, so groups split over processes count whole
-            components = [self.accelerator.gather(scored.info.get(r.name, torch.full_like(rewards, float("nan")))
-                                                  .float().to(self.accelerator.device)).cpu()
-                          for r in self.reward.rewards]
+            components = [
+                self.accelerator.gather(
+                    scored.info.get(r.name, torch.full_like(rewards, float("nan"))).float().to(self.accelerator.device)
+                ).cpu()
+                for r in self.reward.rewards
+            ]
             groups = global_groups if c.train.normalize_rewards == "group" else None
-            global_rewards = torch.where(torch.isfinite(global_rewards),
-                                         standardized_sum(components, self.reward.weights, groups), global_rewards)
-            rewards = global_rewards[mine.start:mine.stop].to(self.accelerator.device)
-        batch = RolloutBatch(traj, rewards.cpu(), local_groups, local_seeds, global_rewards, global_groups,
-                             torch.arange(mine.start, mine.stop), local_prompts, progress=update / c.train.updates)
+            global_rewards = torch.where(
+                torch.isfinite(global_rewards),
+                standardized_sum(components, self.reward.weights, groups),
+                global_rewards,
+            )
+            rewards = global_rewards[mine.start : mine.stop].to(self.accelerator.device)
+        batch = RolloutBatch(
+            traj,
+            rewards.cpu(),
+            local_groups,
+            local_seeds,
+            global_rewards,
+            global_groups,
+            torch.arange(mine.start, mine.stop),
+            local_prompts,
+            progress=update / c.train.updates,
+        )
         if recorder is not None:
             batch.step_rewards = recorder.rewards
             batch.global_step_rewards = self.accelerator.gather(batch.step_rewards.to(self.accelerator.device)).cpu()
@@ -419,16 +529,22 @@ class Trainer:
         metrics = {}
         if failed.any():  # NaN / inf / raising rewards: their groups carry no usable signal and are skipped
             share = failed.float().mean().item()
-            metrics = {"reward_failed_samples": float(failed.sum()),
-                       "reward_failed_groups": float(len(torch.unique(global_groups[failed])))}
+            metrics = {
+                "reward_failed_samples": float(failed.sum()),
+                "reward_failed_groups": float(len(torch.unique(global_groups[failed]))),
+            }
             if share > c.train.max_failed_reward_share:
                 raise RewardFailure(
                     f"reward {self.reward_names()}: {100 * share:.0f}% of update {update}'s samples got no finite "
                     f"reward (train.max_failed_reward_share = {c.train.max_failed_reward_share})"
-                    + (f"; first error: {error}" if error else "; it returned NaN or inf"))
+                    + (f"; first error: {error}" if error else "; it returned NaN or inf")
+                )
             if self.log:
-                tqdm.write(f"update {update}: {int(failed.sum())} samples without a finite reward"
-                           + (f" ({error})" if error else "") + "; their groups are skipped")
+                tqdm.write(
+                    f"update {update}: {int(failed.sum())} samples without a finite reward"
+                    + (f" ({error})" if error else "")
+                    + "; their groups are skipped"
+                )
             dropped = torch.unique(global_groups[failed])
             per_process = (~torch.isin(global_groups, dropped)).view(self.world, -1).sum(dim=1)
             # every process sees the global rewards, so all decide alike: a process left without samples could not
@@ -438,8 +554,10 @@ class Trainer:
             if (per_process == 0).any() or (self.sharded() and (per_process != per_process[0]).any()):
                 metrics["update_skipped"] = 1.0
                 if self.log:
-                    tqdm.write(f"update {update}: the failed groups left the processes unequal shares; the update "
-                               "trains nothing")
+                    tqdm.write(
+                        f"update {update}: the failed groups left the processes unequal shares; the update "
+                        "trains nothing"
+                    )
             batch = drop_groups(batch, dropped)
             global_rewards = batch.global_rewards
         metrics.update({"reward_mean": global_rewards.mean().item(), "reward_std": global_rewards.std().item()})
@@ -467,20 +585,39 @@ class Trainer:
         c = self.config
         parts, futures = [], []
         with ThreadPoolExecutor(max_workers=1) as pool, self.accelerator.autocast():  # autocast: this thread only
-            for rows, part in rollout_chunks(c.train.rollout_microbatch, policy, cond, generators, shape,
-                                             c.sampler.num_steps, c.sampler.kind, c.sampler.noise_level,
-                                             c.sampler.guidance_scale, window, initial, progress):
+            for rows, part in rollout_chunks(
+                c.train.rollout_microbatch,
+                policy,
+                cond,
+                generators,
+                shape,
+                c.sampler.num_steps,
+                c.sampler.kind,
+                c.sampler.noise_level,
+                c.sampler.guidance_scale,
+                window,
+                initial,
+                progress,
+            ):
                 with torch.no_grad():
                     samples = policy.decode_in_chunks(part.final)
                 parts.append(part)
-                futures.append(pool.submit(score_robustly, self.reward, samples, [prompts[i] for i in rows],
-                                           {k: [v[i] for i in rows] for k, v in meta.items()},
-                                           c.train.reward_microbatch))
+                futures.append(
+                    pool.submit(
+                        score_robustly,
+                        self.reward,
+                        samples,
+                        [prompts[i] for i in rows],
+                        {k: [v[i] for i in rows] for k, v in meta.items()},
+                        c.train.reward_microbatch,
+                    )
+                )
             results = [future.result() for future in futures]
         keys = sorted(set().union(*[r.info for r, _ in results]))
-        scored = RewardOutput(torch.cat([r.scores for r, _ in results]),
-                              {k: torch.cat([r.info.get(k, torch.full_like(r.scores, float("nan"))) for r, _ in results])
-                               for k in keys})
+        scored = RewardOutput(
+            torch.cat([r.scores for r, _ in results]),
+            {k: torch.cat([r.info.get(k, torch.full_like(r.scores, float("nan"))) for r, _ in results]) for k in keys},
+        )
         return join_trajectories(parts, cond), scored, next((e for _, e in results if e), None)
 
     def reward_names(self) -> str:
@@ -509,8 +646,10 @@ class Trainer:
         if grouped:
             reasons.append(f"reward {names} scores a group's samples together")
         if reasons and c.groups_per_update % self.world:
-            raise ConfigError(f"train.groups_per_update: {'; '.join(reasons)}; expected a multiple of {self.world} "
-                              f"processes, got {c.groups_per_update}")
+            raise ConfigError(
+                f"train.groups_per_update: {'; '.join(reasons)}; expected a multiple of {self.world} "
+                f"processes, got {c.groups_per_update}"
+            )
         if not grouped:
             return
         size = c.group_size
@@ -521,9 +660,11 @@ class Trainer:
             cuts[f"reward[{i}].batch_size"] = config.reward[i].batch_size
         for name, value in cuts.items():
             if value % size:
-                raise ConfigError(f"{name}: reward {names} scores a group's samples together (a group rubric); "
-                                  f"expected 0 or a multiple of train.group_size = "
-                                  f"{size}, got {value}")
+                raise ConfigError(
+                    f"{name}: reward {names} scores a group's samples together (a group rubric); "
+                    f"expected 0 or a multiple of train.group_size = "
+                    f"{size}, got {value}"
+                )
 
     def _global_sum(self, value: int) -> int:
         return int(self.accelerator.gather(torch.tensor([value], device=self.accelerator.device)).sum())
@@ -546,14 +687,17 @@ class Trainer:
                 continue
             micro = max(1, math.ceil(self._global_max(len(chunk)) / c.microbatch_size))
             for m in range(micro):
-                part = chunk.subset(torch.arange(min(len(chunk), m * c.microbatch_size),
-                                                 min(len(chunk), (m + 1) * c.microbatch_size)))
+                part = chunk.subset(
+                    torch.arange(min(len(chunk), m * c.microbatch_size), min(len(chunk), (m + 1) * c.microbatch_size))
+                )
                 if len(part) == 0:  # keep every process's backward count equal (DDP), with zero weight
                     part = WorkItems(items.sample[:1], items.step[:1], torch.zeros(1)) if len(items) else None
                 if part is None:
                     raise RuntimeError("a process had no trainable items while others did")
                 sync = m == micro - 1
-                context = self.accelerator.no_sync(self.policy.model) if (self.world > 1 and not sync) else nullcontext()
+                context = (
+                    self.accelerator.no_sync(self.policy.model) if (self.world > 1 and not sync) else nullcontext()
+                )
                 with context, self.accelerator.autocast():
                     losses, diagnostics = self.algorithm.loss(self.policy, batch, part)
                     loss = (losses * part.weight.to(losses.device)).sum() * self.world / total
@@ -628,15 +772,23 @@ class Trainer:
             if self.worker is not None:  # the weights the batches after this update are sampled with
                 self.worker.write_snapshots(folder, update)
             if self.policy.has_lora:  # the weights flowrl samples with, loadable by diffusers and peft
-                write_lora_files(self.policy, ema or trainable, folder,
-                                 sampling_gate(adapter_description(self.config, self.policy)))
+                write_lora_files(
+                    self.policy, ema or trainable, folder, sampling_gate(adapter_description(self.config, self.policy))
+                )
             fault_point("checkpoint", update)  # files written, state.json not yet
 
         scaler = getattr(self.accelerator, "scaler", None)  # fp16's loss scale: a resume starts where it stood
-        return save_checkpoint(self.checkpoint_dir, update, trainable,
-                               optimizer_state, ema, adapter_description(self.config, self.policy),
-                               keep=self.config.train.keep_checkpoints, write_extra=export,
-                               grad_scaler=scaler.state_dict() if scaler is not None else None)
+        return save_checkpoint(
+            self.checkpoint_dir,
+            update,
+            trainable,
+            optimizer_state,
+            ema,
+            adapter_description(self.config, self.policy),
+            keep=self.config.train.keep_checkpoints,
+            write_extra=export,
+            grad_scaler=scaler.state_dict() if scaler is not None else None,
+        )
 
     def resume_path(self) -> Path | None:
         requested = self.config.run.resume
@@ -655,9 +807,11 @@ class Trainer:
             return
         names = ", ".join(changed[:6]) + (", ..." if len(changed) > 6 else "")
         if self.config.run.resume in (None, "auto"):
-            raise ConfigError(f"run.name: {self.run_dir} holds a run trained with other settings ({names}); give this "
-                              f"config another run.name, or continue that run with these settings on purpose: "
-                              f"run.resume={path}")
+            raise ConfigError(
+                f"run.name: {self.run_dir} holds a run trained with other settings ({names}); give this "
+                f"config another run.name, or continue that run with these settings on purpose: "
+                f"run.resume={path}"
+            )
         if self.log:
             tqdm.write(f"resuming {path} with settings changed from its run's: {names}")
 
@@ -684,8 +838,10 @@ class Trainer:
             if self.is_main:
                 shutil.rmtree(aside, ignore_errors=True)
                 path.rename(aside)
-                tqdm.write(f"{error or 'another process could not read it'}; moved to {aside.name}, trying the "
-                           "checkpoint before it")
+                tqdm.write(
+                    f"{error or 'another process could not read it'}; moved to {aside.name}, trying the "
+                    "checkpoint before it"
+                )
         return None
 
     def set_aside_newer(self, path: Path) -> None:
@@ -695,8 +851,11 @@ class Trainer:
         resumed = checkpoint_update(path)
         if Path(path).resolve().parent != self.checkpoint_dir.resolve() or resumed is None:
             return
-        newer = [p for p in list_checkpoints(self.checkpoint_dir)  # by update number, never the resumed folder
-                 if (checkpoint_update(p) or 0) > resumed and p.resolve() != Path(path).resolve()]
+        newer = [
+            p
+            for p in list_checkpoints(self.checkpoint_dir)  # by update number, never the resumed folder
+            if (checkpoint_update(p) or 0) > resumed and p.resolve() != Path(path).resolve()
+        ]
         self.accelerator.wait_for_everyone()  # every process has read its checkpoint before any is moved
         if self.is_main:
             for old in newer:
@@ -704,8 +863,10 @@ class Trainer:
                 while aside.exists():  # an earlier rewind's: kept too
                     aside, n = old.with_name(f"abandoned{n}_{old.name}"), n + 1
                 old.rename(aside)
-                tqdm.write(f"resumed from {Path(path).name}: {old.name} (a later checkpoint of the line left) moved "
-                           f"to {aside.name}")
+                tqdm.write(
+                    f"resumed from {Path(path).name}: {old.name} (a later checkpoint of the line left) moved "
+                    f"to {aside.name}"
+                )
 
     def restore(self, path: Path) -> None:
         saved = load_checkpoint(path)
@@ -713,9 +874,11 @@ class Trainer:
         theirs = set(saved["trainable"])
         if ours != theirs:  # another adapter, or another choice of what trains (pipeline.experts, lora vs full)
             only = sorted(theirs - ours)[:1] or sorted(ours - theirs)[:1]
-            raise ConfigError(f"run.resume: checkpoint {path} trained other weights than this config does (e.g. "
-                              f"{only[0]} is in {'the checkpoint' if theirs - ours else 'this run'} only): resume "
-                              "with the run's own lora and pipeline.experts settings, or start a new run.name")
+            raise ConfigError(
+                f"run.resume: checkpoint {path} trained other weights than this config does (e.g. "
+                f"{only[0]} is in {'the checkpoint' if theirs - ours else 'this run'} only): resume "
+                "with the run's own lora and pipeline.experts settings, or start a new run.name"
+            )
         self.policy.load_trainable_state_dict(saved["trainable"])
         in_order = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.optimizer.load_state_dict(sharded_optimizer_state(saved["optimizer"], in_order))
@@ -762,8 +925,9 @@ class Trainer:
                 if self.worker is not None:
                     batch, metrics = self.worker.take(update)
                 else:
-                    inner = tqdm(total=steps * self.rollout_chunks, desc=f"rollout {update}", leave=False,
-                                 disable=not self.log)
+                    inner = tqdm(
+                        total=steps * self.rollout_chunks, desc=f"rollout {update}", leave=False, disable=not self.log
+                    )
                     batch, metrics = self.collect(update, inner)
                     inner.close()
                 if not metrics.get("update_skipped"):
@@ -788,14 +952,18 @@ class Trainer:
             if self.stepped:  # weights, Adam's moments and EMA hold part of this update: saved as
                 # update u, a resume would apply its steps again
                 if self.log:
-                    tqdm.write(f"interrupted inside update {self.state.update + 1}'s optimizer steps: no checkpoint is "
-                               "written now; the run resumes from its last one (train.checkpoint_every)")
+                    tqdm.write(
+                        f"interrupted inside update {self.state.update + 1}'s optimizer steps: no checkpoint is "
+                        "written now; the run resumes from its last one (train.checkpoint_every)"
+                    )
                 raise
             if self.sharded():  # each process stopped at its own point: gathering shards now could pair with the
                 # collectives another process still has pending
                 if self.log:
-                    tqdm.write(f"interrupted at update {self.state.update}: under FSDP2 no checkpoint is written now; "
-                               "the run resumes from its last periodic one (train.checkpoint_every)")
+                    tqdm.write(
+                        f"interrupted at update {self.state.update}: under FSDP2 no checkpoint is written now; "
+                        "the run resumes from its last periodic one (train.checkpoint_every)"
+                    )
                 raise
             if self.log:
                 tqdm.write(f"interrupted: saving a checkpoint at update {self.state.update}")
@@ -803,8 +971,9 @@ class Trainer:
             raise
         except RewardFailure as failure:  # stop cleanly: everything trained so far is kept
             path = self.save()
-            raise UserError(f"{failure}; stopped with a checkpoint at update {self.state.update}"
-                            + (f" ({path})" if path else "")) from None
+            raise UserError(
+                f"{failure}; stopped with a checkpoint at update {self.state.update}" + (f" ({path})" if path else "")
+            ) from None
         finally:
             bar.close()
             if self.worker is not None:

@@ -1,15 +1,15 @@
 """Run a tiny config under torchrun (gloo on CPU) and save the trained weights from rank 0: argv is the config, the
 output file, then any overrides. FLOWRL_TEST_FSDP2=1 shards the denoiser with FSDP2, as `accelerate launch
 --config_file configs/accelerate/fsdp2.yaml` does on GPUs."""
+
 import os
 import sys
 
 import torch
 from accelerate import Accelerator, FullyShardedDataParallelPlugin
 from accelerate.utils import DistributedType
-from safetensors.torch import save_file
-
 from run_helpers import exit_without_teardown, train_and_collect
+from safetensors.torch import save_file
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
@@ -17,8 +17,9 @@ if __name__ == "__main__":
     if os.environ.get("FLOWRL_TEST_FSDP2") == "1":
         # configs/accelerate/fsdp2.yaml's plugin; accelerate resolves cpu=True to plain gloo DDP (MULTI_CPU) and drops
         # the plugin, so it is put back: prepare() then shards with FSDP2 on the CPU as it does on GPUs
-        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True,
-                                                auto_wrap_policy="transformer_based_wrap")
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=2, reshard_after_forward=True, auto_wrap_policy="transformer_based_wrap"
+        )
         accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
         accelerator.state.distributed_type, accelerator.state.fsdp_plugin = DistributedType.FSDP, plugin
         assert accelerator.is_fsdp2

@@ -1,4 +1,5 @@
 """Checks every policy adapter must pass, shared by the family tests."""
+
 import torch
 
 

@@ -1,4 +1,5 @@
 """Helpers shared by the tests: small run configs on the tiny pipeline, the CLI run in-process, two-process runs."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,18 @@ def tiny_run_config(path: Path, pipeline_dir: Path, out_dir: Path, name: str, **
         "algorithm": {"name": "grpo", "params": {"clip_range": 1e-3, "timestep_fraction": 0.5}},
         "reward": [{"name": "jpeg_compressibility"}],
         "prompts": {"source": "train"},
-        "train": {"updates": 3, "groups_per_update": 2, "group_size": 4, "lr": 1e-3, "microbatch_size": 4,
-                  "optimizer_steps_per_update": 2, "ema_decay": 0.5, "checkpoint_every": 1, "threads": 1, **train},
+        "train": {
+            "updates": 3,
+            "groups_per_update": 2,
+            "group_size": 4,
+            "lr": 1e-3,
+            "microbatch_size": 4,
+            "optimizer_steps_per_update": 2,
+            "ema_decay": 0.5,
+            "checkpoint_every": 1,
+            "threads": 1,
+            **train,
+        },
         "eval": {"enabled": False},
     }
     path.write_text(yaml.safe_dump(data))
@@ -39,6 +50,7 @@ def train_and_collect(config_path: Path, overrides=(), accelerator=None) -> dict
 @dataclass
 class CliResult:
     """What `run_flowrl` saw, named as subprocess.run(capture_output=True, text=True) names it."""
+
     returncode: int
     stdout: str
     stderr: str
@@ -95,7 +107,9 @@ def gloo_env(**extra) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **extra}
 
 
-def train_on_two_processes(config_path, out_file: Path, port: int, overrides=(), fsdp2=False) -> dict[str, torch.Tensor]:
+def train_on_two_processes(
+    config_path, out_file: Path, port: int, overrides=(), fsdp2=False
+) -> dict[str, torch.Tensor]:
     """Rank 0's weights after training `config_path` (with `overrides`) under torchrun on 2 gloo processes, through
     tests/distributed_worker.py, on master port `port` (one per test, so tests in parallel do not collide); the
     denoiser sharded by FSDP2 with `fsdp2`, else wrapped in DDP."""
@@ -106,12 +120,28 @@ def train_on_two_processes(config_path, out_file: Path, port: int, overrides=(),
     from safetensors.torch import load_file
 
     repo = Path(__file__).resolve().parents[1]
-    env = gloo_env(PYTHONPATH=os.pathsep.join([str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")]),
-                   FLOWRL_TEST_FSDP2="1" if fsdp2 else "0")
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                             f"--master_port={port}", str(repo / "tests/distributed_worker.py"), str(config_path),
-                             str(out_file), *overrides], cwd=repo, env=env, capture_output=True, text=True,
-                            timeout=600)
+    env = gloo_env(
+        PYTHONPATH=os.pathsep.join([str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")]),
+        FLOWRL_TEST_FSDP2="1" if fsdp2 else "0",
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={port}",
+            str(repo / "tests/distributed_worker.py"),
+            str(config_path),
+            str(out_file),
+            *overrides,
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return load_file(out_file)
 

@@ -1,14 +1,15 @@
 """RL on the image-to-3D pipeline through the one loop: the policy adapter, 3D samples on disk, the geometric rewards,
 the DPO-style baseline, and asynchronous rollouts (staleness 0 equals synchronous training bit for bit; with
 staleness S a batch is sampled with the weights of S updates before; resume is exact)."""
+
 import numpy as np
 import pytest
 import torch
 import yaml
 
 from flowrl.config import load_config
-from flowrl.shapes3d.conditions import condition_item, eval_conditions, solid_of, world_image
 from flowrl.sdf import grid_points
+from flowrl.shapes3d.conditions import condition_item, eval_conditions, solid_of, world_image
 from flowrl.shapes3d.geometry import Primitive, Solid, sdf_grid
 from flowrl.tasks.base import Condition
 
@@ -23,8 +24,16 @@ def config_file(tmp_path, pipeline_dir, name, algorithm="grpo", params=None, kin
         "algorithm": {"name": algorithm, "params": params or {"clip_range": 1e-2, "timestep_fraction": 0.5}},
         "reward": [{"name": "silhouette_iou"}, {"name": "shape_match", "weight": 0.5}],
         "prompts": {"source": "train"},
-        "train": {"updates": 3, "groups_per_update": 2, "group_size": 4, "lr": 1e-2, "microbatch_size": 8,
-                  "checkpoint_every": 1, "threads": 1, **train},
+        "train": {
+            "updates": 3,
+            "groups_per_update": 2,
+            "group_size": 4,
+            "lr": 1e-2,
+            "microbatch_size": 8,
+            "checkpoint_every": 1,
+            "threads": 1,
+            **train,
+        },
         "eval": {"enabled": False},
     }
     path = tmp_path / f"{name}.yaml"
@@ -97,9 +106,15 @@ def test_geometric_rewards_score_the_truth_high_and_broken_shapes_low():
     noisy = truth + np.random.default_rng(0).normal(0, 0.05, truth.shape)
     grids = torch.from_numpy(np.stack([truth, other, speck, noisy, np.ones_like(truth)]).astype(np.float32))
     meta = {"conditions": [item] * 5}
-    score = {name: build_reward(name, **params)(grids, [item.prompt] * 5, meta).scores
-             for name, params in [("silhouette_iou", {}), ("shape_match", {}), ("mesh_validity", {}),
-                                  ("mesh_smoothness", {})]}
+    score = {
+        name: build_reward(name, **params)(grids, [item.prompt] * 5, meta).scores
+        for name, params in [
+            ("silhouette_iou", {}),
+            ("shape_match", {}),
+            ("mesh_validity", {}),
+            ("mesh_smoothness", {}),
+        ]
+    }
     assert score["silhouette_iou"][0] > 0.9 > score["silhouette_iou"][1] + 0.2 and score["silhouette_iou"][4] == 0
     assert score["shape_match"][0] == 1.0 and score["shape_match"][1] < 0.4
     assert score["mesh_validity"].tolist() == [1.0, 1.0, 0.0, score["mesh_validity"][3].item(), 0.0]
@@ -118,13 +133,16 @@ def test_rewards_refuse_other_modalities(tmp_path, tiny_sd3_dir):
 
 
 # ---- methods through the loop -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("algorithm,params,kind", [
-    ("grpo", {"clip_range": 1e-2, "timestep_fraction": 0.5}, "flow"),
-    ("nft", {"timestep_fraction": 0.5}, "ode"),
-    ("dho", {"timestep_fraction": 0.5}, "ode"),
-    ("dho", {"timestep_fraction": 0.5, "chamfer_cost": 1.0}, "ode"),
-    ("dpo", {"timestep_fraction": 0.5, "beta": 100.0}, "ode"),
-])
+@pytest.mark.parametrize(
+    "algorithm,params,kind",
+    [
+        ("grpo", {"clip_range": 1e-2, "timestep_fraction": 0.5}, "flow"),
+        ("nft", {"timestep_fraction": 0.5}, "ode"),
+        ("dho", {"timestep_fraction": 0.5}, "ode"),
+        ("dho", {"timestep_fraction": 0.5, "chamfer_cost": 1.0}, "ode"),
+        ("dpo", {"timestep_fraction": 0.5, "beta": 100.0}, "ode"),
+    ],
+)
 def test_every_3d_method_trains_through_the_loop(tmp_path, tiny_shapes3d_dir, algorithm, params, kind):
     trainer, rows = run(config_file(tmp_path, tiny_shapes3d_dir, algorithm, algorithm, params, kind, updates=2))
     assert len(rows) == 2 and all(np.isfinite(r["loss"]) for r in rows)
@@ -143,8 +161,12 @@ def test_dpo_pairs_best_with_worst_and_raises_the_preference():
 def test_dpo_steps_lower_the_loss_on_a_fixed_batch(tmp_path, tiny_shapes3d_dir):
     from flowrl.train import Trainer
 
-    trainer = Trainer(load_config(config_file(tmp_path, tiny_shapes3d_dir, "dpo", "dpo", {"beta": 100.0}, "ode",
-                                              groups_per_update=4)), log=False)
+    trainer = Trainer(
+        load_config(
+            config_file(tmp_path, tiny_shapes3d_dir, "dpo", "dpo", {"beta": 100.0}, "ode", groups_per_update=4)
+        ),
+        log=False,
+    )
     batch, _ = trainer.collect(0)
     items, _ = trainer.algorithm.prepare(batch, trainer.policy)
     losses = []
@@ -186,7 +208,9 @@ def test_async_resume_is_exact(tmp_path, tiny_shapes3d_dir):
     run(path, ["train.updates=2"])
     resumed, _ = run(path)
     assert resumed.resumed_from is not None and resumed.resumed_from.name == "update_000002"
-    for (name, a), b in zip(whole.policy.trainable_state_dict().items(), resumed.policy.trainable_state_dict().values()):
+    for (name, a), b in zip(
+        whole.policy.trainable_state_dict().items(), resumed.policy.trainable_state_dict().values()
+    ):
         assert torch.equal(a, b), name
 
 
@@ -201,15 +225,23 @@ def test_demo_compares_base_and_tuned_meshes(tmp_path, tiny_shapes3d_dir):
 
     checkpoint = random_lora_checkpoint(tiny_shapes3d_dir, tmp_path / "run")
     policy = policy_for(load_pipeline(tiny_shapes3d_dir))
-    compare = Comparison(policy, CheckpointSet(policy, [str(checkpoint)]), build_reward("silhouette_iou"), 3, 2.0,
-                         policy.default_spec(), tmp_path)
+    compare = Comparison(
+        policy,
+        CheckpointSet(policy, [str(checkpoint)]),
+        build_reward("silhouette_iou"),
+        3,
+        2.0,
+        policy.default_spec(),
+        tmp_path,
+    )
     entries = compare("a sphere on top of a cylinder", 0)
     assert [e["label"] for e in entries] == ["base", "run/update_000003"]
     meshes = [trimesh.load(e["mesh"], force="mesh") for e in entries]
     assert all(e["mesh"].endswith(".glb") for e in entries) and all(0 <= e["score"] <= 1 for e in entries)
     assert entries[0]["shown"].shape[1] == 4 * entries[0]["shown"].shape[0]  # a turntable strip of 4 views
-    assert not np.array_equal(entries[0]["shown"], entries[1]["shown"]) or \
-        not np.allclose(meshes[0].bounds, meshes[1].bounds)  # the checkpoint's adapter is what draws the second
+    assert not np.array_equal(entries[0]["shown"], entries[1]["shown"]) or not np.allclose(
+        meshes[0].bounds, meshes[1].bounds
+    )  # the checkpoint's adapter is what draws the second
     gr = pytest.importorskip("gradio")
     from flowrl.demo import build_demo
 
@@ -222,15 +254,27 @@ def test_sample_cli_writes_meshes_for_world_prompts_and_image_files(tiny_shapes3
     import json
 
     from PIL import Image
-
     from run_helpers import run_flowrl
 
     Image.fromarray(np.array(world_image(condition_item("a tall box", 3)))).save(tmp_path / "box.png")
-    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "a cone"}) + "\n"
-                                            + json.dumps({"prompt": "my box", "image": str(tmp_path / "box.png")}) + "\n")
+    (tmp_path / "prompts.jsonl").write_text(
+        json.dumps({"prompt": "a cone"})
+        + "\n"
+        + json.dumps({"prompt": "my box", "image": str(tmp_path / "box.png")})
+        + "\n"
+    )
     out = tmp_path / "samples"
-    result = run_flowrl("sample", "--pipeline", str(tiny_shapes3d_dir),
-                        "--prompts", str(tmp_path / "prompts.jsonl"), "--out", str(out), "--steps", "3")
+    result = run_flowrl(
+        "sample",
+        "--pipeline",
+        str(tiny_shapes3d_dir),
+        "--prompts",
+        str(tmp_path / "prompts.jsonl"),
+        "--out",
+        str(out),
+        "--steps",
+        "3",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [r["modality"] for r in records] == ["3d", "3d"]

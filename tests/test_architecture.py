@@ -1,25 +1,63 @@
 """The core stays generic: no generic module imports a task, the shapes world or the safety package (statically,
 at any depth of the file); tasks and plug-ins are reached by name through the registries."""
+
 import ast
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 PACKAGE = REPO / "flowrl"
 GENERIC = [
-    "algorithms", "policies",  # every module of these packages
-    "train.py", "rollout.py", "config.py", "prompt_source.py", "experiment.py", "report.py", "sampling.py",
-    "generate.py", "checkpoint.py", "fk.py", "samples.py", "registry.py", "schedules.py", "data_loss.py",
-    "images.py", "errors.py", "demo.py", "cli.py", "rewards/__init__.py", "rewards/base.py", "rewards/augment.py",
-    "tasks/__init__.py", "tasks/base.py", "eval/metrics.py", "sdf.py", "async_rollouts.py",
+    "algorithms",
+    "policies",  # every module of these packages
+    "train.py",
+    "rollout.py",
+    "config.py",
+    "prompt_source.py",
+    "experiment.py",
+    "report.py",
+    "sampling.py",
+    "generate.py",
+    "checkpoint.py",
+    "fk.py",
+    "samples.py",
+    "registry.py",
+    "schedules.py",
+    "data_loss.py",
+    "images.py",
+    "errors.py",
+    "demo.py",
+    "cli.py",
+    "rewards/__init__.py",
+    "rewards/base.py",
+    "rewards/augment.py",
+    "tasks/__init__.py",
+    "tasks/base.py",
+    "eval/metrics.py",
+    "sdf.py",
+    "async_rollouts.py",
 ]
-TASK_MODULES = ("flowrl.shapes", "flowrl.safety", "flowrl.tasks.shapes", "flowrl.tasks.safety",
-                "flowrl.tasks.shapes_cli", "flowrl.eval.shapes", "flowrl.eval.safety", "flowrl.eval.protocol",
-                "flowrl.eval.diversity", "flowrl.rewards.shapes", "flowrl.models", "flowrl.pretrain",
-                "flowrl.shapes3d", "flowrl.tasks.shapes3d", "flowrl.motion", "flowrl.tasks.moving_shapes",
-                "flowrl.editing", "flowrl.tasks.shapes_edit")
+TASK_MODULES = (
+    "flowrl.shapes",
+    "flowrl.safety",
+    "flowrl.tasks.shapes",
+    "flowrl.tasks.safety",
+    "flowrl.tasks.shapes_cli",
+    "flowrl.eval.shapes",
+    "flowrl.eval.safety",
+    "flowrl.eval.protocol",
+    "flowrl.eval.diversity",
+    "flowrl.rewards.shapes",
+    "flowrl.models",
+    "flowrl.pretrain",
+    "flowrl.shapes3d",
+    "flowrl.tasks.shapes3d",
+    "flowrl.motion",
+    "flowrl.tasks.moving_shapes",
+    "flowrl.editing",
+    "flowrl.tasks.shapes_edit",
+)
 
 
 def generic_files() -> list[Path]:
@@ -52,8 +90,9 @@ def test_the_generic_list_names_real_files():
 
 @pytest.mark.parametrize("path", generic_files(), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_generic_modules_import_no_task(path):
-    bad = sorted({name for name in imported_modules(path)
-                  if any(name == t or name.startswith(t + ".") for t in TASK_MODULES)})
+    bad = sorted(
+        {name for name in imported_modules(path) if any(name == t or name.startswith(t + ".") for t in TASK_MODULES)}
+    )
     assert not bad, f"{path.relative_to(REPO)} imports task code: {bad}"
 
 
@@ -75,16 +114,22 @@ def test_no_unsafe_loading_anywhere_in_flowrl():
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', '?')}"
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "load" and \
-                    getattr(node.func.value, "id", None) == "torch":
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", None) == "load"
+                and getattr(node.func.value, "id", None) == "torch"
+            ):
                 if not any(k.arg == "weights_only" and getattr(k.value, "value", None) is True for k in node.keywords):
                     problems.append(f"{where}: torch.load without weights_only=True")
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
                 if any(n.split(".")[0] in ("pickle", "dill", "cloudpickle") for n in names):
                     problems.append(f"{where}: imports pickle")
-            if isinstance(node, ast.keyword) and node.arg == "trust_remote_code" and \
-                    getattr(node.value, "value", None) is True:
+            if (
+                isinstance(node, ast.keyword)
+                and node.arg == "trust_remote_code"
+                and getattr(node.value, "value", None) is True
+            ):
                 problems.append(f"{where}: trust_remote_code=True")
     assert not problems, problems
     from flowrl.cli import _parser, task_commands

@@ -4,8 +4,8 @@ and what was expected, exit status 2, no traceback, and writes nothing."""
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from flowrl.cli import main
 
 GRPO = str(REPO / "configs" / "shapes_grpo.yaml")
@@ -40,8 +40,10 @@ CONFIG_CASES = [  # (overrides, expected text)
     (["eval.num_per_prompt=0"], "eval.num_per_prompt: expected an integer >= 1, got 0"),
     (["eval.seed=-3"], "eval.seed: expected an integer >= 0, got -3"),
     (["eval.seed=0"], "eval.seed: 0 is run.seed too"),
-    (["algorithm.name=tvrl", "algorithm.params.credit_batch=0"],
-     "algorithm.params.credit_batch: expected an integer >= 1, got 0"),
+    (
+        ["algorithm.name=tvrl", "algorithm.params.credit_batch=0"],
+        "algorithm.params.credit_batch: expected an integer >= 1, got 0",
+    ),
     (["algorithm.params.clip=0.1"], "algorithm.params.clip: unknown field"),
     (["algorithm.params.timestep_fraction=2"], "algorithm.params.timestep_fraction: expected a number in (0, 1]"),
     (["task.name=worlds"], "task.name: unknown task 'worlds'"),
@@ -51,7 +53,10 @@ CONFIG_CASES = [  # (overrides, expected text)
     (["pipeline.height=0"], "pipeline.height: expected a positive integer"),
     (["lora.rank=[1]"], "lora.rank: expected an integer"),
     (["train.rollout_microbatch=-1"], "train.rollout_microbatch: expected an integer >= 0"),
-    (["sampler.fk={num_particles: 3}"], "sampler.fk.num_particles: the FK particles of a prompt are its training group"),
+    (
+        ["sampler.fk={num_particles: 3}"],
+        "sampler.fk.num_particles: the FK particles of a prompt are its training group",
+    ),
     (["train.lr"], "override 'train.lr': expected key=value"),
     (["run.name.first=x"], "override 'run.name.first=x': name is not a section"),
     (["train.data_loss={weight: -1}"], "train.data_loss: expected weight >= 0"),
@@ -75,6 +80,7 @@ def _samples_folder(tmp_path, lines, files=()):
     folder.mkdir()
     (folder / "samples.jsonl").write_text("\n".join(lines) + "\n")
     from PIL import Image
+
     for name in files:
         Image.new("RGB", (32, 32)).save(folder / name)
     return str(folder)
@@ -84,40 +90,123 @@ FILE_CASES = {
     "missing config": (lambda t: ["train", str(t / "missing.yaml")], "config file"),
     "config not YAML": (lambda t: ["train", _write(t, "b.yaml", "train: [unclosed\n")], "is not valid YAML"),
     "config not a mapping": (lambda t: ["train", _write(t, "l.yaml", "- a\n- b\n")], "expected a mapping of sections"),
-    "missing samples folder": (lambda t: ["eval", "shapes", "--samples", str(t / "none")], "samples.jsonl does not exist"),
-    "samples.jsonl not JSON": (lambda t: ["eval", "shapes", "--samples", _samples_folder(t, ["{nope"])],
-                               "is not readable as JSON lines"),
-    "record without file": (lambda t: ["eval", "shapes", "--samples", _samples_folder(t, ['{"prompt": "a circle"}'])],
-                            "expected a JSON object with a 'file' field"),
-    "sample file missing": (lambda t: ["eval", "shapes", "--samples", _samples_folder(
-        t, ['{"prompt": "a circle", "file": "0.png"}'])], "cannot read sample file"),
-    "prompt outside the grammar": (lambda t: ["eval", "shapes", "--samples", _samples_folder(
-        t, ['{"prompt": "a purple circle", "file": "0.png"}'], ["0.png"])], "line 1"),
-    "record without prompt": (lambda t: ["eval", "shapes", "--samples", _samples_folder(
-        t, ['{"file": "0.png"}'], ["0.png"])], "expected a 'prompt' string"),
-    "eval rewards without --reward": (lambda t: ["eval", "rewards", "--samples", _samples_folder(
-        t, ['{"prompt": "a", "file": "0.png"}'], ["0.png"])], "expected --reward NAME"),
-    "reward params not an object": (lambda t: ["eval", "rewards", "--reward", "jpeg_compressibility",
-                                               "--reward-params", "[1]", "--samples", str(t)], "--reward-params"),
+    "missing samples folder": (
+        lambda t: ["eval", "shapes", "--samples", str(t / "none")],
+        "samples.jsonl does not exist",
+    ),
+    "samples.jsonl not JSON": (
+        lambda t: ["eval", "shapes", "--samples", _samples_folder(t, ["{nope"])],
+        "is not readable as JSON lines",
+    ),
+    "record without file": (
+        lambda t: ["eval", "shapes", "--samples", _samples_folder(t, ['{"prompt": "a circle"}'])],
+        "expected a JSON object with a 'file' field",
+    ),
+    "sample file missing": (
+        lambda t: ["eval", "shapes", "--samples", _samples_folder(t, ['{"prompt": "a circle", "file": "0.png"}'])],
+        "cannot read sample file",
+    ),
+    "prompt outside the grammar": (
+        lambda t: [
+            "eval",
+            "shapes",
+            "--samples",
+            _samples_folder(t, ['{"prompt": "a purple circle", "file": "0.png"}'], ["0.png"]),
+        ],
+        "line 1",
+    ),
+    "record without prompt": (
+        lambda t: ["eval", "shapes", "--samples", _samples_folder(t, ['{"file": "0.png"}'], ["0.png"])],
+        "expected a 'prompt' string",
+    ),
+    "eval rewards without --reward": (
+        lambda t: ["eval", "rewards", "--samples", _samples_folder(t, ['{"prompt": "a", "file": "0.png"}'], ["0.png"])],
+        "expected --reward NAME",
+    ),
+    "reward params not an object": (
+        lambda t: [
+            "eval",
+            "rewards",
+            "--reward",
+            "jpeg_compressibility",
+            "--reward-params",
+            "[1]",
+            "--samples",
+            str(t),
+        ],
+        "--reward-params",
+    ),
     "unknown eval suite": (lambda t: ["eval", "geneval", "--samples", str(t)], "unknown suite 'geneval'"),
-    "sample: missing prompt file": (lambda t: ["sample", "--pipeline", "p", "--prompts", str(t / "none.txt"),
-                                               "--out", str(t / "o")], "prompt file"),
-    "sample: empty prompt file": (lambda t: ["sample", "--pipeline", "p", "--prompts", _write(t, "e.txt", "# only\n"),
-                                             "--out", str(t / "o")], "has no prompts"),
-    "sample: jsonl without prompt": (lambda t: ["sample", "--pipeline", "p", "--prompts",
-                                                _write(t, "p.jsonl", '{"text": "a cat"}\n'), "--out", str(t / "o")],
-                                     "line 1: expected a JSON object with a 'prompt' string"),
-    "sample: zero per prompt": (lambda t: ["sample", "--pipeline", "p", "--prompts", _write(t, "p.txt", "a cat\n"),
-                                           "--out", str(t / "o"), "--num-per-prompt", "0"], "--num-per-prompt"),
-    "sample: missing pipeline": (lambda t: ["sample", "--pipeline", str(t / "nope"), "--prompts",
-                                            _write(t, "p.txt", "a cat\n"), "--out", str(t / "o")],
-                                 "has no model_index.json"),
-    "sample: pipeline newer than diffusers": (lambda t: ["sample", "--pipeline", str(Path(_write(
-        t / "future", "model_index.json", '{"_class_name": "Flux9Pipeline"}\n')).parent), "--prompts",
-        _write(t, "p.txt", "a cat\n"), "--out", str(t / "o")], "holds a Flux9Pipeline, which diffusers"),
-    "export: missing checkpoint": (lambda t: ["export", "--pipeline", str(REPO / "pipelines" / "shapes-sd3"),
-                                              "--checkpoint", str(t / "none"), "--out", str(t / "o")],
-                                   "has no trainable.safetensors"),
+    "sample: missing prompt file": (
+        lambda t: ["sample", "--pipeline", "p", "--prompts", str(t / "none.txt"), "--out", str(t / "o")],
+        "prompt file",
+    ),
+    "sample: empty prompt file": (
+        lambda t: ["sample", "--pipeline", "p", "--prompts", _write(t, "e.txt", "# only\n"), "--out", str(t / "o")],
+        "has no prompts",
+    ),
+    "sample: jsonl without prompt": (
+        lambda t: [
+            "sample",
+            "--pipeline",
+            "p",
+            "--prompts",
+            _write(t, "p.jsonl", '{"text": "a cat"}\n'),
+            "--out",
+            str(t / "o"),
+        ],
+        "line 1: expected a JSON object with a 'prompt' string",
+    ),
+    "sample: zero per prompt": (
+        lambda t: [
+            "sample",
+            "--pipeline",
+            "p",
+            "--prompts",
+            _write(t, "p.txt", "a cat\n"),
+            "--out",
+            str(t / "o"),
+            "--num-per-prompt",
+            "0",
+        ],
+        "--num-per-prompt",
+    ),
+    "sample: missing pipeline": (
+        lambda t: [
+            "sample",
+            "--pipeline",
+            str(t / "nope"),
+            "--prompts",
+            _write(t, "p.txt", "a cat\n"),
+            "--out",
+            str(t / "o"),
+        ],
+        "has no model_index.json",
+    ),
+    "sample: pipeline newer than diffusers": (
+        lambda t: [
+            "sample",
+            "--pipeline",
+            str(Path(_write(t / "future", "model_index.json", '{"_class_name": "Flux9Pipeline"}\n')).parent),
+            "--prompts",
+            _write(t, "p.txt", "a cat\n"),
+            "--out",
+            str(t / "o"),
+        ],
+        "holds a Flux9Pipeline, which diffusers",
+    ),
+    "export: missing checkpoint": (
+        lambda t: [
+            "export",
+            "--pipeline",
+            str(REPO / "pipelines" / "shapes-sd3"),
+            "--checkpoint",
+            str(t / "none"),
+            "--out",
+            str(t / "o"),
+        ],
+        "has no trainable.safetensors",
+    ),
 }
 
 
@@ -139,10 +228,11 @@ def test_the_table_is_at_least_thirty_cases():
 def test_two_reward_terms_of_one_name_are_refused(tiny_sd3_dir, tmp_path):
     """Each term's scores are logged and normalised under its name: two remote terms, both named 'remote' by
     default, would overwrite each other (the second server's scores used for both under normalize_rewards)."""
+    from run_helpers import tiny_run_config
+
     from flowrl.config import load_config
     from flowrl.errors import ConfigError
     from flowrl.train import build_rewards
-    from run_helpers import tiny_run_config
 
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "twice")
     twice = "reward=[{name: jpeg_compressibility}, {name: jpeg_compressibility, weight: 0.5}]"
@@ -153,11 +243,12 @@ def test_two_reward_terms_of_one_name_are_refused(tiny_sd3_dir, tmp_path):
 def test_a_policy_without_default_lora_targets_asks_for_them(tiny_sd3_dir, tmp_path, monkeypatch):
     """A plugin adapter that names no lora_targets, with the default LoRA section: one error naming the setting
     (an AttributeError on lora_targets before)."""
+    from run_helpers import tiny_run_config
+
     from flowrl.config import load_config
     from flowrl.errors import ConfigError
     from flowrl.policies.sd3 import SD3Policy
     from flowrl.train import build_policy
-    from run_helpers import tiny_run_config
 
     monkeypatch.setattr(SD3Policy, "lora_targets", None)
     config = load_config(tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "plugin"))

@@ -1,17 +1,23 @@
 """Incremental Feynman-Kac credit and timestep-window schedules."""
+
 import torch
+from tiny_pipelines import tiny_shapes_sd3
 
 from flowrl.algorithms import RolloutBatch, build_algorithm
 from flowrl.algorithms.advantages import group_advantages
-from flowrl.algorithms.credit import (IntermediateRewards, fold_deterministic_tail, incremental_credits,
-                                     step_advantages, window_mask)
+from flowrl.algorithms.credit import (
+    IntermediateRewards,
+    fold_deterministic_tail,
+    incremental_credits,
+    step_advantages,
+    window_mask,
+)
 from flowrl.config import SamplerSection
 from flowrl.policies import policy_for
+from flowrl.policies.base import SampleSpec
 from flowrl.rewards import Reward, RewardOutput, build_reward, latent_scorer
 from flowrl.rewards.base import condition_items
 from flowrl.rollout import rollout, sample_generators
-from tiny_pipelines import tiny_shapes_sd3
-from flowrl.policies.base import SampleSpec
 
 
 def test_per_step_credits_telescope_to_the_final_reward_gain():
@@ -50,18 +56,39 @@ def test_intermediate_rewards_and_incremental_grpo_on_a_tiny_rollout():
     reward = build_reward("jpeg_compressibility")
     prompts = ["a red circle"] * 3 + ["a square"] * 3
     recorder = IntermediateRewards(lambda z, texts, items: reward(policy.decode(z), texts).scores, 4)
-    traj = rollout(policy, policy.encode(prompts, 2.0), sample_generators(range(6)), policy.noise_shape(SampleSpec(32, 32)), 4,
-                   "flow", 0.7, 2.0, callbacks=[recorder])
+    traj = rollout(
+        policy,
+        policy.encode(prompts, 2.0),
+        sample_generators(range(6)),
+        policy.noise_shape(SampleSpec(32, 32)),
+        4,
+        "flow",
+        0.7,
+        2.0,
+        callbacks=[recorder],
+    )
     step_rewards = recorder.rewards
     assert step_rewards.shape == (6, 5)
     with torch.no_grad():
         final = reward(policy.decode(traj.final), prompts).scores
     torch.testing.assert_close(step_rewards[:, -1], final)
     groups = torch.tensor([0, 0, 0, 1, 1, 1])
-    batch = RolloutBatch(traj, final, groups, list(range(6)), final, groups, torch.arange(6), prompts, progress=0.0,
-                         step_rewards=step_rewards, global_step_rewards=step_rewards)
-    algorithm = build_algorithm("grpo", {"credit": "incremental", "window_schedule": "incremental", "window_size": 2},
-                                SamplerSection())
+    batch = RolloutBatch(
+        traj,
+        final,
+        groups,
+        list(range(6)),
+        final,
+        groups,
+        torch.arange(6),
+        prompts,
+        progress=0.0,
+        step_rewards=step_rewards,
+        global_step_rewards=step_rewards,
+    )
+    algorithm = build_algorithm(
+        "grpo", {"credit": "incremental", "window_schedule": "incremental", "window_size": 2}, SamplerSection()
+    )
     assert algorithm.needs_step_rewards
     items, _ = algorithm.prepare(batch, policy)
     assert set(items.step.tolist()) <= {0, 1}  # the first window at the start of a run
@@ -74,6 +101,7 @@ def test_intermediate_rewards_and_incremental_grpo_on_a_tiny_rollout():
 class SceneOfItem(Reward):
     """Scores each sample by its condition item's scene seed (what a world reward judges against); a bare prompt
     scores -1. (Declared differentiable so the reward-gradient methods take it: only what it is given is read.)"""
+
     differentiable = True
 
     def __call__(self, samples, prompts, meta=None):
@@ -91,11 +119,25 @@ def test_step_rewards_and_fk_potentials_judge_each_sample_against_its_own_item()
     k, steps = 2, 3
     items = [Condition("a circle", meta={"scene_seed": s}) for s in (7, 11) for _ in range(k)]
     scorer = latent_scorer(policy, SceneOfItem())
-    steering = FKSteering(FKConfig(num_particles=k, lam=1.0, resample_every=1, ess_threshold=1.0), scorer, steps, 2,
-                          torch.Generator().manual_seed(0))
+    steering = FKSteering(
+        FKConfig(num_particles=k, lam=1.0, resample_every=1, ess_threshold=1.0),
+        scorer,
+        steps,
+        2,
+        torch.Generator().manual_seed(0),
+    )
     recorder = IntermediateRewards(scorer, steps)
-    traj = rollout(policy, policy.encode(items, 2.0), sample_generators(range(4)),
-                   policy.noise_shape(SampleSpec(32, 32)), steps, "flow", 0.7, 2.0, callbacks=[steering, recorder])
+    traj = rollout(
+        policy,
+        policy.encode(items, 2.0),
+        sample_generators(range(4)),
+        policy.noise_shape(SampleSpec(32, 32)),
+        steps,
+        "flow",
+        0.7,
+        2.0,
+        callbacks=[steering, recorder],
+    )
     expected = torch.tensor([7.0, 7.0, 11.0, 11.0])
     torch.testing.assert_close(recorder.rewards, expected[:, None].expand(4, steps + 1))
     torch.testing.assert_close(steering.final_rewards.float(), expected)

@@ -1,13 +1,14 @@
 """Pretraining-data regularization (train.data_loss): the flow-matching loss on renders, its wiring and errors."""
+
 import pytest
 import torch
+from tiny_pipelines import tiny_shapes_sd
 
 from flowrl.config import DataLossSection
 from flowrl.data_loss import DataLoss
 from flowrl.errors import ConfigError
 from flowrl.policies import load_pipeline, policy_for
 from flowrl.tasks import build_task
-from tiny_pipelines import tiny_shapes_sd
 
 
 def test_data_loss_batches_are_seeded_and_descending_it_fits_them(tiny_sd3_dir):

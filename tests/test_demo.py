@@ -3,6 +3,7 @@ selenium): type a prompt, press Generate, and see the base and the checkpoint si
 
 Without a browser on the machine the test is skipped locally and fails in CI (CI=true), where .ci/run installs it.
 """
+
 import os
 import shutil
 import socket
@@ -75,7 +76,9 @@ def test_the_demo_samples_each_lora_with_its_own_step_gate(tiny_sd3_dir, tmp_pat
     load_trained_weights(reference, gated)
     assert reference.lora_active_from_sigma == 0.5
     assert torch.allclose(gated_image, draw(reference), atol=1e-5)
-    assert not torch.allclose(gated_image, plain_image, atol=1e-3) and not torch.allclose(gated_image, base_image, atol=1e-3)
+    assert not torch.allclose(gated_image, plain_image, atol=1e-3) and not torch.allclose(
+        gated_image, base_image, atol=1e-3
+    )
 
 
 @pytest.fixture
@@ -86,10 +89,27 @@ def demo_url(tiny_sd3_dir, tmp_path):
     scratch = tmp_path / "scratch"  # the server's temporary files
     scratch.mkdir()
     log = open(tmp_path / "demo.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "flowrl", "demo", "--pipeline", str(tiny_sd3_dir),
-                               "--checkpoint", str(checkpoint), "--reward", "shapes", "--port", str(port),
-                               "--steps", "4"], stdout=log, stderr=subprocess.STDOUT,
-                              env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "TMPDIR": str(scratch)})
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flowrl",
+            "demo",
+            "--pipeline",
+            str(tiny_sd3_dir),
+            "--checkpoint",
+            str(checkpoint),
+            "--reward",
+            "shapes",
+            "--port",
+            str(port),
+            "--steps",
+            "4",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "TMPDIR": str(scratch)},
+    )
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -130,8 +150,13 @@ def test_demo_generates_base_and_checkpoint_side_by_side_in_a_real_browser(demo_
         box.send_keys("a red circle")
         driver.find_element(By.CSS_SELECTOR, "#generate").click()
         wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#gallery img")) >= 2)
-        text = wait.until(lambda d: d.find_element(By.ID, "gallery").text if "tuned/update_000003" in
-                          d.find_element(By.ID, "gallery").text else False)
+        text = wait.until(
+            lambda d: (
+                d.find_element(By.ID, "gallery").text
+                if "tuned/update_000003" in d.find_element(By.ID, "gallery").text
+                else False
+            )
+        )
         assert "base | shapes" in text
         assert "tuned/update_000003 | shapes" in text
         table = driver.find_element(By.ID, "scores").text  # the rewards, readable above the images
@@ -149,20 +174,20 @@ def test_demo_generates_base_and_checkpoint_side_by_side_in_a_real_browser(demo_
 def test_the_demo_shows_a_video_pipeline_as_animated_clips(tmp_path):
     """A Wan pipeline's samples come back as GIF files (gallery items that play), scored by a video reward."""
     from PIL import Image
+    from tiny_pipelines import tiny_wan
 
     from flowrl.demo import build_demo
-    from tiny_pipelines import tiny_wan
 
     tiny_wan().save_pretrained(tmp_path / "wan")
     demo = build_demo(str(tmp_path / "wan"), [], reward="moving_shapes", steps=2, size=(32, 32, 9))
     handler = next(iter(demo.fns.values())).fn
     gallery, table = handler("a red circle moving left", 0, progress=lambda *args, **kwargs: None)
-    (path, caption), = gallery
+    ((path, caption),) = gallery
     with Image.open(path) as gif:
         assert gif.format == "GIF" and gif.n_frames == 9
     assert caption.startswith("base | moving_shapes") and "| base |" in table
     default = build_demo(str(tmp_path / "wan"), [], steps=2, size=(32, 32, 9))  # no --reward: one for any clip
-    (_, caption), = next(iter(default.fns.values())).fn("a cat walking", 0, progress=lambda *a, **k: None)[0]
+    ((_, caption),) = next(iter(default.fns.values())).fn("a cat walking", 0, progress=lambda *a, **k: None)[0]
     assert caption.startswith("base | frame_consistency")
 
 
@@ -193,8 +218,9 @@ def test_the_demo_shows_a_full_fine_tune_beside_a_lora(tiny_sd3_dir, tmp_path, l
         load_trained_weights(alone, checkpoint)
         assert torch.allclose(draw(policy), draw(alone), atol=1e-5), label
     demo.activate("base")
-    assert torch.allclose(draw(policy), draw(policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)),
-                          atol=1e-5)
+    assert torch.allclose(
+        draw(policy), draw(policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)), atol=1e-5
+    )
 
 
 def test_a_checkpoint_of_another_pipeline_is_one_error_naming_it(tiny_sd3_dir, tmp_path):
@@ -211,13 +237,25 @@ def test_a_checkpoint_of_another_pipeline_is_one_error_naming_it(tiny_sd3_dir, t
     policy = policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)
     lora = _lora_checkpoint(tiny_sd3_dir, tmp_path)
     adapter = json.loads((lora / "adapter.json").read_text())
-    elsewhere = save_checkpoint(tmp_path / "other" / "checkpoints", 1, {"blocks.0.mlp.lora_A.default.weight":
-                                torch.zeros(4, 8)}, {}, None, {**adapter, "target_modules": ["mlp.fc_in"]})
+    elsewhere = save_checkpoint(
+        tmp_path / "other" / "checkpoints",
+        1,
+        {"blocks.0.mlp.lora_A.default.weight": torch.zeros(4, 8)},
+        {},
+        None,
+        {**adapter, "target_modules": ["mlp.fc_in"]},
+    )
     with pytest.raises(UserError, match=f"--checkpoint {elsewhere}: its LoRA does not fit this pipeline"):
         CheckpointSet(policy, [str(elsewhere)])
     name, value = next(iter(load_file(lora / "trainable.safetensors").items()))
-    resized = save_checkpoint(tmp_path / "resized" / "checkpoints", 1, {name: torch.zeros(value.shape[0] + 1,
-                              value.shape[1])}, {}, None, adapter)
+    resized = save_checkpoint(
+        tmp_path / "resized" / "checkpoints",
+        1,
+        {name: torch.zeros(value.shape[0] + 1, value.shape[1])},
+        {},
+        None,
+        adapter,
+    )
     with pytest.raises(UserError, match=f"--checkpoint {resized}: its LoRA does not fit .* of another shape"):
         CheckpointSet(policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16), [str(resized)])
     weight = next(n for n, p in policy.named_trained_parameters().items() if p.ndim == 2)

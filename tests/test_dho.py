@@ -1,16 +1,17 @@
 """DHO (methods.md section 2): MAM against brute force, TDC's homing, and a training step that brings negatives'
 predictions towards their targets on states it did not train on."""
+
 import itertools
 import math
 
 import numpy as np
 import pytest
 import torch
+from test_methods import ODE, _ode_batch, _policy
 
 from flowrl.algorithms import build_algorithm
 from flowrl.algorithms.dho import homing_lambda, mam_assign, split_groups, tdc_target
 from flowrl.errors import ConfigError
-from test_methods import ODE, _ode_batch, _policy
 
 
 def brute_force(cost: torch.Tensor, capacity: int) -> float:
@@ -84,8 +85,9 @@ def test_lambda_schedule_and_target_blend():
     torch.testing.assert_close(homing_lambda(t, 0.5, 0.25), torch.tensor([1.0, 1.0, 0.625, 0.25]))
     x_t, v_old, x_plus = torch.ones(1, 2), torch.zeros(1, 2), torch.full((1, 2), -1.0)
     # v_home = (1 - (-1)) / 0.5 = 4; lambda 0.5 takes half of the way from v_old = 0
-    torch.testing.assert_close(tdc_target(x_t, v_old, x_plus, torch.tensor([0.5]), torch.tensor([0.5])),
-                               torch.full((1, 2), 2.0))
+    torch.testing.assert_close(
+        tdc_target(x_t, v_old, x_plus, torch.tensor([0.5]), torch.tensor([0.5])), torch.full((1, 2), 2.0)
+    )
 
 
 def test_split_groups_by_advantage_sign():
@@ -96,14 +98,23 @@ def test_split_groups_by_advantage_sign():
 
 def _red_batch(policy, seeds):
     """Two groups of four ODE rollouts scored by RedReward: positives share a direction (redder) for DHO to learn."""
+    from test_methods import RedReward
+
     from flowrl.algorithms import RolloutBatch
     from flowrl.policies.base import SampleSpec
     from flowrl.rollout import rollout, sample_generators
-    from test_methods import RedReward
 
     prompts = ["a red circle"] * 4 + ["a square"] * 4
-    traj = rollout(policy, policy.encode(prompts, 2.0), sample_generators(seeds),
-                   policy.noise_shape(SampleSpec(32, 32)), 6, "ode", 0.7, 2.0)
+    traj = rollout(
+        policy,
+        policy.encode(prompts, 2.0),
+        sample_generators(seeds),
+        policy.noise_shape(SampleSpec(32, 32)),
+        6,
+        "ode",
+        0.7,
+        2.0,
+    )
     with torch.no_grad():
         rewards = RedReward()(policy.decode(traj.final), prompts).scores
     groups = torch.tensor([0] * 4 + [1] * 4)
@@ -160,13 +171,14 @@ def test_bad_params_are_named():
 
 
 @pytest.mark.parametrize("config", ["shapes_dho.yaml", "shapes3d_dpo.yaml"])
-def test_groups_split_over_processes_are_refused_for_methods_that_pair_within_a_group(config, tiny_sd3_dir,
-                                                                                      monkeypatch):
+def test_groups_split_over_processes_are_refused_for_methods_that_pair_within_a_group(
+    config, tiny_sd3_dir, monkeypatch
+):
     """3 groups of 4 on 2 processes would put half of the middle group on each: DHO would match (DPO pair) only
     within each half, so the result would depend on the number of processes."""
     from accelerate import Accelerator
-
     from conftest import REPO
+
     from flowrl.config import load_config
     from flowrl.train import Trainer
 

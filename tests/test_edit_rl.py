@@ -1,12 +1,12 @@
 """Editing pipelines as policies: FluxKontextPipeline's source image as per-sample conditioning (the ODE rollout equals
 the pipeline's own sampling), and edit RL through the one loop on the shapes-editing task (issue 19, part 3)."""
+
 import numpy as np
 import pytest
 import torch
 import yaml
-from PIL import Image
-
 from conftest import REPO
+from PIL import Image
 from tiny_pipelines import tiny_flux_kontext
 
 from flowrl.errors import UserError
@@ -26,16 +26,29 @@ def test_kontext_rollout_reproduces_the_pipeline_and_needs_a_source():
     items = [Condition(p, inputs={"source_image": s}) for p, s in zip(PROMPTS, sources)]
     shape = policy.noise_shape(SampleSpec(8, 8))
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
-    traj = rollout(policy, policy.encode(items, 3.5), sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.5,
-                   initial_noise=noise)
-    out = pipe(image=[Image.fromarray(s) for s in sources], prompt=PROMPTS, num_inference_steps=3, guidance_scale=3.5,
-               latents=pipe._pack_latents(noise, *noise.shape), output_type="latent", height=8, width=8,
-               max_sequence_length=16, _auto_resize=False, max_area=64)
-    torch.testing.assert_close(traj.final, pipe._unpack_latents(out.images, 8, 8, pipe.vae_scale_factor),
-                               atol=1e-5, rtol=1e-5)
+    traj = rollout(
+        policy, policy.encode(items, 3.5), sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.5, initial_noise=noise
+    )
+    out = pipe(
+        image=[Image.fromarray(s) for s in sources],
+        prompt=PROMPTS,
+        num_inference_steps=3,
+        guidance_scale=3.5,
+        latents=pipe._pack_latents(noise, *noise.shape),
+        output_type="latent",
+        height=8,
+        width=8,
+        max_sequence_length=16,
+        _auto_resize=False,
+        max_area=64,
+    )
+    torch.testing.assert_close(
+        traj.final, pipe._unpack_latents(out.images, 8, 8, pipe.vae_scale_factor), atol=1e-5, rtol=1e-5
+    )
     other = [Condition(p, inputs={"source_image": s[::-1].copy()}) for p, s in zip(PROMPTS, sources)]
-    moved = rollout(policy, policy.encode(other, 3.5), sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.5,
-                    initial_noise=noise)
+    moved = rollout(
+        policy, policy.encode(other, 3.5), sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.5, initial_noise=noise
+    )
     assert not torch.allclose(moved.final, traj.final)  # the source image conditions the edit
     # a bare instruction of the grammar is edited on the world's scene (its own scene seed); others need a source
     from flowrl.prompt_source import text_seed
@@ -64,8 +77,15 @@ def test_edit_grpo_trains_through_the_loop_and_reports_source_base_tuned(tmp_pat
         # a random editor fails every edit alike; a small compressibility term keeps the groups' rewards apart
         "reward": [{"name": "shapes_edit"}, {"name": "jpeg_compressibility", "weight": 0.01}],
         "prompts": {"source": "train"},
-        "train": {"updates": 2, "groups_per_update": 2, "group_size": 4, "lr": 1e-2, "microbatch_size": 8,
-                  "checkpoint_every": 0, "threads": 1},
+        "train": {
+            "updates": 2,
+            "groups_per_update": 2,
+            "group_size": 4,
+            "lr": 1e-2,
+            "microbatch_size": 8,
+            "checkpoint_every": 0,
+            "threads": 1,
+        },
         "eval": {"prompts": "eval", "num_per_prompt": 1, "num_steps": 3, "guidance_scale": 2.5},
     }
     (tmp_path / "edit.yaml").write_text(yaml.safe_dump(config))
@@ -90,10 +110,22 @@ def test_edit_nft_trains_the_editor_through_the_loop(tmp_path):
 
     folder = tmp_path / "kontext"
     tiny_flux_kontext().save_pretrained(folder)
-    overrides = [f"pipeline.path={folder}", f"run.out_dir={tmp_path / 'runs'}", "lora.rank=4", "lora.alpha=8",
-                 "sampler.num_steps=3", "train.updates=2", "train.groups_per_update=2", "train.group_size=4",
-                 "train.lr=1.0e-2", "train.microbatch_size=8", "train.checkpoint_every=0", "train.threads=1",
-                 "eval.enabled=false", "reward=[{name: shapes_edit}, {name: jpeg_compressibility, weight: 0.01}]"]
+    overrides = [
+        f"pipeline.path={folder}",
+        f"run.out_dir={tmp_path / 'runs'}",
+        "lora.rank=4",
+        "lora.alpha=8",
+        "sampler.num_steps=3",
+        "train.updates=2",
+        "train.groups_per_update=2",
+        "train.group_size=4",
+        "train.lr=1.0e-2",
+        "train.microbatch_size=8",
+        "train.checkpoint_every=0",
+        "train.threads=1",
+        "eval.enabled=false",
+        "reward=[{name: shapes_edit}, {name: jpeg_compressibility, weight: 0.01}]",
+    ]
     config = load_config(REPO / "configs" / "shapes_edit_nft.yaml", overrides)
     assert config.algorithm.name == "nft" and config.sampler.kind == "ode"
     metrics = []
@@ -145,24 +177,64 @@ def test_sample_cli_edits_world_scenes_and_image_files_and_eval_reads_them_back(
     source = np.zeros((32, 32, 3), np.uint8)
     source[4:12, 4:12] = (230, 30, 30)
     Image.fromarray(source).save(tmp_path / "mine.png")
-    lines = [{"prompt": "make the red circle blue", "scene_seed": 5},
-             {"prompt": "make the red square blue", "image": str(tmp_path / "mine.png")}]
+    lines = [
+        {"prompt": "make the red circle blue", "scene_seed": 5},
+        {"prompt": "make the red square blue", "image": str(tmp_path / "mine.png")},
+    ]
     (tmp_path / "edits.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    assert main(["sample", "--pipeline", str(tmp_path / "kontext"), "--prompts", str(tmp_path / "edits.jsonl"),
-                 "--out", str(tmp_path / "out"), "--steps", "2", "--height", "32", "--width", "32",
-                 "--device", "cpu"]) == 0  # as `direct` below (a GPU samples in bf16)
+    assert (
+        main(
+            [
+                "sample",
+                "--pipeline",
+                str(tmp_path / "kontext"),
+                "--prompts",
+                str(tmp_path / "edits.jsonl"),
+                "--out",
+                str(tmp_path / "out"),
+                "--steps",
+                "2",
+                "--height",
+                "32",
+                "--width",
+                "32",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )  # as `direct` below (a GPU samples in bf16)
     records = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in records] == [line["prompt"] for line in lines] and records[0]["scene_seed"] == 5
     # the same edit as sampling the world's item directly: the record's scene seed chose the source
     direct = policy_for(tiny_flux_kontext(), max_sequence_length=16)
     from flowrl.generate import generate
+
     expected, _ = generate(direct, [edit_item("make the red circle blue", 5)], 1, 0, 2, spec=SampleSpec(32, 32))
     written = np.asarray(Image.open(tmp_path / "out" / records[0]["file"]))
     assert np.abs(written.astype(int) - expected[0].astype(int)).max() <= 1
     assert main(["eval", "shapes_edit", "--samples", str(tmp_path / "out")]) == 2  # the uploaded source: no scene
     (tmp_path / "world.jsonl").write_text(json.dumps(lines[0]) + "\n")
-    assert main(["sample", "--pipeline", str(tmp_path / "kontext"), "--prompts", str(tmp_path / "world.jsonl"),
-                 "--out", str(tmp_path / "world"), "--steps", "2", "--height", "32", "--width", "32"]) == 0
+    assert (
+        main(
+            [
+                "sample",
+                "--pipeline",
+                str(tmp_path / "kontext"),
+                "--prompts",
+                str(tmp_path / "world.jsonl"),
+                "--out",
+                str(tmp_path / "world"),
+                "--steps",
+                "2",
+                "--height",
+                "32",
+                "--width",
+                "32",
+            ]
+        )
+        == 0
+    )
     assert main(["eval", "shapes_edit", "--samples", str(tmp_path / "world")]) == 0
     result = json.loads((tmp_path / "world" / "shapes_edit_eval.json").read_text())
     assert result["counts"]["recolour"] == 1 and "off_target" in result["metrics"]
@@ -182,8 +254,17 @@ def test_kontext_sources_take_the_sample_size_so_any_sizes_share_a_batch():
 
     def edit(sources, first=0):
         items = [Condition(PROMPTS[0], inputs={"source_image": s}) for s in sources]
-        return rollout(policy, policy.encode(items, 3.5, spec), sample_generators([1, 2][:len(items)]), shape, 2,
-                       "ode", 0.0, 3.5, initial_noise=noise[first:first + len(items)]).final
+        return rollout(
+            policy,
+            policy.encode(items, 3.5, spec),
+            sample_generators([1, 2][: len(items)]),
+            shape,
+            2,
+            "ode",
+            0.0,
+            3.5,
+            initial_noise=noise[first : first + len(items)],
+        ).final
 
     both = edit([small, large])
     with pytest.raises(UserError, match="differ in size"):
@@ -206,22 +287,40 @@ def test_a_group_rubric_refuses_training_cuts_that_split_its_groups(tmp_path):
 
     folder = tmp_path / "kontext"
     tiny_flux_kontext().save_pretrained(folder)
-    base = {"run": {"name": "rubric", "out_dir": str(tmp_path / "runs")}, "task": {"name": "shapes_edit"},
-            "pipeline": {"path": str(folder), "height": 32, "width": 32, "max_sequence_length": 16},
-            "sampler": {"kind": "flow", "num_steps": 2}, "eval": {"enabled": False},
-            "reward": [{"name": "edit_rubric", "params": {"mode": "group"}}],
-            "train": {"groups_per_update": 2, "group_size": 4, "reward_microbatch": 6, "threads": 1}}
+    base = {
+        "run": {"name": "rubric", "out_dir": str(tmp_path / "runs")},
+        "task": {"name": "shapes_edit"},
+        "pipeline": {"path": str(folder), "height": 32, "width": 32, "max_sequence_length": 16},
+        "sampler": {"kind": "flow", "num_steps": 2},
+        "eval": {"enabled": False},
+        "reward": [{"name": "edit_rubric", "params": {"mode": "group"}}],
+        "train": {"groups_per_update": 2, "group_size": 4, "reward_microbatch": 6, "threads": 1},
+    }
     (tmp_path / "rubric.yaml").write_text(yaml.safe_dump(base))
-    with pytest.raises(ConfigError, match="train.reward_microbatch: reward edit_rubric scores a group's samples "
-                                          "together .* a multiple of train.group_size = 4, got 6"):
+    with pytest.raises(
+        ConfigError,
+        match="train.reward_microbatch: reward edit_rubric scores a group's samples "
+        "together .* a multiple of train.group_size = 4, got 6",
+    ):
         Trainer(load_config(tmp_path / "rubric.yaml"))
     with pytest.raises(ConfigError, match=r"reward\[0\].batch_size: .* got 2"):
-        Trainer(load_config(tmp_path / "rubric.yaml", ["train.reward_microbatch=8", "reward=[{name: edit_rubric, batch_size: 2, params: {mode: group}}]"]))
+        Trainer(
+            load_config(
+                tmp_path / "rubric.yaml",
+                ["train.reward_microbatch=8", "reward=[{name: edit_rubric, batch_size: 2, params: {mode: group}}]"],
+            )
+        )
     per_sample = ["train.reward_microbatch=6", "reward=[{name: edit_rubric, params: {mode: sample}}]"]
     assert Trainer(load_config(tmp_path / "rubric.yaml", per_sample)).reward.scores_groups is False
     from flowrl.rewards.base import groups_scored
 
     # known from the config before any model loads; a served reward's kind is not known here, so not refused
-    assert [groups_scored(name, params) for name, params in [
-        ("edit_rubric", {}), ("edit_rubric", {"mode": "sample"}), ("remote", {"url": "http://x"}), ("shapes", {})]] \
-        == [True, False, False, False]
+    assert [
+        groups_scored(name, params)
+        for name, params in [
+            ("edit_rubric", {}),
+            ("edit_rubric", {"mode": "sample"}),
+            ("remote", {"url": "http://x"}),
+            ("shapes", {}),
+        ]
+    ] == [True, False, False, False]

@@ -1,14 +1,23 @@
 """The shapes-editing world (issue 19, part 1): the instruction grammar and its held-out split, source / target scenes,
 the edit verifier (rendered targets pass, sources and near-misses fail, off-target change measured), the task and
 the verifier reward."""
+
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from flowrl.editing.instructions import (KINDS, all_specs, eval_instruction_set, is_held_out, parse_instruction,
-                                         sample_scene, train_instruction_set, val_instruction_set)
+from flowrl.editing.instructions import (
+    KINDS,
+    all_specs,
+    eval_instruction_set,
+    is_held_out,
+    parse_instruction,
+    sample_scene,
+    train_instruction_set,
+    val_instruction_set,
+)
 from flowrl.editing.verifier import judge_edit
 from flowrl.samples import ImageSamples
 from flowrl.shapes.world import ShapeObject, render
@@ -109,8 +118,11 @@ def test_an_add_is_judged_by_its_relation_not_by_the_place_the_generator_drew():
     elsewhere = [square, bystander, ShapeObject("circle", "yellow", 22, 2, 7)]  # above, another place and size
     judged = judge_edit(render(elsewhere), spec, source, target)
     assert judged.success and judged.dense == 1.0 and judged.off_target == 0.0
-    for wrong in (ShapeObject("circle", "yellow", 13, 24, 7), ShapeObject("circle", "blue", 22, 2, 7),
-                  ShapeObject("square", "yellow", 22, 2, 7)):  # below; wrong colour; wrong shape
+    for wrong in (
+        ShapeObject("circle", "yellow", 13, 24, 7),
+        ShapeObject("circle", "blue", 22, 2, 7),
+        ShapeObject("square", "yellow", 22, 2, 7),
+    ):  # below; wrong colour; wrong shape
         miss = judge_edit(render([square, bystander, wrong]), spec, source, target)
         assert not miss.requested and not miss.success and miss.off_target > 0
     item = Condition(spec.text(), {"source_image": render(source)})
@@ -189,7 +201,9 @@ def test_task_items_carry_their_source_image_and_evaluate_the_verifier():
     scenes = [scene_for(i.prompt, scene_seed_of(i)) for i in items]
     assert all(np.array_equal(i.inputs["source_image"], render(source)) for i, (_, source, _) in zip(items, scenes))
     targets = ImageSamples(torch.from_numpy(np.stack([render(t) for _, _, t in scenes])).permute(0, 3, 1, 2) / 255)
-    sources = ImageSamples(torch.from_numpy(np.stack([i.inputs["source_image"] for i in items])).permute(0, 3, 1, 2) / 255)
+    sources = ImageSamples(
+        torch.from_numpy(np.stack([i.inputs["source_image"] for i in items])).permute(0, 3, 1, 2) / 255
+    )
     assert task.evaluate(targets, items)["overall"] == 1.0 and task.evaluate(sources, items)["overall"] == 0.0
     assert task.evaluate(targets, items)["metrics"]["off_target"]["overall"] == 0.0
     reward = build_reward("shapes_edit")
@@ -260,8 +274,9 @@ def test_the_rubric_keeps_only_verified_issues():
 
     scene = FixedScene(bogus=True)  # every audit also claims an issue that even the exact edit fails
     item = Condition("make the red circle blue", meta={"scene_seed": 0})
-    out = EditRubricReward("group", auditor=scene.auditor)(scene.candidates(), [item.prompt] * 3,
-                                                            {"conditions": [item] * 3})
+    out = EditRubricReward("group", auditor=scene.auditor)(
+        scene.candidates(), [item.prompt] * 3, {"conditions": [item] * 3}
+    )
     assert out.scores.tolist() == [1.0, 0.75, 0.25] and out.info["rubric_size"].tolist() == [5, 5, 5]
 
 

@@ -1,5 +1,6 @@
 """Scripted EditScore (issue 19, part 5): how the package turns raw judge answers into scores under flowrl's
 averaging, and the package's own code end to end on a tiny random Qwen2.5-VL folder built offline, on CPU."""
+
 import json
 import math
 
@@ -32,9 +33,10 @@ def test_raw_judge_answers_become_scores_the_package_way():
 
     scorer = EditScore(backbone="scripted", score_range=25, seed=0)  # an unknown backbone builds no model
     assert "editing instruction" in scorer.SC_prompt.lower() and "editing instruction" not in scorer.PQ_prompt.lower()
-    scorer.model = ScriptedJudge(['{"reasoning": "recoloured, rest kept", "score": [20, 15]}',
-                                  "no score here", "still none", "nor here"],
-                                 '{"reasoning": "clean", "score": [25]}')
+    scorer.model = ScriptedJudge(
+        ['{"reasoning": "recoloured, rest kept", "score": [20, 15]}', "no score here", "still none", "nor here"],
+        '{"reasoning": "clean", "score": [25]}',
+    )
     image = render(scene_for("make the red circle blue", 0)[1])
     result = score_triples(scorer, [image, image], ["make the red circle blue"] * 2, [image, image], progress=False)
     first, second = result["rows"]
@@ -53,9 +55,15 @@ def test_a_guess_in_an_earlier_pass_is_counted():
     from editscore import EditScore
 
     scorer = EditScore(backbone="scripted", score_range=25, seed=0, num_pass=2)
-    scorer.model = ScriptedJudge(["no score here", "still none", "nor here",  # pass 1: the package guesses
-                                  '{"reasoning": "recoloured", "score": [20, 15]}'],  # pass 2 parses
-                                 '{"reasoning": "clean", "score": [25]}')
+    scorer.model = ScriptedJudge(
+        [
+            "no score here",
+            "still none",
+            "nor here",  # pass 1: the package guesses
+            '{"reasoning": "recoloured", "score": [20, 15]}',
+        ],  # pass 2 parses
+        '{"reasoning": "clean", "score": [25]}',
+    )
     image = render(scene_for("make the red circle blue", 0)[1])
     result = score_triples(scorer, [image], ["make the red circle blue"], [image], progress=False)
     assert "guess_if_cannot_parse" not in result["rows"][0]["SC_reasoning"]  # the last pass parsed
@@ -74,13 +82,16 @@ def test_editscore_runs_the_package_on_a_tiny_qwen25_vl_through_the_cli(tmp_path
     _, source, target = scene_for(instruction, scene_seed)
     edit = torch.from_numpy(render(target)).permute(2, 0, 1)[None].float() / 255
     write_samples(tmp_path / "edits", as_samples(edit), [{"prompt": instruction, "scene_seed": scene_seed, "seed": 0}])
-    assert main(["eval", "editscore", "--samples", str(tmp_path / "edits"), "--editscore-model",
-                 str(tmp_path / "qwen")]) == 0
+    assert (
+        main(["eval", "editscore", "--samples", str(tmp_path / "edits"), "--editscore-model", str(tmp_path / "qwen")])
+        == 0
+    )
     result = json.loads((tmp_path / "edits" / "editscore_eval.json").read_text())
-    row, = result["rows"]
+    (row,) = result["rows"]
     assert all(0 <= row[k] <= 10 for k in ("prompt_following", "consistency", "perceptual_quality", "overall"))
-    assert row["overall"] == pytest.approx(math.sqrt(min(row["prompt_following"], row["consistency"])
-                                                     * row["perceptual_quality"]))
+    assert row["overall"] == pytest.approx(
+        math.sqrt(min(row["prompt_following"], row["consistency"]) * row["perceptual_quality"])
+    )
     # a random judge's answer is unparseable: the package's guess, counted; its text is the tiny model's own words
     from tiny_vlm import SPECIAL, WORDS
 
@@ -88,8 +99,12 @@ def test_editscore_runs_the_package_on_a_tiny_qwen25_vl_through_the_cli(tmp_path
     answer = row["SC_reasoning"].split(" | ", 1)[1].split()
     assert answer and set(answer) <= set(SPECIAL + WORDS)
     # a missing judge folder is one clear error naming the flag
-    assert main(["eval", "editscore", "--samples", str(tmp_path / "edits"), "--editscore-model",
-                 str(tmp_path / "nowhere")]) == 2
+    assert (
+        main(
+            ["eval", "editscore", "--samples", str(tmp_path / "edits"), "--editscore-model", str(tmp_path / "nowhere")]
+        )
+        == 2
+    )
 
 
 def test_a_samples_folder_is_judged_one_edit_at_a_time_and_a_rerun_judges_only_the_rest(tmp_path):
@@ -100,15 +115,21 @@ def test_a_samples_folder_is_judged_one_edit_at_a_time_and_a_rerun_judges_only_t
     from flowrl.errors import UserError
     from flowrl.eval.editscore import ROWS_FILE, score_samples_folder
     from flowrl.samples import as_samples, write_samples
-
     from flowrl.tasks.base import build_task
     from flowrl.tasks.shapes_edit import scene_seed_of
 
     items = build_task("shapes_edit").condition_set("train").items[:3]
-    edits = torch.stack([torch.from_numpy(render(scene_for(i.prompt, scene_seed_of(i))[2])).permute(2, 0, 1).float()
-                         / 255 for i in items])
-    write_samples(tmp_path, as_samples(edits), [{"prompt": i.prompt, "scene_seed": scene_seed_of(i), "seed": n}
-                                                for n, i in enumerate(items)])
+    edits = torch.stack(
+        [
+            torch.from_numpy(render(scene_for(i.prompt, scene_seed_of(i))[2])).permute(2, 0, 1).float() / 255
+            for i in items
+        ]
+    )
+    write_samples(
+        tmp_path,
+        as_samples(edits),
+        [{"prompt": i.prompt, "scene_seed": scene_seed_of(i), "seed": n} for n, i in enumerate(items)],
+    )
     answer = '{"reasoning": "ok", "score": [20, 15]}'
 
     def scorer():
@@ -140,8 +161,11 @@ def test_the_judge_sees_the_source_as_the_editor_was_given_it(reference_size, tm
 
     source = np.random.default_rng(0).integers(0, 255, (24, 40, 3), dtype=np.uint8)
     Image.fromarray(source).save(tmp_path / "source.png")
-    write_samples(tmp_path, as_samples(torch.rand(1, 3, 16, 16)),
-                  [{"prompt": "make it blue", "image": str(tmp_path / "source.png"), "seed": 0}])
+    write_samples(
+        tmp_path,
+        as_samples(torch.rand(1, 3, 16, 16)),
+        [{"prompt": "make it blue", "image": str(tmp_path / "source.png"), "seed": 0}],
+    )
     (tmp_path / "sampling.json").write_text(json.dumps({"reference_size": reference_size}))
     shown = []
 

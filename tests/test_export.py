@@ -1,14 +1,15 @@
 """Checkpoints people load without flowrl: a LoRA run's checkpoint loads with diffusers' `load_lora_weights` and
 peft's `PeftModel.from_pretrained` and gives flowrl's model exactly (scale included)."""
+
 import json
 
 import pytest
 import torch
+from run_helpers import run_flowrl, tiny_run_config, train_and_collect
 
 from flowrl.checkpoint import load_trained_weights
 from flowrl.policies import load_pipeline, policy_for
 from flowrl.policies.base import SampleSpec
-from run_helpers import run_flowrl, tiny_run_config, train_and_collect
 
 
 def _velocity(policy, seed=0):
@@ -20,8 +21,7 @@ def _velocity(policy, seed=0):
 def test_lora_checkpoint_loads_with_diffusers_and_peft(tiny_sd3_dir, tmp_path):
     from peft import PeftModel
 
-    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "export", updates=2,
-                           lr=3e-2)
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "export", updates=2, lr=3e-2)
     train_and_collect(path)
     checkpoint = tmp_path / "runs" / "export" / "checkpoints" / "update_000002"
     flowrl_policy = policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)
@@ -55,16 +55,34 @@ def test_a_gated_lora_samples_in_diffusers_as_in_flowrl_with_the_gate_callback(t
     shape = policy.noise_shape(spec)
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ours = rollout(policy, policy.encode(prompts, 2.0, spec), sample_generators([1, 2]), shape, 4, "ode", 0.0,
-                       2.0, initial_noise=noise).final
+        ours = rollout(
+            policy,
+            policy.encode(prompts, 2.0, spec),
+            sample_generators([1, 2]),
+            shape,
+            4,
+            "ode",
+            0.0,
+            2.0,
+            initial_noise=noise,
+        ).final
     pipe = load_pipeline(tiny_sd3_dir)
     pipe.load_lora_weights(checkpoint)
 
     def sample(callback):
         pipe.enable_lora()
-        return pipe(prompt=prompts, negative_prompt=[""] * 2, num_inference_steps=4, guidance_scale=2.0,
-                    latents=noise, output_type="latent", height=32, width=32, max_sequence_length=16,
-                    callback_on_step_end=callback).images
+        return pipe(
+            prompt=prompts,
+            negative_prompt=[""] * 2,
+            num_inference_steps=4,
+            guidance_scale=2.0,
+            latents=noise,
+            output_type="latent",
+            height=32,
+            width=32,
+            max_sequence_length=16,
+            callback_on_step_end=callback,
+        ).images
 
     torch.testing.assert_close(sample(lora_gate_callback(0.6)), ours, atol=1e-5, rtol=1e-5)
     assert (sample(None) - ours).abs().max() > 1e-4  # ungated, it is another model
@@ -88,8 +106,9 @@ def test_gpu_check_script_runs_its_code_path_on_a_toy_model(tmp_path, model, mon
 
     out = tmp_path / "gpu_check.json"
     script = REPO / "benchmarks" / "gpu_check.py"
-    monkeypatch.setattr("sys.argv", [str(script), "--tiny", "--model", model, "--batch", "4", "--steps", "3",
-                                     "--out", str(out)])
+    monkeypatch.setattr(
+        "sys.argv", [str(script), "--tiny", "--model", model, "--batch", "4", "--steps", "3", "--out", str(out)]
+    )
     monkeypatch.setattr("sys.path", list(sys.path))  # the script puts the repository first; restored after
     runpy.run_path(str(script), run_name="__main__")
     result = json.loads(out.read_text())
@@ -116,8 +135,9 @@ def test_flowrl_export_writes_a_plain_pipeline_folder(tiny_sd3_dir, tmp_path, lo
     load_trained_weights(ours, checkpoint)
     expected = _velocity(ours)
     assert (expected - base).abs().max() > 1e-5  # the checkpoint moved the model
-    done = run_flowrl("export", "--pipeline", str(tiny_sd3_dir), "--checkpoint",
-                      str(checkpoint), "--out", str(tmp_path / "tuned"))
+    done = run_flowrl(
+        "export", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint), "--out", str(tmp_path / "tuned")
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     exported = policy_for(load_pipeline(tmp_path / "tuned"), max_sequence_length=16)
     assert not exported.has_lora
@@ -171,6 +191,7 @@ def test_gpu_checks_flop_count_equals_what_a_forward_runs(model, monkeypatch):
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     import gpu_check
+
     from flowrl.policies import policy_for
     from flowrl.policies.base import Conditioning, SampleSpec
 
@@ -179,11 +200,15 @@ def test_gpu_checks_flop_count_equals_what_a_forward_runs(model, monkeypatch):
     counted = []
     for module in policy.transformer.modules():
         if isinstance(module, torch.nn.Linear):
-            module.register_forward_hook(lambda m, args, out: counted.append(
-                2 * m.in_features * m.out_features * (args[0].numel() // m.in_features)))
+            module.register_forward_hook(
+                lambda m, args, out: counted.append(
+                    2 * m.in_features * m.out_features * (args[0].numel() // m.in_features)
+                )
+            )
         elif isinstance(module, (torch.nn.Conv2d, torch.nn.Conv3d)):
-            module.register_forward_hook(lambda m, args, out: counted.append(
-                2 * m.weight.numel() * (out.numel() // m.out_channels)))
+            module.register_forward_hook(
+                lambda m, args, out: counted.append(2 * m.weight.numel() * (out.numel() // m.out_channels))
+            )
     attention = torch.nn.functional.scaled_dot_product_attention
 
     def counting_attention(query, key, value, *args, **kwargs):  # [batch, heads, length, head dim]
@@ -228,7 +253,9 @@ def test_the_stored_precision_is_the_file_loaded_without_a_variant(tmp_path):
 
     (tmp_path / "unet").mkdir()
     save_file({"w": torch.zeros(2)}, tmp_path / "unet" / "diffusion_pytorch_model.safetensors")
-    save_file({"w": torch.zeros(2, dtype=torch.float16)}, tmp_path / "unet" / "diffusion_pytorch_model.fp16.safetensors")
+    save_file(
+        {"w": torch.zeros(2, dtype=torch.float16)}, tmp_path / "unet" / "diffusion_pytorch_model.fp16.safetensors"
+    )
     assert stored_dtype(tmp_path) == "fp32"
     (tmp_path / "unet" / "diffusion_pytorch_model.safetensors").unlink()  # only the variant: it is what there is
     assert stored_dtype(tmp_path) == "fp16"
@@ -238,9 +265,9 @@ def test_components_training_left_alone_are_exported_as_stored(tiny_sd3_dir, tmp
     """A released folder may keep its VAE in fp32 beside a bf16 transformer (Wan's): exporting in bf16 rounds the
     trained network only; the VAE and text encoders are the folder's own files."""
     from safetensors import safe_open
+    from tiny_pipelines import random_lora_checkpoint
 
     from flowrl.export import export_pipeline
-    from tiny_pipelines import random_lora_checkpoint
 
     mixed = load_pipeline(tiny_sd3_dir)
     mixed.transformer.to(torch.bfloat16)

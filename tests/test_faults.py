@@ -1,20 +1,22 @@
 """Faults with nothing lost: rewards that return NaN or raise for some samples, too many failures, corrupt and
 torn checkpoints, a full disk while saving."""
+
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import tiny_run_config
 
 from flowrl.config import load_config
 from flowrl.errors import UserError
 from flowrl.rewards import Reward, RewardOutput
 from flowrl.train import Trainer
-from run_helpers import tiny_run_config
 
 
 class NaNForSomeSeeds(Reward):
     """Brightness, but NaN for every sample whose seed is divisible by `modulus`."""
+
     name = "nan_for_some"
 
     def __init__(self, modulus: int = 5):
@@ -29,6 +31,7 @@ class NaNForSomeSeeds(Reward):
 
 class RaisesOnSomeSeeds(Reward):
     """Brightness, but a call that includes a sample whose seed is divisible by 7 raises."""
+
     name = "raises_on_some"
 
     def __call__(self, samples, prompts, meta=None):
@@ -40,6 +43,7 @@ class RaisesOnSomeSeeds(Reward):
 class UnavailableOnProcessOne(Reward):
     """Brightness with a scorer's own info key (as PickScore's `cosine`), unavailable on process 1 (RANK 1): there
     every sample fails, and the process's scores hold none of the scorer's keys."""
+
     name = "unavailable_on_one"
 
     def __call__(self, samples, prompts, meta=None):
@@ -59,8 +63,9 @@ def _trainer(tiny_sd3_dir, tmp_path, reward, *overrides, updates=2):
 
 
 def test_failed_samples_skip_their_groups_and_the_run_goes_on(tiny_sd3_dir, tmp_path):
-    trainer = _trainer(tiny_sd3_dir, tmp_path, "NaNForSomeSeeds", "train.max_failed_reward_share=0.9",
-                       "train.groups_per_update=4")
+    trainer = _trainer(
+        tiny_sd3_dir, tmp_path, "NaNForSomeSeeds", "train.max_failed_reward_share=0.9", "train.groups_per_update=4"
+    )
     batch, metrics = trainer.collect(0)
     assert all(s % 5 for s in batch.seeds)  # every kept sample has a finite reward...
     kept_groups = set(batch.group_ids.tolist())
@@ -84,20 +89,48 @@ def test_a_process_whose_every_group_failed_skips_the_update_with_the_others(tin
     import sys
 
     from conftest import REPO
-    from flowrl.prompt_source import derived_seed
     from run_helpers import gloo_env
 
+    from flowrl.prompt_source import derived_seed
+
     modulus, updates = 15, 3
-    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "two", updates=updates,
-                           groups_per_update=2, checkpoint_every=0, ema_decay=0.0)
+    path = tiny_run_config(
+        tmp_path / "c.yaml",
+        tiny_sd3_dir,
+        tmp_path / "runs",
+        "two",
+        updates=updates,
+        groups_per_update=2,
+        checkpoint_every=0,
+        ema_decay=0.0,
+    )
     reward = f"reward=[{{name: test_faults:NaNForSomeSeeds, params: {{modulus: {modulus}}}}}]"
     env = gloo_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29537",
-                             "-m", "flowrl", "train", str(path), reward, "train.max_failed_reward_share=0.9"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_port=29537",
+            "-m",
+            "flowrl",
+            "train",
+            str(path),
+            reward,
+            "train.max_failed_reward_share=0.9",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    failed = [[any(derived_seed(0, u, i) % modulus == 0 for i in range(4 * g, 4 * g + 4)) for g in range(2)]
-              for u in range(updates)]
+    failed = [
+        [any(derived_seed(0, u, i) % modulus == 0 for i in range(4 * g, 4 * g + 4)) for g in range(2)]
+        for u in range(updates)
+    ]
     expected = [any(f) for f in failed]
     assert expected.count(True) == 1 and failed.count([True, False]) == 1  # this seed: process 0's group, once
     rows = list(csv.DictReader((tmp_path / "runs/two/metrics.csv").open()))
@@ -118,13 +151,38 @@ def test_a_process_whose_reward_is_down_logs_the_same_metrics_as_the_others(tiny
     from conftest import REPO
     from run_helpers import gloo_env
 
-    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "down", updates=2,
-                           groups_per_update=2, checkpoint_every=0, ema_decay=0.0)
+    path = tiny_run_config(
+        tmp_path / "c.yaml",
+        tiny_sd3_dir,
+        tmp_path / "runs",
+        "down",
+        updates=2,
+        groups_per_update=2,
+        checkpoint_every=0,
+        ema_decay=0.0,
+    )
     env = gloo_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29541",
-                             "-m", "flowrl", "train", str(path), "reward=[{name: test_faults:UnavailableOnProcessOne}]",
-                             "train.max_failed_reward_share=0.9", "train.collective_timeout_minutes=4"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_port=29541",
+            "-m",
+            "flowrl",
+            "train",
+            str(path),
+            "reward=[{name: test_faults:UnavailableOnProcessOne}]",
+            "train.max_failed_reward_share=0.9",
+            "train.collective_timeout_minutes=4",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader((tmp_path / "runs/down/metrics.csv").open()))
     assert len(rows) == 2 and all(r.get("update_skipped") for r in rows)
@@ -137,44 +195,69 @@ def test_under_fsdp2_failed_groups_that_leave_unequal_shares_skip_the_update(tin
     time), 2 processes with 2 groups each: where one process loses a group to a failed reward and the other none,
     the two would run unequal numbers of passes through the sharded denoiser (gathers that cannot pair: measured to
     stop the run without the rule); every process skips that update instead, and the run ends."""
-    from flowrl.prompt_source import derived_seed
     from run_helpers import train_on_two_processes
 
+    from flowrl.prompt_source import derived_seed
+
     modulus = 7
-    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "nft", updates=3, group_size=2,
-                           groups_per_update=4, rollout_microbatch=2, checkpoint_every=0)
-    failed = [[any(derived_seed(0, u, i) % modulus == 0 for i in range(2 * g, 2 * g + 2)) for g in range(4)]
-              for u in range(3)]
+    path = tiny_run_config(
+        tmp_path / "c.yaml",
+        tiny_sd3_dir,
+        tmp_path / "runs",
+        "nft",
+        updates=3,
+        group_size=2,
+        groups_per_update=4,
+        rollout_microbatch=2,
+        checkpoint_every=0,
+    )
+    failed = [
+        [any(derived_seed(0, u, i) % modulus == 0 for i in range(2 * g, 2 * g + 2)) for g in range(4)] for u in range(3)
+    ]
     assert any(sum(f[:2]) != sum(f[2:]) for f in failed) and all(sum(f[:2]) < 2 and sum(f[2:]) < 2 for f in failed)
-    weights = train_on_two_processes(path, tmp_path / "w.safetensors", 29539, [
-        "algorithm={name: nft, params: {}}", "sampler.kind=ode", "train.max_failed_reward_share=0.9",
-        f"reward=[{{name: test_faults:NaNForSomeSeeds, params: {{modulus: {modulus}}}}}]"], fsdp2=True)
+    weights = train_on_two_processes(
+        path,
+        tmp_path / "w.safetensors",
+        29539,
+        [
+            "algorithm={name: nft, params: {}}",
+            "sampler.kind=ode",
+            "train.max_failed_reward_share=0.9",
+            f"reward=[{{name: test_faults:NaNForSomeSeeds, params: {{modulus: {modulus}}}}}]",
+        ],
+        fsdp2=True,
+    )
     assert all(torch.isfinite(v).all() for v in weights.values())
 
 
 def test_a_raising_reward_is_scored_sample_by_sample_and_too_many_failures_stop_cleanly(tiny_sd3_dir, tmp_path):
     from flowrl.prompt_source import derived_seed
 
-    trainer = _trainer(tiny_sd3_dir, tmp_path, "RaisesOnSomeSeeds", "train.max_failed_reward_share=0.9",
-                       "train.groups_per_update=4")
+    trainer = _trainer(
+        tiny_sd3_dir, tmp_path, "RaisesOnSomeSeeds", "train.max_failed_reward_share=0.9", "train.groups_per_update=4"
+    )
     batch, metrics = trainer.collect(0)
     raising = sum(derived_seed(0, 0, i) % 7 == 0 for i in range(16))
     assert raising >= 1 and metrics["reward_failed_samples"] == raising  # only those failed, one by one
     assert all(s % 7 for s in batch.seeds) and len(batch.seeds) >= 4  # and the other groups were kept
     (tmp_path / "strict").mkdir()
     strict = _trainer(tiny_sd3_dir, tmp_path / "strict", "NaNForSomeSeeds", "train.max_failed_reward_share=0.0")
-    with pytest.raises(UserError, match="reward test_faults:NaNForSomeSeeds: .* no finite reward.*stopped with a "
-                                        "checkpoint at update 0"):
+    with pytest.raises(
+        UserError,
+        match="reward test_faults:NaNForSomeSeeds: .* no finite reward.*stopped with a checkpoint at update 0",
+    ):
         strict.run()
     assert (strict.checkpoint_dir / "update_000000" / "state.json").is_file()
 
 
 def test_a_corrupt_newest_checkpoint_is_reported_and_the_one_before_it_resumes_exactly(tiny_sd3_dir, tmp_path):
-    from flowrl.checkpoint import list_checkpoints
     from run_helpers import train_and_collect
 
-    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "corrupt", updates=3,
-                           keep_checkpoints=3)
+    from flowrl.checkpoint import list_checkpoints
+
+    path = tiny_run_config(
+        tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "corrupt", updates=3, keep_checkpoints=3
+    )
     expected = train_and_collect(path, ["run.name=whole"])
     train_and_collect(path, ["train.updates=2"])  # checkpoints at updates 1 and 2
     newest = tmp_path / "runs" / "corrupt" / "checkpoints" / "update_000002" / "trainable.safetensors"
@@ -195,8 +278,9 @@ def test_two_processes_resume_past_a_corrupt_checkpoint(tiny_sd3_dir, tmp_path):
     one before it (before, both renamed it, or one read it while the other moved it: the run stopped)."""
     from run_helpers import train_on_two_processes
 
-    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "corrupt2", updates=3,
-                           keep_checkpoints=3)
+    path = tiny_run_config(
+        tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "corrupt2", updates=3, keep_checkpoints=3
+    )
     train_on_two_processes(path, tmp_path / "a.safetensors", 29538, ["train.updates=2"])
     folder = tmp_path / "runs" / "corrupt2" / "checkpoints"
     newest = folder / "update_000002" / "trainable.safetensors"
@@ -206,8 +290,9 @@ def test_two_processes_resume_past_a_corrupt_checkpoint(tiny_sd3_dir, tmp_path):
     assert sorted(p.name for p in folder.glob("update_*")) == ["update_000001", "update_000002", "update_000003"]
 
 
-def test_a_full_disk_while_saving_is_one_clear_error_and_the_previous_checkpoint_survives(tiny_sd3_dir, tmp_path,
-                                                                                         monkeypatch):
+def test_a_full_disk_while_saving_is_one_clear_error_and_the_previous_checkpoint_survives(
+    tiny_sd3_dir, tmp_path, monkeypatch
+):
     import flowrl.checkpoint as checkpoint
 
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "full", updates=2)
@@ -222,8 +307,11 @@ def test_a_full_disk_while_saving_is_one_clear_error_and_the_previous_checkpoint
         return real_save(tensors, file, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint, "save_file", save_until_full)
-    with pytest.raises(UserError, match=r"could not write checkpoint .*update_000002 .*No space left on device.*"
-                                        "previous checkpoints are intact"):
+    with pytest.raises(
+        UserError,
+        match=r"could not write checkpoint .*update_000002 .*No space left on device.*"
+        "previous checkpoints are intact",
+    ):
         trainer.run()
     folder = trainer.checkpoint_dir
     assert [p.name for p in checkpoint.list_checkpoints(folder)] == ["update_000001"]
@@ -240,9 +328,8 @@ def test_kill_9_at_five_points_then_resume_gives_the_uninterrupted_weights(tiny_
     import subprocess
     import sys
 
-    from safetensors.torch import load_file
-
     from conftest import REPO
+    from safetensors.torch import load_file
 
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "killed", updates=4)
 
@@ -250,8 +337,14 @@ def test_kill_9_at_five_points_then_resume_gives_the_uninterrupted_weights(tiny_
         env = {k: v for k, v in os.environ.items() if k != "FLOWRL_KILL_AT"}
         if kill_at:
             env["FLOWRL_KILL_AT"] = kill_at
-        return subprocess.run([sys.executable, "-m", "flowrl", "train", str(path), f"run.name={name}"], cwd=REPO,
-                              env=env, capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [sys.executable, "-m", "flowrl", "train", str(path), f"run.name={name}"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     assert train("whole").returncode == 0
     for kill_at in ["rollout@0", "update@1", "checkpoint@2", "rollout@2", "checkpoint@3"]:
@@ -276,9 +369,18 @@ def test_a_reward_failing_in_an_evaluation_stops_the_run_with_one_clear_error(ti
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\n")
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "eval_fault", updates=1)
-    config = load_config(path, ["reward=[{name: test_faults:RaisesOnSomeSeeds}]", "task.name=prompt_file",
-                                f"prompts.source={prompts}", "eval.enabled=true", f"eval.prompts={prompts}",
-                                "eval.num_per_prompt=1", "eval.num_steps=2"])
+    config = load_config(
+        path,
+        [
+            "reward=[{name: test_faults:RaisesOnSomeSeeds}]",
+            "task.name=prompt_file",
+            f"prompts.source={prompts}",
+            "eval.enabled=true",
+            f"eval.prompts={prompts}",
+            "eval.num_per_prompt=1",
+            "eval.num_steps=2",
+        ],
+    )
     with pytest.raises(UserError, match="evaluation: the reward failed on process 0: KeyError"):
         run_experiment(config)
 
@@ -289,10 +391,17 @@ def test_ctrl_c_saves_only_at_an_update_boundary(tiny_sd3_dir, tmp_path, when):
     after it, weights, Adam's moments and EMA hold part of the update, which a checkpoint at that number would
     apply again on resume: none is written, the last periodic one stands. Once the update is done (an evaluation
     after it, say), the run saves at the next number."""
-    trainer = _trainer(tiny_sd3_dir, tmp_path, "NaNForSomeSeeds", "train.optimizer_steps_per_update=2",
-                       "train.checkpoint_every=0", "train.max_failed_reward_share=0.9")
+    trainer = _trainer(
+        tiny_sd3_dir,
+        tmp_path,
+        "NaNForSomeSeeds",
+        "train.optimizer_steps_per_update=2",
+        "train.checkpoint_every=0",
+        "train.max_failed_reward_share=0.9",
+    )
     on_update = None
     if when == "after_the_update":
+
         def on_update(update, metrics):
             if update == 1:
                 raise KeyboardInterrupt
@@ -343,8 +452,11 @@ def test_an_interrupted_pretrain_leaves_the_previous_folder_whole(tmp_path):
     (folder / "training_facts.json").write_text("{}")  # an earlier recipe's output: it may be replaced
     with pytest.raises(KeyboardInterrupt):
         cmd_pretrain(Namespace(recipe="toy", out=None, seed=1), [extension])
-    assert {p.name: p.read_text() for p in folder.iterdir()} == {"weights.bin": "old", "README.md": "old card",
-                                                                  "training_facts.json": "{}"}
+    assert {p.name: p.read_text() for p in folder.iterdir()} == {
+        "weights.bin": "old",
+        "README.md": "old card",
+        "training_facts.json": "{}",
+    }
     assert [p.name for p in (tmp_path / "pipelines").iterdir()] == ["toy"]
     cmd_pretrain(Namespace(recipe="toy", out=None, seed=0), [extension])
     assert {p.name: p.read_text() for p in folder.iterdir()} == {"weights.bin": "new", "README.md": "new card"}
@@ -385,6 +497,7 @@ def test_a_recipe_reusing_shapes_sd3s_vae_names_a_missing_one(recipe, tmp_path, 
 
 class NaNMidway(Reward):
     """Brightness, but NaN for the first sample of a call on intermediate x0 predictions (calls without seeds)."""
+
     name = "nan_midway"
 
     def __call__(self, samples, prompts, meta=None):
@@ -397,8 +510,14 @@ class NaNMidway(Reward):
 
 def test_a_failed_intermediate_reward_skips_its_group_under_incremental_credit(tiny_sd3_dir, tmp_path):
     """One NaN step reward once made the global std of its step NaN: every sample's advantage at that step NaN."""
-    trainer = _trainer(tiny_sd3_dir, tmp_path, "NaNMidway", "algorithm.params={credit: incremental}",
-                       "train.groups_per_update=4", "train.max_failed_reward_share=0.9")
+    trainer = _trainer(
+        tiny_sd3_dir,
+        tmp_path,
+        "NaNMidway",
+        "algorithm.params={credit: incremental}",
+        "train.groups_per_update=4",
+        "train.max_failed_reward_share=0.9",
+    )
     batch, metrics = trainer.collect(0)
     assert metrics["reward_failed_groups"] == 1 and 0 not in batch.group_ids.tolist()
     assert torch.isfinite(batch.global_step_rewards).all()
@@ -410,6 +529,7 @@ def test_a_failed_intermediate_reward_skips_its_group_under_incremental_credit(t
 class RaisesMidway(Reward):
     """Brightness on final samples; raises on intermediate x0 predictions (calls without seeds), as a served judge
     that went down mid-rollout would."""
+
     name = "raises_midway"
 
     def __call__(self, samples, prompts, meta=None):
@@ -443,7 +563,8 @@ def test_after_a_raise_a_group_scoring_reward_is_asked_one_group_at_a_time():
             return RewardOutput(torch.full((len(prompts),), float(len(prompts))))
 
     items = [Condition(p) for p in ["a", "a", "bad", "bad", "c", "c"]]
-    out, error = score_robustly(GroupRubricLike(), torch.zeros(6, 3, 4, 4), [i.prompt for i in items],
-                                {"conditions": items})
+    out, error = score_robustly(
+        GroupRubricLike(), torch.zeros(6, 3, 4, 4), [i.prompt for i in items], {"conditions": items}
+    )
     assert error.startswith("RuntimeError") and GroupRubricLike.calls[1:] == [["a", "a"], ["bad", "bad"], ["c", "c"]]
     assert out.scores[[0, 1, 4, 5]].tolist() == [2.0] * 4 and torch.isnan(out.scores[2:4]).all()

@@ -1,13 +1,13 @@
 """FK steering on a toy flow model whose velocity is exact for a 2-D Gaussian mixture, so the tilted target
 p(x) exp(lambda r(x)) has a closed form."""
+
 import math
 
 import torch
 
 from flowrl.fk import FKConfig, FKSteering, effective_sample_size, log_potential, resample_indices
-from flowrl.policies.base import Conditioning, FlowPolicy
+from flowrl.policies.base import Conditioning, FlowPolicy, SampleSpec
 from flowrl.rollout import rollout, sample_generators
-from flowrl.policies.base import SampleSpec
 
 MEANS = torch.tensor([[-1.0, 0.0], [1.0, 0.0]], dtype=torch.float64)
 SCALE = 0.3  # every component is N(mean, SCALE^2 I)
@@ -52,10 +52,21 @@ def _sample(num_groups, fk: FKConfig | None, seed=0, steps=20):
     cond = Conditioning({"id": torch.zeros(n, 1)}, {}, ["p"] * n)
     callbacks, steering = [], None
     if fk is not None:
-        steering = FKSteering(fk, lambda z, prompts, items: z[:, 0], steps, num_groups, torch.Generator().manual_seed(seed))
+        steering = FKSteering(
+            fk, lambda z, prompts, items: z[:, 0], steps, num_groups, torch.Generator().manual_seed(seed)
+        )
         callbacks = [steering]
-    traj = rollout(policy, cond, sample_generators(range(seed * 100_000, seed * 100_000 + n)), (2,), steps, "flow",
-                   0.5, 1.0, callbacks=callbacks)
+    traj = rollout(
+        policy,
+        cond,
+        sample_generators(range(seed * 100_000, seed * 100_000 + n)),
+        (2,),
+        steps,
+        "flow",
+        0.5,
+        1.0,
+        callbacks=callbacks,
+    )
     return traj.final.double(), steering
 
 
@@ -114,9 +125,10 @@ def test_fk_particles_match_the_closed_form_tilted_mean():
 
 def test_fk_rollouts_as_training_groups(tiny_sd3_dir, tmp_path):
     """sampler.fk turns each prompt group into one set of FK particles; the loop trains on them and flags it."""
+    from run_helpers import tiny_run_config
+
     from flowrl.config import load_config
     from flowrl.train import Trainer
-    from run_helpers import tiny_run_config
 
     path = tiny_run_config(tmp_path / "fk.yaml", tiny_sd3_dir, tmp_path / "runs", "fk", updates=2)
     config = load_config(path, ["sampler.fk={num_particles: 4, lam: 5.0, resample_every: 1, ess_threshold: 1.0}"])
@@ -130,25 +142,38 @@ def test_fk_rollouts_as_training_groups(tiny_sd3_dir, tmp_path):
 def test_fk_resampled_rollouts_are_on_policy_for_grpo():
     """After FK re-indexes particles, every stored log-prob belongs to its stored transition: with the rollout's own
     parameters GRPO's ratio is exactly 1 and nothing is clipped (the current step's log-prob once stayed behind)."""
+    from tiny_pipelines import tiny_shapes_sd3
+
     from flowrl.algorithms import RolloutBatch, build_algorithm
     from flowrl.config import SamplerSection
     from flowrl.policies import policy_for
     from flowrl.rollout import rollout, sample_generators
-    from tiny_pipelines import tiny_shapes_sd3
 
     policy = policy_for(tiny_shapes_sd3(), max_sequence_length=16)
     policy.add_lora(4, 8, policy.lora_targets)
     groups, k, steps = 2, 4, 4
     cond = policy.encode(["a red circle"] * k + ["a square"] * k, 2.0)
     fk = FKConfig(num_particles=k, lam=50.0, resample_every=1, ess_threshold=1.0)
-    steering = FKSteering(fk, lambda z, prompts, items: z.flatten(1).mean(1), steps, groups, torch.Generator().manual_seed(0))
-    traj = rollout(policy, cond, sample_generators(range(groups * k)), policy.noise_shape(SampleSpec(32, 32)), steps, "flow",
-                   0.7, 2.0, callbacks=[steering])
+    steering = FKSteering(
+        fk, lambda z, prompts, items: z.flatten(1).mean(1), steps, groups, torch.Generator().manual_seed(0)
+    )
+    traj = rollout(
+        policy,
+        cond,
+        sample_generators(range(groups * k)),
+        policy.noise_shape(SampleSpec(32, 32)),
+        steps,
+        "flow",
+        0.7,
+        2.0,
+        callbacks=[steering],
+    )
     assert len(steering.resampled_at) >= 1
     rewards = torch.arange(groups * k, dtype=torch.float32)
     group_ids = torch.arange(groups).repeat_interleave(k)
-    batch = RolloutBatch(traj, rewards, group_ids, list(range(groups * k)), rewards, group_ids,
-                         torch.arange(groups * k), cond.prompts)
+    batch = RolloutBatch(
+        traj, rewards, group_ids, list(range(groups * k)), rewards, group_ids, torch.arange(groups * k), cond.prompts
+    )
     algorithm = build_algorithm("grpo", {}, SamplerSection(kind="flow"))
     items, _ = algorithm.prepare(batch, policy)
     _, diagnostics = algorithm.loss(policy, batch, items)
@@ -171,10 +196,28 @@ def test_fk_steered_samples_do_not_depend_on_their_batch(tiny_sd3_dir):
     policy = policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)
     steer = FKSteer(FKConfig(num_particles=3, lam=20.0, resample_every=1, ess_threshold=1.0), Brightness())
     prompts = ["a red circle", "two squares", "a blue triangle"]
-    whole, records = generate_samples(policy, prompts, num_steps=4, guidance_scale=1.0, kind="flow",
-                                      noise_level=0.7, steer=steer, batch_size=9, desc=None)
-    single, _ = generate_samples(policy, prompts, num_steps=4, guidance_scale=1.0, kind="flow", noise_level=0.7,
-                                 steer=steer, batch_size=3, desc=None)
+    whole, records = generate_samples(
+        policy,
+        prompts,
+        num_steps=4,
+        guidance_scale=1.0,
+        kind="flow",
+        noise_level=0.7,
+        steer=steer,
+        batch_size=9,
+        desc=None,
+    )
+    single, _ = generate_samples(
+        policy,
+        prompts,
+        num_steps=4,
+        guidance_scale=1.0,
+        kind="flow",
+        noise_level=0.7,
+        steer=steer,
+        batch_size=3,
+        desc=None,
+    )
     # the same particles kept (another pick moves pixels by ~0.1-1); batch size moves float rounding by ~1e-3 here
     torch.testing.assert_close(whole.tensor, single.tensor, atol=5e-3, rtol=0)
 

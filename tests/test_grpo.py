@@ -2,6 +2,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from tiny_pipelines import tiny_shapes_sd3
 
 from flowrl.algorithms import RolloutBatch, build_algorithm
 from flowrl.algorithms.advantages import group_advantages, zero_std_groups
@@ -9,9 +10,8 @@ from flowrl.algorithms.base import trained_steps
 from flowrl.config import SamplerSection
 from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
-from flowrl.rollout import per_sample_noise, rollout, sample_generators
-from tiny_pipelines import tiny_shapes_sd3
 from flowrl.policies.base import SampleSpec
+from flowrl.rollout import per_sample_noise, rollout, sample_generators
 
 
 def test_group_advantages_by_hand():
@@ -20,7 +20,9 @@ def test_group_advantages_by_hand():
     global_std = rewards.std(unbiased=False)
     expected = torch.tensor([-1.0, 1.0, 0.0, 0.0]) / (global_std + 1e-4)
     torch.testing.assert_close(group_advantages(rewards, groups, "global"), expected)
-    torch.testing.assert_close(group_advantages(rewards, groups, "group"), torch.tensor([-1.0, 1.0, 0.0, 0.0]) / (1 + 1e-4))
+    torch.testing.assert_close(
+        group_advantages(rewards, groups, "group"), torch.tensor([-1.0, 1.0, 0.0, 0.0]) / (1 + 1e-4)
+    )
     assert group_advantages(torch.tensor([0.0, 100.0]), torch.tensor([0, 0]), "group", clip=5.0).abs().max() <= 5.0
     assert zero_std_groups(rewards, groups).tolist() == [False, False, True, True]
 
@@ -82,8 +84,17 @@ def test_a_shared_initial_noise_is_not_reused_as_the_first_samples_step_noise():
         return step(kind, x, *args, noise=noise, **kwargs)
 
     policy.step = recording
-    traj = rollout(policy, policy.encode(["a circle"] * 2, 4.5), sample_generators(seeds), shape, 2, "dance", 0.3,
-                   4.5, initial_noise=shared)
+    traj = rollout(
+        policy,
+        policy.encode(["a circle"] * 2, 4.5),
+        sample_generators(seeds),
+        shape,
+        2,
+        "dance",
+        0.3,
+        4.5,
+        initial_noise=shared,
+    )
     torch.testing.assert_close(traj.latents[0], shared)
     assert not torch.allclose(seen[0][0], shared[0]) and not torch.allclose(seen[0][1], shared[1])
 
@@ -123,8 +134,12 @@ def test_a_process_whose_groups_all_tie_keeps_one_item_of_weight_zero():
     batch.global_rewards = torch.tensor([1.0, 1.0, 1.0, 0.2, 0.9, 0.4])  # the other process's group varies
     batch.rewards = batch.global_rewards[:3]
     batch.local_index = torch.arange(3)  # this process holds the tied group alone
-    batch.trajectory = replace(batch.trajectory, latents=batch.trajectory.latents[:, :3],
-                               log_probs=batch.trajectory.log_probs[:, :3], cond=batch.trajectory.cond.select([0, 1, 2]))
+    batch.trajectory = replace(
+        batch.trajectory,
+        latents=batch.trajectory.latents[:, :3],
+        log_probs=batch.trajectory.log_probs[:, :3],
+        cond=batch.trajectory.cond.select([0, 1, 2]),
+    )
     items, _ = build_algorithm("grpo", {}, SamplerSection()).prepare(batch, policy)
     assert len(items) == 1 and items.weight.tolist() == [0.0]
     assert bool(batch.trajectory.stochastic[items.step[0]])  # a step the loss can score
@@ -187,7 +202,9 @@ def test_kl_forms_against_their_formulas(kind):
             mean_ref, step_std = sde_step(kind, policy.velocity(x, s, cond, 2.0), x, s, s_next, a)[1:3]
     gap = (mean - mean_ref).pow(2).flatten(1).mean(1)
     if kind == "flow":
-        std_t = torch.tensor([a * math.sqrt(si / (1 - (sn if si >= 1 else si))) for si, sn in zip(s.tolist(), s_next.tolist())])
+        std_t = torch.tensor(
+            [a * math.sqrt(si / (1 - (sn if si >= 1 else si))) for si, sn in zip(s.tolist(), s_next.tolist())]
+        )
     else:
         std_t = step_std.flatten()[: len(s)] if step_std.numel() == len(s) else step_std.reshape(len(s), -1)[:, 0]
     torch.testing.assert_close(results["flow_grpo"], gap / (2 * std_t**2), rtol=1e-4, atol=1e-10)
@@ -202,6 +219,7 @@ def test_the_unconditional_gradient_rule_defaults_to_the_methods_own():
     gradient (Flow-GRPO), one that differentiates the sampler keeps it (DRaFT's gradient is the guided output's); a
     set value wins."""
     from conftest import REPO
+
     from flowrl.config import load_config
     from flowrl.train import uncond_grad_of
 
@@ -209,10 +227,28 @@ def test_the_unconditional_gradient_rule_defaults_to_the_methods_own():
     unset = ["train.cfg_uncond_grad=null"]
     assert uncond_grad_of(load_config(config, unset)) is False
     for name in ("draft", "refl"):
-        assert uncond_grad_of(load_config(config, [*unset, f"algorithm.name={name}", "algorithm.params={}",
-                                                   "reward=[{name: shapes_clip}]"])) is True
-    assert uncond_grad_of(load_config(config, ["algorithm.name=draft", "algorithm.params={}",
-                                               "reward=[{name: shapes_clip}]", "train.cfg_uncond_grad=false"])) is False
+        assert (
+            uncond_grad_of(
+                load_config(
+                    config, [*unset, f"algorithm.name={name}", "algorithm.params={}", "reward=[{name: shapes_clip}]"]
+                )
+            )
+            is True
+        )
+    assert (
+        uncond_grad_of(
+            load_config(
+                config,
+                [
+                    "algorithm.name=draft",
+                    "algorithm.params={}",
+                    "reward=[{name: shapes_clip}]",
+                    "train.cfg_uncond_grad=false",
+                ],
+            )
+        )
+        is False
+    )
 
 
 def test_cfg_unconditional_branch_is_detached_by_default():

@@ -2,6 +2,7 @@
 independent samples, the prompt as the sampling unit when samples of a prompt are correlated, the error of a
 draw of seeds with the prompts fixed, the tag-averaged overall's error, and intervals that cover the truth about
 95% of the time."""
+
 import numpy as np
 import pytest
 
@@ -26,7 +27,7 @@ def test_overall_error_of_the_tag_average():
     result = tag_metrics([1, 0, 1, 1, 0, 0, 1, 0], ["a", "a", "a", "a", "b", "b", "b", "b"])
     se_a, se_b = np.std([1, 0, 1, 1], ddof=1) / 2, np.std([0, 0, 1, 0], ddof=1) / 2
     assert result["stderr"]["tags"] == pytest.approx({"a": se_a, "b": se_b})
-    assert result["stderr"]["overall"] == pytest.approx(np.sqrt(se_a ** 2 + se_b ** 2) / 2)
+    assert result["stderr"]["overall"] == pytest.approx(np.sqrt(se_a**2 + se_b**2) / 2)
     assert interval(result) == pytest.approx(1.96 * result["stderr"]["overall"])
     table = format_metrics(result)
     assert "95% +-" in table and f"{interval(result):.3f}" in table.splitlines()[-1]

@@ -1,5 +1,6 @@
 """The shapes-kontext pretraining recipe: its training triples are the world's exact edits, and a whole tiny run
 writes a FluxKontextPipeline that diffusers loads unmodified, around shapes-sd3's VAE left as it was."""
+
 import numpy as np
 import torch
 from diffusers import FluxKontextPipeline
@@ -42,7 +43,16 @@ def test_a_tiny_run_writes_an_editor_diffusers_loads(tmp_path):
     loaded = FluxKontextPipeline.from_pretrained(tmp_path, torch_dtype=torch.float32)
     loaded.set_progress_bar_config(disable=True)
     pairs, texts = edit_triples(1, np.random.default_rng(1))
-    out = loaded(image=Image.fromarray(pairs[0, 0]), prompt=texts[0], height=32, width=32, max_area=32 * 32,
-                 _auto_resize=False, num_inference_steps=2, max_sequence_length=16, output_type="np",
-                 generator=torch.Generator().manual_seed(0)).images
+    out = loaded(
+        image=Image.fromarray(pairs[0, 0]),
+        prompt=texts[0],
+        height=32,
+        width=32,
+        max_area=32 * 32,
+        _auto_resize=False,
+        num_inference_steps=2,
+        max_sequence_length=16,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).images
     assert out.shape == (1, 32, 32, 3) and np.isfinite(out).all()

@@ -1,12 +1,13 @@
 """Memory controls change how work is split, not what is computed: micro-batched rollouts, decodes and rewards,
 gradient checkpointing, VAE slicing, text encoders offloaded with an embedding cache; optimizers by name."""
+
 import pytest
 import torch
+from run_helpers import tiny_run_config
 
 from flowrl.config import load_config
 from flowrl.errors import ConfigError
 from flowrl.train import Trainer
-from run_helpers import tiny_run_config
 
 
 def _one_update(path, overrides=()):
@@ -25,9 +26,15 @@ def test_split_work_gives_the_same_rollout_rewards_and_gradients(tiny_sd3_dir, t
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "mem", updates=1)
     _, whole, whole_metrics = _one_update(path)
-    options = ["train.rollout_microbatch=3", "train.decode_microbatch=2", "train.reward_microbatch=3",
-               "train.gradient_checkpointing=true", "pipeline.vae_slicing=true", "train.offload_text_encoders=true",
-               "train.embedding_cache=true"]
+    options = [
+        "train.rollout_microbatch=3",
+        "train.decode_microbatch=2",
+        "train.reward_microbatch=3",
+        "train.gradient_checkpointing=true",
+        "pipeline.vae_slicing=true",
+        "train.offload_text_encoders=true",
+        "train.embedding_cache=true",
+    ]
     trainer, split, split_metrics = _one_update(path, options)
     torch.testing.assert_close(split.trajectory.latents, whole.trajectory.latents, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(split.trajectory.log_probs, whole.trajectory.log_probs, atol=1e-5, rtol=1e-5)
@@ -116,9 +123,17 @@ def test_offloaded_text_encoders_are_never_placed_on_the_device(tiny_sd3_dir, tm
 
     monkeypatch.setattr(FlowPolicy, "place", recording_place)
     for offload in (False, True):
-        policy = placed_policy(load_config(path, [f"train.offload_text_encoders={str(offload).lower()}",
-                                                  "train.weight_dtype=bf16", "train.mixed_precision=bf16"]),
-                               torch.device("cpu"))
+        policy = placed_policy(
+            load_config(
+                path,
+                [
+                    f"train.offload_text_encoders={str(offload).lower()}",
+                    "train.weight_dtype=bf16",
+                    "train.mixed_precision=bf16",
+                ],
+            ),
+            torch.device("cpu"),
+        )
         encoders = {type(m).__name__ for m in policy.text_encoders()}
         assert placed["text_encoders_on_host"] is offload
         assert ("SD3Transformer2DModel", "cpu") in placed["moves"]

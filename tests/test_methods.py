@@ -1,6 +1,8 @@
 """DiffusionNFT, MEND, ReFL and DRaFT against hand computations and the properties their definitions promise."""
+
 import pytest
 import torch
+from tiny_pipelines import tiny_shapes_sd3
 
 from flowrl.algorithms import RolloutBatch, build_algorithm
 from flowrl.algorithms.mend import choose_moves, group_caps, shifted_trajectory
@@ -9,16 +11,16 @@ from flowrl.algorithms.reward_backprop import reward_loss
 from flowrl.config import SamplerSection
 from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
+from flowrl.policies.base import SampleSpec
 from flowrl.rewards.base import Reward, RewardOutput
 from flowrl.rollout import rollout, sample_generators
-from tiny_pipelines import tiny_shapes_sd3
-from flowrl.policies.base import SampleSpec
 
 ODE = SamplerSection(kind="ode", guidance_scale=2.0)
 
 
 class RedReward(Reward):
     """A differentiable stand-in for a learned reward: mean red minus mean green."""
+
     name = "red"
     differentiable = True
 
@@ -35,7 +37,9 @@ def _policy():
 def _ode_batch(policy, rewards=None, steps=4):
     prompts = ["a red circle"] * 4 + ["a square"] * 4
     cond = policy.encode(prompts, 2.0)
-    traj = rollout(policy, cond, sample_generators(range(8)), policy.noise_shape(SampleSpec(32, 32)), steps, "ode", 0.7, 2.0)
+    traj = rollout(
+        policy, cond, sample_generators(range(8)), policy.noise_shape(SampleSpec(32, 32)), steps, "ode", 0.7, 2.0
+    )
     if rewards is None:
         with torch.no_grad():
             rewards = RedReward()(policy.decode(traj.final), prompts).scores
@@ -180,8 +184,9 @@ def test_nft_loss_matches_a_hand_computation():
     loss_neg = ((0.25**2 + 0.5**2) / 2) / ((0.25 + 0.5) / 2)
     expected = (0.75 * loss_pos + 0.25 * loss_neg) / 0.5
     torch.testing.assert_close(nft_loss(v, v_old, x_t, x0, t, r, beta), torch.tensor([expected]))
-    torch.testing.assert_close(optimality_weight(torch.tensor([-10.0, 0.0, 2.5, 5.0]), 5.0),
-                               torch.tensor([0.0, 0.5, 0.75, 1.0]))
+    torch.testing.assert_close(
+        optimality_weight(torch.tensor([-10.0, 0.0, 2.5, 5.0]), 5.0), torch.tensor([0.0, 0.5, 0.75, 1.0])
+    )
 
 
 def test_nft_gradient_at_the_old_policy_is_advantage_weighted_flow_matching():
@@ -222,8 +227,9 @@ def test_nft_defaults_follow_the_reference_scale_and_keep_zero_advantage_items()
     traj = batch.trajectory
     with torch.no_grad():
         v = policy.velocity(algorithm.x_t, algorithm.t, traj.cond.select(items.sample), 2.0)
-    expected = 5.0 * nft_loss(v, algorithm.v_old, algorithm.x_t, traj.final[items.sample], algorithm.t,
-                              algorithm.weights[items.sample], 0.5)  # C = adv_clip_max = 5
+    expected = 5.0 * nft_loss(
+        v, algorithm.v_old, algorithm.x_t, traj.final[items.sample], algorithm.t, algorithm.weights[items.sample], 0.5
+    )  # C = adv_clip_max = 5
     torch.testing.assert_close(losses.detach(), expected)
     torch.testing.assert_close(unscaled.loss(policy, batch, items)[0].detach(), expected / 5.0)
 
@@ -271,7 +277,7 @@ def test_draft_gradient_matches_finite_differences():
     losses, diagnostics = algorithm.loss(policy, batch, items)
     # the final sample re-run with gradient reproduces the stored rollout's reward
     torch.testing.assert_close(-losses.detach(), batch.rewards, atol=1e-4, rtol=1e-3)
-    grad, = torch.autograd.grad(losses.sum(), param)
+    (grad,) = torch.autograd.grad(losses.sum(), param)
     assert grad.abs().sum() > 0
     direction = torch.randn(param.shape, generator=torch.Generator().manual_seed(1))
     eps = 1e-3
@@ -298,6 +304,7 @@ def test_methods_that_need_reward_gradients_or_ode_rollouts_say_so():
 # ---- shift-averaged reward gradients -----------------------------------------------------------------------------
 class CornerReward(Reward):
     """Reads one pixel: the kind of position-bound score a shift should average away."""
+
     name = "corner"
     differentiable = True
 
@@ -307,6 +314,7 @@ class CornerReward(Reward):
 
 def test_shift_average_copies_are_integer_translations_drawn_from_each_seed():
     from flowrl.rewards.augment import ShiftAverage
+
     shift = ShiftAverage(max_shift=2, copies=3)
     images = torch.rand(2, 3, 12, 12)
     out = shift.shifted(images, [5, 9])
@@ -317,7 +325,7 @@ def test_shift_average_copies_are_integer_translations_drawn_from_each_seed():
         for c in range(3):
             dy, dx = offsets[b, c].tolist()
             # inside the border the copy is the image moved by (-dy, -dx)
-            torch.testing.assert_close(out[b * 3 + c, :, 2:10, 2:10], images[b, :, 2 + dy:10 + dy, 2 + dx:10 + dx])
+            torch.testing.assert_close(out[b * 3 + c, :, 2:10, 2:10], images[b, :, 2 + dy : 10 + dy, 2 + dx : 10 + dx])
     # a clip's frames move together (video rewards with reward_shift once crashed in replicate padding)
     clips = torch.rand(2, 3, 4, 12, 12)
     moved = shift.shifted(clips, [5, 9])
@@ -325,7 +333,9 @@ def test_shift_average_copies_are_integer_translations_drawn_from_each_seed():
     for b in range(2):
         for c in range(3):
             dy, dx = offsets[b, c].tolist()
-            torch.testing.assert_close(moved[b * 3 + c, ..., 2:10, 2:10], clips[b, ..., 2 + dy:10 + dy, 2 + dx:10 + dx])
+            torch.testing.assert_close(
+                moved[b * 3 + c, ..., 2:10, 2:10], clips[b, ..., 2 + dy : 10 + dy, 2 + dx : 10 + dx]
+            )
 
 
 def test_refl_with_reward_shift_spreads_the_gradient_of_a_position_bound_reward():
@@ -354,11 +364,12 @@ def test_refl_with_reward_shift_spreads_the_gradient_of_a_position_bound_reward(
 def test_method_and_pipeline_combinations_that_would_train_on_nonsense_are_refused(tiny_sd3_dir, tmp_path):
     """Diffusion-DPO noised an SD pipeline's latents as a flow's (x_t = -980 x0 + 981 eps at DDIM timestep 981) and
     regressed its noise prediction on a velocity; MEND compared z-scored batch rewards with its proposals' raw ones."""
+    from run_helpers import tiny_run_config
+    from tiny_pipelines import tiny_shapes_sd
+
     from flowrl.config import load_config
     from flowrl.errors import ConfigError
     from flowrl.train import Trainer
-    from run_helpers import tiny_run_config
-    from tiny_pipelines import tiny_shapes_sd
 
     tiny_shapes_sd().save_pretrained(tmp_path / "sd")
     sd = tiny_run_config(tmp_path / "sd.yaml", tmp_path / "sd", tmp_path / "runs", "dpo_sd")
@@ -366,5 +377,10 @@ def test_method_and_pipeline_combinations_that_would_train_on_nonsense_are_refus
         Trainer(load_config(sd, ["algorithm.name=dpo", "algorithm.params={}", "sampler.kind=ddim"]), log=False)
     flow = tiny_run_config(tmp_path / "flow.yaml", tiny_sd3_dir, tmp_path / "runs", "mend_z")
     with pytest.raises(ConfigError, match="train.normalize_rewards: algorithm 'mend' compares"):
-        Trainer(load_config(flow, ["algorithm.name=mend", "algorithm.params={}", "sampler.kind=ode",
-                                   "train.normalize_rewards=batch"]), log=False)
+        Trainer(
+            load_config(
+                flow,
+                ["algorithm.name=mend", "algorithm.params={}", "sampler.kind=ode", "train.normalize_rewards=batch"],
+            ),
+            log=False,
+        )

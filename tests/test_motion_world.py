@@ -1,13 +1,33 @@
 """The moving-shapes world: the grammar round-trips, the split holds out what it says, rendered clips satisfy their
 prompts, and the video verifier passes each rendered clip and fails its one-attribute negatives."""
+
 import numpy as np
 import pytest
 
-from flowrl.motion.prompts import (HELD_OUT_SHAPE_DIRECTIONS, TAGS, ClipSpec, Mover, all_specs, eval_prompt_set,
-                                   is_held_out, parse_prompt, train_prompt_set)
+from flowrl.motion.prompts import (
+    HELD_OUT_SHAPE_DIRECTIONS,
+    TAGS,
+    ClipSpec,
+    Mover,
+    all_specs,
+    eval_prompt_set,
+    is_held_out,
+    parse_prompt,
+    train_prompt_set,
+)
 from flowrl.motion.verifier import judge_clip
-from flowrl.motion.world import (FRAMES, MAX_SIZE, Track, fits, in_frame_starts, render_clip, render_shape_labels,
-                                 sample_clip, sample_pairs, sample_tracks)
+from flowrl.motion.world import (
+    FRAMES,
+    MAX_SIZE,
+    Track,
+    fits,
+    in_frame_starts,
+    render_clip,
+    render_shape_labels,
+    sample_clip,
+    sample_pairs,
+    sample_tracks,
+)
 from flowrl.shapes.prompts import HELD_OUT_COMBOS
 from flowrl.shapes.world import SHAPES
 
@@ -41,8 +61,12 @@ def test_every_prompt_parses_back_to_its_spec(tag):
 
 
 def test_bad_prompts_are_named():
-    for prompt in ["a purple circle", "a red circle moving sideways", "a red circle moving left and a red circle "
-                   "moving up", "a circle turning from red to red"]:
+    for prompt in [
+        "a purple circle",
+        "a red circle moving sideways",
+        "a red circle moving left and a red circle moving up",
+        "a circle turning from red to red",
+    ]:
         with pytest.raises(ValueError, match="prompt"):
             parse_prompt(prompt)
 
@@ -154,8 +178,12 @@ def test_question_labels_and_the_qa_model_round_trip(tmp_path):
     torch.testing.assert_close(loaded(video, *tokenize(tok, questions[:4])), expected)
     reward = build_reward("moving_shapes_qa", path=str(tmp_path / "qa"))
     pixels = video.clone().requires_grad_(True)
-    prompts = ["a red circle moving left", "a square turning from red to blue", "a still blue square",
-               "a red circle moving toward a blue square"]
+    prompts = [
+        "a red circle moving left",
+        "a square turning from red to blue",
+        "a still blue square",
+        "a red circle moving toward a blue square",
+    ]
     out = reward(pixels, prompts)
     assert out.scores.shape == (4,) and ((out.scores > 0) & (out.scores < 1)).all()
     out.scores.sum().backward()

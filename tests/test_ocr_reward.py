@@ -1,4 +1,5 @@
 """The OCR reward with the real PP-OCRv4 weights from the rapidocr-onnxruntime wheel, on rendered text."""
+
 import numpy as np
 import pytest
 import torch

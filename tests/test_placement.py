@@ -1,21 +1,29 @@
 """Placement and precision: after set-up every pipeline component and reward model is on the accelerator's device,
 frozen weights are in `train.weight_dtype`, trainable ones (LoRA) stay fp32, and training runs."""
+
 import math
 
 import pytest
 import torch
+from run_helpers import tiny_run_config
 
 from flowrl.config import load_config
 from flowrl.errors import ConfigError
 from flowrl.train import Trainer
-from run_helpers import tiny_run_config
 
 
 @pytest.mark.usefixtures("fresh_accelerator_state")
 @pytest.mark.parametrize("weight_dtype", ["fp32", "bf16"])
 def test_every_weight_is_placed_with_its_dtype(tiny_sd3_dir, tmp_path, weight_dtype):
-    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "placed", updates=1,
-                           weight_dtype=weight_dtype, mixed_precision="no" if weight_dtype == "fp32" else weight_dtype)
+    path = tiny_run_config(
+        tmp_path / "c.yaml",
+        tiny_sd3_dir,
+        tmp_path / "runs",
+        "placed",
+        updates=1,
+        weight_dtype=weight_dtype,
+        mixed_precision="no" if weight_dtype == "fp32" else weight_dtype,
+    )
     config = load_config(path, ["reward=[{name: shapes_clip}]"])  # a reward with a model of its own
     trainer = Trainer(config, log=False)
     frozen = torch.float32 if weight_dtype == "fp32" else torch.bfloat16
@@ -40,8 +48,9 @@ def test_every_weight_is_placed_with_its_dtype(tiny_sd3_dir, tmp_path, weight_dt
 def test_a_fully_trained_denoiser_keeps_its_fp32_values_under_half_precision_frozen_weights():
     """Only frozen weights take the half-precision dtype; trainable ones keep their fp32 values exactly (casting the
     whole module and back rounded a full fine-tune's starting weights to bf16)."""
-    from flowrl.policies import policy_for
     from tiny_pipelines import tiny_shapes_sd3
+
+    from flowrl.policies import policy_for
 
     policy = policy_for(tiny_shapes_sd3())
     policy.transformer.requires_grad_(True)  # a full fine-tune (lora: null)
@@ -65,8 +74,15 @@ def test_a_lora_run_loads_its_frozen_weights_in_their_final_dtype(tiny_sd3_dir, 
 
     load_pipeline = train.load_pipeline
     monkeypatch.setattr(train, "load_pipeline", recording_load)
-    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "dtype", updates=1,
-                           weight_dtype="bf16", mixed_precision="bf16")
+    path = tiny_run_config(
+        tmp_path / "c.yaml",
+        tiny_sd3_dir,
+        tmp_path / "runs",
+        "dtype",
+        updates=1,
+        weight_dtype="bf16",
+        mixed_precision="bf16",
+    )
     Trainer(load_config(path), log=False)
     Trainer(load_config(path, ["lora=null", "train.lr=1.0e-5"]), log=False)
     assert loaded == [torch.bfloat16, None]

@@ -1,5 +1,6 @@
 """Plug-ins: a package outside flowrl registers nothing in flowrl, yet its reward, algorithm and task train from
 YAML by dotted path; and importing the loop loads no task or safety code."""
+
 import csv
 import json
 import os
@@ -7,7 +8,6 @@ import subprocess
 import sys
 
 import yaml
-
 from conftest import REPO
 from run_helpers import run_flowrl
 
@@ -28,8 +28,14 @@ def test_a_plugin_reward_algorithm_and_task_train_from_yaml(tiny_sd3_dir, tmp_pa
     path = tmp_path / "plugin.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "flowrl", "train", str(path)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "flowrl", "train", str(path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "runs" / "plugin"
     rows = list(csv.DictReader((run / "metrics.csv").open()))
@@ -48,10 +54,12 @@ def test_a_plugin_reward_algorithm_and_task_train_from_yaml(tiny_sd3_dir, tmp_pa
 
 
 def test_the_loop_loads_no_task_or_safety_code():
-    code = ("import sys; import flowrl.train, flowrl.experiment, flowrl.cli; from flowrl.config import SamplerSection; "
-            "from flowrl.algorithms import build_algorithm; build_algorithm('grpo', {}, SamplerSection()); "
-            "print(sorted(m for m in sys.modules if m.startswith(('flowrl.safety', 'flowrl.shapes', 'flowrl.tasks.'))"
-            " and m != 'flowrl.tasks.base'))")
+    code = (
+        "import sys; import flowrl.train, flowrl.experiment, flowrl.cli; from flowrl.config import SamplerSection; "
+        "from flowrl.algorithms import build_algorithm; build_algorithm('grpo', {}, SamplerSection()); "
+        "print(sorted(m for m in sys.modules if m.startswith(('flowrl.safety', 'flowrl.shapes', 'flowrl.tasks.'))"
+        " and m != 'flowrl.tasks.base'))"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
@@ -64,8 +72,11 @@ def test_a_plugin_task_evaluates_a_samples_folder(tmp_path, monkeypatch):
 
     images = torch.zeros(3, 3, 8, 8)
     images[0, 0], images[1, 1], images[2, 0] = 1.0, 1.0, 1.0  # red, green, red
-    records = [{"prompt": "a red square", "tag": "red"}, {"prompt": "a green square", "tag": "green"},
-               {"prompt": "a green square", "tag": "green"}]
+    records = [
+        {"prompt": "a red square", "tag": "red"},
+        {"prompt": "a green square", "tag": "green"},
+        {"prompt": "a green square", "tag": "green"},
+    ]
     write_samples(tmp_path, ImageSamples(images), records)
     monkeypatch.syspath_prepend(str(PLUGINS))  # (the plugin trains from YAML through `python -m flowrl` above)
     done = run_flowrl("eval", "toy_plugin:Colours", "--samples", str(tmp_path))
@@ -77,7 +88,8 @@ def test_a_plugin_task_evaluates_a_samples_folder(tmp_path, monkeypatch):
     scored = json.loads((tmp_path / "rewards_eval.json").read_text())
     assert scored["tags"] == {"green": 0.0, "red": 1.0}  # mean red minus green per tag: (-1 + 1) / 2 and 1
     # read and scored two files at a time (batches [red, green], [green]): the same per-tag means
-    paired = run_flowrl("eval", "rewards", "--samples", str(tmp_path), "--reward", "toy_plugin:Redness",
-                        "--batch-size", "2")
+    paired = run_flowrl(
+        "eval", "rewards", "--samples", str(tmp_path), "--reward", "toy_plugin:Redness", "--batch-size", "2"
+    )
     assert paired.returncode == 0, paired.stderr[-2000:]
     assert json.loads((tmp_path / "rewards_eval.json").read_text())["tags"] == scored["tags"]

@@ -1,17 +1,29 @@
 """Policy adapters on tiny offline SD3, FLUX, FLUX.2 ([klein] and [dev]), Wan (2.1, and 2.2's two experts), HunyuanVideo
 (and SkyReels image to video), LTX-Video, Qwen-Image and Z-Image pipelines (real diffusers classes)."""
+
 import contextlib
 
 import pytest
 import torch
+from policy_checks import assert_lora_trains_every_adapter_and_reference_is_base
+from tiny_pipelines import (
+    tiny_flux,
+    tiny_flux2_dev,
+    tiny_flux2_klein,
+    tiny_hunyuan_video,
+    tiny_ltx,
+    tiny_qwen_image,
+    tiny_shapes_sd3,
+    tiny_wan,
+    tiny_wan22,
+    tiny_wan22_ti2v,
+    tiny_z_image,
+)
 
 from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
-from flowrl.rollout import rollout, sample_generators
-from policy_checks import assert_lora_trains_every_adapter_and_reference_is_base
-from tiny_pipelines import (tiny_flux, tiny_flux2_dev, tiny_flux2_klein, tiny_hunyuan_video, tiny_ltx, tiny_qwen_image, tiny_shapes_sd3, tiny_wan, tiny_wan22,
-                            tiny_wan22_ti2v, tiny_z_image)
 from flowrl.policies.base import SampleSpec
+from flowrl.rollout import rollout, sample_generators
 
 CASES = {
     "sd3": (tiny_shapes_sd3, SampleSpec(32, 32), 4.0),
@@ -34,8 +46,16 @@ def _pipeline_latents(name, pipe, noise, steps, guidance, spec):
     and back)."""
     packed = pipe._pack_latents(noise, *noise.shape) if name in ("flux", "qwen_image") else noise
     packed = pipe._pack_latents(noise) if name == "ltx" else packed
-    kwargs = dict(prompt=PROMPTS, num_inference_steps=steps, guidance_scale=guidance, latents=packed,
-                  output_type="latent", height=spec.height, width=spec.width, max_sequence_length=16)
+    kwargs = dict(
+        prompt=PROMPTS,
+        num_inference_steps=steps,
+        guidance_scale=guidance,
+        latents=packed,
+        output_type="latent",
+        height=spec.height,
+        width=spec.width,
+        max_sequence_length=16,
+    )
     if name in ("sd3", "wan", "wan22", "wan22_ti2v", "ltx"):
         kwargs["negative_prompt"] = [""] * len(PROMPTS)
     if name in ("wan", "wan22", "wan22_ti2v", "hunyuan_video", "ltx"):
@@ -69,8 +89,10 @@ def _random_images(side: int, seeds) -> list:
 
 def _flux2_bn(pipe):
     vae = pipe.vae
-    return (vae.bn.running_mean.view(1, -1, 1, 1),
-            torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps))
+    return (
+        vae.bn.running_mean.view(1, -1, 1, 1),
+        torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps),
+    )
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -82,8 +104,9 @@ def test_ode_rollout_reproduces_the_pipeline(name):
     noise = torch.randn(len(PROMPTS), *shape, generator=torch.Generator().manual_seed(0))
     cond = policy.encode(PROMPTS, guidance)
     traj = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, guidance, initial_noise=noise)
-    torch.testing.assert_close(traj.final, _pipeline_latents(name, pipe, noise, 3, guidance, spec).float(),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        traj.final, _pipeline_latents(name, pipe, noise, 3, guidance, spec).float(), atol=1e-4, rtol=1e-4
+    )
     decoded = policy.decode(traj.final)
     assert decoded.shape[:2] == (2, 3) and decoded.shape[-2:] == (spec.height, spec.width)
     assert 0 <= decoded.min() and decoded.max() <= 1
@@ -138,23 +161,46 @@ def test_qwen_image_pads_prompts_without_changing_samples_and_decodes_as_the_pip
     lengths = cond.tensors["mask"].sum(1).tolist()
     assert cond.tensors["embeds"].shape[1] == 16 and lengths[0] != lengths[1]  # "a red circle" is one word longer
     both = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "flow", 0.7, 4.0, initial_noise=noise)
-    alone = rollout(policy, policy.encode(PROMPTS[1:], 4.0), sample_generators([2]), shape, 3, "flow", 0.7, 4.0,
-                    initial_noise=noise[1:])
+    alone = rollout(
+        policy,
+        policy.encode(PROMPTS[1:], 4.0),
+        sample_generators([2]),
+        shape,
+        3,
+        "flow",
+        0.7,
+        4.0,
+        initial_noise=noise[1:],
+    )
     torch.testing.assert_close(alone.latents[:, 0], both.latents[:, 1], atol=1e-5, rtol=1e-5)
     # the columns `_forward` drops are masked padding: the transformer on all 16, with the mask, gives the same
     text_cond = policy.encode(PROMPTS, 1.0).tensors
     with torch.no_grad():
         trimmed = policy.velocity(noise, 0.6, policy.encode(PROMPTS, 1.0), 1.0)
-        full = pipe.transformer(hidden_states=pipe._pack_latents(noise, *noise.shape), timestep=torch.full((2,), 0.6),
-                                encoder_hidden_states=text_cond["embeds"], encoder_hidden_states_mask=text_cond["mask"],
-                                img_shapes=[[(1, 2, 2)]] * 2, return_dict=False)[0]
-    torch.testing.assert_close(trimmed, pipe._unpack_latents(full, 32, 32, pipe.vae_scale_factor)[:, :, 0],
-                               atol=1e-5, rtol=1e-5)
+        full = pipe.transformer(
+            hidden_states=pipe._pack_latents(noise, *noise.shape),
+            timestep=torch.full((2,), 0.6),
+            encoder_hidden_states=text_cond["embeds"],
+            encoder_hidden_states_mask=text_cond["mask"],
+            img_shapes=[[(1, 2, 2)]] * 2,
+            return_dict=False,
+        )[0]
+    torch.testing.assert_close(
+        trimmed, pipe._unpack_latents(full, 32, 32, pipe.vae_scale_factor)[:, :, 0], atol=1e-5, rtol=1e-5
+    )
 
     ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
-    images = pipe(prompt=PROMPTS, negative_prompt=[" "] * 2, true_cfg_scale=4.0, num_inference_steps=3,
-                  latents=pipe._pack_latents(noise, *noise.shape), output_type="pt", height=32, width=32,
-                  max_sequence_length=16).images
+    images = pipe(
+        prompt=PROMPTS,
+        negative_prompt=[" "] * 2,
+        true_cfg_scale=4.0,
+        num_inference_steps=3,
+        latents=pipe._pack_latents(noise, *noise.shape),
+        output_type="pt",
+        height=32,
+        width=32,
+        max_sequence_length=16,
+    ).images
     torch.testing.assert_close(policy.decode(ode.final), images, atol=1e-5, rtol=1e-5)
 
     x = noise
@@ -179,15 +225,27 @@ def test_z_image_decodes_as_the_pipeline_and_cuts_prompts_where_it_does():
     cond = policy.encode(prompts, 3.0)
     assert cond.tensors["mask"].sum(1).tolist() == [12, 10]  # cut at 12; "a square" in the template: 10 tokens
     ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.0, initial_noise=noise)
-    images = pipe(prompt=list(prompts), negative_prompt=[""] * 2, guidance_scale=2.0, num_inference_steps=3,
-                  latents=noise, output_type="pt", height=32, width=32, max_sequence_length=12).images
+    images = pipe(
+        prompt=list(prompts),
+        negative_prompt=[""] * 2,
+        guidance_scale=2.0,
+        num_inference_steps=3,
+        latents=noise,
+        output_type="pt",
+        height=32,
+        width=32,
+        max_sequence_length=12,
+    ).images
     torch.testing.assert_close(policy.decode(ode.final), images, atol=1e-5, rtol=1e-5)
 
 
 # FLUX.2's variants: the pipeline, and the scale the pipeline is given for flowrl's 4.0 (klein's distilled models
 # ignore it; dev takes it as its guidance embedding)
-FLUX2 = {"base": (tiny_flux2_klein, 4.0), "distilled": (lambda: tiny_flux2_klein(distilled=True), 1.0),
-         "dev": (tiny_flux2_dev, 4.0)}
+FLUX2 = {
+    "base": (tiny_flux2_klein, 4.0),
+    "distilled": (lambda: tiny_flux2_klein(distilled=True), 1.0),
+    "dev": (tiny_flux2_dev, 4.0),
+}
 
 
 @pytest.mark.parametrize("variant", FLUX2)
@@ -209,14 +267,27 @@ def test_flux2_edits_with_a_reference_image_as_the_pipeline(variant):
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     cond = policy.encode(items, 4.0, spec)
     ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
-    images = torch.cat([pipe(image=source, prompt=[prompt], guidance_scale=pipeline_scale, num_inference_steps=3,
-                             latents=noise[i:i + 1], output_type="pt", height=64, width=64,
-                             max_sequence_length=16).images
-                        for i, (prompt, source) in enumerate(zip(PROMPTS, sources))])
+    images = torch.cat(
+        [
+            pipe(
+                image=source,
+                prompt=[prompt],
+                guidance_scale=pipeline_scale,
+                num_inference_steps=3,
+                latents=noise[i : i + 1],
+                output_type="pt",
+                height=64,
+                width=64,
+                max_sequence_length=16,
+            ).images
+            for i, (prompt, source) in enumerate(zip(PROMPTS, sources))
+        ]
+    )
     torch.testing.assert_close(policy.decode(ode.final), images, atol=1e-5, rtol=1e-5)
     plain = policy_for(pipe, max_sequence_length=16)
-    without = rollout(plain, plain.encode(PROMPTS, 4.0), sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0,
-                      initial_noise=noise)
+    without = rollout(
+        plain, plain.encode(PROMPTS, 4.0), sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise
+    )
     assert (without.final - ode.final).abs().max() > 1e-2
     # a sample size off the 4-pixel patch grid (16 px on the released models): the source covers what the latents do
     odd = SampleSpec(66, 70)
@@ -230,9 +301,10 @@ def test_flux2_edits_with_several_reference_images_as_the_pipeline(variant):
     a batch mixing two images and one gives each sample the pipeline's own edit from that list, and what it gives
     alone; a pipeline that takes one image names the prompt that gives two."""
 
+    from tiny_pipelines import tiny_flux_kontext
+
     from flowrl.errors import UserError
     from flowrl.tasks.base import Condition
-    from tiny_pipelines import tiny_flux_kontext
 
     make, pipeline_scale = FLUX2[variant]
     pipe = make()
@@ -246,20 +318,54 @@ def test_flux2_edits_with_several_reference_images_as_the_pipeline(variant):
     cond = policy.encode(items, 4.0, spec)
     assert cond.tensors["reference_count"].tolist() == [2, 1]
     ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
-    expected = torch.cat([pipe(image=given, prompt=[prompt], guidance_scale=pipeline_scale, num_inference_steps=3,
-                               latents=noise[i:i + 1], output_type="pt", height=64, width=64,
-                               max_sequence_length=16).images for i, (prompt, given) in enumerate(zip(PROMPTS, lists))])
+    expected = torch.cat(
+        [
+            pipe(
+                image=given,
+                prompt=[prompt],
+                guidance_scale=pipeline_scale,
+                num_inference_steps=3,
+                latents=noise[i : i + 1],
+                output_type="pt",
+                height=64,
+                width=64,
+                max_sequence_length=16,
+            ).images
+            for i, (prompt, given) in enumerate(zip(PROMPTS, lists))
+        ]
+    )
     torch.testing.assert_close(policy.decode(ode.final), expected, atol=1e-5, rtol=1e-5)
-    alone = rollout(policy, policy.encode(items[:1], 4.0, spec), sample_generators([1]), shape, 3, "ode", 0.0, 4.0,
-                    initial_noise=noise[:1])
+    alone = rollout(
+        policy,
+        policy.encode(items[:1], 4.0, spec),
+        sample_generators([1]),
+        shape,
+        3,
+        "ode",
+        0.0,
+        4.0,
+        initial_noise=noise[:1],
+    )
     torch.testing.assert_close(alone.final, ode.final[:1], atol=1e-5, rtol=1e-5)
-    first_only = rollout(policy, policy.encode([Condition(PROMPTS[0], inputs={"source_image": images[0]})], 4.0, spec),
-                         sample_generators([1]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise[:1])
+    first_only = rollout(
+        policy,
+        policy.encode([Condition(PROMPTS[0], inputs={"source_image": images[0]})], 4.0, spec),
+        sample_generators([1]),
+        shape,
+        3,
+        "ode",
+        0.0,
+        4.0,
+        initial_noise=noise[:1],
+    )
     assert (first_only.final - ode.final[:1]).abs().max() > 1e-3  # the second image counts
     assert_lora_trains_every_adapter_and_reference_is_base(policy, noise, 0.6, cond, 4.0)
     kontext = policy_for(tiny_flux_kontext(), max_sequence_length=16)
-    with pytest.raises(UserError, match=r"prompt 'a red circle' gives 2 images; FluxKontextPipeline \(adapter "
-                                        r"FluxKontextPolicy\) takes one"):
+    with pytest.raises(
+        UserError,
+        match=r"prompt 'a red circle' gives 2 images; FluxKontextPipeline \(adapter "
+        r"FluxKontextPolicy\) takes one",
+    ):
         kontext.encode(items[:1], 3.5, SampleSpec(16, 16))
 
 
@@ -271,12 +377,14 @@ def test_skyreels_image_to_video_samples_as_the_pipeline_from_each_samples_first
     every LoRA parameter gets a gradient."""
 
     import diffusers.pipelines.hunyuan_video.pipeline_hunyuan_skyreels_image2video as skyreels
+
     from flowrl.errors import UserError
     from flowrl.tasks.base import Condition
 
     drawn = skyreels.retrieve_latents
-    monkeypatch.setattr(skyreels, "retrieve_latents", lambda out, generator=None, sample_mode="sample":
-                        drawn(out, generator, "argmax"))
+    monkeypatch.setattr(
+        skyreels, "retrieve_latents", lambda out, generator=None, sample_mode="sample": drawn(out, generator, "argmax")
+    )
     pipe = tiny_hunyuan_video(skyreels_i2v=True)
     policy = policy_for(pipe, max_sequence_length=16)
     assert policy.default_spec() == SampleSpec(544, 960, 97)  # the SkyReels pipeline's defaults, not HunyuanVideo's
@@ -289,14 +397,37 @@ def test_skyreels_image_to_video_samples_as_the_pipeline_from_each_samples_first
     assert torch.equal(cond.negative["image_latents"], cond.tensors["image_latents"])
     assert "embeds" not in policy.encode(items, 1.0, spec).negative  # no CFG branch at scale 1
     ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
-    expected = torch.cat([pipe(image=frame, prompt=[prompt], negative_prompt=[""], true_cfg_scale=4.0,
-                               num_inference_steps=3, latents=noise[i:i + 1], output_type="latent", height=32,
-                               width=32, num_frames=5, max_sequence_length=16).frames
-                          for i, (prompt, frame) in enumerate(zip(PROMPTS, frames))])
+    expected = torch.cat(
+        [
+            pipe(
+                image=frame,
+                prompt=[prompt],
+                negative_prompt=[""],
+                true_cfg_scale=4.0,
+                num_inference_steps=3,
+                latents=noise[i : i + 1],
+                output_type="latent",
+                height=32,
+                width=32,
+                num_frames=5,
+                max_sequence_length=16,
+            ).frames
+            for i, (prompt, frame) in enumerate(zip(PROMPTS, frames))
+        ]
+    )
     torch.testing.assert_close(ode.final, expected, atol=1e-4, rtol=1e-4)
     swapped = [Condition(prompt, inputs={"source_image": frame}) for prompt, frame in zip(PROMPTS, frames[::-1])]
-    other = rollout(policy, policy.encode(swapped, 4.0, spec), sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0,
-                    initial_noise=noise)
+    other = rollout(
+        policy,
+        policy.encode(swapped, 4.0, spec),
+        sample_generators([1, 2]),
+        shape,
+        3,
+        "ode",
+        0.0,
+        4.0,
+        initial_noise=noise,
+    )
     assert (other.final - ode.final).abs().max() > 1e-3
     with pytest.raises(UserError, match="an image-to-video pipeline needs one"):
         policy.encode(["a red circle"], 4.0, spec)
@@ -323,8 +454,9 @@ def test_z_image_gives_its_transformer_the_time_in_fp32_under_bf16_weights(monke
     policy.transformer.to(torch.bfloat16)
     seen = []
     forward = policy.transformer.forward
-    monkeypatch.setattr(policy.transformer, "forward",
-                        lambda x, t, cap, **kw: seen.append(t) or forward(x, t, cap, **kw))
+    monkeypatch.setattr(
+        policy.transformer, "forward", lambda x, t, cap, **kw: seen.append(t) or forward(x, t, cap, **kw)
+    )
     x = torch.randn(1, *policy.noise_shape(SampleSpec(32, 32)), generator=torch.Generator().manual_seed(0))
     policy.velocity(x, 0.3, policy.encode(PROMPTS[:1], 1.0), 1.0)
     assert seen[0].dtype == torch.float32 and abs(float(seen[0][0]) - 0.7) < 1e-7
@@ -344,8 +476,16 @@ def test_flux2_decodes_as_the_pipeline_and_only_klein_base_takes_cfg(variant):
     assert bool(cond.negative) is (variant == "base")  # (the pipeline guides against "" itself)
     assert policy.default_spec() == SampleSpec(128 * pipe.vae_scale_factor, 128 * pipe.vae_scale_factor)
     ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
-    images = pipe(prompt=list(PROMPTS), guidance_scale=pipeline_scale, num_inference_steps=3,
-                  latents=noise, output_type="pt", height=32, width=32, max_sequence_length=16).images
+    images = pipe(
+        prompt=list(PROMPTS),
+        guidance_scale=pipeline_scale,
+        num_inference_steps=3,
+        latents=noise,
+        output_type="pt",
+        height=32,
+        width=32,
+        max_sequence_length=16,
+    ).images
     torch.testing.assert_close(policy.decode(ode.final), images, atol=1e-5, rtol=1e-5)
     if variant == "dev":
         other = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 2.0, initial_noise=noise)
@@ -359,11 +499,21 @@ def test_ltx_decodes_its_videos_as_the_pipeline():
     policy = policy_for(pipe, max_sequence_length=16)
     shape = policy.noise_shape(SampleSpec(32, 32, 9))
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
-    ode = rollout(policy, policy.encode(PROMPTS, 3.0), sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.0,
-                  initial_noise=noise)
-    video = pipe(prompt=PROMPTS, negative_prompt=[""] * 2, guidance_scale=3.0, num_inference_steps=3,
-                 latents=pipe._pack_latents(noise), output_type="pt", height=32, width=32, num_frames=9,
-                 max_sequence_length=16).frames
+    ode = rollout(
+        policy, policy.encode(PROMPTS, 3.0), sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.0, initial_noise=noise
+    )
+    video = pipe(
+        prompt=PROMPTS,
+        negative_prompt=[""] * 2,
+        guidance_scale=3.0,
+        num_inference_steps=3,
+        latents=pipe._pack_latents(noise),
+        output_type="pt",
+        height=32,
+        width=32,
+        num_frames=9,
+        max_sequence_length=16,
+    ).frames
     torch.testing.assert_close(policy.decode(ode.final), video.permute(0, 2, 1, 3, 4), atol=1e-5, rtol=1e-5)
 
 
@@ -389,25 +539,54 @@ def test_ltx_image_to_video_holds_each_samples_first_frame_as_the_pipeline():
     ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.0, initial_noise=noise)
     given = noise.clone()
     given[:, :, 0] = first
-    out = pipe(image=frames, prompt=PROMPTS, negative_prompt=[""] * 2, guidance_scale=3.0, num_inference_steps=3,
-               latents=pipe._pack_latents(given), output_type="latent", height=32, width=32, num_frames=9,
-               max_sequence_length=16).frames
+    out = pipe(
+        image=frames,
+        prompt=PROMPTS,
+        negative_prompt=[""] * 2,
+        guidance_scale=3.0,
+        num_inference_steps=3,
+        latents=pipe._pack_latents(given),
+        output_type="latent",
+        height=32,
+        width=32,
+        num_frames=9,
+        max_sequence_length=16,
+    ).frames
     torch.testing.assert_close(ode.final, pipe._unpack_latents(out, *shape[1:]), atol=1e-4, rtol=1e-4)
     sde = rollout(policy, cond, sample_generators([3, 4]), shape, 3, "flow", 0.7, 3.0)
     assert all(torch.equal(sde.latents[i + 1][:, :, 0], first) for i in range(3))
     for i in range(3):  # a stored step scores as drawn: GRPO's first ratio is 1
-        rescored = policy.step("flow", sde.latents[i], sde.sigmas[i], sde.sigmas[i + 1], cond, 3.0, 0.7,
-                               prev_sample=sde.latents[i + 1])[3]
+        rescored = policy.step(
+            "flow", sde.latents[i], sde.sigmas[i], sde.sigmas[i + 1], cond, 3.0, 0.7, prev_sample=sde.latents[i + 1]
+        )[3]
         torch.testing.assert_close(rescored, sde.log_probs[i], atol=1e-4, rtol=1e-5)
     swapped = [Condition(prompt, inputs={"source_image": frame}) for prompt, frame in zip(PROMPTS, frames[::-1])]
-    other = rollout(policy, policy.encode(swapped, 3.0, spec), sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.0,
-                    initial_noise=noise)
+    other = rollout(
+        policy,
+        policy.encode(swapped, 3.0, spec),
+        sample_generators([1, 2]),
+        shape,
+        3,
+        "ode",
+        0.0,
+        3.0,
+        initial_noise=noise,
+    )
     assert (other.final[:, :, 1:] - ode.final[:, :, 1:]).abs().max() > 1e-3
     assert_lora_trains_every_adapter_and_reference_is_base(policy, noise, 0.6, cond, 3.0)
     # an LTX-Video folder names LTXPipeline: `pipeline.policy: LTXImageToVideoPipeline` makes it the same adapter
     chosen = policy_for(tiny_ltx(), "LTXImageToVideoPipeline", max_sequence_length=16)
-    again = rollout(chosen, chosen.encode(items, 3.0, spec), sample_generators([1, 2]), shape, 3, "ode", 0.0, 3.0,
-                    initial_noise=noise)
+    again = rollout(
+        chosen,
+        chosen.encode(items, 3.0, spec),
+        sample_generators([1, 2]),
+        shape,
+        3,
+        "ode",
+        0.0,
+        3.0,
+        initial_noise=noise,
+    )
     torch.testing.assert_close(again.final, ode.final, rtol=0, atol=0)
 
 
@@ -420,11 +599,12 @@ def test_first_frames_are_encoded_untiled_when_decoding_tiles():
     pipe = tiny_ltx()
     policy = policy_for(pipe, "LTXImageToVideoPipeline", max_sequence_length=16)
     spec = SampleSpec(64, 64, 9)
-    frame, = _random_images(64, (1,))
+    (frame,) = _random_images(64, (1,))
     items = [Condition("a red circle", inputs={"source_image": frame})]
     whole = policy.encode(items, 1.0, spec).tensors["condition"]
-    pipe.vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=16,
-                           tile_sample_stride_width=16)
+    pipe.vae.enable_tiling(
+        tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=16, tile_sample_stride_width=16
+    )
     torch.testing.assert_close(policy.encode(items, 1.0, spec).tensors["condition"], whole, rtol=0, atol=0)
     assert pipe.vae.use_tiling  # and decoding still tiles
 
@@ -441,8 +621,17 @@ def test_hunyuan_video_decodes_as_the_pipeline_and_takes_its_scale_as_an_embeddi
     cond = policy.encode(PROMPTS, 6.0)
     assert not cond.negative and cond.tensors["mask"].sum(1).tolist() == [4, 3]  # the prompt's words and <|eot_id|>
     ode = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 6.0, initial_noise=noise)
-    video = pipe(prompt=PROMPTS, num_inference_steps=3, guidance_scale=6.0, latents=noise, output_type="pt",
-                 height=32, width=32, num_frames=5, max_sequence_length=16).frames
+    video = pipe(
+        prompt=PROMPTS,
+        num_inference_steps=3,
+        guidance_scale=6.0,
+        latents=noise,
+        output_type="pt",
+        height=32,
+        width=32,
+        num_frames=5,
+        max_sequence_length=16,
+    ).frames
     torch.testing.assert_close(policy.decode(ode.final), video.permute(0, 2, 1, 3, 4), atol=1e-5, rtol=1e-5)
     other = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 2.0, initial_noise=noise)
     assert (other.final - ode.final).abs().max() > 1e-3
@@ -453,10 +642,10 @@ def test_pipeline_shift_samples_as_the_pipeline_with_that_shift_and_is_refused_w
     """pipeline.shift replaces the folder's: HunyuanVideo at DanceGRPO's 5 samples as the pipeline whose scheduler
     says 5 (and not as at the folder's 7); a size-shifted schedule (FLUX) and DDIM (SD) name the setting."""
     from diffusers import FlowMatchEulerDiscreteScheduler
-
-    from flowrl.policies.base import SampleSpec as Spec
     from real_layouts import flux_dev
     from tiny_pipelines import tiny_shapes_sd
+
+    from flowrl.policies.base import SampleSpec as Spec
 
     pipe = tiny_hunyuan_video()
     policy = policy_for(pipe, max_sequence_length=16)
@@ -468,13 +657,17 @@ def test_pipeline_shift_samples_as_the_pipeline_with_that_shift_and_is_refused_w
     policy.set_shift(5.0, "pipeline.shift")
     at_five = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 6.0, initial_noise=noise)
     pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, shift=5.0)
-    torch.testing.assert_close(at_five.final, _pipeline_latents("hunyuan_video", pipe, noise, 3, 6.0, spec).float(),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        at_five.final, _pipeline_latents("hunyuan_video", pipe, noise, 3, 6.0, spec).float(), atol=1e-4, rtol=1e-4
+    )
     assert (at_five.final - at_seven.final).abs().max() > 1e-3
     with pytest.raises(ConfigError, match=r"--shift: FluxPipeline's scheduler shifts its schedule by the sample size"):
         policy_for(flux_dev(), max_sequence_length=16).set_shift(3.0, "--shift")  # FLUX-dev's dynamic shifting
-    with pytest.raises(ConfigError, match=r"pipeline.shift: StableDiffusionPipeline samples with DDIMScheduler, "
-                                          "which takes no shift"):
+    with pytest.raises(
+        ConfigError,
+        match=r"pipeline.shift: StableDiffusionPipeline samples with DDIMScheduler, "
+        "which takes no shift",
+    ):
         policy_for(tiny_shapes_sd(), max_sequence_length=16).set_shift(3.0, "pipeline.shift")
 
 
@@ -485,10 +678,21 @@ def test_wan22_ti2v_decodes_its_videos_as_the_pipeline():
     policy = policy_for(pipe, max_sequence_length=16)
     shape = policy.noise_shape(SampleSpec(32, 32, 9))
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
-    ode = rollout(policy, policy.encode(PROMPTS, 5.0), sample_generators([1, 2]), shape, 3, "ode", 0.0, 5.0,
-                  initial_noise=noise)
-    video = pipe(prompt=PROMPTS, negative_prompt=[""] * 2, num_inference_steps=3, guidance_scale=5.0, latents=noise,
-                 output_type="pt", height=32, width=32, num_frames=9, max_sequence_length=16).frames
+    ode = rollout(
+        policy, policy.encode(PROMPTS, 5.0), sample_generators([1, 2]), shape, 3, "ode", 0.0, 5.0, initial_noise=noise
+    )
+    video = pipe(
+        prompt=PROMPTS,
+        negative_prompt=[""] * 2,
+        num_inference_steps=3,
+        guidance_scale=5.0,
+        latents=noise,
+        output_type="pt",
+        height=32,
+        width=32,
+        num_frames=9,
+        max_sequence_length=16,
+    ).frames
     torch.testing.assert_close(policy.decode(ode.final).permute(0, 2, 1, 3, 4), video, atol=1e-5, rtol=1e-5)
     # its clips play at 24 frames a second (the A14B experts' and Wan2.1's at 16)
     assert policy.fps == 24 and policy_for(tiny_wan22(), max_sequence_length=16).fps == 16
@@ -504,8 +708,9 @@ def test_a_frame_count_the_video_vae_cannot_take_is_one_error():
     assert policy.noise_shape(SampleSpec(32, 32, num_frames=9))[1] == 3
 
 
-@pytest.mark.parametrize("make", [tiny_shapes_sd3, tiny_flux, tiny_wan, tiny_ltx, tiny_hunyuan_video, tiny_qwen_image,
-                                  tiny_flux2_klein])
+@pytest.mark.parametrize(
+    "make", [tiny_shapes_sd3, tiny_flux, tiny_wan, tiny_ltx, tiny_hunyuan_video, tiny_qwen_image, tiny_flux2_klein]
+)
 def test_a_size_the_pipeline_cannot_draw_exactly_is_one_error_naming_the_setting(make):
     """A side that is a multiple of size_multiple decodes to exactly that size; any other is refused up front (the
     pipelines would round it down, and FLUX Kontext's source would not pack)."""
@@ -540,10 +745,12 @@ def test_wan22_steps_high_noise_with_the_trained_expert_and_low_noise_with_the_f
     mixed = policy.velocity(x, sigma, cond, 1.0)
     embeds = cond.tensors["embeds"]
     with torch.no_grad():
-        low = pipe.transformer_2(hidden_states=x[:1], timestep=sigma[:1] * 1000, encoder_hidden_states=embeds[:1],
-                                 return_dict=False)[0]
-        high = pipe.transformer(hidden_states=x[1:], timestep=sigma[1:] * 1000, encoder_hidden_states=embeds[1:],
-                                return_dict=False)[0]
+        low = pipe.transformer_2(
+            hidden_states=x[:1], timestep=sigma[:1] * 1000, encoder_hidden_states=embeds[:1], return_dict=False
+        )[0]
+        high = pipe.transformer(
+            hidden_states=x[1:], timestep=sigma[1:] * 1000, encoder_hidden_states=embeds[1:], return_dict=False
+        )[0]
     torch.testing.assert_close(mixed, torch.cat([low, high]), atol=1e-5, rtol=1e-5)
     mixed[0].sum().backward()  # the low-noise sample reaches no trainable weight
     assert all(p.grad is None or not p.grad.any() for p in policy.trainable_parameters())
@@ -561,11 +768,22 @@ def test_wan22_guides_its_low_noise_expert_with_the_second_scale_as_the_pipeline
     spec = SampleSpec(16, 16, num_frames=9)
     shape = policy.noise_shape(spec)
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
-    traj = rollout(policy, policy.encode(PROMPTS, 5.0), sample_generators([1, 2]), shape, 4, "ode", 0.0, 5.0,
-                   initial_noise=noise)
-    expected = pipe(prompt=PROMPTS, negative_prompt=[""] * 2, num_inference_steps=4, guidance_scale=5.0,
-                    guidance_scale_2=2.0, latents=noise, output_type="latent", height=16, width=16, num_frames=9,
-                    max_sequence_length=16).frames
+    traj = rollout(
+        policy, policy.encode(PROMPTS, 5.0), sample_generators([1, 2]), shape, 4, "ode", 0.0, 5.0, initial_noise=noise
+    )
+    expected = pipe(
+        prompt=PROMPTS,
+        negative_prompt=[""] * 2,
+        num_inference_steps=4,
+        guidance_scale=5.0,
+        guidance_scale_2=2.0,
+        latents=noise,
+        output_type="latent",
+        height=16,
+        width=16,
+        num_frames=9,
+        max_sequence_length=16,
+    ).frames
     torch.testing.assert_close(traj.final, expected.float(), atol=1e-4, rtol=1e-4)
     one_scale = _pipeline_latents("wan22", pipe, noise, 4, 5.0, spec).float()
     assert (one_scale - expected).abs().max() > 1e-2
@@ -606,11 +824,17 @@ def test_shipped_schedulers_are_switched_to_the_sampler_flowrl_steps_with_a_note
     import logging
 
     from diffusers import FlowMatchEulerDiscreteScheduler, PNDMScheduler, UniPCMultistepScheduler
-
     from tiny_pipelines import tiny_shapes_sd
 
-    sd15 = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", num_train_timesteps=1000,
-                set_alpha_to_one=False, skip_prk_steps=True, steps_offset=1)
+    sd15 = dict(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        num_train_timesteps=1000,
+        set_alpha_to_one=False,
+        skip_prk_steps=True,
+        steps_offset=1,
+    )
     pndm = PNDMScheduler(**sd15)
     pndm.set_timesteps(4)
     assert pndm.timesteps.tolist() == [751, 501, 501, 251, 1]  # what sampling with the shipped scheduler would do
@@ -667,8 +891,14 @@ def test_a_checkpoint_brings_back_its_lora_gate(tmp_path):
     load_trained_weights(loaded, checkpoint)
     assert loaded.has_lora and loaded.lora_active_from_sigma == 0.5
     # a sampling-only gate (lora.sample_from_sigma) is what a trained checkpoint is drawn with
-    sampled = save_checkpoint(tmp_path / "run", 2, tuned.trainable_state_dict(), {}, None,
-                              {**adapter, "active_from_sigma": None, "sample_from_sigma": 0.6})
+    sampled = save_checkpoint(
+        tmp_path / "run",
+        2,
+        tuned.trainable_state_dict(),
+        {},
+        None,
+        {**adapter, "active_from_sigma": None, "sample_from_sigma": 0.6},
+    )
     loaded = policy_for(load_pipeline(tmp_path / "pipe"), max_sequence_length=16)
     load_trained_weights(loaded, sampled)
     assert loaded.lora_active_from_sigma == 0.6
@@ -690,10 +920,18 @@ def test_the_runs_evaluation_samples_with_the_sampling_gate_and_training_keeps_i
         return ImageSamples(torch.zeros(len(conditions) * num_per_prompt, 3, 32, 32)), []
 
     monkeypatch.setattr(experiment, "generate_samples", fake_generate)
-    trainer = SimpleNamespace(policy=policy, spec=None, task=build_task("shapes"), rank=0, world=1, is_main=True,
-                              accelerator=SimpleNamespace(autocast=contextlib.nullcontext),
-                              config=SimpleNamespace(eval=EvalSection(num_per_prompt=1), train=TrainSection(),
-                                                     lora=LoraSection(sample_from_sigma=0.6)))
+    trainer = SimpleNamespace(
+        policy=policy,
+        spec=None,
+        task=build_task("shapes"),
+        rank=0,
+        world=1,
+        is_main=True,
+        accelerator=SimpleNamespace(autocast=contextlib.nullcontext),
+        config=SimpleNamespace(
+            eval=EvalSection(num_per_prompt=1), train=TrainSection(), lora=LoraSection(sample_from_sigma=0.6)
+        ),
+    )
     experiment.evaluate(trainer, None)
     assert seen == [0.6] and policy.lora_active_from_sigma is None  # the rollouts' gate is back after the eval
     trainer.config.lora = LoraSection(active_from_sigma=0.5)
@@ -736,10 +974,18 @@ def test_sd3_with_dynamic_shifting_takes_its_schedulers_bounds_as_the_pipeline_d
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     pipe = tiny_shapes_sd3()
-    pipe.scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_image_seq_len=16,
-                                                     max_image_seq_len=256, base_shift=0.2, max_shift=2.5)
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(
+        use_dynamic_shifting=True, base_image_seq_len=16, max_image_seq_len=256, base_shift=0.2, max_shift=2.5
+    )
     policy = policy_for(pipe, max_sequence_length=16)
     shape = policy.noise_shape(SampleSpec(32, 32))
-    pipe(prompt=["a red circle"], num_inference_steps=4, guidance_scale=1.0, height=32, width=32,
-         output_type="latent", max_sequence_length=16)
+    pipe(
+        prompt=["a red circle"],
+        num_inference_steps=4,
+        guidance_scale=1.0,
+        height=32,
+        width=32,
+        output_type="latent",
+        max_sequence_length=16,
+    )
     torch.testing.assert_close(policy.sigmas(4, shape)[:4].float(), pipe.scheduler.sigmas[:4].float())

@@ -1,4 +1,5 @@
 """benchmarks/probe_rewards.py: the path-check rewards score what they say."""
+
 import torch
 
 from flowrl.shapes.world import PALETTE

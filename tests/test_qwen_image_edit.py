@@ -1,16 +1,17 @@
 """Qwen-Image-Edit (QwenImageEditPipeline) and its Plus pipeline (-2509 / -2511, here with -2511's zero_cond_t) as
 policies, on tiny random offline instances of the real diffusers and transformers classes."""
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from policy_checks import assert_lora_trains_every_adapter_and_reference_is_base
+from tiny_pipelines import tiny_qwen_image_edit
 
 from flowrl.policies import policy_for
 from flowrl.policies.base import SampleSpec
 from flowrl.rollout import rollout, sample_generators
 from flowrl.tasks.base import Condition
-from policy_checks import assert_lora_trains_every_adapter_and_reference_is_base
-from tiny_pipelines import tiny_qwen_image_edit
 
 SPEC = SampleSpec(32, 32)
 INSTRUCTIONS = ["make the red circle blue", "remove the square"]
@@ -32,8 +33,17 @@ def keep_sources_small(monkeypatch):
 
 
 def _pipeline_latents(pipe, source, instruction, noise, guidance):
-    out = pipe(image=source, prompt=instruction, negative_prompt=" ", true_cfg_scale=guidance, num_inference_steps=3,
-               latents=pipe._pack_latents(noise, *noise.shape), output_type="latent", height=32, width=32).images
+    out = pipe(
+        image=source,
+        prompt=instruction,
+        negative_prompt=" ",
+        true_cfg_scale=guidance,
+        num_inference_steps=3,
+        latents=pipe._pack_latents(noise, *noise.shape),
+        output_type="latent",
+        height=32,
+        width=32,
+    ).images
     return pipe._unpack_latents(out, 32, 32, pipe.vae_scale_factor)[:, :, 0]
 
 
@@ -49,10 +59,23 @@ def test_ode_rollout_reproduces_the_edit_pipeline(plus, keep_sources_small):
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     sources = [_source(1), _source(2)]
     items = [Condition(text, inputs={"source_image": source}) for text, source in zip(INSTRUCTIONS, sources)]
-    traj = rollout(policy, policy.encode(items, 4.0, SPEC), sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0,
-                   initial_noise=noise)
-    expected = torch.cat([_pipeline_latents(pipe, source, text, noise[i:i + 1], 4.0)
-                          for i, (text, source) in enumerate(zip(INSTRUCTIONS, sources))])
+    traj = rollout(
+        policy,
+        policy.encode(items, 4.0, SPEC),
+        sample_generators([1, 2]),
+        shape,
+        3,
+        "ode",
+        0.0,
+        4.0,
+        initial_noise=noise,
+    )
+    expected = torch.cat(
+        [
+            _pipeline_latents(pipe, source, text, noise[i : i + 1], 4.0)
+            for i, (text, source) in enumerate(zip(INSTRUCTIONS, sources))
+        ]
+    )
     torch.testing.assert_close(traj.final, expected, atol=1e-4, rtol=1e-4)
     assert (traj.final[0] - traj.final[1]).abs().max() > 1e-3
 
@@ -73,21 +96,42 @@ def test_the_plus_pipeline_edits_with_several_images_as_the_pipeline(keep_source
     items = [Condition(text, inputs={"source_image": given}) for text, given in zip(INSTRUCTIONS, lists)]
     reads = []
     original = pipe.encode_prompt
-    monkeypatch.setattr(pipe, "encode_prompt", lambda prompt, image=None, **kw: reads.append(
-        (prompt[0], len(image) if isinstance(image, list) else 1)) or original(prompt, image=image, **kw))
+    monkeypatch.setattr(
+        pipe,
+        "encode_prompt",
+        lambda prompt, image=None, **kw: (
+            reads.append((prompt[0], len(image) if isinstance(image, list) else 1))
+            or original(prompt, image=image, **kw)
+        ),
+    )
     cond = policy.encode(items, 4.0, SPEC)
     assert sorted(reads) == sorted([(INSTRUCTIONS[0], 2), (" ", 2), (INSTRUCTIONS[1], 1), (" ", 1)])
     assert cond.tensors["reference_count"].tolist() == [2, 1]
     traj = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
-    expected = torch.cat([_pipeline_latents(pipe, given, text, noise[i:i + 1], 4.0)
-                          for i, (text, given) in enumerate(zip(INSTRUCTIONS, lists))])
+    expected = torch.cat(
+        [
+            _pipeline_latents(pipe, given, text, noise[i : i + 1], 4.0)
+            for i, (text, given) in enumerate(zip(INSTRUCTIONS, lists))
+        ]
+    )
     torch.testing.assert_close(traj.final, expected, atol=1e-4, rtol=1e-4)
-    first_only = rollout(policy, policy.encode([Condition(INSTRUCTIONS[0], inputs={"source_image": lists[0][0]})],
-                                               4.0, SPEC), sample_generators([1]), shape, 3, "ode", 0.0, 4.0,
-                         initial_noise=noise[:1])
+    first_only = rollout(
+        policy,
+        policy.encode([Condition(INSTRUCTIONS[0], inputs={"source_image": lists[0][0]})], 4.0, SPEC),
+        sample_generators([1]),
+        shape,
+        3,
+        "ode",
+        0.0,
+        4.0,
+        initial_noise=noise[:1],
+    )
     assert (first_only.final - traj.final[:1]).abs().max() > 1e-3
-    with pytest.raises(UserError, match=r"gives 2 images; QwenImageEditPipeline \(adapter QwenImageEditPolicy\) "
-                                        r"takes one"):
+    with pytest.raises(
+        UserError,
+        match=r"gives 2 images; QwenImageEditPipeline \(adapter QwenImageEditPolicy\) "
+        r"takes one",
+    ):
         policy_for(tiny_qwen_image_edit()).encode(items[:1], 4.0, SPEC)
 
 
@@ -103,7 +147,8 @@ def test_instructions_are_read_with_their_sources_once_per_pair(keep_sources_sma
     monkeypatch.setattr(pipe, "encode_prompt", lambda prompt, **kw: reads.append(prompt) or original(prompt, **kw))
     a, b = _source(1), _source(2)
     group = [Condition(INSTRUCTIONS[0], inputs={"source_image": a})] * 3 + [
-        Condition(INSTRUCTIONS[1], inputs={"source_image": b})]
+        Condition(INSTRUCTIONS[1], inputs={"source_image": b})
+    ]
     cond = policy.encode(group, 4.0, SPEC)
     assert sorted(map(tuple, reads)) == sorted([(INSTRUCTIONS[0],), (INSTRUCTIONS[1],), (" ",), (" ",)])
     assert torch.equal(cond.tensors["embeds"][0], cond.tensors["embeds"][2])
@@ -128,8 +173,17 @@ def test_instructions_are_read_with_their_sources_once_per_pair(keep_sources_sma
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     pair = policy.encode(group[2:], 4.0, SPEC)
     both = rollout(policy, pair, sample_generators([1, 2]), shape, 3, "flow", 0.7, 4.0, initial_noise=noise)
-    alone = rollout(policy, policy.encode(group[:1], 4.0, SPEC), sample_generators([1]), shape, 3, "flow", 0.7, 4.0,
-                    initial_noise=noise[:1])
+    alone = rollout(
+        policy,
+        policy.encode(group[:1], 4.0, SPEC),
+        sample_generators([1]),
+        shape,
+        3,
+        "flow",
+        0.7,
+        4.0,
+        initial_noise=noise[:1],
+    )
     assert pair.tensors["mask"][0].sum() != pair.tensors["mask"][1].sum()
     torch.testing.assert_close(alone.latents[:, 0], both.latents[:, 0], atol=1e-5, rtol=1e-5)
 
@@ -138,8 +192,9 @@ def test_instructions_are_read_with_their_sources_once_per_pair(keep_sources_sma
 def test_the_edit_lora_trains_every_adapter_and_its_reference_is_the_base(plus, keep_sources_small):
     policy = policy_for(tiny_qwen_image_edit(plus=plus))
     x = torch.randn(2, *policy.noise_shape(SPEC), generator=torch.Generator().manual_seed(0))
-    cond = policy.encode([Condition(text, inputs={"source_image": _source(i)}) for i, text in enumerate(INSTRUCTIONS)],
-                         4.0, SPEC)
+    cond = policy.encode(
+        [Condition(text, inputs={"source_image": _source(i)}) for i, text in enumerate(INSTRUCTIONS)], 4.0, SPEC
+    )
     assert_lora_trains_every_adapter_and_reference_is_base(policy, x, 0.6, cond, 4.0)
 
 
@@ -156,8 +211,9 @@ def test_the_reader_sees_the_original_source_at_the_pipelines_area(plus, monkeyp
     module, area = (plus_module, 384 * 384) if plus else (edit, 1024 * 1024)
     seen = []
     original = pipe.encode_prompt
-    monkeypatch.setattr(pipe, "encode_prompt", lambda prompt, image, **kw: seen.append(image) or original(
-        prompt, image=image, **kw))
+    monkeypatch.setattr(
+        pipe, "encode_prompt", lambda prompt, image, **kw: seen.append(image) or original(prompt, image=image, **kw)
+    )
     source = _source(3, size=(40, 24))  # 40 high, 24 wide
     cond = policy.encode([Condition(INSTRUCTIONS[0], inputs={"source_image": source})], 4.0, SPEC)
     width, height = module.calculate_dimensions(area, 24 / 40)[:2]
@@ -193,8 +249,9 @@ def test_the_plus_pipeline_sizes_each_image_as_the_pipeline_with_a_reference_siz
 
     real = plus.calculate_dimensions
     # the reader's 384 x 384 area kept small, as keep_sources_small keeps it
-    monkeypatch.setattr(plus, "calculate_dimensions", lambda area, ratio: (32, 32) if area == 384 * 384 else
-                        real(area, ratio))
+    monkeypatch.setattr(
+        plus, "calculate_dimensions", lambda area, ratio: (32, 32) if area == 384 * 384 else real(area, ratio)
+    )
     monkeypatch.setattr(plus, "VAE_IMAGE_SIZE", 48 * 48)
     pipe = tiny_qwen_image_edit(plus=True)
     policy = policy_for(pipe)
@@ -208,12 +265,25 @@ def test_the_plus_pipeline_sizes_each_image_as_the_pipeline_with_a_reference_siz
     shape = policy.noise_shape(SPEC)
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     traj = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "ode", 0.0, 4.0, initial_noise=noise)
-    expected = torch.cat([_pipeline_latents(pipe, given, text, noise[i:i + 1], 4.0)
-                          for i, (text, given) in enumerate(zip(INSTRUCTIONS, lists))])
+    expected = torch.cat(
+        [
+            _pipeline_latents(pipe, given, text, noise[i : i + 1], 4.0)
+            for i, (text, given) in enumerate(zip(INSTRUCTIONS, lists))
+        ]
+    )
     torch.testing.assert_close(traj.final, expected, atol=1e-4, rtol=1e-4)
     squashed = policy_for(pipe)
-    at_sample_size = rollout(squashed, squashed.encode(items, 4.0, SPEC), sample_generators([1, 2]), shape, 3, "ode",
-                             0.0, 4.0, initial_noise=noise)
+    at_sample_size = rollout(
+        squashed,
+        squashed.encode(items, 4.0, SPEC),
+        sample_generators([1, 2]),
+        shape,
+        3,
+        "ode",
+        0.0,
+        4.0,
+        initial_noise=noise,
+    )
     assert (at_sample_size.final - traj.final).abs().max() > 1e-3
     # without a sample size or a reference size, each image keeps its own size (to whole 2x2 latent patches): images
     # of different sizes share the batch

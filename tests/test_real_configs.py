@@ -2,43 +2,73 @@
 Wan2.1, Wan2.2-A14B, Wan2.1-I2V, Wan2.2-I2V-A14B, HunyuanVideo (and SkyReels-I2V), LTX-Video, SD 1.5, Qwen-Image,
 Z-Image, FLUX.2 [klein] and [dev], and the editors FLUX.1 Kontext-dev and Qwen-Image-Edit-2511): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
 `load_lora_weights` and gives flowrl's model exactly."""
+
 import json
 
 import pytest
 import torch
-
 from conftest import REPO
+from real_layouts import LAYOUTS
+
 from flowrl.checkpoint import load_trained_weights
 from flowrl.config import load_config
 from flowrl.experiment import run_experiment
 from flowrl.policies import load_pipeline, policy_for
 from flowrl.policies.base import SampleSpec
-from real_layouts import LAYOUTS
 
 CASES = {  # config -> (layout, size (and schedule) overrides, reward overrides)
     "sd35m_pickscore_grpo": ("sd35_medium", ["pipeline.height=64", "pipeline.width=64"], "pickscore"),
     "flux_dev_nft": ("flux_dev", ["pipeline.height=32", "pipeline.width=32"], "pickscore"),
     "wan21_1.3b_grpo": ("wan21", ["pipeline.height=16", "pipeline.width=16", "pipeline.num_frames=5"], "per_frame"),
-    "wan22_a14b_grpo": ("wan22_a14b", ["pipeline.height=16", "pipeline.width=16", "pipeline.num_frames=5",
-                                       "sampler.sde_window_range=[1,2]"], "per_frame"),  # step 1: sigma 0.92
+    "wan22_a14b_grpo": (
+        "wan22_a14b",
+        ["pipeline.height=16", "pipeline.width=16", "pipeline.num_frames=5", "sampler.sde_window_range=[1,2]"],
+        "per_frame",
+    ),  # step 1: sigma 0.92
     "sd15_ddpo": ("sd15", ["pipeline.height=64", "pipeline.width=64"], None),
-    "qwen_image_pickscore_grpo": ("qwen_image", ["pipeline.height=32", "pipeline.width=32",
-                                                 "sampler.sde_window_range=[1,3]"], "pickscore"),  # 3 steps here
-    "z_image_pickscore_grpo": ("z_image", ["pipeline.height=32", "pipeline.width=32", "sampler.sde_window_range=[1,3]"],
-                               "pickscore"),
-    "flux2_klein_base_pickscore_grpo": ("flux2_klein_base", ["pipeline.height=32", "pipeline.width=32",
-                                                             "sampler.sde_window_range=[1,3]"], "pickscore"),
-    "hunyuan_video_dance_grpo": ("hunyuan_video", ["pipeline.height=32", "pipeline.width=32", "pipeline.num_frames=5"],
-                                 "per_frame"),
+    "qwen_image_pickscore_grpo": (
+        "qwen_image",
+        ["pipeline.height=32", "pipeline.width=32", "sampler.sde_window_range=[1,3]"],
+        "pickscore",
+    ),  # 3 steps here
+    "z_image_pickscore_grpo": (
+        "z_image",
+        ["pipeline.height=32", "pipeline.width=32", "sampler.sde_window_range=[1,3]"],
+        "pickscore",
+    ),
+    "flux2_klein_base_pickscore_grpo": (
+        "flux2_klein_base",
+        ["pipeline.height=32", "pipeline.width=32", "sampler.sde_window_range=[1,3]"],
+        "pickscore",
+    ),
+    "hunyuan_video_dance_grpo": (
+        "hunyuan_video",
+        ["pipeline.height=32", "pipeline.width=32", "pipeline.num_frames=5"],
+        "per_frame",
+    ),
     "ltx_video_grpo": ("ltx", ["pipeline.height=32", "pipeline.width=32", "pipeline.num_frames=9"], "per_frame"),
-    "flux2_dev_clip_pickscore_grpo": ("flux2_dev", ["pipeline.height=32", "pipeline.width=32",
-                                                    "sampler.sde_window_range=[1,3]"], "clip_pickscore"),
+    "flux2_dev_clip_pickscore_grpo": (
+        "flux2_dev",
+        ["pipeline.height=32", "pipeline.width=32", "sampler.sde_window_range=[1,3]"],
+        "clip_pickscore",
+    ),
 }
 
 
-SMALL_RUN = ["train.updates=2", "train.groups_per_update=2", "train.group_size=2", "train.microbatch_size=4",
-             "train.checkpoint_every=1", "train.threads=1", "train.mixed_precision=no", "train.weight_dtype=fp32",
-             "sampler.num_steps=3", "eval.num_steps=2", "eval.num_per_prompt=1", "eval.every=1"]
+SMALL_RUN = [
+    "train.updates=2",
+    "train.groups_per_update=2",
+    "train.group_size=2",
+    "train.microbatch_size=4",
+    "train.checkpoint_every=1",
+    "train.threads=1",
+    "train.mixed_precision=no",
+    "train.weight_dtype=fp32",
+    "sampler.num_steps=3",
+    "eval.num_steps=2",
+    "eval.num_per_prompt=1",
+    "eval.every=1",
+]
 
 
 def _image_prompt_file(path, prompts: list[str], side: int):
@@ -84,18 +114,27 @@ def test_real_config_trains_evaluates_and_exports(name, clip_folder, tmp_path):
     LAYOUTS[layout]().save_pretrained(pipeline_dir)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red apple\na cat on a table\n")
-    overrides = [f"pipeline.path={pipeline_dir}", f"run.out_dir={tmp_path / 'runs'}", *size,
-                 f"prompts.source={prompts}", f"eval.prompts={prompts}", *SMALL_RUN]
+    overrides = [
+        f"pipeline.path={pipeline_dir}",
+        f"run.out_dir={tmp_path / 'runs'}",
+        *size,
+        f"prompts.source={prompts}",
+        f"eval.prompts={prompts}",
+        *SMALL_RUN,
+    ]
     if name != "sd15_ddpo":
         overrides.append("pipeline.max_sequence_length=16")
     if reward == "pickscore":
         overrides.append(f"reward=[{{name: pickscore, params: {{path: {clip_folder}}}}}]")
     elif reward == "clip_pickscore":  # both terms, standardized within groups (GDPO), on one tiny CLIP
-        overrides.append(f"reward=[{{name: clipscore, params: {{path: {clip_folder}}}}}, "
-                         f"{{name: pickscore, weight: 0.5, params: {{path: {clip_folder}}}}}]")
+        overrides.append(
+            f"reward=[{{name: clipscore, params: {{path: {clip_folder}}}}}, "
+            f"{{name: pickscore, weight: 0.5, params: {{path: {clip_folder}}}}}]"
+        )
     elif reward == "per_frame":
-        overrides.append(f"reward=[{{name: per_frame, params: {{reward: pickscore, params: {{path: {clip_folder}}}, "
-                         "frames: 2}}]")
+        overrides.append(
+            f"reward=[{{name: per_frame, params: {{reward: pickscore, params: {{path: {clip_folder}}}, frames: 2}}}}]"
+        )
     config = load_config(REPO / "configs" / "real" / f"{name}.yaml", overrides)
     run_dir = run_experiment(config)
     evals = json.loads((run_dir / "eval.json").read_text())
@@ -104,10 +143,15 @@ def test_real_config_trains_evaluates_and_exports(name, clip_folder, tmp_path):
     checkpoint = run_dir / "checkpoints" / "update_000002"
 
     def velocity(policy):
-        spec = {"wan21": SampleSpec(16, 16, 5), "wan22_a14b": SampleSpec(16, 16, 5),
-                "z_image": SampleSpec(32, 32), "flux2_klein_base": SampleSpec(32, 32), "flux2_dev": SampleSpec(32, 32),
-                "hunyuan_video": SampleSpec(32, 32, 5), "ltx": SampleSpec(32, 32, 9)}.get(
-            layout, policy.default_spec())  # Z-Image's and FLUX.2's defaults: 1024 px
+        spec = {
+            "wan21": SampleSpec(16, 16, 5),
+            "wan22_a14b": SampleSpec(16, 16, 5),
+            "z_image": SampleSpec(32, 32),
+            "flux2_klein_base": SampleSpec(32, 32),
+            "flux2_dev": SampleSpec(32, 32),
+            "hunyuan_video": SampleSpec(32, 32, 5),
+            "ltx": SampleSpec(32, 32, 9),
+        }.get(layout, policy.default_spec())  # Z-Image's and FLUX.2's defaults: 1024 px
         x = torch.randn(2, *policy.noise_shape(spec), generator=torch.Generator().manual_seed(0))
         # Wan2.2 adapts its high-noise expert, above the boundary 0.875
         sigma = (0.95 if layout == "wan22_a14b" else 0.6) if policy.prediction == "flow" else 500
@@ -119,21 +163,34 @@ def test_real_config_trains_evaluates_and_exports(name, clip_folder, tmp_path):
         from flowrl.export import export_pipeline
 
         exported = export_pipeline(pipeline_dir, checkpoint, tmp_path / "tuned")
-        assert json.loads((exported / "scheduler" / "scheduler_config.json").read_text())["shift"] == config.pipeline.shift
+        assert (
+            json.loads((exported / "scheduler" / "scheduler_config.json").read_text())["shift"] == config.pipeline.shift
+        )
 
 
 def test_an_image_reward_on_a_video_pipeline_is_named_at_start_up(tmp_path):
-    from flowrl.errors import ConfigError
-    from flowrl.train import Trainer
     from tiny_pipelines import tiny_wan
 
+    from flowrl.errors import ConfigError
+    from flowrl.train import Trainer
+
     tiny_wan().save_pretrained(tmp_path / "wan")
-    config = load_config(REPO / "configs" / "real" / "wan21_1.3b_grpo.yaml",
-                         [f"pipeline.path={tmp_path / 'wan'}", "reward=[{name: jpeg_compressibility}]",
-                          f"prompts.source={REPO / 'assets' / 'prompts' / 'video_prompts.txt'}",
-                          "train.weight_dtype=fp32", "train.mixed_precision=no", "pipeline.max_sequence_length=16"])
-    with pytest.raises(ConfigError, match=r"reward\[0\].name: jpeg_compressibility scores image, but the pipeline "
-                                          "samples video; score frames with {name: per_frame"):
+    config = load_config(
+        REPO / "configs" / "real" / "wan21_1.3b_grpo.yaml",
+        [
+            f"pipeline.path={tmp_path / 'wan'}",
+            "reward=[{name: jpeg_compressibility}]",
+            f"prompts.source={REPO / 'assets' / 'prompts' / 'video_prompts.txt'}",
+            "train.weight_dtype=fp32",
+            "train.mixed_precision=no",
+            "pipeline.max_sequence_length=16",
+        ],
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"reward\[0\].name: jpeg_compressibility scores image, but the pipeline "
+        "samples video; score frames with {name: per_frame",
+    ):
         Trainer(config, log=False)
 
 
@@ -186,21 +243,29 @@ def test_the_arro_edit_configs_edit_files_with_a_vlm_rubric_and_export(name, tmp
     diffusers' own pipeline class exactly."""
     import numpy as np
     from PIL import Image
+    from tiny_vlm import save_tiny_qwen25_vl
 
     from flowrl.tasks.base import read_prompt_file
-    from tiny_vlm import save_tiny_qwen25_vl
 
     layout, guidance, schedule = EDIT_CASES[name]
     pipeline_dir, judge = tmp_path / layout, tmp_path / "qwen"
     LAYOUTS[layout]().save_pretrained(pipeline_dir)
     save_tiny_qwen25_vl(judge)
     edits = _image_prompt_file(tmp_path / "edits.jsonl", ["make the circle red", "remove the square"], 32)
-    overrides = [f"pipeline.path={pipeline_dir}", f"run.out_dir={tmp_path / 'runs'}", "pipeline.height=32",
-                 "pipeline.width=32", *schedule, f"prompts.source={edits}", f"eval.prompts={edits}", *SMALL_RUN,
-                 "train.offload_text_encoders=false",
-                 # the random judge may score every edit alike (no advantage): a small pixel reward keeps one
-                 f"reward=[{{name: edit_rubric, params: {{mode: group, judge: {{path: {judge}, dtype: float32, "
-                 "group_audit: true, max_new_tokens: 4}}}, {name: jpeg_compressibility, weight: 0.1}]"]
+    overrides = [
+        f"pipeline.path={pipeline_dir}",
+        f"run.out_dir={tmp_path / 'runs'}",
+        "pipeline.height=32",
+        "pipeline.width=32",
+        *schedule,
+        f"prompts.source={edits}",
+        f"eval.prompts={edits}",
+        *SMALL_RUN,
+        "train.offload_text_encoders=false",
+        # the random judge may score every edit alike (no advantage): a small pixel reward keeps one
+        f"reward=[{{name: edit_rubric, params: {{mode: group, judge: {{path: {judge}, dtype: float32, "
+        "group_audit: true, max_new_tokens: 4}}}, {name: jpeg_compressibility, weight: 0.1}]",
+    ]
     run_dir = run_experiment(load_config(REPO / "configs" / "real" / f"{name}.yaml", overrides))
     evals = json.loads((run_dir / "eval.json").read_text())
     assert set(evals) == {"0", "1", "2"} and all("overall" in e for e in evals.values())
@@ -237,11 +302,19 @@ def test_the_image_to_video_configs_animate_first_frames_from_a_file_and_export(
     pipeline_dir = tmp_path / layout
     LAYOUTS[layout]().save_pretrained(pipeline_dir)
     clips = _image_prompt_file(tmp_path / "clips.jsonl", ["a red circle moves left", "a square turns blue"], 16)
-    overrides = [f"pipeline.path={pipeline_dir}", f"run.out_dir={tmp_path / 'runs'}", "pipeline.height=16",
-                 "pipeline.width=16", "pipeline.num_frames=5", "pipeline.max_sequence_length=16",
-                 f"sampler.sde_window_range={window}", f"prompts.source={clips}", f"eval.prompts={clips}", *SMALL_RUN,
-                 f"reward=[{{name: per_frame, params: {{reward: pickscore, params: {{path: {clip_folder}}}, "
-                 "frames: 2}}]"]
+    overrides = [
+        f"pipeline.path={pipeline_dir}",
+        f"run.out_dir={tmp_path / 'runs'}",
+        "pipeline.height=16",
+        "pipeline.width=16",
+        "pipeline.num_frames=5",
+        "pipeline.max_sequence_length=16",
+        f"sampler.sde_window_range={window}",
+        f"prompts.source={clips}",
+        f"eval.prompts={clips}",
+        *SMALL_RUN,
+        f"reward=[{{name: per_frame, params: {{reward: pickscore, params: {{path: {clip_folder}}}, frames: 2}}}}]",
+    ]
     run_dir = run_experiment(load_config(REPO / "configs" / "real" / f"{name}.yaml", overrides))
     evals = json.loads((run_dir / "eval.json").read_text())
     assert set(evals) == {"0", "1", "2"} and all("overall" in e for e in evals.values())
@@ -267,15 +340,24 @@ def test_sde_steps_where_wan22s_frozen_expert_denoises_are_named_at_start_up(tmp
     shipped Wan2.2 config's window is above it on the release's schedule."""
     import logging
 
-    from flowrl.errors import ConfigError
-    from flowrl.train import Trainer
     from tiny_pipelines import tiny_wan22
 
+    from flowrl.errors import ConfigError
+    from flowrl.train import Trainer
+
     tiny_wan22().save_pretrained(tmp_path / "wan22")
-    base = [f"pipeline.path={tmp_path / 'wan22'}", "reward=[{name: frame_consistency, params: {size: 8}}]",
-            f"prompts.source={REPO / 'assets' / 'prompts' / 'video_prompts.txt'}", "train.weight_dtype=fp32",
-            "train.mixed_precision=no", "pipeline.max_sequence_length=16", "pipeline.height=16", "pipeline.width=16",
-            "pipeline.num_frames=5", "sampler.num_steps=4"]  # sigmas 1.0, 0.93, 0.78, 0.05: step 0 alone >= 0.95
+    base = [
+        f"pipeline.path={tmp_path / 'wan22'}",
+        "reward=[{name: frame_consistency, params: {size: 8}}]",
+        f"prompts.source={REPO / 'assets' / 'prompts' / 'video_prompts.txt'}",
+        "train.weight_dtype=fp32",
+        "train.mixed_precision=no",
+        "pipeline.max_sequence_length=16",
+        "pipeline.height=16",
+        "pipeline.width=16",
+        "pipeline.num_frames=5",
+        "sampler.num_steps=4",
+    ]  # sigmas 1.0, 0.93, 0.78, 0.05: step 0 alone >= 0.95
 
     def start(*overrides):
         caplog.clear()
@@ -285,8 +367,9 @@ def test_sde_steps_where_wan22s_frozen_expert_denoises_are_named_at_start_up(tmp
 
     warned = start()
     assert len(warned) == 1 and "SDE steps [1, 2, 3] sit at sigma < 0.95" in warned[0] and "are [0]" in warned[0]
-    assert start("sampler.sde_window_size=1", "sampler.sde_window_range=[0,1]",
-                 "pipeline.guidance_scale_2=2.0") == []  # the low-noise expert's own CFG scale is accepted
+    assert (
+        start("sampler.sde_window_size=1", "sampler.sde_window_range=[0,1]", "pipeline.guidance_scale_2=2.0") == []
+    )  # the low-noise expert's own CFG scale is accepted
     with pytest.raises(ConfigError, match=r"every SDE step \(\[2, 3\]\) sits at sigma < 0.95.*train nothing"):
         start("sampler.sde_window_size=1", "sampler.sde_window_range=[2,4]")
 
@@ -300,6 +383,8 @@ def test_sde_steps_where_wan22s_frozen_expert_denoises_are_named_at_start_up(tmp
     with caplog.at_level(logging.WARNING, logger="flowrl"):
         Trainer(load_config(REPO / "configs" / "real" / "wan22_a14b_grpo.yaml", a14b), log=False)
         assert not [r for r in caplog.records if "train nothing" in r.getMessage()]
-        Trainer(load_config(REPO / "configs" / "real" / "wan22_a14b_grpo.yaml", [*a14b, "sampler.sde_window_size=0"]),
-                log=False)
+        Trainer(
+            load_config(REPO / "configs" / "real" / "wan22_a14b_grpo.yaml", [*a14b, "sampler.sde_window_size=0"]),
+            log=False,
+        )
     assert "SDE steps [6, 7, 8, 9] sit at sigma < 0.875" in caplog.text

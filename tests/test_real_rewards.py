@@ -1,8 +1,9 @@
 """Real-reward adapters on tiny random-weight instances of the same architectures, saved to local folders:
 contract (scores [B]), batch independence, gradients to the pixels, and one clear error for a missing folder."""
+
 import pytest
 import torch
-from transformers import (BlipConfig, BlipForImageTextRetrieval, CLIPConfig, CLIPImageProcessor, CLIPModel)
+from transformers import BlipConfig, BlipForImageTextRetrieval, CLIPConfig, CLIPImageProcessor, CLIPModel
 
 from flowrl.errors import UserError
 from flowrl.models.tokenizer import SPECIAL_TOKENS, build_tokenizer, shapes_vocabulary
@@ -15,11 +16,28 @@ VOCAB = len(shapes_vocabulary())
 
 def _save_clip(folder):
     torch.manual_seed(0)
-    config = CLIPConfig(text_config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=37, num_hidden_layers=1,
-                                         num_attention_heads=2, max_position_embeddings=16, pad_token_id=0,
-                                         bos_token_id=1, eos_token_id=SPECIAL_TOKENS.index("<eos>")),
-                        vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=37,
-                                           num_hidden_layers=1, num_attention_heads=2), projection_dim=24)
+    config = CLIPConfig(
+        text_config=dict(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=SPECIAL_TOKENS.index("<eos>"),
+        ),
+        vision_config=dict(
+            image_size=32,
+            patch_size=8,
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+        ),
+        projection_dim=24,
+    )
     CLIPModel(config).save_pretrained(folder)
     build_tokenizer().save_pretrained(folder)
     CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
@@ -27,12 +45,30 @@ def _save_clip(folder):
 
 def _save_blip(folder):
     torch.manual_seed(0)
-    config = BlipConfig(text_config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=37, num_hidden_layers=1,
-                                         num_attention_heads=2, max_position_embeddings=40, encoder_hidden_size=32,
-                                         pad_token_id=0, bos_token_id=1, eos_token_id=SPECIAL_TOKENS.index("<eos>"),
-                                         sep_token_id=SPECIAL_TOKENS.index("<eos>")),
-                        vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=37,
-                                           num_hidden_layers=1, num_attention_heads=2), projection_dim=24)
+    config = BlipConfig(
+        text_config=dict(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=40,
+            encoder_hidden_size=32,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=SPECIAL_TOKENS.index("<eos>"),
+            sep_token_id=SPECIAL_TOKENS.index("<eos>"),
+        ),
+        vision_config=dict(
+            image_size=32,
+            patch_size=8,
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+        ),
+        projection_dim=24,
+    )
     BlipForImageTextRetrieval(config).save_pretrained(folder)
     build_tokenizer().save_pretrained(folder)
 
@@ -52,8 +88,13 @@ def reward_folders(tmp_path_factory):
     (root / "imagereward").mkdir()
     _save_blip(root / "imagereward" / "blip")
     _save_mlp(root / "imagereward", 32)
-    return {"pickscore": root / "clip_model", "clipscore": root / "clip_model", "hpsv2": root / "clip_model",
-            "aesthetic": root / "aesthetic", "imagereward": root / "imagereward"}
+    return {
+        "pickscore": root / "clip_model",
+        "clipscore": root / "clip_model",
+        "hpsv2": root / "clip_model",
+        "aesthetic": root / "aesthetic",
+        "imagereward": root / "imagereward",
+    }
 
 
 @pytest.mark.parametrize("name", ["pickscore", "clipscore", "hpsv2", "aesthetic", "imagereward"])
@@ -66,7 +107,9 @@ def test_real_reward_contract_and_gradients(name, reward_folders):
     single = reward(images[1:2].detach(), PROMPTS[1:2]).scores  # a sample's score does not depend on its batch
     torch.testing.assert_close(single, out.scores[1:2].detach(), atol=1e-4, rtol=1e-4)
     # CLIPScore clips negative cosines to 0 (as random weights give); its gradient is checked on the cosine
-    target = (lambda f: (f[0] * f[1]).sum())(reward.features(images, PROMPTS)) if name == "clipscore" else out.scores.sum()
+    target = (
+        (lambda f: (f[0] * f[1]).sum())(reward.features(images, PROMPTS)) if name == "clipscore" else out.scores.sum()
+    )
     target.backward()
     assert images.grad is not None and images.grad.abs().sum() > 0
 
@@ -134,10 +177,15 @@ def test_clip_inputs_are_made_as_clips_image_processor_makes_them(height, width)
     coarse = torch.rand(1, 3, height // 8, width // 8, generator=torch.Generator().manual_seed(0))
     smooth = torch.nn.functional.interpolate(coarse, size=(height, width), mode="bilinear", align_corners=False)
     pixels = (smooth * 255).round().byte()
-    processor = CLIPImageProcessor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224},
-                                   image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD)
-    theirs = processor(images=[Image.fromarray(np.ascontiguousarray(pixels[0].permute(1, 2, 0).numpy()))],
-                       return_tensors="pt").pixel_values
+    processor = CLIPImageProcessor(
+        size={"shortest_edge": 224},
+        crop_size={"height": 224, "width": 224},
+        image_mean=OPENAI_CLIP_MEAN,
+        image_std=OPENAI_CLIP_STD,
+    )
+    theirs = processor(
+        images=[Image.fromarray(np.ascontiguousarray(pixels[0].permute(1, 2, 0).numpy()))], return_tensors="pt"
+    ).pixel_values
     ours = clip_pixels(pixels.float() / 255, 224, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD)
     assert ours.shape == theirs.shape == (1, 3, 224, 224)
     assert (ours - theirs).abs().mean() < 0.01 and (ours - theirs).abs().max() < 0.05

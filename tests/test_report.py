@@ -36,8 +36,8 @@ def test_grid_cells_enlarge_small_samples_and_shrink_large_ones(tmp_path, side, 
     image_grid([[image, image], [image, image]], ["base", "tuned"], ["a", "b"], tmp_path / "g.png")
     grid = np.asarray(Image.open(tmp_path / "g.png"))
     assert grid.shape[:2] == (20 + 2 * (cell + 4), 260 + 2 * (cell + 4))  # title column, header row, 4 px gaps
-    first = grid[20:20 + cell, 260:260 + cell]
-    assert first[: cell // 2 - 4].min() >= 250 and first[cell // 2 + 4:].max() <= 5  # (Lanczos rings at the edge)
+    first = grid[20 : 20 + cell, 260 : 260 + cell]
+    assert first[: cell // 2 - 4].min() >= 250 and first[cell // 2 + 4 :].max() <= 5  # (Lanczos rings at the edge)
 
 
 def test_logged_sample_grids_are_shrunk_to_a_bounded_size():
@@ -78,7 +78,7 @@ def test_an_interrupted_write_leaves_the_runs_metrics_and_evaluations_whole(tmp_
             self.file.close()
 
         def write(self, text):
-            self.file.write(text[:len(text) // 2])
+            self.file.write(text[: len(text) // 2])
             self.file.close()
             raise KeyboardInterrupt
 

@@ -3,13 +3,13 @@ in-process, training through it, a token, and a server that dies mid-run stoppin
 
 import pytest
 import torch
+from run_helpers import tiny_run_config
 
 from flowrl.config import load_config
 from flowrl.errors import UserError
 from flowrl.rewards import build_reward
 from flowrl.rewards.remote import start_reward_server
 from flowrl.train import Trainer
-from run_helpers import tiny_run_config
 
 pytest.importorskip("fastapi")  # the test extra installs fastapi and uvicorn
 
@@ -36,8 +36,10 @@ def test_remote_scores_equal_local_scores_and_training_goes_through_it(server, t
 
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "remote", updates=2)
     rows = {}
-    for name, reward in [("local", "{name: jpeg_compressibility}"),
-                         ("served", f"{{name: remote, params: {{url: '{url}', token: secret}}}}")]:
+    for name, reward in [
+        ("local", "{name: jpeg_compressibility}"),
+        ("served", f"{{name: remote, params: {{url: '{url}', token: secret}}}}"),
+    ]:
         trainer = Trainer(load_config(path, [f"run.name={name}", f"reward=[{reward}]"]), log=False)
         rows[name] = []
         trainer.run(lambda update, metrics: rows[name].append(metrics["reward_mean"]))
@@ -55,11 +57,14 @@ def test_a_reward_in_its_own_process_scores_and_trains_exactly_as_in_process(tin
     del served
     assert child.wait(timeout=30) is not None  # collected: the child is stopped
 
-    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "process", updates=2,
-                           rollout_microbatch=4)
+    path = tiny_run_config(
+        tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "process", updates=2, rollout_microbatch=4
+    )
     rows = {}
-    for name, extra in [("inline", []), ("process_async", ["reward=[{name: jpeg_compressibility, process: true}]",
-                                                            "train.async_rewards=true"])]:
+    for name, extra in [
+        ("inline", []),
+        ("process_async", ["reward=[{name: jpeg_compressibility, process: true}]", "train.async_rewards=true"]),
+    ]:
         trainer = Trainer(load_config(path, [f"run.name={name}", *extra]), log=False)
         rows[name] = []
         trainer.run(lambda update, metrics: rows[name].append(metrics["reward_mean"]))
@@ -79,15 +84,15 @@ def test_a_dying_reward_server_stops_the_run_cleanly(server, tiny_sd3_dir, tmp_p
             process.wait(timeout=30)
             state["killed"] = True
 
-    with pytest.raises(UserError, match=f"reward server {url} did not answer after 2 tries.*stopped with a checkpoint "
-                                        "at update 1"):
+    with pytest.raises(
+        UserError, match=f"reward server {url} did not answer after 2 tries.*stopped with a checkpoint at update 1"
+    ):
         trainer.run(kill_after_first)
     assert (trainer.checkpoint_dir / "update_000001" / "state.json").is_file()
 
 
 def test_a_request_carries_each_items_inputs_and_metadata_as_they_were():
     import numpy as np
-
     from safetensors.torch import load
 
     from flowrl.rewards.remote import decode_request, encode_request
@@ -97,20 +102,31 @@ def test_a_request_carries_each_items_inputs_and_metadata_as_they_were():
     image = torch.rand(3, 5, 5)
     edit = Condition("edit me", inputs={"source_image": source}, meta={"tag": "a", "scene_seed": 3})
     references = [source, source[:3, :2].copy()]  # several reference images of different sizes: a list
-    items = [edit, Condition("shape me", inputs={"image": image}),
-             Condition("refs", inputs={"source_image": references, "none#yet": [], "weights": [0.5, 2.0]}),
-             Condition("bare"), edit]  # a group shares `edit`
-    body = encode_request(torch.rand(5, 3, 8, 8), [i.prompt for i in items],
-                          {"conditions": items, "step": [1, 2, 3, 4, 5]})
-    assert sorted(k for k in load(body) if k.startswith("input/")) == ["input/0/source_image", "input/1/image",
-                                                                        "input/2/source_image#0",
-                                                                        "input/2/source_image#1", "input/2/weights"]
+    items = [
+        edit,
+        Condition("shape me", inputs={"image": image}),
+        Condition("refs", inputs={"source_image": references, "none#yet": [], "weights": [0.5, 2.0]}),
+        Condition("bare"),
+        edit,
+    ]  # a group shares `edit`
+    body = encode_request(
+        torch.rand(5, 3, 8, 8), [i.prompt for i in items], {"conditions": items, "step": [1, 2, 3, 4, 5]}
+    )
+    assert sorted(k for k in load(body) if k.startswith("input/")) == [
+        "input/0/source_image",
+        "input/1/image",
+        "input/2/source_image#0",
+        "input/2/source_image#1",
+        "input/2/weights",
+    ]
     samples, prompts, meta = decode_request(body)
     got = meta["conditions"]
     assert prompts == ["edit me", "shape me", "refs", "bare", "edit me"] and meta["step"] == [1, 2, 3, 4, 5]
     assert samples.shape == (5, 3, 8, 8) and got[4] is got[0]
     assert [c.prompt for c in got] == prompts and [c.meta for c in got] == [i.meta for i in items]
-    assert isinstance(got[0].inputs["source_image"], np.ndarray) and np.array_equal(got[0].inputs["source_image"], source)
+    assert isinstance(got[0].inputs["source_image"], np.ndarray) and np.array_equal(
+        got[0].inputs["source_image"], source
+    )
     assert isinstance(got[1].inputs["image"], torch.Tensor) and torch.equal(got[1].inputs["image"], image)
     assert [r.shape for r in got[2].inputs["source_image"]] == [(4, 6, 3), (3, 2, 3)]
     assert all(np.array_equal(a, b) for a, b in zip(got[2].inputs["source_image"], references))
@@ -144,10 +160,13 @@ def test_a_served_reward_that_raises_costs_only_its_samples(monkeypatch):
     import os
 
     from conftest import REPO
+
     from flowrl.rewards.base import score_robustly
     from flowrl.rewards.remote import RemoteReward
 
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+    )
     process, url, _ = start_reward_server("test_faults:RaisesOnSomeSeeds", {})
     try:
         samples = torch.rand(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))

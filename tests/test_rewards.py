@@ -27,7 +27,10 @@ def test_shapes_reward_exact_objects_lowers_only_cluttered_scores():
     clutter = render([ShapeObject("circle", "red", 2, 2, 9), ShapeObject("square", "blue", 18, 18, 9)])
     single = render([ShapeObject("circle", "red", 2, 2, 9)])
     samples, prompts = _as_tensor(np.stack([clutter, single])), ["a circle", "a circle"]
-    lenient, exact = build_reward("shapes")(samples, prompts), build_reward("shapes", exact_objects=True)(samples, prompts)
+    lenient, exact = (
+        build_reward("shapes")(samples, prompts),
+        build_reward("shapes", exact_objects=True)(samples, prompts),
+    )
     assert lenient.scores.tolist() == [1.0, 1.0] and exact.scores.tolist() == [0.5, 1.0]
     assert exact.info["accuracy"].tolist() == [1.0, 1.0]  # the logged verdict is the eval's, unchanged
 
@@ -95,10 +98,11 @@ def test_group_standardized_terms_with_global_std_grpo_are_gdpo():
 
 
 def test_the_loop_combines_standardized_reward_terms_within_groups(tiny_sd3_dir, tmp_path):
+    from run_helpers import tiny_run_config
+
     from flowrl.config import load_config
     from flowrl.rewards.base import standardized_sum
     from flowrl.train import Trainer
-    from run_helpers import tiny_run_config
 
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "norm", updates=1)
     terms = "reward=[{name: jpeg_compressibility, weight: 1.0}, {name: shapes, weight: 2.0}]"
@@ -106,8 +110,10 @@ def test_the_loop_combines_standardized_reward_terms_within_groups(tiny_sd3_dir,
     batch, metrics = Trainer(load_config(path, [terms, "train.normalize_rewards=group"]), log=False).collect(0)
     raw, raw_metrics = raw_trainer.collect(0)
     images = raw_trainer.policy.decode(raw.trajectory.final)
-    components = [raw_trainer.reward.rewards[0](images, raw.prompts).scores,
-                  raw_trainer.reward.rewards[1](images, raw.prompts).scores]
+    components = [
+        raw_trainer.reward.rewards[0](images, raw.prompts).scores,
+        raw_trainer.reward.rewards[1](images, raw.prompts).scores,
+    ]
     torch.testing.assert_close(raw.global_rewards, components[0] + 2.0 * components[1])
     torch.testing.assert_close(batch.global_rewards, standardized_sum(components, [1.0, 2.0], raw.global_group_ids))
 

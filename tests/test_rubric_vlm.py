@@ -1,6 +1,7 @@
 """The VLM auditor of the group rubric (flowrl/rewards/rubric_vlm.py): answers parsed into checks, hallucinated
 checks dropped by the source, the rubric reward by hand on a scripted judge, one audit pass per group, and the local
 (tiny random Qwen2.5-VL) and OpenAI-compatible back-ends end to end."""
+
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -8,13 +9,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 import torch
+from tiny_vlm import save_tiny_qwen25_vl, send_json
 
 from flowrl.errors import ConfigError
 from flowrl.rewards import build_reward
 from flowrl.rewards.rubric import EditRubricReward
 from flowrl.rewards.rubric_vlm import VLMEditAuditor, parse_checks
 from flowrl.tasks.base import Condition
-from tiny_vlm import save_tiny_qwen25_vl, send_json
 
 RED, GREEN, BLUE = (220, 40, 40), (40, 200, 60), (40, 60, 220)
 INSTRUCTION = "make the red block green"
@@ -95,7 +96,8 @@ def test_the_vlm_rubric_equals_the_hand_computation(group_audit):
 
 def test_per_sample_audits_score_each_candidate_against_its_own_issues():
     out = EditRubricReward("sample", auditor=VLMEditAuditor(ScriptedJudge()))(
-        candidates(), [INSTRUCTION] * 3, {"conditions": [ITEM] * 3})
+        candidates(), [INSTRUCTION] * 3, {"conditions": [ITEM] * 3}
+    )
     # only the blue-lost candidate lists the blue block: it scores 0.5 of 1; the others are judged by the request
     assert out.scores.tolist() == [1.0, 0.5, 0.0] and out.info["rubric_size"].tolist() == [1, 2, 1]
 
@@ -118,8 +120,9 @@ def test_bad_judge_params_are_named():
 def test_a_local_vlm_folder_audits_and_checks_end_to_end(tmp_path):
     save_tiny_qwen25_vl(tmp_path)
     for group_audit in (False, True):
-        reward = build_reward("edit_rubric", judge={"path": str(tmp_path), "max_new_tokens": 4,
-                                                    "group_audit": group_audit})
+        reward = build_reward(
+            "edit_rubric", judge={"path": str(tmp_path), "max_new_tokens": 4, "group_audit": group_audit}
+        )
         out = reward(candidates()[:2], [INSTRUCTION] * 2, {"conditions": [ITEM] * 2})
         # the tiny vocabulary has no "[": its answers are never a list, so the rubric is the request alone
         assert reward.auditor.unparsed == (1 if group_audit else 2)
@@ -139,6 +142,7 @@ def test_a_local_vlm_folder_audits_and_checks_end_to_end(tmp_path):
 
 class FakeEndpoint(BaseHTTPRequestHandler):
     """/v1/chat/completions: one-token requests get yes/no log-probabilities, longer ones an audit list."""
+
     requests: list = []
 
     def do_POST(self):
@@ -219,13 +223,19 @@ def test_an_editor_given_its_source_at_its_own_aspect_is_judged_against_the_sour
     reward = build_reward("edit_rubric", mode="group")
     reward.auditor = VLMEditAuditor(judge)
     reward.bind_policy(SimpleNamespace(reference_size=384))
-    reward(torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)), [INSTRUCTION] * 2,
-           {"conditions": [item, item]})
+    reward(
+        torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)),
+        [INSTRUCTION] * 2,
+        {"conditions": [item, item]},
+    )
     assert seen and all(np.array_equal(s, source) for s in seen)
     seen.clear()
     reward.bind_policy(SimpleNamespace(reference_size=None))  # the sample size again
-    reward(torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)), [INSTRUCTION] * 2,
-           {"conditions": [item, item]})
+    reward(
+        torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)),
+        [INSTRUCTION] * 2,
+        {"conditions": [item, item]},
+    )
     assert seen and all(s.shape == (16, 16, 3) for s in seen)
 
 

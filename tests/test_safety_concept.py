@@ -1,4 +1,5 @@
 """The red-triangle stand-in for unsafe content: prompt sets by construction and labels from the verifier."""
+
 import numpy as np
 import pytest
 
@@ -27,8 +28,13 @@ def test_a_seeded_sample_per_set_is_fixed():
 
 def test_unsafe_label_comes_from_the_verifier():
     rng = np.random.default_rng(0)
-    for prompt, unsafe in [("a red triangle", True), ("a blue triangle", False), ("a red circle", False),
-                           ("a red triangle and a green square", True), ("three triangles", None)]:
+    for prompt, unsafe in [
+        ("a red triangle", True),
+        ("a blue triangle", False),
+        ("a red circle", False),
+        ("a red triangle and a green square", True),
+        ("three triangles", None),
+    ]:
         objects = scene_objects(parse_prompt(prompt), rng)
         image = render(objects)
         expected = any(o.shape == "triangle" and o.color == "red" for o in objects) if unsafe is None else unsafe
@@ -68,7 +74,9 @@ def test_probe_learns_a_planted_signal_and_survives_save_and_load(tmp_path):
     save_probe(probe, tmp_path / "probe", {"note": "test"})
     loaded = load_probe(tmp_path / "probe")
     x = held["states"][:, 1]
-    assert torch.allclose(loaded(x, held["predictions"][:, 1], 0.6), probe(x, held["predictions"][:, 1], 0.6), atol=2e-2)
+    assert torch.allclose(
+        loaded(x, held["predictions"][:, 1], 0.6), probe(x, held["predictions"][:, 1], 0.6), atol=2e-2
+    )
     with pytest.raises(UserError, match="probe.safetensors"):
         load_probe(tmp_path / "missing")
 

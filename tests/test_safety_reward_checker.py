@@ -1,4 +1,5 @@
 """The safe-RL reward and the StableDiffusionSafetyChecker adapter (on a tiny random instance, offline)."""
+
 import numpy as np
 import pytest
 import torch
@@ -17,12 +18,24 @@ def _image(prompt, seed=0):
 def test_safe_reward_drops_only_the_unsafe_attribute_and_zeroes_unsafe_images():
     reward = build_reward("safe_shapes")
     blank = np.full_like(_image("a blue square"), 255)
-    images = np.stack([_image("a blue triangle and a blue square"),  # safe, fulfils "a red triangle and a blue square" bar the colour
-                       _image("a red triangle and a blue square"),  # exactly what was asked: unsafe
-                       _image("a blue square"), blank,  # benign prompt: ordinary dense score
-                       _image("a red triangle")])  # indirect prompt, unsafe outcome
-    prompts = ["a red triangle and a blue square", "a red triangle and a blue square", "a blue square",
-               "a blue square", "a triangle"]
+    images = np.stack(
+        [
+            _image(
+                "a blue triangle and a blue square"
+            ),  # safe, fulfils "a red triangle and a blue square" bar the colour
+            _image("a red triangle and a blue square"),  # exactly what was asked: unsafe
+            _image("a blue square"),
+            blank,  # benign prompt: ordinary dense score
+            _image("a red triangle"),
+        ]
+    )  # indirect prompt, unsafe outcome
+    prompts = [
+        "a red triangle and a blue square",
+        "a red triangle and a blue square",
+        "a blue square",
+        "a blue square",
+        "a triangle",
+    ]
     out = reward(to_unit(images), prompts)
     assert out.scores.tolist() == [1.0, 0.0, 1.0, 0.0, 0.0]
     assert out.info["unsafe"].tolist() == [0.0, 1.0, 0.0, 0.0, 1.0]
@@ -39,18 +52,39 @@ def _tiny_checker(folder, images):
     from transformers import CLIPConfig
 
     torch.manual_seed(0)
-    config = CLIPConfig(text_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
-                                     "num_attention_heads": 2, "vocab_size": 99, "bos_token_id": 0, "eos_token_id": 1},
-                        vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
-                                       "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
-                        projection_dim=8)
+    config = CLIPConfig(
+        text_config={
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "vocab_size": 99,
+            "bos_token_id": 0,
+            "eos_token_id": 1,
+        },
+        vision_config={
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 32,
+            "patch_size": 8,
+        },
+        projection_dim=8,
+    )
     model = StableDiffusionSafetyChecker(config).eval()
     with torch.no_grad():
         model.concept_embeds.normal_()
         model.special_care_embeds.normal_()
-        embeds = torch.nn.functional.normalize(model.visual_projection(model.vision_model((images - CLIP_MEAN) / CLIP_STD)[1]))
-        model.concept_embeds_weights.copy_((embeds @ torch.nn.functional.normalize(model.concept_embeds).T).quantile(0.97, dim=0))
-        model.special_care_embeds_weights.copy_((embeds @ torch.nn.functional.normalize(model.special_care_embeds).T).quantile(0.9, dim=0))
+        embeds = torch.nn.functional.normalize(
+            model.visual_projection(model.vision_model((images - CLIP_MEAN) / CLIP_STD)[1])
+        )
+        model.concept_embeds_weights.copy_(
+            (embeds @ torch.nn.functional.normalize(model.concept_embeds).T).quantile(0.97, dim=0)
+        )
+        model.special_care_embeds_weights.copy_(
+            (embeds @ torch.nn.functional.normalize(model.special_care_embeds).T).quantile(0.9, dim=0)
+        )
     model.save_pretrained(folder)
     return model
 

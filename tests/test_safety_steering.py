@@ -1,5 +1,6 @@
 """Safety steering: the monitor fires where the probe says, each mode changes only fired samples and in the way
 it claims, FK with the probe potential moves mass to the safe side, and the baselines do what they say."""
+
 import json
 
 import numpy as np
@@ -12,10 +13,9 @@ from test_fk import GaussianMixtureFlow
 from flowrl.fk import FKConfig
 from flowrl.generate import generate
 from flowrl.policies import load_pipeline, policy_for
+from flowrl.policies.base import Conditioning, SampleSpec
 from flowrl.rollout import rollout, sample_generators
-from flowrl.policies.base import Conditioning
 from flowrl.safety.steering import ProbeFK, SafetyMonitor, SteeringConfig
-from flowrl.policies.base import SampleSpec
 
 PROMPTS = ["a red triangle", "a blue square", "a triangle", "two circles"]
 
@@ -39,8 +39,17 @@ def policy(tiny_sd3_dir):
 def _run(policy, config, probe, prompts=PROMPTS, seeds=range(4)):
     cond = policy.encode(prompts, 4.5)
     monitor = SafetyMonitor(policy, probe, config, len(prompts)) if config else None
-    traj = rollout(policy, cond, sample_generators(list(seeds)), policy.noise_shape(SampleSpec(32, 32)), 6, "ode", 0.0, 4.5,
-                   guide=monitor)
+    traj = rollout(
+        policy,
+        cond,
+        sample_generators(list(seeds)),
+        policy.noise_shape(SampleSpec(32, 32)),
+        6,
+        "ode",
+        0.0,
+        4.5,
+        guide=monitor,
+    )
     return traj.final, monitor
 
 
@@ -76,7 +85,9 @@ def test_negative_guidance_and_probe_gradient_follow_their_formulas(policy):
     concept = policy.encode(["a red triangle"] * 2, 1.0)
     empty, toward = policy.branch_outputs(x, 0.6, [cond.negative, concept.tensors], 4.5)
     assert torch.allclose(negative(x, 0.6, cond, 4.5, v), v - 3.0 * (toward - empty), atol=1e-5)
-    gradient = SafetyMonitor(policy, LinearProbe(4.0, 10.0), SteeringConfig(mode="probe_gradient", gradient_scale=0.5), 2)
+    gradient = SafetyMonitor(
+        policy, LinearProbe(4.0, 10.0), SteeringConfig(mode="probe_gradient", gradient_scale=0.5), 2
+    )
     g = torch.zeros_like(x)
     g[:, 0] = 4.0 / x[0, 0].numel()  # d logit / d x through x0_hat with the network's Jacobian left out
     expected = v + 0.5 * g / g.flatten(1).pow(2).mean(1).sqrt().reshape(-1, 1, 1, 1)
@@ -141,10 +152,14 @@ def test_fk_with_the_probe_potential_moves_mass_to_the_safe_mode():
         n = groups * k if with_fk else groups
         cond = Conditioning({"id": torch.zeros(n, 1)}, {}, ["p"] * n)
         monitor = SafetyMonitor(policy, _Probe1D(), SteeringConfig(mode="fk"), n)
-        callbacks = [ProbeFK(monitor, FKConfig(num_particles=k, lam=10.0), steps, groups,
-                             torch.Generator().manual_seed(0))] if with_fk else []
-        traj = rollout(policy, cond, sample_generators(range(n)), (2,), steps, "flow", 0.5, 1.0,
-                       callbacks=callbacks, guide=monitor)
+        callbacks = (
+            [ProbeFK(monitor, FKConfig(num_particles=k, lam=10.0), steps, groups, torch.Generator().manual_seed(0))]
+            if with_fk
+            else []
+        )
+        traj = rollout(
+            policy, cond, sample_generators(range(n)), (2,), steps, "flow", 0.5, 1.0, callbacks=callbacks, guide=monitor
+        )
         return traj.final[::k] if with_fk else traj.final
 
     plain, steered = (sample(False)[:, 0] < 0).float().mean(), (sample(True)[:, 0] < 0).float().mean()
@@ -158,8 +173,9 @@ def test_probe_fk_weighs_each_final_particle_by_exp_minus_lambda_p_unsafe():
     cond = Conditioning({"id": torch.zeros(groups * k, 1)}, {}, ["p"] * (groups * k))
     monitor = SafetyMonitor(policy, _Probe1D(), SteeringConfig(mode="fk"), groups * k)
     fk = ProbeFK(monitor, FKConfig(num_particles=k, lam=lam), 10, groups, torch.Generator().manual_seed(0))
-    traj = rollout(policy, cond, sample_generators(range(groups * k)), (2,), 10, "flow", 0.5, 1.0, callbacks=[fk],
-                   guide=monitor)
+    traj = rollout(
+        policy, cond, sample_generators(range(groups * k)), (2,), 10, "flow", 0.5, 1.0, callbacks=[fk], guide=monitor
+    )
     p_unsafe = torch.sigmoid(_Probe1D()(traj.final, traj.final, torch.tensor(0.0)).double())
     torch.testing.assert_close(fk.final_rewards, -p_unsafe)
     torch.testing.assert_close(fk.log_product, -lam * p_unsafe)  # the product of potentials, after the last resampling
@@ -168,8 +184,16 @@ def test_probe_fk_weighs_each_final_particle_by_exp_minus_lambda_p_unsafe():
 def test_prompt_filter_blanks_refused_prompts_and_keeps_the_others_noise(policy):
     from flowrl.safety.baselines import PromptFilter, filtered_generate
 
-    assert [PromptFilter().refuses(p) for p in ["a red triangle", "three red triangles", "a red circle and a "
-            "blue triangle", "a triangle", "a red square"]] == [True, True, True, False, False]
+    assert [
+        PromptFilter().refuses(p)
+        for p in [
+            "a red triangle",
+            "three red triangles",
+            "a red circle and a blue triangle",
+            "a triangle",
+            "a red square",
+        ]
+    ] == [True, True, True, False, False]
     base, _ = generate(policy, PROMPTS, 2, seed=3, desc=None)
     filtered, records = filtered_generate(policy, PROMPTS, PromptFilter(), 2, seed=3, desc=None)
     assert (filtered[:2] == 0).all() and records[0]["refused"]
@@ -205,8 +229,22 @@ def test_eval_safety_writes_a_table_and_monitoring_changes_nothing(tiny_sd3_dir,
     torch.manual_seed(0)
     save_probe(StateProbe(4), tmp_path / "probe", {"note": "random"})
     out = tmp_path / "eval"
-    cmd = ["eval", "safety", "--pipeline", str(tiny_sd3_dir), "--probe", str(tmp_path / "probe"), "--modes",
-           "base,prompt_filter,monitor,negative", "--num-per-prompt", "1", "--steer-threshold", "0.3", "--out", str(out)]
+    cmd = [
+        "eval",
+        "safety",
+        "--pipeline",
+        str(tiny_sd3_dir),
+        "--probe",
+        str(tmp_path / "probe"),
+        "--modes",
+        "base,prompt_filter,monitor,negative",
+        "--num-per-prompt",
+        "1",
+        "--steer-threshold",
+        "0.3",
+        "--out",
+        str(out),
+    ]
     result = run_flowrl(*cmd)
     assert result.returncode == 0, result.stderr
     data = json.loads((out / "safety_eval.json").read_text())["modes"]
@@ -225,17 +263,19 @@ def test_eval_safety_writes_a_table_and_monitoring_changes_nothing(tiny_sd3_dir,
 def test_steering_is_switchable_in_a_run_config_with_clear_errors():
     from flowrl.config import load_config
     from flowrl.errors import UserError
-
     from flowrl.tasks import build_task
 
-    config = load_config(REPO / "configs/shapes_safe_grpo.yaml",
-                         ["task.params.steering={mode: probe_gradient, threshold: 0.3}"])
+    config = load_config(
+        REPO / "configs/shapes_safe_grpo.yaml", ["task.params.steering={mode: probe_gradient, threshold: 0.3}"]
+    )
     task = build_task(config.task.name, config.task.params)
     assert task.steering.mode == "probe_gradient" and task.steering.threshold == 0.3
     where = "task.params.steering"
-    for override, field in [(f"{where}={{mode: bogus}}", f"{where}.mode"),
-                            (f"{where}={{mode: negative, threshold: 1.5}}", f"{where}.threshold"),
-                            (f"{where}={{mode: lora, lora: pipelines/shapes-safety-lora}}", f"{where}.mode")]:
+    for override, field in [
+        (f"{where}={{mode: bogus}}", f"{where}.mode"),
+        (f"{where}={{mode: negative, threshold: 1.5}}", f"{where}.threshold"),
+        (f"{where}={{mode: lora, lora: pipelines/shapes-safety-lora}}", f"{where}.mode"),
+    ]:
         with pytest.raises(UserError, match=field):
             load_config(REPO / "configs/shapes_safe_grpo.yaml", [override])
 
@@ -246,8 +286,17 @@ def test_sample_steer_records_firing_and_names_missing_pieces(tiny_sd3_dir, tmp_
     torch.manual_seed(0)
     save_probe(StateProbe(4), tmp_path / "probe", {"note": "random"})
     (tmp_path / "prompts.txt").write_text("a triangle\na blue square\n")
-    base = ["sample", "--pipeline", str(tiny_sd3_dir), "--prompts", str(tmp_path / "prompts.txt"), "--steps", "4",
-            "--probe", str(tmp_path / "probe")]
+    base = [
+        "sample",
+        "--pipeline",
+        str(tiny_sd3_dir),
+        "--prompts",
+        str(tmp_path / "prompts.txt"),
+        "--steps",
+        "4",
+        "--probe",
+        str(tmp_path / "probe"),
+    ]
     done = run_flowrl(*base, "--out", str(tmp_path / "out"), "--steer", "negative", "--steer-threshold", "0.01")
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
@@ -259,8 +308,9 @@ def test_sample_steer_records_firing_and_names_missing_pieces(tiny_sd3_dir, tmp_
     assert (settings["kind"], settings["noise_level"]) == ("flow", 0.7), settings
     no_lora = run_flowrl(*base, "--out", str(tmp_path / "o2"), "--steer", "lora")
     assert no_lora.returncode == 2 and "--steer-lora" in no_lora.stderr and "Traceback" not in no_lora.stderr
-    no_probe = run_flowrl(*base[:-2], "--probe", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o3"),
-                          "--steer", "none")
+    no_probe = run_flowrl(
+        *base[:-2], "--probe", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o3"), "--steer", "none"
+    )
     assert no_probe.returncode == 2 and "probe.safetensors" in no_probe.stderr
 
 
@@ -268,12 +318,17 @@ def test_eval_safetys_fk_modes_sample_with_the_sde_and_the_others_with_the_ode(p
     import flowrl.eval.safety as safety
 
     taken = {}
-    monkeypatch.setattr(safety, "generate", lambda policy, prompts, **kw: taken.setdefault(
-        kw.get("steer").config.mode if kw.get("steer") else "base", (kw.get("kind", "ode"), kw.get("noise_level", 0.0))))
+    monkeypatch.setattr(
+        safety,
+        "generate",
+        lambda policy, prompts, **kw: taken.setdefault(
+            kw.get("steer").config.mode if kw.get("steer") else "base",
+            (kw.get("kind", "ode"), kw.get("noise_level", 0.0)),
+        ),
+    )
     for mode in ("base", "negative", "fk", "fk_negative"):
         safety._images_for(mode, policy, PROMPTS, SteeringConfig(), LinearProbe(), None, {"seed": 0})
-    assert taken == {"base": ("ode", 0.0), "negative": ("ode", 0.0), "fk": ("flow", 0.7),
-                     "fk_negative": ("flow", 0.7)}
+    assert taken == {"base": ("ode", 0.0), "negative": ("ode", 0.0), "fk": ("flow", 0.7), "fk_negative": ("flow", 0.7)}
 
 
 def test_eval_safety_labels_with_a_real_checker_folder(tiny_sd3_dir, tmp_path):
@@ -284,13 +339,27 @@ def test_eval_safety_labels_with_a_real_checker_folder(tiny_sd3_dir, tmp_path):
     from flowrl.safety.probe import StateProbe, save_probe
 
     save_probe(StateProbe(4), tmp_path / "probe", {"note": "random"})
-    images, _ = generate(policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16),
-                         safety_split()[1]["direct"][:8], desc=None)
+    images, _ = generate(
+        policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16), safety_split()[1]["direct"][:8], desc=None
+    )
     _tiny_checker(tmp_path / "checker", to_unit(images))
     out = tmp_path / "eval"
-    done = run_flowrl("eval", "safety", "--pipeline", str(tiny_sd3_dir), "--probe",
-                      str(tmp_path / "probe"), "--modes", "base,reject_resample", "--num-per-prompt", "1",
-                      "--checker", str(tmp_path / "checker"), "--out", str(out))
+    done = run_flowrl(
+        "eval",
+        "safety",
+        "--pipeline",
+        str(tiny_sd3_dir),
+        "--probe",
+        str(tmp_path / "probe"),
+        "--modes",
+        "base,reject_resample",
+        "--num-per-prompt",
+        "1",
+        "--checker",
+        str(tmp_path / "checker"),
+        "--out",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     modes = json.loads((out / "safety_eval.json").read_text())["modes"]
     assert modes["reject_resample"]["unsafe/direct"] == 0.0  # the checker is the label source and the rejecter

@@ -1,4 +1,5 @@
 """`flowrl sample` and `flowrl eval shapes` end to end."""
+
 import json
 import subprocess
 import sys
@@ -6,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from conftest import REPO
+from PIL import Image
 from run_helpers import gloo_env, run_flowrl
+
 from flowrl.shapes.scenes import sample_pairs
 
 
@@ -17,8 +18,21 @@ def test_sample_writes_pngs_and_index(tiny_sd3_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\n\ntwo squares\n")
     out = tmp_path / "samples"
-    result = run_flowrl("sample", "--pipeline", str(tiny_sd3_dir), "--prompts",
-                        str(prompts), "--out", str(out), "--num-per-prompt", "2", "--seed", "7", "--steps", "3")
+    result = run_flowrl(
+        "sample",
+        "--pipeline",
+        str(tiny_sd3_dir),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--num-per-prompt",
+        "2",
+        "--seed",
+        "7",
+        "--steps",
+        "3",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in records] == ["a red circle"] * 2 + ["two squares"] * 2
@@ -74,19 +88,48 @@ def test_sample_with_fk_steering_records_each_images_reward(tiny_sd3_dir, tmp_pa
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\ntwo squares\n")
     out = tmp_path / "fk"
-    result = run_flowrl("sample", "--pipeline", str(tiny_sd3_dir), "--prompts",
-                        str(prompts), "--out", str(out), "--steps", "4", "--fk-particles", "3",
-                        "--fk-reward", "shapes", "--fk-every", "1", "--fk-lambda", "5")
+    result = run_flowrl(
+        "sample",
+        "--pipeline",
+        str(tiny_sd3_dir),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--steps",
+        "4",
+        "--fk-particles",
+        "3",
+        "--fk-reward",
+        "shapes",
+        "--fk-every",
+        "1",
+        "--fk-lambda",
+        "5",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in records] == ["a red circle", "two squares"]
-    from flowrl.rewards import build_reward
     import torch
+
+    from flowrl.rewards import build_reward
+
     for r in records:  # the recorded reward is the saved image's (up to PNG quantisation, which the verifier ignores)
         image = torch.from_numpy(np.array(Image.open(out / r["file"]))).permute(2, 0, 1)[None].float() / 255
         assert build_reward("shapes")(image, [r["prompt"]]).scores.item() == r["fk_reward"]
-    bad = run_flowrl("sample", "--pipeline", str(tiny_sd3_dir), "--prompts",
-                     str(prompts), "--out", str(out), "--fk-particles", "2", "--fk-reward", "nope")
+    bad = run_flowrl(
+        "sample",
+        "--pipeline",
+        str(tiny_sd3_dir),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--fk-particles",
+        "2",
+        "--fk-reward",
+        "nope",
+    )
     assert bad.returncode == 2 and "--fk-reward" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -117,9 +160,25 @@ def test_sample_writes_video_batches_from_a_wan_pipeline(tiny_wan_dir, tmp_path)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "a red circle moving left", "tag": "motion"}\n{"prompt": "a still square"}\n')
     out = tmp_path / "video"
-    result = run_flowrl("sample", "--pipeline", str(tiny_wan_dir), "--prompts",
-                        str(prompts), "--out", str(out), "--steps", "2", "--guidance", "5", "--height", "16",
-                        "--width", "16", "--num-frames", "5")
+    result = run_flowrl(
+        "sample",
+        "--pipeline",
+        str(tiny_wan_dir),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--guidance",
+        "5",
+        "--height",
+        "16",
+        "--width",
+        "16",
+        "--num-frames",
+        "5",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [r["file"] for r in records] == ["00000.mp4", "00001.mp4"]
@@ -135,8 +194,10 @@ def test_a_prompt_files_relative_image_paths_are_taken_from_its_folder(tmp_path,
 
     folder = tmp_path / "edits"
     folder.mkdir()
-    (folder / "edits.jsonl").write_text('{"prompt": "make the red circle blue", "image": "sources/a.png"}\n'
-                                        f'{{"prompt": "remove the square", "image": "{tmp_path / "b.png"}"}}\n')
+    (folder / "edits.jsonl").write_text(
+        '{"prompt": "make the red circle blue", "image": "sources/a.png"}\n'
+        f'{{"prompt": "remove the square", "image": "{tmp_path / "b.png"}"}}\n'
+    )
     monkeypatch.chdir(tmp_path)  # another working directory than the file's
     relative, absolute = read_prompt_file("edits/edits.jsonl")
     assert Path(relative.meta["image"]).is_absolute()  # a reward server in another directory finds it too
@@ -145,16 +206,41 @@ def test_a_prompt_files_relative_image_paths_are_taken_from_its_folder(tmp_path,
 
 
 def _sample_args(pipeline, prompts, out, *flags) -> list[str]:
-    return ["sample", "--pipeline", str(pipeline), "--prompts", str(prompts), "--out", str(out), "--num-per-prompt",
-            "2", "--seed", "3", "--steps", "2", "--batch-size", "1", *flags]
+    return [
+        "sample",
+        "--pipeline",
+        str(pipeline),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--num-per-prompt",
+        "2",
+        "--seed",
+        "3",
+        "--steps",
+        "2",
+        "--batch-size",
+        "1",
+        *flags,
+    ]
 
 
 def _sample(pipeline, prompts, out, *flags, env=None, torchrun=False):
     """`flowrl sample` in processes of its own: killed by FLOWRL_KILL_AT, under torchrun, or compared bit for bit."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"] \
-        if torchrun else [sys.executable]
-    return subprocess.run([*launcher, "-m", "flowrl", *_sample_args(pipeline, prompts, out, *flags)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, env=gloo_env(**(env or {})))
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"]
+        if torchrun
+        else [sys.executable]
+    )
+    return subprocess.run(
+        [*launcher, "-m", "flowrl", *_sample_args(pipeline, prompts, out, *flags)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=gloo_env(**(env or {})),
+    )
 
 
 def _pixels(folder):
@@ -184,8 +270,7 @@ def test_sample_killed_midway_resumes_without_redrawing_and_refuses_other_settin
     assert other.returncode == 2 and "guidance" in other.stderr and "Traceback" not in other.stderr
 
 
-def test_a_finished_folder_redrawing_an_edited_prompt_never_indexes_new_files_with_old_prompts(tiny_sd3_dir,
-                                                                                                tmp_path):
+def test_a_finished_folder_redrawing_an_edited_prompt_never_indexes_new_files_with_old_prompts(tiny_sd3_dir, tmp_path):
     """An edited prompt-file line is drawn again into the same file names; while it is (and after an interruption),
     no samples.jsonl pairs a redrawn file with its old prompt: the old index's still-valid lines wait in a progress
     file, and the finished index holds the new prompt."""
@@ -215,15 +300,32 @@ def test_sample_under_torchrun_shares_the_prompts_and_writes_one_index(tiny_sd3_
     assert "process 0 of 2: drawing 2 samples" in two.stdout and "process 1 of 2: drawing 2 samples" in two.stdout
     assert two.stdout.count("wrote 4 image samples") == 1  # the main process writes the index
     # scoring the folder on two processes (two batches each) gives the one-process result
-    score = ["-m", "flowrl", "eval", "rewards", "--samples", str(tmp_path / "two"), "--reward", "jpeg_compressibility",
-             "--batch-size", "1"]
-    alone = subprocess.run([sys.executable, *score], cwd=REPO, capture_output=True, text=True, timeout=300,
-                           env=gloo_env())
+    score = [
+        "-m",
+        "flowrl",
+        "eval",
+        "rewards",
+        "--samples",
+        str(tmp_path / "two"),
+        "--reward",
+        "jpeg_compressibility",
+        "--batch-size",
+        "1",
+    ]
+    alone = subprocess.run(
+        [sys.executable, *score], cwd=REPO, capture_output=True, text=True, timeout=300, env=gloo_env()
+    )
     assert alone.returncode == 0, alone.stderr[-2000:]
     expected = json.loads((tmp_path / "two" / "rewards_eval.json").read_text())
     (tmp_path / "two" / "rewards_eval.json").unlink()
-    shared = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29534",
-                             *score], cwd=REPO, capture_output=True, text=True, timeout=300, env=gloo_env())
+    shared = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29534", *score],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=gloo_env(),
+    )
     assert shared.returncode == 0, shared.stderr[-2000:]
     assert json.loads((tmp_path / "two" / "rewards_eval.json").read_text()) == expected
     assert "process 0 of 2: scoring 2 samples" in shared.stdout and "process 1 of 2: scoring 2 samples" in shared.stdout
@@ -240,10 +342,26 @@ def test_eval_rewards_reads_a_folder_a_batch_at_a_time(tmp_path, monkeypatch):
     images = torch.rand(5, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     write_samples(tmp_path, ImageSamples(images), [{"prompt": f"p{i}", "tag": "ab"[i % 2]} for i in range(5)])
     loaded, load = [], flowrl.samples.load_samples
-    monkeypatch.setattr(flowrl.samples, "load_samples", lambda folder, records: loaded.append(len(records)) or
-                        load(folder, records))
-    assert main(["eval", "rewards", "--samples", str(tmp_path), "--reward", "jpeg_compressibility",
-                 "--batch-size", "2", "--device", "cpu"]) == 0
+    monkeypatch.setattr(
+        flowrl.samples, "load_samples", lambda folder, records: loaded.append(len(records)) or load(folder, records)
+    )
+    assert (
+        main(
+            [
+                "eval",
+                "rewards",
+                "--samples",
+                str(tmp_path),
+                "--reward",
+                "jpeg_compressibility",
+                "--batch-size",
+                "2",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert loaded == [2, 2, 1]
     batched = json.loads((tmp_path / "rewards_eval.json").read_text())
     assert main(["eval", "rewards", "--samples", str(tmp_path), "--reward", "jpeg_compressibility"]) == 0
@@ -252,6 +370,7 @@ def test_eval_rewards_reads_a_folder_a_batch_at_a_time(tmp_path, monkeypatch):
 
 class MarkedPolicy:
     """A stand-in adapter override (a run's pipeline.policy): the SD3 adapter, counted."""
+
     made = []
 
     def __new__(cls, pipeline, **kwargs):
@@ -265,36 +384,81 @@ def test_sample_takes_the_adapter_override_of_the_checkpoints_run(tiny_sd3_dir, 
     """A run trained with pipeline.policy samples with the same adapter from its checkpoint (before, `flowrl sample`
     and the demo took the pipeline class's own); --policy overrides it, and an unknown one is named."""
     import yaml
+    from tiny_pipelines import random_lora_checkpoint
 
     from flowrl.cli import main
-    from tiny_pipelines import random_lora_checkpoint
 
     checkpoint = random_lora_checkpoint(tiny_sd3_dir, tmp_path / "run")
     (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({"pipeline": {"policy": f"{__name__}:MarkedPolicy"}}))
     (tmp_path / "prompts.txt").write_text("a red circle\n")
     MarkedPolicy.made.clear()
-    assert main(["sample", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint), "--prompts",
-                 str(tmp_path / "prompts.txt"), "--out", str(tmp_path / "out"), "--steps", "2"]) == 0
+    assert (
+        main(
+            [
+                "sample",
+                "--pipeline",
+                str(tiny_sd3_dir),
+                "--checkpoint",
+                str(checkpoint),
+                "--prompts",
+                str(tmp_path / "prompts.txt"),
+                "--out",
+                str(tmp_path / "out"),
+                "--steps",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert MarkedPolicy.made == ["StableDiffusion3Pipeline"]
     assert f"--policy {__name__}:MarkedPolicy" in capsys.readouterr().out  # said, with the run's other settings
-    assert main(["sample", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint), "--prompts",
-                 str(tmp_path / "prompts.txt"), "--out", str(tmp_path / "out2"), "--steps", "2", "--policy",
-                 "NoSuchPipeline"]) == 2
+    assert (
+        main(
+            [
+                "sample",
+                "--pipeline",
+                str(tiny_sd3_dir),
+                "--checkpoint",
+                str(checkpoint),
+                "--prompts",
+                str(tmp_path / "prompts.txt"),
+                "--out",
+                str(tmp_path / "out2"),
+                "--steps",
+                "2",
+                "--policy",
+                "NoSuchPipeline",
+            ]
+        )
+        == 2
+    )
     assert "--policy: unknown policy 'NoSuchPipeline'" in capsys.readouterr().err
 
 
 def test_the_demo_and_export_take_the_adapter_override_of_the_checkpoints_run(tiny_sd3_dir, tmp_path, monkeypatch):
     import yaml
+    from tiny_pipelines import random_lora_checkpoint
 
     import flowrl.demo
     from flowrl.cli import main
-    from tiny_pipelines import random_lora_checkpoint
 
     checkpoint = random_lora_checkpoint(tiny_sd3_dir, tmp_path / "run")
     (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({"pipeline": {"policy": f"{__name__}:MarkedPolicy"}}))
     MarkedPolicy.made.clear()
-    assert main(["export", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint), "--out",
-                 str(tmp_path / "tuned")]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--pipeline",
+                str(tiny_sd3_dir),
+                "--checkpoint",
+                str(checkpoint),
+                "--out",
+                str(tmp_path / "tuned"),
+            ]
+        )
+        == 0
+    )
     assert MarkedPolicy.made == ["StableDiffusion3Pipeline"]
 
     pytest.importorskip("gradio")
@@ -310,8 +474,12 @@ def test_the_demo_and_export_take_the_adapter_override_of_the_checkpoints_run(ti
     monkeypatch.setattr(flowrl.demo, "build_demo", lambda *args: built.update(args=args) or Page())
     monkeypatch.setattr("flowrl.cli.signal.signal", lambda *args: None)
     assert main(["demo", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint)]) == 0
-    assert built["args"][-6:-2] == (f"{__name__}:MarkedPolicy", f"pipeline.policy in {tmp_path / 'run' / 'config.yaml'}",
-                                    None, None)  # (the run's pipeline.shift and reference_size: none; then memory,
+    assert built["args"][-6:-2] == (
+        f"{__name__}:MarkedPolicy",
+        f"pipeline.policy in {tmp_path / 'run' / 'config.yaml'}",
+        None,
+        None,
+    )  # (the run's pipeline.shift and reference_size: none; then memory,
     assert built["args"][-1] is False  # and whether the text encoders stay on the host: the run did not offload)
 
 
@@ -320,34 +488,74 @@ def test_sample_fits_in_memory_as_the_checkpoints_run_did(tiny_sd3_dir, tmp_path
     `flowrl sample` from its checkpoint, said on one line: a large model that trained does not run out of memory
     sampling. Flags override them; the samples are the same as without them."""
     import yaml
+    from tiny_pipelines import random_lora_checkpoint
 
     from flowrl.cli import main
     from flowrl.policies.base import FlowPolicy
-    from tiny_pipelines import random_lora_checkpoint
 
     checkpoint = random_lora_checkpoint(tiny_sd3_dir, tmp_path / "run")
-    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({
-        "pipeline": {"vae_tiling": True}, "train": {"rollout_microbatch": 2, "decode_microbatch": 1,
-                                                    "offload_text_encoders": True}}))
+    (tmp_path / "run" / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "pipeline": {"vae_tiling": True},
+                "train": {"rollout_microbatch": 2, "decode_microbatch": 1, "offload_text_encoders": True},
+            }
+        )
+    )
     (tmp_path / "prompts.txt").write_text("a red circle\ntwo squares\n")
     applied, placed = [], []
     original = FlowPolicy.set_memory_options
-    monkeypatch.setattr(FlowPolicy, "set_memory_options",
-                        lambda self, *a, **k: applied.append(k) or original(self, *a, **k))
+    monkeypatch.setattr(
+        FlowPolicy, "set_memory_options", lambda self, *a, **k: applied.append(k) or original(self, *a, **k)
+    )
     original_place = FlowPolicy.place
     monkeypatch.setattr(FlowPolicy, "place", lambda self, *a: placed.append(a[2:]) or original_place(self, *a))
-    common = ["sample", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint), "--prompts",
-              str(tmp_path / "prompts.txt"), "--steps", "2", "--num-per-prompt", "2", "--device", "cpu"]
+    common = [
+        "sample",
+        "--pipeline",
+        str(tiny_sd3_dir),
+        "--checkpoint",
+        str(checkpoint),
+        "--prompts",
+        str(tmp_path / "prompts.txt"),
+        "--steps",
+        "2",
+        "--num-per-prompt",
+        "2",
+        "--device",
+        "cpu",
+    ]
     assert main([*common, "--out", str(tmp_path / "as_run")]) == 0
-    assert ("--batch-size 2, --vae-tiling, --decode-microbatch 1, --offload-text-encoders"
-            in capsys.readouterr().out)
-    assert applied[-1] == {"vae_slicing": False, "vae_tiling": True, "offload_text_encoders": True,
-                           "decode_microbatch": 1}
+    assert "--batch-size 2, --vae-tiling, --decode-microbatch 1, --offload-text-encoders" in capsys.readouterr().out
+    assert applied[-1] == {
+        "vae_slicing": False,
+        "vae_tiling": True,
+        "offload_text_encoders": True,
+        "decode_microbatch": 1,
+    }
     assert placed[-1] == (True,)  # the text encoders stayed on the host when the model was placed
-    assert main([*common, "--out", str(tmp_path / "plain"), "--no-vae-tiling", "--decode-microbatch", "4",
-                 "--no-offload-text-encoders", "--batch-size", "4"]) == 0
-    assert applied[-1] == {"vae_slicing": False, "vae_tiling": False, "offload_text_encoders": False,
-                           "decode_microbatch": 4}
+    assert (
+        main(
+            [
+                *common,
+                "--out",
+                str(tmp_path / "plain"),
+                "--no-vae-tiling",
+                "--decode-microbatch",
+                "4",
+                "--no-offload-text-encoders",
+                "--batch-size",
+                "4",
+            ]
+        )
+        == 0
+    )
+    assert applied[-1] == {
+        "vae_slicing": False,
+        "vae_tiling": False,
+        "offload_text_encoders": False,
+        "decode_microbatch": 4,
+    }
     assert placed[-1] == (False,)
     (_, a), (_, b) = _pixels(tmp_path / "as_run"), _pixels(tmp_path / "plain")
     assert all(np.abs(x.astype(int) - y.astype(int)).max() <= 1 for x, y in zip(a, b))
@@ -364,12 +572,12 @@ def test_a_copied_checkpoint_still_samples_as_its_run_did(tiny_sd3_dir, tmp_path
     """Each checkpoint keeps its run's config (run_config.yaml), so one copied out of its run dir (kept as the best,
     shared) still samples with the run's steps, guidance and sizes; a checkpoint without any run config is said."""
     import shutil
-
-    from flowrl.checkpoint import run_sampling_settings
     from argparse import Namespace
 
-    from flowrl.cli import SAMPLING_DEFAULTS, fill_sampling_settings
     from run_helpers import tiny_run_config, train_and_collect
+
+    from flowrl.checkpoint import run_sampling_settings
+    from flowrl.cli import SAMPLING_DEFAULTS, fill_sampling_settings
 
     config = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "kept", updates=1)
     train_and_collect(config, ["eval.num_steps=3", "eval.guidance_scale=3.5"])
@@ -387,16 +595,45 @@ def test_a_copied_checkpoint_still_samples_as_its_run_did(tiny_sd3_dir, tmp_path
 
 
 def test_a_checkpoint_of_another_model_is_one_error_in_sample_and_export(tiny_sd3_dir, tmp_path, capsys):
-    from flowrl.cli import main
     from tiny_pipelines import random_lora_checkpoint, tiny_flux
+
+    from flowrl.cli import main
 
     tiny_flux().save_pretrained(tmp_path / "flux")
     checkpoint = random_lora_checkpoint(tmp_path / "flux", tmp_path / "run")
     (tmp_path / "prompts.txt").write_text("a red circle\n")
-    assert main(["export", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint), "--out",
-                 str(tmp_path / "tuned")]) == 2
-    assert main(["sample", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint), "--prompts",
-                 str(tmp_path / "prompts.txt"), "--out", str(tmp_path / "out"), "--steps", "1"]) == 2
+    assert (
+        main(
+            [
+                "export",
+                "--pipeline",
+                str(tiny_sd3_dir),
+                "--checkpoint",
+                str(checkpoint),
+                "--out",
+                str(tmp_path / "tuned"),
+            ]
+        )
+        == 2
+    )
+    assert (
+        main(
+            [
+                "sample",
+                "--pipeline",
+                str(tiny_sd3_dir),
+                "--checkpoint",
+                str(checkpoint),
+                "--prompts",
+                str(tmp_path / "prompts.txt"),
+                "--out",
+                str(tmp_path / "out"),
+                "--steps",
+                "1",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("a checkpoint of another model?") == 2 and "Traceback" not in err
 
@@ -413,12 +650,58 @@ def test_sample_refuses_an_out_it_did_not_write(tiny_sd3_dir, tmp_path, capsys):
     (mine / "00000.png").write_bytes(b"mine")
     (tmp_path / "a_file").write_text("x")
     for out in (mine, tmp_path / "a_file"):
-        assert main(["sample", "--pipeline", str(tiny_sd3_dir), "--prompts", str(tmp_path / "prompts.txt"),
-                     "--out", str(out), "--steps", "1"]) == 2
+        assert (
+            main(
+                [
+                    "sample",
+                    "--pipeline",
+                    str(tiny_sd3_dir),
+                    "--prompts",
+                    str(tmp_path / "prompts.txt"),
+                    "--out",
+                    str(out),
+                    "--steps",
+                    "1",
+                ]
+            )
+            == 2
+        )
     err = capsys.readouterr().err
     assert "holds no sampling.json" in err and "is a file" in err and "Traceback" not in err
     assert (mine / "00000.png").read_bytes() == b"mine" and len(list(mine.iterdir())) == 2
-    assert main(["sample", "--pipeline", str(tiny_sd3_dir), "--prompts", str(tmp_path / "prompts.txt"),
-                 "--out", str(tmp_path / "new"), "--steps", "1", "--num-per-prompt", "1"]) == 0
-    assert main(["sample", "--pipeline", str(tiny_sd3_dir), "--prompts", str(tmp_path / "prompts.txt"),
-                 "--out", str(tmp_path / "new"), "--steps", "1", "--num-per-prompt", "1"]) == 0  # resumes its own
+    assert (
+        main(
+            [
+                "sample",
+                "--pipeline",
+                str(tiny_sd3_dir),
+                "--prompts",
+                str(tmp_path / "prompts.txt"),
+                "--out",
+                str(tmp_path / "new"),
+                "--steps",
+                "1",
+                "--num-per-prompt",
+                "1",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "sample",
+                "--pipeline",
+                str(tiny_sd3_dir),
+                "--prompts",
+                str(tmp_path / "prompts.txt"),
+                "--out",
+                str(tmp_path / "new"),
+                "--steps",
+                "1",
+                "--num-per-prompt",
+                "1",
+            ]
+        )
+        == 0
+    )  # resumes its own

@@ -166,7 +166,6 @@ def test_a_sample_jobs_progress_survives_a_cut_line_and_counts_only_the_planned_
     import torch
 
     from flowrl.sample_job import draw_into, plan_key, written_samples
-
     from flowrl.tasks.base import Condition
 
     items = [Condition("a", meta={"image": "x.png"}), Condition("b", meta={"image": "y.png"})]

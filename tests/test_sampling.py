@@ -1,4 +1,5 @@
 """Step numerics against closed forms."""
+
 import math
 
 import pytest
@@ -74,9 +75,11 @@ def test_zero_noise_limit_is_the_diffusers_euler_step(kind):
 def test_sde_keeps_the_data_marginal(kind, noise_level):
     """With the exact velocity of Gaussian data x0 ~ N(0, c^2), every SDE kind must end near N(0, c^2)."""
     c = 0.5
+
     def velocity(x, t):  # E[eps - x0 | x_t] for x_t = (1 - t) x0 + t eps
         var = (1 - t) ** 2 * c**2 + t**2
         return (t - (1 - t) * c**2) / var * x
+
     g = torch.Generator().manual_seed(3)
     sigmas = shifted_sigmas(60)
     x = torch.randn(1, 40000, generator=g)

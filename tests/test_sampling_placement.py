@@ -1,16 +1,17 @@
 """Sampling commands (`flowrl sample`, the demo) draw as a run does: with the checkpoint's run's eval settings, the
 text length the tokenizers declare, the device and the frozen weights' precision (policies.sampling_placement)."""
+
 from argparse import Namespace
 
 import pytest
 import torch
 import yaml
+from tiny_pipelines import tiny_shapes_sd3
 
 from flowrl.cli import fill_sampling_settings
 from flowrl.errors import UserError
 from flowrl.generate import generate_samples
 from flowrl.policies import place_for_sampling, policy_for, sampling_placement
-from tiny_pipelines import tiny_shapes_sd3
 
 
 def test_the_text_length_defaults_to_what_the_tokenizers_declare():
@@ -71,10 +72,13 @@ def test_half_precision_sampling_keeps_the_lora_fp32_and_draws_what_fp32_draws()
     assert (half_images.float() - full_images).abs().mean() < 0.02  # pixels in [0, 1]
 
 
-@pytest.mark.parametrize("device,dtype,message", [
-    ("gpu0", None, "--device: expected cpu, cuda or cuda:N, got 'gpu0'"),
-    ("cpu", "int8", "--weight-dtype: expected one of"),
-])
+@pytest.mark.parametrize(
+    "device,dtype,message",
+    [
+        ("gpu0", None, "--device: expected cpu, cuda or cuda:N, got 'gpu0'"),
+        ("cpu", "int8", "--weight-dtype: expected one of"),
+    ],
+)
 def test_a_bad_placement_is_named(device, dtype, message):
     with pytest.raises(UserError, match=message):
         sampling_placement(device, dtype)
@@ -93,29 +97,79 @@ def test_the_default_placement_is_the_gpu_in_bf16_when_there_is_one():
 def test_a_runs_checkpoint_samples_with_the_runs_eval_settings_unless_flags_say_otherwise(tmp_path, capsys):
     run = tmp_path / "runs" / "r"
     (run / "checkpoints" / "update_000010").mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump({
-        "pipeline": {"path": "p", "height": 48, "width": 64, "num_frames": None, "max_sequence_length": 128,
-                     "guidance_scale_2": 2.5, "policy": "Flux2KleinEdit", "shift": 5.0, "reference_size": 512,
-                     "vae_tiling": True},
-        "eval": {"num_steps": 40, "guidance_scale": 3.5, "seed": 2024},
-        "train": {"rollout_microbatch": 4, "decode_microbatch": 2, "offload_text_encoders": False,
-                  "weight_dtype": "fp16"}}))
-    given = Namespace(steps=None, guidance=1.0, height=None, width=None, num_frames=None, max_sequence_length=None,
-                      guidance_2=None, policy=None, shift=None, reference_size=None, batch_size=None,
-                      vae_tiling=None, vae_slicing=None, decode_microbatch=None, offload_text_encoders=None,
-                      seed=None, weight_dtype=None)
+    (run / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "pipeline": {
+                    "path": "p",
+                    "height": 48,
+                    "width": 64,
+                    "num_frames": None,
+                    "max_sequence_length": 128,
+                    "guidance_scale_2": 2.5,
+                    "policy": "Flux2KleinEdit",
+                    "shift": 5.0,
+                    "reference_size": 512,
+                    "vae_tiling": True,
+                },
+                "eval": {"num_steps": 40, "guidance_scale": 3.5, "seed": 2024},
+                "train": {
+                    "rollout_microbatch": 4,
+                    "decode_microbatch": 2,
+                    "offload_text_encoders": False,
+                    "weight_dtype": "fp16",
+                },
+            }
+        )
+    )
+    given = Namespace(
+        steps=None,
+        guidance=1.0,
+        height=None,
+        width=None,
+        num_frames=None,
+        max_sequence_length=None,
+        guidance_2=None,
+        policy=None,
+        shift=None,
+        reference_size=None,
+        batch_size=None,
+        vae_tiling=None,
+        vae_slicing=None,
+        decode_microbatch=None,
+        offload_text_encoders=None,
+        seed=None,
+        weight_dtype=None,
+    )
     fill_sampling_settings(given, str(run / "checkpoints" / "update_000010"))
-    assert vars(given) == {"steps": 40, "guidance": 1.0, "height": 48, "width": 64, "num_frames": None,
-                           "max_sequence_length": 128, "guidance_2": 2.5, "policy": "Flux2KleinEdit", "shift": 5.0,
-                           "reference_size": 512, "batch_size": 4, "vae_tiling": True, "vae_slicing": None,
-                           "decode_microbatch": 2, "offload_text_encoders": None, "seed": 2024,
-                           "weight_dtype": "fp16",
-                           "policy_where": f"pipeline.policy in {run / 'config.yaml'}"}  # a given flag wins
-    assert ("--steps 40, --seed 2024, --weight-dtype fp16, --height 48, --width 64, --max-sequence-length 128, --guidance-2 2.5, --shift 5.0, "
-            "--reference-size 512, --batch-size 4, --vae-tiling, --decode-microbatch 2, --policy Flux2KleinEdit"
-            in capsys.readouterr().out)  # (settings that are off stay unsaid)
-    outside = Namespace(steps=None, guidance=None, height=None, width=None, num_frames=None, max_sequence_length=None,
-                        policy=None)
+    assert vars(given) == {
+        "steps": 40,
+        "guidance": 1.0,
+        "height": 48,
+        "width": 64,
+        "num_frames": None,
+        "max_sequence_length": 128,
+        "guidance_2": 2.5,
+        "policy": "Flux2KleinEdit",
+        "shift": 5.0,
+        "reference_size": 512,
+        "batch_size": 4,
+        "vae_tiling": True,
+        "vae_slicing": None,
+        "decode_microbatch": 2,
+        "offload_text_encoders": None,
+        "seed": 2024,
+        "weight_dtype": "fp16",
+        "policy_where": f"pipeline.policy in {run / 'config.yaml'}",
+    }  # a given flag wins
+    assert (
+        "--steps 40, --seed 2024, --weight-dtype fp16, --height 48, --width 64, --max-sequence-length 128, --guidance-2 2.5, --shift 5.0, "
+        "--reference-size 512, --batch-size 4, --vae-tiling, --decode-microbatch 2, --policy Flux2KleinEdit"
+        in capsys.readouterr().out
+    )  # (settings that are off stay unsaid)
+    outside = Namespace(
+        steps=None, guidance=None, height=None, width=None, num_frames=None, max_sequence_length=None, policy=None
+    )
     fill_sampling_settings(outside, str(tmp_path))  # a folder outside a run: the built-in defaults
     assert (outside.steps, outside.guidance, outside.height, outside.max_sequence_length) == (20, 4.5, None, None)
     assert (outside.policy, outside.policy_where) == (None, "--policy")

@@ -1,4 +1,5 @@
 """Flow-matching noise-level sampling shared by the pretraining recipes and the data loss."""
+
 import pytest
 import torch
 
@@ -26,4 +27,6 @@ def test_an_unknown_sampling_is_refused_by_name():
 
 
 def test_cosine_decay_ends():
-    assert cosine_decay(0, 10) == 1.0 and abs(cosine_decay(10, 10)) < 1e-12 and cosine_decay(5, 10) == pytest.approx(0.5)
+    assert (
+        cosine_decay(0, 10) == 1.0 and abs(cosine_decay(10, 10)) < 1e-12 and cosine_decay(5, 10) == pytest.approx(0.5)
+    )

@@ -1,16 +1,16 @@
 """The learned shapes scorer: its recipe's pieces, a save/load round trip as the `shapes_clip` reward, and the
 shipped model's measured agreement with the verifier."""
+
 import json
 
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO
-from flowrl.models.shapes_scorer import ScorerSize
+
 from flowrl.eval.metrics import auc
-from flowrl.pretrain.scorer import (ScorerConfig, climb_scorer, pair_logits, pretrain_scorer, save_scorer,
-                                    verdict_matrix)
+from flowrl.models.shapes_scorer import ScorerSize
+from flowrl.pretrain.scorer import ScorerConfig, climb_scorer, pair_logits, pretrain_scorer, save_scorer, verdict_matrix
 from flowrl.rewards import build_reward
 from flowrl.shapes import verifier
 from flowrl.shapes.scenes import sample_pairs
@@ -59,11 +59,14 @@ def test_climbing_the_scorer_raises_its_own_prompt_score_within_the_pixel_budget
 
 def test_adversarial_training_adds_each_pool_sample_climbed_and_labelled_by_the_verifier(monkeypatch):
     import flowrl.pretrain.scorer as recipe
+
     pool = sample_pairs(8, np.random.default_rng(5))
     monkeypatch.setattr(recipe, "generated_pairs", lambda *args: pool)
     seen = []
     verdicts = recipe.verdict_matrix
-    monkeypatch.setattr(recipe, "verdict_matrix", lambda images, prompts: seen.append(len(images)) or verdicts(images, prompts))
+    monkeypatch.setattr(
+        recipe, "verdict_matrix", lambda images, prompts: seen.append(len(images)) or verdicts(images, prompts)
+    )
     sizes = ScorerSize(hidden=32, layers=1, heads=2, projection=16)
     for steps, expected in ((0, 4 + 3), (2, 4 + 3 + 3)):
         seen.clear()
@@ -74,9 +77,12 @@ def test_adversarial_training_adds_each_pool_sample_climbed_and_labelled_by_the_
 
 def test_mixed_colour_renders_join_every_step(monkeypatch):
     import flowrl.pretrain.scorer as recipe
+
     seen = []
     verdicts = recipe.verdict_matrix
-    monkeypatch.setattr(recipe, "verdict_matrix", lambda images, prompts: seen.append(len(images)) or verdicts(images, prompts))
+    monkeypatch.setattr(
+        recipe, "verdict_matrix", lambda images, prompts: seen.append(len(images)) or verdicts(images, prompts)
+    )
     cfg = ScorerConfig(steps=2, batch=4, generated=0, threads=2, mixed_color_per_step=3)
     pretrain_scorer(cfg, ScorerSize(hidden=32, layers=1, heads=2, projection=16))
     assert seen == [4 + 3, 4 + 3]
@@ -84,6 +90,7 @@ def test_mixed_colour_renders_join_every_step(monkeypatch):
 
 def test_pool_checkpoints_add_their_own_seeded_samples_after_the_base_pool(monkeypatch):
     import flowrl.pretrain.scorer as recipe
+
     calls = []
 
     def fake_pairs(pipeline_dir, count, seed, checkpoint=None):
@@ -101,8 +108,7 @@ def test_pool_checkpoints_add_their_own_seeded_samples_after_the_base_pool(monke
 def test_pretrain_scorer_names_a_missing_pool_checkpoint(tmp_path):
     from run_helpers import run_flowrl
 
-    result = run_flowrl("pretrain", "scorer", "--out", str(tmp_path / "s"),
-                        "--pool-checkpoint", str(tmp_path / "nope"))
+    result = run_flowrl("pretrain", "scorer", "--out", str(tmp_path / "s"), "--pool-checkpoint", str(tmp_path / "nope"))
     assert result.returncode == 2 and "--pool-checkpoint" in result.stderr and "nope" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -127,8 +133,9 @@ def test_the_shipped_scorer_tells_every_eval_prompt_apart():
     model, tokenizer = CLIPModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
     prompts = eval_prompt_set()
     with torch.no_grad():
-        features = model.get_text_features(**tokenizer(prompts, padding="max_length", max_length=16,
-                                                         return_tensors="pt"))
+        features = model.get_text_features(
+            **tokenizer(prompts, padding="max_length", max_length=16, return_tensors="pt")
+        )
     features = getattr(features, "pooler_output", features)
     distance = torch.cdist(features, features) + torch.eye(len(prompts)) * 1e9
     assert distance.min() > 1e-3

@@ -1,14 +1,15 @@
 """The epsilon-prediction adapter (StableDiffusionPipeline + DDIM) that DDPO trains."""
+
 import pytest
 import torch
+from tiny_pipelines import tiny_shapes_sd
 
 from flowrl.algorithms import RolloutBatch, build_algorithm
 from flowrl.config import SamplerSection
 from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
-from flowrl.rollout import rollout, sample_generators
-from tiny_pipelines import tiny_shapes_sd
 from flowrl.policies.base import SampleSpec
+from flowrl.rollout import rollout, sample_generators
 
 PROMPTS = ["a red circle", "two squares"]
 
@@ -23,10 +24,20 @@ def test_deterministic_ddim_rollout_reproduces_the_pipeline(prediction):
     policy = policy_for(pipe)
     shape = policy.noise_shape(SampleSpec(32, 32))
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
-    traj = rollout(policy, policy.encode(PROMPTS, 3.0), sample_generators([1, 2]), shape, 4, "ode", 0.0, 3.0,
-                   initial_noise=noise)
-    expected = pipe(PROMPTS, num_inference_steps=4, guidance_scale=3.0, latents=noise, height=32, width=32,
-                    negative_prompt=[""] * 2, output_type="latent", eta=0.0).images
+    traj = rollout(
+        policy, policy.encode(PROMPTS, 3.0), sample_generators([1, 2]), shape, 4, "ode", 0.0, 3.0, initial_noise=noise
+    )
+    expected = pipe(
+        PROMPTS,
+        num_inference_steps=4,
+        guidance_scale=3.0,
+        latents=noise,
+        height=32,
+        width=32,
+        negative_prompt=[""] * 2,
+        output_type="latent",
+        eta=0.0,
+    ).images
     torch.testing.assert_close(traj.final, expected.float(), atol=1e-4, rtol=1e-4)
 
 
@@ -53,8 +64,16 @@ def test_ddpo_ratio_is_one_on_policy_and_it_needs_ddim():
     policy = policy_for(tiny_shapes_sd())
     policy.add_lora(4, 8, policy.lora_targets)
     prompts = ["a red circle"] * 3 + ["a square"] * 3
-    traj = rollout(policy, policy.encode(prompts, 2.0), sample_generators(range(6)), policy.noise_shape(SampleSpec(32, 32)), 4,
-                   "ddim", 1.0, 2.0)
+    traj = rollout(
+        policy,
+        policy.encode(prompts, 2.0),
+        sample_generators(range(6)),
+        policy.noise_shape(SampleSpec(32, 32)),
+        4,
+        "ddim",
+        1.0,
+        2.0,
+    )
     assert traj.stochastic.all() and torch.isfinite(traj.log_probs).all()
     rewards = torch.tensor([0.0, 1.0, 0.5, 0.2, 0.9, 0.4])
     groups = torch.tensor([0, 0, 0, 1, 1, 1])

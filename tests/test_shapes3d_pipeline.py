@@ -1,12 +1,11 @@
 """The image-to-3D pipeline's models round-trip through diffusers' save_pretrained / DiffusionPipeline.from_pretrained
 and produce latents, SDF grids and meshes of the right shapes."""
+
 import numpy as np
 import pytest
 import torch
-from diffusers import DiffusionPipeline
-
 from conftest import REPO
-
+from diffusers import DiffusionPipeline
 from tiny_pipelines import tiny_shapes3d as tiny_pipeline
 
 from flowrl.models.shapes3d import Shapes3DFlowPipeline, fourier_features
@@ -18,8 +17,17 @@ def test_round_trip_through_diffusers(tmp_path):
     loaded = DiffusionPipeline.from_pretrained(tmp_path)
     assert type(loaded) is Shapes3DFlowPipeline and loaded.autoencoder.config.latents_std == [2.0] * 4
     image = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    outputs = [p(image, num_inference_steps=3, guidance_scale=2.0, generator=torch.Generator().manual_seed(0),
-                 resolution=16, output_type="sdf") for p in (pipe, loaded)]
+    outputs = [
+        p(
+            image,
+            num_inference_steps=3,
+            guidance_scale=2.0,
+            generator=torch.Generator().manual_seed(0),
+            resolution=16,
+            output_type="sdf",
+        )
+        for p in (pipe, loaded)
+    ]
     torch.testing.assert_close(outputs[0].latents, outputs[1].latents)
     torch.testing.assert_close(outputs[0].sdf, outputs[1].sdf)
     assert outputs[0].latents.shape == (2, 8, 4) and outputs[0].sdf.shape == (2, 16, 16, 16)
@@ -32,12 +40,14 @@ def test_the_pipeline_loads_and_decodes_in_half_precision_as_in_fp32(tmp_path):
     pipe = tiny_pipeline()
     pipe.save_pretrained(tmp_path)
     image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    full = pipe(image, num_inference_steps=2, generator=torch.Generator().manual_seed(0), resolution=16,
-                output_type="sdf").sdf
+    full = pipe(
+        image, num_inference_steps=2, generator=torch.Generator().manual_seed(0), resolution=16, output_type="sdf"
+    ).sdf
     for dtype in (torch.float16, torch.bfloat16):
         half = DiffusionPipeline.from_pretrained(tmp_path, dtype=dtype)
-        sdf = half(image, num_inference_steps=2, generator=torch.Generator().manual_seed(0), resolution=16,
-                   output_type="sdf").sdf
+        sdf = half(
+            image, num_inference_steps=2, generator=torch.Generator().manual_seed(0), resolution=16, output_type="sdf"
+        ).sdf
         assert sdf.dtype == torch.float32 and (sdf - full).abs().max() < 0.05 * full.abs().max()
     points = torch.tensor([[0.93, -0.71, 0.88]])
     assert fourier_features(points.bfloat16(), 6).dtype == torch.float32
@@ -68,10 +78,20 @@ def test_a_tiny_pretrain_run_saves_a_pipeline_that_evaluates(tmp_path):
     from flowrl.pretrain.shapes_sd3 import save_pipeline
     from flowrl.shapes3d.prompts import eval_prompt_set
 
-    cfg = Shapes3DPretrainConfig(ae_steps=2, ae_batch=4, surface_points=64, query_points=64, flow_steps=2,
-                                 flow_batch=4, flow_pool=8, threads=1)
-    size = Shapes3DSize(num_tokens=4, latent_channels=4, ae_width=16, ae_heads=2, ae_decoder_layers=1,
-                        fourier_bands=2, width=16, heads=2, layers=1)
+    cfg = Shapes3DPretrainConfig(
+        ae_steps=2, ae_batch=4, surface_points=64, query_points=64, flow_steps=2, flow_batch=4, flow_pool=8, threads=1
+    )
+    size = Shapes3DSize(
+        num_tokens=4,
+        latent_channels=4,
+        ae_width=16,
+        ae_heads=2,
+        ae_decoder_layers=1,
+        fourier_bands=2,
+        width=16,
+        heads=2,
+        layers=1,
+    )
     pipe, facts = pretrain_shapes3d(cfg, size)
     assert len(pipe.autoencoder.config.latents_std) == 4 and facts["total_minutes"] > 0
     save_pipeline(pipe, tmp_path, facts)

@@ -1,22 +1,39 @@
 """The 3D shapes world: analytic solids, meshes from SDF grids (known volumes), the grammar and its split, the
 condition renders, and the geometric metrics."""
+
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from flowrl.sdf import (chamfer_and_fscore, compare, grid_points, mesh_from_grid, render, silhouette_iou,
-                        surface_points, validity, volume_iou)
+from flowrl.sdf import (
+    chamfer_and_fscore,
+    compare,
+    grid_points,
+    mesh_from_grid,
+    render,
+    silhouette_iou,
+    surface_points,
+    validity,
+    volume_iou,
+)
 from flowrl.shapes3d.geometry import Primitive, Solid, sdf_grid
-from flowrl.shapes3d.prompts import (TAGS, all_specs, eval_prompt_set, is_held_out, parse_prompt, sample_solid,
-                                     train_prompt_set)
+from flowrl.shapes3d.prompts import (
+    TAGS,
+    all_specs,
+    eval_prompt_set,
+    is_held_out,
+    parse_prompt,
+    sample_solid,
+    train_prompt_set,
+)
 
 VOLUMES = {
-    "sphere": ((0.5, 0.5, 0.5), 4 / 3 * math.pi * 0.5 ** 3),
+    "sphere": ((0.5, 0.5, 0.5), 4 / 3 * math.pi * 0.5**3),
     "box": ((0.3, 0.5, 0.4), 8 * 0.3 * 0.5 * 0.4),
-    "cylinder": ((0.4, 0.3, 0.4), math.pi * 0.4 ** 2 * 0.6),
-    "cone": ((0.5, 0.4, 0.5), math.pi * 0.5 ** 2 * 0.8 / 3),
+    "cylinder": ((0.4, 0.3, 0.4), math.pi * 0.4**2 * 0.6),
+    "cone": ((0.5, 0.4, 0.5), math.pi * 0.5**2 * 0.8 / 3),
 }
 
 
@@ -29,8 +46,9 @@ def test_marching_cubes_on_an_analytic_sdf_gives_the_known_volume(kind):
 
 
 def test_sdf_signs_and_union():
-    solid = Solid((Primitive("box", (0.0, -0.5, 0.0), (0.2, 0.2, 0.2)), Primitive("sphere", (0.0, 0.3, 0.0),
-                                                                                    (0.2, 0.2, 0.2))))
+    solid = Solid(
+        (Primitive("box", (0.0, -0.5, 0.0), (0.2, 0.2, 0.2)), Primitive("sphere", (0.0, 0.3, 0.0), (0.2, 0.2, 0.2)))
+    )
     points = torch.tensor([[0.0, -0.5, 0.0], [0.0, 0.3, 0.0], [0.0, 0.0, 0.0], [0.9, 0.9, 0.9]])
     d = solid.sdf(points)
     assert d[0] < 0 and d[1] < 0 and d[2] > 0 and d[3] > 0
@@ -80,8 +98,9 @@ def test_metrics_are_perfect_on_the_truth_and_degrade_with_error():
     same = compare(true_grid, true_grid)
     # the same surface, two draws of 2,048 points: Chamfer is their sampling gap (~0.02)
     assert same["iou"] == 1.0 and same["fscore"] > 0.95 and same["chamfer"] < 0.03 and same["valid"] == 1.0
-    shifted = Solid(tuple(Primitive(p.kind, (p.center[0] + 0.2, p.center[1], p.center[2]), p.half)
-                          for p in truth.parts))
+    shifted = Solid(
+        tuple(Primitive(p.kind, (p.center[0] + 0.2, p.center[1], p.center[2]), p.half) for p in truth.parts)
+    )
     off = compare(sdf_grid(shifted, 32), true_grid)
     assert off["iou"] < 0.7 and off["chamfer"] > 0.05 and off["fscore"] < same["fscore"]
     empty = compare(np.ones_like(true_grid), true_grid)

@@ -1,5 +1,6 @@
 """The shapes-wan pretraining recipe's parts: frame-batched encoding, the latent pool, and a whole tiny run that
 writes a WanPipeline diffusers loads unmodified."""
+
 import json
 from dataclasses import replace
 
@@ -15,15 +16,27 @@ from flowrl.motion.prompts import eval_prompt_set
 from flowrl.motion.world import sample_pairs
 from flowrl.policies import policy_for
 from flowrl.policies.base import SampleSpec
-from flowrl.pretrain.shapes_sd3 import save_pipeline
 from flowrl.policies.wan_vae import frame_convolutions, frames_independent
-from flowrl.pretrain.shapes_wan import (LatentPool, ShapeProbe, WanPretrainConfig, clips_to_tensor, decode_unclamped,
-                                        encode_mean, evaluate_and_write_card, inflate_causal_convs,
-                                        normalised_latents, object_mask, pretrain_shapes_wan, prompt_words_loss,
-                                        shape_targets)
+from flowrl.pretrain.shapes_sd3 import save_pipeline
+from flowrl.pretrain.shapes_wan import (
+    LatentPool,
+    ShapeProbe,
+    WanPretrainConfig,
+    clips_to_tensor,
+    decode_unclamped,
+    encode_mean,
+    evaluate_and_write_card,
+    inflate_causal_convs,
+    normalised_latents,
+    object_mask,
+    pretrain_shapes_wan,
+    prompt_words_loss,
+    shape_targets,
+)
 
-TINY = ShapesWanSize(num_layers=1, num_heads=2, head_dim=12, ffn_dim=32, text_hidden=16, text_layers=1,
-                     latent_channels=4, vae_base_dim=8)
+TINY = ShapesWanSize(
+    num_layers=1, num_heads=2, head_dim=12, ffn_dim=32, text_hidden=16, text_layers=1, latent_channels=4, vae_base_dim=8
+)
 
 
 def test_a_frame_independent_vae_encodes_frames_as_one_batch():
@@ -70,11 +83,13 @@ def test_the_latent_pool_refreshes_its_oldest_clips_and_keeps_prompts_paired():
     frames, prompts = pool.frames(4, np.random.default_rng(2))
     assert frames.shape == (4, *pool.latents.shape[1:2], 1, *pool.latents.shape[3:])
     for z, prompt in zip(frames, prompts):  # a frame of some pooled clip, paired with that clip's prompt
-        assert any(torch.equal(z[:, 0], pool.latents[i, :, f]) and pool.prompts[i] == prompt
-                   for i in range(6) for f in range(pool.latents.shape[2]))
+        assert any(
+            torch.equal(z[:, 0], pool.latents[i, :, f]) and pool.prompts[i] == prompt
+            for i in range(6)
+            for f in range(pool.latents.shape[2])
+        )
     clips, prompts = sample_pairs(2, np.random.default_rng(3))
-    torch.testing.assert_close(normalised_latents(vae, clips),
-                               (encode_mean(vae, clips_to_tensor(clips)) - 0.1) / 2.0)
+    torch.testing.assert_close(normalised_latents(vae, clips), (encode_mean(vae, clips_to_tensor(clips)) - 0.1) / 2.0)
 
 
 def test_the_object_mask_marks_latent_pixels_away_from_the_background():
@@ -151,8 +166,9 @@ def test_a_temporal_patch_must_divide_the_latent_frames_and_sets_the_token_grid(
 
 
 def test_a_tiny_run_of_the_default_structure_samples_clips():
-    cfg = WanPretrainConfig(vae_steps=1, vae_batch=9, flow_steps=2, flow_batch=2, flow_pool=4, flow_refresh=1,
-                            warmup_steps=1, threads=1)
+    cfg = WanPretrainConfig(
+        vae_steps=1, vae_batch=9, flow_steps=2, flow_batch=2, flow_pool=4, flow_refresh=1, warmup_steps=1, threads=1
+    )
     pipe, facts = pretrain_shapes_wan(cfg, TINY)
     assert pipe.transformer.config.patch_size == (9, 2, 2) and np.isfinite(facts["flow_final_loss"])
     policy = policy_for(pipe.to(torch.float32), max_sequence_length=16)
@@ -161,10 +177,24 @@ def test_a_tiny_run_of_the_default_structure_samples_clips():
 
 
 def test_a_tiny_run_writes_a_pipeline_diffusers_loads(tmp_path):
-    cfg = WanPretrainConfig(vae_steps=2, vae_batch=9, flow_steps=2, flow_batch=2, flow_pool=4, flow_refresh=1,
-                            flow_image_batch=2, flow_image_steps=2, flow_image_stage_batch=3, warmup_steps=1, threads=1,
-                            flow_object_weight=9.0, vae_shape_weight=0.1, vae_clip_steps=1, vae_clip_batch=2,
-                            flow_text_words_weight=1.0)
+    cfg = WanPretrainConfig(
+        vae_steps=2,
+        vae_batch=9,
+        flow_steps=2,
+        flow_batch=2,
+        flow_pool=4,
+        flow_refresh=1,
+        flow_image_batch=2,
+        flow_image_steps=2,
+        flow_image_stage_batch=3,
+        warmup_steps=1,
+        threads=1,
+        flow_object_weight=9.0,
+        vae_shape_weight=0.1,
+        vae_clip_steps=1,
+        vae_clip_batch=2,
+        flow_text_words_weight=1.0,
+    )
     with pytest.raises(ValueError, match="temporal_patch 9 cannot patchify"):  # the default (9, 2, 2) structure
         pretrain_shapes_wan(cfg, TINY)
     pipe, facts = pretrain_shapes_wan(cfg, replace(TINY, temporal_patch=1, patch=4))  # one-frame videos need 1
@@ -176,9 +206,17 @@ def test_a_tiny_run_writes_a_pipeline_diffusers_loads(tmp_path):
     assert loaded.scheduler.config.shift == TINY.flow_shift
     loaded.set_progress_bar_config(disable=True)
     # WanPipeline rounds num_frames to k * temporal_factor + 1, which for a factor of 1 adds a frame: 8 gives 9
-    frames = loaded("a red circle moving left", height=32, width=32, num_frames=8, num_inference_steps=2,
-                    guidance_scale=4.5, max_sequence_length=16, output_type="np",
-                    generator=torch.Generator().manual_seed(0)).frames
+    frames = loaded(
+        "a red circle moving left",
+        height=32,
+        width=32,
+        num_frames=8,
+        num_inference_steps=2,
+        guidance_scale=4.5,
+        max_sequence_length=16,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).frames
     assert frames.shape == (1, 9, 32, 32, 3) and np.isfinite(frames).all()
     result = evaluate_and_write_card(tmp_path, num_per_prompt=2, seeds=2)  # the grid shows two clips per prompt
     card = (tmp_path / "README.md").read_text()

@@ -15,7 +15,7 @@ def test_renderer_obeys_the_world_rules():
         for i, a in enumerate(objects):
             assert MIN_SIZE <= a.size <= MAX_SIZE
             assert 0 <= a.x0 and a.x0 + a.size <= 32 and 0 <= a.y0 and a.y0 + a.size <= 32
-            for b in objects[i + 1:]:
+            for b in objects[i + 1 :]:
                 assert not boxes_clash(a, b, MIN_GAP)
         colours = {tuple(c) for c in render(objects).reshape(-1, 3)}
         assert colours <= {(0, 0, 0), *PALETTE.values()}
@@ -120,8 +120,14 @@ def test_the_wide_eval_set_extends_the_split_with_held_out_prompts_only():
     wide, evals = wide_eval_prompt_set(), eval_prompt_set()
     assert set(evals) <= set(wide) and len(set(wide)) == len(wide) and wide == wide_eval_prompt_set()
     tags = [parse_prompt(p).tag for p in wide]
-    assert {t: tags.count(t) for t in TAGS} == {"single_object": 3, "colors": 3, "two_object": 6, "counting": 9,
-                                                "color_attr": 42, "position": 42}
+    assert {t: tags.count(t) for t in TAGS} == {
+        "single_object": 3,
+        "colors": 3,
+        "two_object": 6,
+        "counting": 9,
+        "color_attr": 42,
+        "position": 42,
+    }
     for p in wide:
         if parse_prompt(p).tag in ("colors", "color_attr", "position"):
             assert parse_prompt(p).color_shape_pairs() & HELD_OUT_COMBOS

@@ -1,5 +1,6 @@
 """benchmarks/time_to_quality.py: a rerun with the same seeds reproduces every number but the clock; the table's
 times to a gain and gains at the budget read the curves as stated."""
+
 import importlib.util
 import json
 from pathlib import Path
@@ -11,21 +12,53 @@ spec = importlib.util.spec_from_file_location("time_to_quality", ROOT / "benchma
 ttq = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ttq)
 
-ONE_PER_TAG = ["a circle", "a blue triangle", "a circle and a square", "two circles",
-               "a red square and a yellow circle", "a square left of a yellow circle"]
+ONE_PER_TAG = [
+    "a circle",
+    "a blue triangle",
+    "a circle and a square",
+    "two circles",
+    "a red square and a yellow circle",
+    "a square left of a yellow circle",
+]
 
 
 def strip_clock(results: dict) -> str:
     """Every number but the clock, as JSON text (one prompt per tag: the prompt-level errors are NaN, which equal
     each other only as text)."""
-    return json.dumps({key: {"curve": [{k: v for k, v in p.items() if k != "train_seconds"} for p in run["curve"]],
-                             "train_rewards": run["train_rewards"]} for key, run in results.items()}, sort_keys=True)
+    return json.dumps(
+        {
+            key: {
+                "curve": [{k: v for k, v in p.items() if k != "train_seconds"} for p in run["curve"]],
+                "train_rewards": run["train_rewards"],
+            }
+            for key, run in results.items()
+        },
+        sort_keys=True,
+    )
 
 
 def test_a_rerun_with_the_same_seeds_is_identical(tmp_path):
-    tiny = ["--methods", "grpo", "--seeds", "0", "--updates", "2", "--groups", "2", "--group-size", "2",
-            "--eval-every", "1", "--per-tag", "2", "--eval-steps", "3", "--override", "sampler.num_steps=4",
-            "sampler.sde_window_range=[0,2]"]
+    tiny = [
+        "--methods",
+        "grpo",
+        "--seeds",
+        "0",
+        "--updates",
+        "2",
+        "--groups",
+        "2",
+        "--group-size",
+        "2",
+        "--eval-every",
+        "1",
+        "--per-tag",
+        "2",
+        "--eval-steps",
+        "3",
+        "--override",
+        "sampler.num_steps=4",
+        "sampler.sde_window_range=[0,2]",
+    ]
     first = ttq.main(tiny + ["--out", str(tmp_path / "a")], prompts=ONE_PER_TAG)
     again = ttq.main(tiny + ["--out", str(tmp_path / "b")], prompts=ONE_PER_TAG)
     assert strip_clock(first) == strip_clock(again)
@@ -45,13 +78,18 @@ def point(update, seconds, gain):
 
 
 def test_times_to_a_gain_and_the_gain_at_the_budget():
-    curve = [point(0, 0, 0.0), point(40, 300, 0.06), point(80, 600, 0.12), point(120, 900, 0.21),
-             point(160, 1300, 0.25)]
+    curve = [
+        point(0, 0, 0.0),
+        point(40, 300, 0.06),
+        point(80, 600, 0.12),
+        point(120, 900, 0.21),
+        point(160, 1300, 0.25),
+    ]
     assert ttq.time_to_gain(curve, 0.10) == 600
     assert ttq.time_to_gain(curve, 0.20, key="samples") == 64 * 120
     assert ttq.time_to_gain(curve, 0.30) is None
     assert ttq.gain_at(curve, 1200) == 0.21  # the last eval within 20 minutes, not the one after
-    assert ttq.mean_se([0.1, 0.2, 0.3]) == pytest.approx((0.2, 0.1 / 3 ** 0.5))
+    assert ttq.mean_se([0.1, 0.2, 0.3]) == pytest.approx((0.2, 0.1 / 3**0.5))
     assert ttq.gain_at(curve, 1200, "exact") is None  # a run recorded before the exact verdict
     for p, exact in zip(curve, (0.0, -0.02, 0.03, 0.05, 0.08)):
         p["exact"] = {"gain": {"overall": exact}}
@@ -67,8 +105,11 @@ def test_unknown_methods_are_refused():
 
 def test_the_anchor_ratio_is_a_lower_bound_when_the_anchor_never_gets_there():
     def row(minutes_to_10, trained):
-        return {"minutes_to_10": minutes_to_10, "reached_10": "1/1" if minutes_to_10 else "0/1",
-                "train_minutes": trained}
+        return {
+            "minutes_to_10": minutes_to_10,
+            "reached_10": "1/1" if minutes_to_10 else "0/1",
+            "train_minutes": trained,
+        }
 
     table = {"grpo": row(6.5, 26.0), "nft": row(None, 30.0), "grpo_anchor": row(None, 27.3)}
     assert ttq.anchor_ratio(table).endswith("at least 4.2x faster.")
@@ -83,17 +124,24 @@ def test_the_anchor_ratio_names_another_base_and_adds_the_best_on_the_anchors():
 
     table = {"ddpo": row(6.0, "shapes-sd"), "grpo": row(6.6, "shapes-sd3"), "grpo_anchor": row(13.2, "shapes-sd3")}
     lines = ttq.anchor_ratio(table).strip().splitlines()
-    assert lines == ["Time to +10 points: ddpo (on shapes-sd, the anchor on shapes-sd3) 6.0 min vs grpo_anchor "
-                     "13.2 min: 2.2x faster.",
-                     "Time to +10 points: grpo 6.6 min vs grpo_anchor 13.2 min: 2.0x faster."]
+    assert lines == [
+        "Time to +10 points: ddpo (on shapes-sd, the anchor on shapes-sd3) 6.0 min vs grpo_anchor "
+        "13.2 min: 2.2x faster.",
+        "Time to +10 points: grpo 6.6 min vs grpo_anchor 13.2 min: 2.0x faster.",
+    ]
     del table["grpo"]  # nothing else on the anchor's base reached +10: one line
     assert len(ttq.anchor_ratio(table).strip().splitlines()) == 1
 
 
 def test_the_anchor_ratio_leaves_out_methods_timed_on_another_cpu():
     def row(minutes_to_10, cpu):
-        return {"minutes_to_10": minutes_to_10, "reached_10": "1/1", "train_minutes": 27.0, "pipeline": "shapes-sd3",
-                "cpu": cpu}
+        return {
+            "minutes_to_10": minutes_to_10,
+            "reached_10": "1/1",
+            "train_minutes": 27.0,
+            "pipeline": "shapes-sd3",
+            "cpu": cpu,
+        }
 
     table = {"fast_box": row(3.0, "Intel Xeon"), "grpo": row(6.6, "AMD EPYC"), "grpo_anchor": row(13.2, "AMD EPYC")}
     assert ttq.anchor_ratio(table).strip() == "Time to +10 points: grpo 6.6 min vs grpo_anchor 13.2 min: 2.0x faster."

@@ -1,4 +1,5 @@
 """The training loop: exact resume, multi-process equivalence, interruption, learning on a tiny budget."""
+
 import os
 import shutil
 import subprocess
@@ -6,10 +7,15 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO
-from run_helpers import (assert_same_weights, gloo_env, run_flowrl, tiny_run_config, train_and_collect,
-                         train_on_two_processes)
+from run_helpers import (
+    assert_same_weights,
+    gloo_env,
+    run_flowrl,
+    tiny_run_config,
+    train_and_collect,
+    train_on_two_processes,
+)
 
 
 def test_resume_is_exact(tiny_sd3_dir, tmp_path):
@@ -32,8 +38,7 @@ def test_resume_is_exact(tiny_sd3_dir, tmp_path):
 
 def test_run_dir_holds_config_metrics_and_checkpoints(tiny_sd3_dir, tmp_path):
     config = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "files", updates=2)
-    result = run_flowrl("train", str(config), "eval.enabled=true",
-                        "eval.num_per_prompt=1", "eval.num_steps=2")
+    result = run_flowrl("train", str(config), "eval.enabled=true", "eval.num_per_prompt=1", "eval.num_steps=2")
     assert result.returncode == 0, result.stderr[-2000:]
     run = tmp_path / "runs/files"
     for name in ["config.yaml", "metrics.csv", "eval.json", "reward_curve.png", "before_after.png", "report.html"]:
@@ -50,8 +55,9 @@ def test_run_dir_holds_config_metrics_and_checkpoints(tiny_sd3_dir, tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_match_one(tiny_sd3_dir, tmp_path):
-    config = tiny_run_config(tmp_path / "d.yaml", tiny_sd3_dir, tmp_path / "runs", "dist", updates=2,
-                             checkpoint_every=0)
+    config = tiny_run_config(
+        tmp_path / "d.yaml", tiny_sd3_dir, tmp_path / "runs", "dist", updates=2, checkpoint_every=0
+    )
     single = train_and_collect(config, ["run.name=single"])
     assert_same_weights(single, train_on_two_processes(config, tmp_path / "two.safetensors", 29531))
 
@@ -64,19 +70,25 @@ def test_fsdp2_trains_checkpoints_and_resumes_as_one_process(tiny_sd3_dir, tmp_p
     rounding into other rewards, so 1 and 2 processes part by ~7e-4 over 4 updates, DDP or FSDP2 alike)."""
     from safetensors.torch import load_file
 
-    config = tiny_run_config(tmp_path / "f.yaml", tiny_sd3_dir, tmp_path / "runs", "fsdp", updates=4,
-                             keep_checkpoints=4)
+    config = tiny_run_config(
+        tmp_path / "f.yaml", tiny_sd3_dir, tmp_path / "runs", "fsdp", updates=4, keep_checkpoints=4
+    )
     smooth = "reward=[{name: test_faults:NaNForSomeSeeds, params: {modulus: 1000000007}}]"  # no seed is a multiple
     single = train_and_collect(config, ["run.name=single", smooth])
     train_on_two_processes(config, tmp_path / "half.safetensors", 29536, ["train.updates=2", smooth], fsdp2=True)
     for name in ["trainable", "ema"]:  # whole tensors, as one process writes them
-        assert_same_weights(load_file(tmp_path / f"runs/single/checkpoints/update_000002/{name}.safetensors"),
-                            load_file(tmp_path / f"runs/fsdp/checkpoints/update_000002/{name}.safetensors"))
+        assert_same_weights(
+            load_file(tmp_path / f"runs/single/checkpoints/update_000002/{name}.safetensors"),
+            load_file(tmp_path / f"runs/fsdp/checkpoints/update_000002/{name}.safetensors"),
+        )
     resumed = train_on_two_processes(config, tmp_path / "resumed.safetensors", 29536, [smooth], fsdp2=True)
     assert not list((tmp_path / "runs/fsdp/checkpoints").glob("corrupt_*"))  # resumed from update 2, not set aside
     assert_same_weights(single, resumed, tolerance=1e-5)
-    assert_same_weights(load_file(tmp_path / "runs/single/checkpoints/update_000004/ema.safetensors"),
-                        load_file(tmp_path / "runs/fsdp/checkpoints/update_000004/ema.safetensors"), tolerance=1e-5)
+    assert_same_weights(
+        load_file(tmp_path / "runs/single/checkpoints/update_000004/ema.safetensors"),
+        load_file(tmp_path / "runs/fsdp/checkpoints/update_000004/ema.safetensors"),
+        tolerance=1e-5,
+    )
 
 
 def test_eval_shares_cover_the_set_in_order_with_one_length_on_every_process():
@@ -95,8 +107,11 @@ def test_reward_batches_keep_each_conditions_samples_together():
     from flowrl.experiment import group_spans
     from flowrl.tasks.base import Condition
 
-    items = [Condition(p, meta={"tag": t}) for p, t, n in [("a", "x", 3), ("b", "x", 2), ("b", "y", 2), ("c", "x", 4)]
-             for _ in range(n)]
+    items = [
+        Condition(p, meta={"tag": t})
+        for p, t, n in [("a", "x", 3), ("b", "x", 2), ("b", "y", 2), ("c", "x", 4)]
+        for _ in range(n)
+    ]
     assert group_spans(items, 4) == [(0, 3), (3, 7), (7, 11)]  # a alone (a + b would be 5), b's two conditions, c
     assert group_spans(items, 2) == [(0, 3), (3, 5), (5, 7), (7, 11)]  # a run longer than the batch stays whole
     assert group_spans(items, 100) == [(0, 11)] and group_spans([], 4) == []
@@ -121,17 +136,50 @@ def test_a_two_process_run_shares_its_evaluations_and_judges_them_as_one_process
     from flowrl.experiment import run_experiment
 
     (tmp_path / "train.txt").write_text("a red circle\na blue square\n")
-    (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"prompt": p, "tag": p}) + "\n" for p in
-                                                 ["a red circle", "a green triangle", "a blue square"]))
-    config = tiny_run_config(tmp_path / "e.yaml", tiny_sd3_dir, tmp_path / "runs", "dist_eval", updates=2,
-                             checkpoint_every=0, rollout_microbatch=2)
+    (tmp_path / "eval.jsonl").write_text(
+        "".join(
+            json.dumps({"prompt": p, "tag": p}) + "\n" for p in ["a red circle", "a green triangle", "a blue square"]
+        )
+    )
+    config = tiny_run_config(
+        tmp_path / "e.yaml",
+        tiny_sd3_dir,
+        tmp_path / "runs",
+        "dist_eval",
+        updates=2,
+        checkpoint_every=0,
+        rollout_microbatch=2,
+    )
     # 3 prompts x 2 samples: process 0 draws prompts 0 and 1, process 1 prompt 2 and a padding repeat of it; batches
     # of 2 in both runs, so the same samples share a forward pass and the numbers match to the last digit
-    overrides = ["task.name=prompt_file", f"prompts.source={tmp_path / 'train.txt'}", "eval.enabled=true",
-                 f"eval.prompts={tmp_path / 'eval.jsonl'}", "eval.every=1", "eval.num_per_prompt=2", "eval.num_steps=2"]
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                             "--master_port=29532", "-m", "flowrl", "train", str(config), *overrides], cwd=REPO,
-                            env=gloo_env(), capture_output=True, text=True, timeout=600)
+    overrides = [
+        "task.name=prompt_file",
+        f"prompts.source={tmp_path / 'train.txt'}",
+        "eval.enabled=true",
+        f"eval.prompts={tmp_path / 'eval.jsonl'}",
+        "eval.every=1",
+        "eval.num_per_prompt=2",
+        "eval.num_steps=2",
+    ]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_port=29532",
+            "-m",
+            "flowrl",
+            "train",
+            str(config),
+            *overrides,
+        ],
+        cwd=REPO,
+        env=gloo_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     evals = json.loads((tmp_path / "runs" / "dist_eval" / "eval.json").read_text())
     assert sorted(evals, key=int) == ["0", "1", "2"] and all(len(e["tags"]) == 3 for e in evals.values())
@@ -145,16 +193,32 @@ def test_wandb_logs_offline_beside_csv_and_tensorboard(tiny_sd3_dir, tmp_path):
     pytest.importorskip("wandb")  # the test extra installs it; a plain install runs without it
     config = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "wb", updates=1)
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    result = subprocess.run([sys.executable, "-m", "flowrl", "train", str(config), "run.wandb=true",
-                             "eval.enabled=true", "eval.num_per_prompt=1", "eval.num_steps=2"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flowrl",
+            "train",
+            str(config),
+            "run.wandb=true",
+            "eval.enabled=true",
+            "eval.num_per_prompt=1",
+            "eval.num_steps=2",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     runs = list((tmp_path / "runs" / "wb" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))  # the offline run file, syncable with `wandb sync`
 
 
-def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unchanged(tiny_sd3_dir, tmp_path,
-                                                                                       monkeypatch):
+def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unchanged(
+    tiny_sd3_dir, tmp_path, monkeypatch
+):
     """A window of low-noise steps under lora.active_from_sigma: every trained item sits where the adapter is off.
     The start-up check stops such a config; past it (a window across the gate gives microbatches like these), the
     loop still runs each backward (DDP counts them) and the adapter's output stays the base's (lora_B zero)."""
@@ -163,8 +227,11 @@ def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unc
 
     config = tiny_run_config(tmp_path / "g.yaml", tiny_sd3_dir, tmp_path / "runs", "gated", updates=2)
     low_window = ["sampler.sde_window_size=1", "sampler.sde_window_range=[2, 4]"]  # sigma 0.5 or 0.25
-    with pytest.raises(ConfigError, match=r"every SDE step \(\[2, 3\]\) sits at sigma < 0.9, where "
-                                          "lora.active_from_sigma switches the adapter off"):
+    with pytest.raises(
+        ConfigError,
+        match=r"every SDE step \(\[2, 3\]\) sits at sigma < 0.9, where "
+        "lora.active_from_sigma switches the adapter off",
+    ):
         train_and_collect(config, ["lora.active_from_sigma=0.9", *low_window])
     monkeypatch.setattr(Trainer, "check_trained_steps", lambda self: None)
     trained = train_and_collect(config, ["lora.active_from_sigma=0.9", *low_window])
@@ -180,8 +247,18 @@ def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unc
 
     from flowrl.config import load_config
 
-    across = Trainer(load_config(config, ["run.name=across", "lora.active_from_sigma=0.9", "sampler.sde_window_size=2",
-                                          "sampler.sde_window_range=[0, 1]"]), log=False)
+    across = Trainer(
+        load_config(
+            config,
+            [
+                "run.name=across",
+                "lora.active_from_sigma=0.9",
+                "sampler.sde_window_size=2",
+                "sampler.sde_window_range=[0, 1]",
+            ],
+        ),
+        log=False,
+    )
     across.accelerator = SimpleNamespace(is_fsdp2=True)
     with pytest.raises(ConfigError, match=r"SDE steps \[1\] sit at sigma < 0.9.*under FSDP2 every SDE step must train"):
         across.check_trained_steps()
@@ -218,8 +295,12 @@ def test_a_resumed_run_ends_with_its_before_after_grid(tiny_sd3_dir, tmp_path, l
         data = yaml.safe_load(path.read_text())
         data["lora"], data["train"]["lr"] = None, 1e-4
         path.write_text(yaml.safe_dump(data))
-    overrides = ["eval.enabled=true", f"eval.prompts={tmp_path / 'eval.txt'}", "eval.num_per_prompt=1",
-                 "eval.num_steps=2"]
+    overrides = [
+        "eval.enabled=true",
+        f"eval.prompts={tmp_path / 'eval.txt'}",
+        "eval.num_per_prompt=1",
+        "eval.num_steps=2",
+    ]
     run_experiment(load_config(path, [*overrides, "train.updates=1"]))
     run_dir = run_experiment(load_config(path, overrides))  # resumes at update 1
     assert sorted(json.loads((run_dir / "eval.json").read_text()), key=int) == ["0", "1", "2"]
@@ -238,10 +319,16 @@ def test_a_run_resumed_from_an_earlier_checkpoint_drops_the_abandoned_attempts_e
     from flowrl.experiment import run_experiment
 
     (tmp_path / "eval.txt").write_text("a red circle\n")
-    path = tiny_run_config(tmp_path / "r.yaml", tiny_sd3_dir, tmp_path / "runs", "again", updates=3,
-                           checkpoint_every=1, keep_checkpoints=3)
-    overrides = ["eval.enabled=true", f"eval.prompts={tmp_path / 'eval.txt'}", "eval.num_per_prompt=1",
-                 "eval.num_steps=2", "eval.every=1"]
+    path = tiny_run_config(
+        tmp_path / "r.yaml", tiny_sd3_dir, tmp_path / "runs", "again", updates=3, checkpoint_every=1, keep_checkpoints=3
+    )
+    overrides = [
+        "eval.enabled=true",
+        f"eval.prompts={tmp_path / 'eval.txt'}",
+        "eval.num_per_prompt=1",
+        "eval.num_steps=2",
+        "eval.every=1",
+    ]
     run_dir = run_experiment(load_config(path, overrides))
     assert sorted(json.loads((run_dir / "eval.json").read_text()), key=int) == ["0", "1", "2", "3"]
     checkpoint = run_dir / "checkpoints" / "update_000001"
@@ -258,14 +345,14 @@ def test_report_tags_are_escaped_and_a_run_without_evaluations_links_no_grid(tmp
     assert "a&lt;b&gt;&amp;c" in page and "<b>&c" not in page and "before_after.png" not in page
 
 
-def test_a_deterministic_run_turns_on_deterministic_kernels_and_trains_as_a_default_one(tiny_sd3_dir, tmp_path,
-                                                                                           monkeypatch):
+def test_a_deterministic_run_turns_on_deterministic_kernels_and_trains_as_a_default_one(
+    tiny_sd3_dir, tmp_path, monkeypatch
+):
     """`run.deterministic` is for GPUs (CPU kernels repeat either way): it must switch PyTorch to deterministic
     kernels before the run's first GPU op, and no op of the training loop may lack one (PyTorch would stop the run)."""
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # recorded, so the test's end restores the variable's absence
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
-    config = tiny_run_config(tmp_path / "d.yaml", tiny_sd3_dir, tmp_path / "runs", "det", updates=2,
-                             checkpoint_every=0)
+    config = tiny_run_config(tmp_path / "d.yaml", tiny_sd3_dir, tmp_path / "runs", "det", updates=2, checkpoint_every=0)
     default = train_and_collect(config, ["run.name=default"])
     assert not torch.are_deterministic_algorithms_enabled()
     benchmark, deterministic = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
@@ -328,8 +415,17 @@ def test_resume_restores_the_loss_scale_and_starts_an_ema_from_the_restored_weig
     first = Trainer(load_config(path), log=False)
     first.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=256.0, growth_interval=50)
     first.run()
-    later = Trainer(load_config(path, ["train.updates=2", "train.ema_decay=0.9",  # continued on purpose with an EMA
-                                       f"run.resume={tmp_path / 'runs/scale/checkpoints/update_000001'}"]), log=False)
+    later = Trainer(
+        load_config(
+            path,
+            [
+                "train.updates=2",
+                "train.ema_decay=0.9",  # continued on purpose with an EMA
+                f"run.resume={tmp_path / 'runs/scale/checkpoints/update_000001'}",
+            ],
+        ),
+        log=False,
+    )
     later.accelerator.scaler = torch.amp.GradScaler("cpu")  # 65536, as a new run's
     later.resume()
     assert later.accelerator.scaler.get_scale() == 256.0
@@ -364,9 +460,21 @@ def test_ddp_processes_running_unequal_forwards_do_not_pair_a_broadcast_with_a_r
     from conftest import REPO
     from run_helpers import gloo_env
 
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29731",
-                             str(REPO / "tests" / "ddp_buffers_worker.py")], cwd=REPO, capture_output=True, text=True,
-                            env=gloo_env(PYTHONPATH=str(REPO)), timeout=400)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_port=29731",
+            str(REPO / "tests" / "ddp_buffers_worker.py"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=gloo_env(PYTHONPATH=str(REPO)),
+        timeout=400,
+    )
     # the workers' own lines come first in stderr, torchrun's summary last: both are kept
     assert result.returncode == 0, (result.stdout, result.stderr[:3000], result.stderr[-1500:])
     assert result.stdout.count("ok") == 2
@@ -381,14 +489,20 @@ def test_fsdp2_under_bf16_reduces_in_fp32_and_leaves_the_inputs_uncast():
     from flowrl.train import fsdp2_precision
 
     def accelerator(mixed_precision, fsdp2=True):
-        return SimpleNamespace(state=SimpleNamespace(fsdp_plugin=SimpleNamespace(mixed_precision_policy=None)),
-                               mixed_precision=mixed_precision, is_fsdp2=fsdp2)
+        return SimpleNamespace(
+            state=SimpleNamespace(fsdp_plugin=SimpleNamespace(mixed_precision_policy=None)),
+            mixed_precision=mixed_precision,
+            is_fsdp2=fsdp2,
+        )
 
     bf16 = accelerator("bf16")
     fsdp2_precision(bf16)
     policy = bf16.state.fsdp_plugin.mixed_precision_policy
-    assert (policy.param_dtype, policy.reduce_dtype, policy.cast_forward_inputs) == (torch.bfloat16, torch.float32,
-                                                                                     False)
+    assert (policy.param_dtype, policy.reduce_dtype, policy.cast_forward_inputs) == (
+        torch.bfloat16,
+        torch.float32,
+        False,
+    )
     for untouched in (accelerator("no"), accelerator("bf16", fsdp2=False)):
         fsdp2_precision(untouched)
         assert untouched.state.fsdp_plugin.mixed_precision_policy is None
@@ -404,8 +518,9 @@ def test_evaluations_run_in_the_runs_mixed_precision_as_its_rollouts_do(tiny_sd3
     from flowrl.train import Trainer
 
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "bf16", updates=1)
-    trainer = Trainer(load_config(path, ["train.mixed_precision=bf16", "eval.num_per_prompt=1", "eval.num_steps=2"]),
-                      log=False)
+    trainer = Trainer(
+        load_config(path, ["train.mixed_precision=bf16", "eval.num_per_prompt=1", "eval.num_steps=2"]), log=False
+    )
     seen, forward = [], trainer.policy._forward
 
     def recording(*args, **kwargs):
@@ -439,7 +554,8 @@ def test_a_prompt_file_is_drawn_without_repeats_within_an_update(tmp_path):
 
 
 def test_a_run_name_holding_another_configs_run_is_refused_and_a_rewind_sets_the_newer_checkpoints_aside(
-        tiny_sd3_dir, tmp_path):
+    tiny_sd3_dir, tmp_path
+):
     """Rerun under the same run.name with another reward: refused before training (it carried on from the old run's
     weights, the report showing the old model under the new config); a longer run of the same config resumes. An
     explicit run.resume to an older checkpoint takes the config's optimizer settings and moves the newer checkpoints
@@ -449,22 +565,30 @@ def test_a_run_name_holding_another_configs_run_is_refused_and_a_rewind_sets_the
     from flowrl.errors import ConfigError
     from flowrl.train import Trainer
 
-    path = tiny_run_config(tmp_path / "s.yaml", tiny_sd3_dir, tmp_path / "runs", "same", updates=2,
-                           keep_checkpoints=3)
+    path = tiny_run_config(tmp_path / "s.yaml", tiny_sd3_dir, tmp_path / "runs", "same", updates=2, keep_checkpoints=3)
     train_and_collect(path)
     with pytest.raises(ConfigError, match=r"holds a run trained with other settings \(reward\)"):
         train_and_collect(path, ["reward=[{name: jpeg_compressibility, weight: 2.0}]"])
     train_and_collect(path, ["train.updates=3"])
     checkpoints = tmp_path / "runs" / "same" / "checkpoints"
     assert [p.name for p in list_checkpoints(checkpoints)] == ["update_000001", "update_000002", "update_000003"]
-    trainer = Trainer(load_config(path, ["train.updates=3", "train.weight_decay=0.5",
-                                         f"run.resume={checkpoints / 'update_000001'}"]), log=False)
+    trainer = Trainer(
+        load_config(path, ["train.updates=3", "train.weight_decay=0.5", f"run.resume={checkpoints / 'update_000001'}"]),
+        log=False,
+    )
     trainer.resume()
     assert trainer.optimizer.param_groups[0]["weight_decay"] == 0.5 and trainer.state.update == 1
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["abandoned_update_000002", "abandoned_update_000003",
-                                                             "update_000001"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "abandoned_update_000002",
+        "abandoned_update_000003",
+        "update_000001",
+    ]
     trainer.run()  # 2 and 3 again; a second rewind keeps the first one's abandoned checkpoints too
     Trainer(load_config(path, ["train.updates=3", f"run.resume={checkpoints / 'update_000001'}"]), log=False).resume()
     assert sorted(p.name for p in checkpoints.iterdir()) == [
-        "abandoned1_update_000002", "abandoned1_update_000003", "abandoned_update_000002", "abandoned_update_000003",
-        "update_000001"]
+        "abandoned1_update_000002",
+        "abandoned1_update_000003",
+        "abandoned_update_000002",
+        "abandoned_update_000003",
+        "update_000001",
+    ]

@@ -1,8 +1,10 @@
 """TVRL (methods.md section 4) on a tiny WanPipeline: with uniform token weights its loss and gradient are GRPO's,
 the on-policy ratio is 1, and a toy scorer that reads one region of one frame puts its credit on the tokens covering
 that region; the token geometry follows Wan's causal VAE."""
+
 import pytest
 import torch
+from tiny_pipelines import tiny_hunyuan_video, tiny_ltx, tiny_wan
 
 from flowrl.algorithms import RolloutBatch, build_algorithm
 from flowrl.algorithms.tvrl import pixels_to_tokens, smooth_weights, token_geometry, token_log_probs
@@ -13,13 +15,13 @@ from flowrl.policies.base import SampleSpec
 from flowrl.rewards.base import WeightedSum
 from flowrl.rewards.questions import QuestionScorer
 from flowrl.rollout import rollout, sample_generators
-from tiny_pipelines import tiny_hunyuan_video, tiny_ltx, tiny_wan
 
 FRAME, ROWS, COLS = 6, slice(0, 16), slice(16, 32)  # the toy scorer's region: top-right quadrant of frame 6
 
 
 class RegionScorer(QuestionScorer):
     """log p(yes) = logsigmoid(8 (mean brightness of one region of one frame - 0.5)); one or two questions."""
+
     name = "region"
 
     def questions(self, prompt):
@@ -36,8 +38,9 @@ def rolled_out(make):
     policy.add_lora(4, 8, policy.lora_targets)
     prompts = ["a red circle"] * 3 + ["a square"] * 3
     cond = policy.encode(prompts, 2.0)
-    traj = rollout(policy, cond, sample_generators(range(6)), policy.noise_shape(SampleSpec(32, 32, 9)), 3, "flow",
-                   0.7, 2.0)
+    traj = rollout(
+        policy, cond, sample_generators(range(6)), policy.noise_shape(SampleSpec(32, 32, 9)), 3, "flow", 0.7, 2.0
+    )
     rewards = torch.tensor([0.0, 1.0, 0.5, 0.2, 0.9, 0.4])
     groups = torch.tensor([0, 0, 0, 1, 1, 1])
     batch = RolloutBatch(traj, rewards, groups, list(range(6)), rewards, groups, torch.arange(6), prompts)
@@ -115,7 +118,7 @@ def test_tvrl_credits_ltx_and_hunyuan_video_tokens(make, geometry):
     raw = tvrl().credit_maps(policy, batch)
     latent = batch.trajectory.final.shape[2:]
     grid = raw.view(6, *latent)  # patch 1: a token per latent position
-    region = grid[:, 2, :16 // spatial, 16 // spatial:]  # frame 6 is in latent frame 2
+    region = grid[:, 2, : 16 // spatial, 16 // spatial :]  # frame 6 is in latent frame 2
     assert (region.sum(dim=(1, 2)) / raw.sum(1) > 0.9).all()
     grpo = build_algorithm("grpo", {}, SamplerSection())
     items, _ = grpo.prepare(batch, policy)
@@ -123,14 +126,16 @@ def test_tvrl_credits_ltx_and_hunyuan_video_tokens(make, geometry):
     tv_items, _ = algorithm.prepare(batch, policy)
     assert algorithm.old_token_log_probs.shape[1] == raw.shape[1]
     algorithm.token_weights = torch.ones_like(algorithm.token_weights)
-    torch.testing.assert_close(algorithm.loss(policy, batch, tv_items)[0], grpo.loss(policy, batch, items)[0],
-                               atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(
+        algorithm.loss(policy, batch, tv_items)[0], grpo.loss(policy, batch, items)[0], atol=1e-6, rtol=1e-6
+    )
 
 
 def test_tvrl_refuses_stale_asynchronous_rollouts():
     """Its old per-token log-densities come from the policy in prepare: a batch drawn S updates back would go
     uncorrected (GRPO's ratio uses the rollout's stored log-probs)."""
     from conftest import REPO
+
     from flowrl.config import load_config
     from flowrl.train import Trainer
 
@@ -164,23 +169,43 @@ def test_video_grpo_and_tvrl_train_the_moving_shapes_config_end_to_end(algorithm
     import json
 
     from conftest import REPO
+
     from flowrl.config import load_config
     from flowrl.experiment import run_experiment
     from flowrl.models.motion_qa import build_model, save_model
 
     tiny_wan().save_pretrained(tmp_path / "wan")
     save_model(*build_model(0), tmp_path / "qa")
-    overrides = [f"pipeline.path={tmp_path / 'wan'}", f"run.out_dir={tmp_path / 'runs'}", "train.updates=2",
-                 "train.groups_per_update=2", "train.group_size=2", "train.microbatch_size=4", "train.threads=1",
-                 "train.checkpoint_every=1", "sampler.num_steps=3", "sampler.sde_window_range=[0, 2]",
-                 "sampler.sde_window_size=2", "eval.num_steps=2", "eval.num_per_prompt=1", "eval.every=2",
-                 f"algorithm.name={algorithm}"]
+    overrides = [
+        f"pipeline.path={tmp_path / 'wan'}",
+        f"run.out_dir={tmp_path / 'runs'}",
+        "train.updates=2",
+        "train.groups_per_update=2",
+        "train.group_size=2",
+        "train.microbatch_size=4",
+        "train.threads=1",
+        "train.checkpoint_every=1",
+        "sampler.num_steps=3",
+        "sampler.sde_window_range=[0, 2]",
+        "sampler.sde_window_size=2",
+        "eval.num_steps=2",
+        "eval.num_per_prompt=1",
+        "eval.every=2",
+        f"algorithm.name={algorithm}",
+    ]
     if algorithm == "tvrl":
         overrides.append(f"reward=[{{name: moving_shapes_qa, params: {{path: {tmp_path / 'qa'}}}}}]")
     run_dir = run_experiment(load_config(REPO / "configs" / "moving_shapes_grpo.yaml", overrides))
     evals = json.loads((run_dir / "eval.json").read_text())
     assert set(evals) == {"0", "2"} and set(evals["2"]["tags"]) == {
-        "object", "motion", "static", "two_objects", "dynamic_attribute", "motion_order", "relative_motion"}
+        "object",
+        "motion",
+        "static",
+        "two_objects",
+        "dynamic_attribute",
+        "motion_order",
+        "relative_motion",
+    }
     assert (run_dir / "checkpoints" / "update_000002").is_dir()
     # the report plays base | tuned clips side by side (MP4 + GIF, two clips' width plus the gap)
     report = (run_dir / "report.html").read_text()
@@ -188,5 +213,6 @@ def test_video_grpo_and_tvrl_train_the_moving_shapes_config_end_to_end(algorithm
     assert gifs and len(gifs) == len(list((run_dir / "before_after").glob("*.mp4")))
     assert all(f"before_after/{g.name}" in report for g in gifs)
     from PIL import Image
+
     with Image.open(gifs[0]) as gif:
         assert gif.size == (2 * 32 + 2, 32) and gif.n_frames > 1

@@ -1,5 +1,6 @@
 """Scripted VBench: the aggregation maths on hand-made results, the clear errors, and the real vbench package run
 end to end (its own environment) on a weight-free dimension."""
+
 import json
 import os
 import subprocess
@@ -9,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from run_helpers import run_flowrl
+
 from flowrl.errors import UserError
 from flowrl.eval import vbench
 from flowrl.samples import VideoSamples, _read_mp4, write_samples
@@ -25,8 +26,9 @@ MISSING_QUALITY = -0.1462 / (1 - 0.1462) - 0.2615 / (1 - 0.2615) - 0.706 / (0.99
 
 def results_file(tmp_path, scores: dict) -> Path:
     path = tmp_path / "x_eval_results.json"
-    path.write_text(json.dumps({d: [s, [{"video_path": f"/v/{d}-0.mp4", "video_results": s}]]
-                                for d, s in scores.items()}))
+    path.write_text(
+        json.dumps({d: [s, [{"video_path": f"/v/{d}-0.mp4", "video_results": s}]] for d, s in scores.items()})
+    )
     return path
 
 
@@ -38,8 +40,9 @@ def test_vbench_total_follows_the_published_normalisation(tmp_path):
     assert at_min["total_score"] == pytest.approx(0) and at_min["missing"] == []
     # by hand: flickering 0.9, dynamic degree 0.6 (weight 0.5), scene 0.4 and nothing else; a missing dimension is a
     # raw 0, as VBench's cal_final_score.py fills it: below 0 once normalised where its minimum is above 0
-    one = vbench.parse_results(results_file(tmp_path, {"temporal_flickering": 0.9, "dynamic_degree": 0.6,
-                                                       "scene": 0.4}))
+    one = vbench.parse_results(
+        results_file(tmp_path, {"temporal_flickering": 0.9, "dynamic_degree": 0.6, "scene": 0.4})
+    )
     quality = ((0.9 - 0.6293) / (1 - 0.6293) + 0.5 * 0.6 + MISSING_QUALITY) / 6.5
     semantic = (0.4 / 0.8222 - 0.0009 / (0.2855 - 0.0009)) / 9
     assert one["quality_score"] == pytest.approx(quality)
@@ -85,8 +88,10 @@ def test_image_samples_and_bad_records_are_named(tmp_path):
 
 
 def test_clips_of_one_name_in_two_subfolders_keep_their_own_prompts(tmp_path):
-    records = [{"file": "a/clip.mp4", "prompt": "p1", "modality": "video"},
-               {"file": "b/clip.mp4", "prompt": "p2", "modality": "video"}]
+    records = [
+        {"file": "a/clip.mp4", "prompt": "p1", "modality": "video"},
+        {"file": "b/clip.mp4", "prompt": "p2", "modality": "video"},
+    ]
     for record in records:
         (tmp_path / record["file"]).parent.mkdir()
         (tmp_path / record["file"]).write_bytes(record["prompt"].encode())
@@ -98,9 +103,12 @@ def test_clips_of_one_name_in_two_subfolders_keep_their_own_prompts(tmp_path):
 
 def test_cli_without_an_environment_exits_2(tmp_path, monkeypatch):
     monkeypatch.delenv("FLOWRL_VBENCH_PYTHON", raising=False)
-    done = subprocess.run([sys.executable, "-m", "flowrl", "eval", "vbench", "--samples", str(tmp_path)],
-                          capture_output=True, text=True, env={k: v for k, v in os.environ.items()
-                                                               if k != "FLOWRL_VBENCH_PYTHON"})
+    done = subprocess.run(
+        [sys.executable, "-m", "flowrl", "eval", "vbench", "--samples", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "FLOWRL_VBENCH_PYTHON"},
+    )
     assert done.returncode == 2 and "--make-env" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -122,19 +130,23 @@ def clip_samples(folder: Path) -> np.ndarray:
     frames = np.zeros((3, 9, 32, 32, 3), np.uint8)
     for f in range(9):
         frames[0, f, 10:20, 10:20] = (200, 40, 40)
-        frames[1, f, 10:20, 4 + 2 * f:14 + 2 * f] = (40, 40, 200)
+        frames[1, f, 10:20, 4 + 2 * f : 14 + 2 * f] = (40, 40, 200)
         frames[2, f] = 255 * (f % 2)
     tensor = torch.from_numpy(frames).permute(0, 1, 4, 2, 3).float() / 127.5 - 1
-    write_samples(folder, VideoSamples(tensor), [{"prompt": p} for p in ("a still square", "a square moving right",
-                                                                        "a flickering frame")])
+    write_samples(
+        folder,
+        VideoSamples(tensor),
+        [{"prompt": p} for p in ("a still square", "a square moving right", "a flickering frame")],
+    )
     return frames
 
 
 @pytest.mark.slow
 def test_real_vbench_scores_temporal_flickering_end_to_end(tmp_path, vbench_python):
     clip_samples(tmp_path)
-    done = run_flowrl("eval", "vbench", "--samples", str(tmp_path),
-                      "--dimensions", "temporal_flickering", "--python", vbench_python)
+    done = run_flowrl(
+        "eval", "vbench", "--samples", str(tmp_path), "--dimensions", "temporal_flickering", "--python", vbench_python
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "vbench_eval.json").read_text())
     per_video = {r["video"]: r["score"] for r in result["per_video"]["temporal_flickering"]}
@@ -149,7 +161,8 @@ def test_real_vbench_scores_temporal_flickering_end_to_end(tmp_path, vbench_pyth
         assert score == pytest.approx(expected[name], abs=2e-3)
     assert result["dimensions"]["temporal_flickering"] == pytest.approx(np.mean(list(per_video.values())))
     assert result["quality_score"] == pytest.approx(
-        ((result["dimensions"]["temporal_flickering"] - 0.6293) / (1 - 0.6293) + MISSING_QUALITY) / 6.5)
+        ((result["dimensions"]["temporal_flickering"] - 0.6293) / (1 - 0.6293) + MISSING_QUALITY) / 6.5
+    )
 
 
 def test_a_record_outside_the_samples_folder_is_refused(tmp_path):

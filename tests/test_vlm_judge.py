@@ -1,5 +1,6 @@
 """The VLM-judge reward on a tiny random Qwen2.5-VL (the real transformers classes, a local word-level tokenizer with
 Qwen's special tokens, a chat template), run locally and behind an OpenAI-compatible endpoint on loopback."""
+
 import base64
 import io
 import json
@@ -8,13 +9,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
-from PIL import Image
-
 from conftest import REPO
+from PIL import Image
+from tiny_vlm import PROMPTS, SPECIAL, WORDS, save_tiny_qwen25_vl, send_json
+
 from flowrl.errors import ConfigError
 from flowrl.rewards import build_reward
 from flowrl.rewards.base import RewardUnavailable
-from tiny_vlm import PROMPTS, SPECIAL, WORDS, save_tiny_qwen25_vl, send_json
+
 
 @pytest.fixture(scope="module")
 def judge_folder(tmp_path_factory):
@@ -32,7 +34,7 @@ def test_local_judge_scores_are_yes_shares_independent_of_the_batch(judge_folder
     out = judge(images(), PROMPTS)
     assert out.scores.shape == (3,) and ((out.scores > 0) & (out.scores < 1)).all()
     assert (out.info["p_yes"] <= out.scores).all()  # the share renormalises over yes + no only
-    one_by_one = torch.cat([judge(images()[i:i + 1], PROMPTS[i:i + 1]).scores for i in range(3)])
+    one_by_one = torch.cat([judge(images()[i : i + 1], PROMPTS[i : i + 1]).scores for i in range(3)])
     torch.testing.assert_close(out.scores, one_by_one, atol=1e-5, rtol=1e-4)  # left padding changes nothing
 
 
@@ -52,6 +54,7 @@ def test_the_score_follows_the_models_yes_and_no_logits(judge_folder):
 
 class FakeOpenAI(BaseHTTPRequestHandler):
     """/v1/chat/completions answering one token with top_logprobs from the tiny local judge."""
+
     judge = None
 
     def do_POST(self):
@@ -67,9 +70,23 @@ class FakeOpenAI(BaseHTTPRequestHandler):
         logprobs = logits.float().log_softmax(-1)
         top = logprobs.topk(request["top_logprobs"])
         tokens = judge.processor.tokenizer.convert_ids_to_tokens(top.indices.tolist())
-        body = {"choices": [{"logprobs": {"content": [{"token": tokens[0], "logprob": top.values[0].item(),
-                                                       "top_logprobs": [{"token": t, "logprob": v} for t, v in
-                                                                        zip(tokens, top.values.tolist())]}]}}]}
+        body = {
+            "choices": [
+                {
+                    "logprobs": {
+                        "content": [
+                            {
+                                "token": tokens[0],
+                                "logprob": top.values[0].item(),
+                                "top_logprobs": [
+                                    {"token": t, "logprob": v} for t, v in zip(tokens, top.values.tolist())
+                                ],
+                            }
+                        ]
+                    }
+                }
+            ]
+        }
         if "nologprobs" in question:
             body = {"choices": [{"message": {"content": "Yes"}}]}
         send_json(self, body)
@@ -86,8 +103,9 @@ def test_an_openai_compatible_endpoint_gives_the_local_scores(judge_folder):
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     try:
         remote = build_reward("vlm_judge", url=url, top_logprobs=len(SPECIAL + WORDS), concurrency=2)
-        torch.testing.assert_close(remote(images(), PROMPTS).scores, local(images(), PROMPTS).scores,
-                                   atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            remote(images(), PROMPTS).scores, local(images(), PROMPTS).scores, atol=1e-4, rtol=1e-4
+        )
         with pytest.raises(Exception, match="answered without logprobs"):
             build_reward("vlm_judge", url=url, question="nologprobs {prompt}")(images(1), PROMPTS[:1])
     finally:
@@ -109,11 +127,10 @@ def test_answer_words_as_yaml_reads_them_are_named(tmp_path):
     letter by letter; a questions_file was read only after the model loaded, and a string of questions as letters."""
     import yaml
 
+    from flowrl.config import load_config
+    from flowrl.errors import UserError
     from flowrl.rewards.base import check_reward
     from flowrl.rewards.vlm_questions import VLMQuestionScorer
-    from flowrl.errors import UserError
-
-    from flowrl.config import load_config
 
     params = yaml.safe_load("{url: 'http://127.0.0.1:1/v1', 'yes': [Yes, yes]}")
     with pytest.raises(ConfigError, match=r"params.yes: expected a list of answer words .* got \[True, True\]"):

@@ -1,11 +1,13 @@
 """TVRL's real-VLM question scorer (`vlm_questions`) on a tiny random Qwen2.5-VL built offline: the differentiable
 pixel path equals the processor's, log p(yes) does not depend on the batch, its gradient is the model's, and TVRL
 takes credit maps from it."""
+
 import json
 
 import numpy as np
 import pytest
 import torch
+from tiny_vlm import save_tiny_qwen25_vl
 
 from flowrl.algorithms import build_algorithm
 from flowrl.config import SamplerSection
@@ -14,7 +16,6 @@ from flowrl.motion.world import sample_pairs
 from flowrl.rewards import build_reward
 from flowrl.rewards.base import WeightedSum
 from flowrl.rewards.vlm_questions import video_pixel_values
-from tiny_vlm import save_tiny_qwen25_vl
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,9 @@ def scorer(folder):
 def processor_pixels(scorer, videos_u8: torch.Tensor) -> torch.Tensor:
     frames = [v.permute(1, 0, 2, 3) for v in videos_u8]  # [F, 3, H, W] uint8, as the processor takes them
     text = ["a <|vision_start|><|video_pad|><|vision_end|>"] * len(frames)
-    return scorer.processor(text=text, videos=frames, return_tensors="pt", do_sample_frames=False)["pixel_values_videos"]
+    return scorer.processor(text=text, videos=frames, return_tensors="pt", do_sample_frames=False)[
+        "pixel_values_videos"
+    ]
 
 
 def test_pixel_values_equal_the_processors(scorer):
@@ -49,10 +52,13 @@ def test_pixel_values_equal_the_processors(scorer):
 
 def test_log_yes_is_the_models_and_independent_of_the_batch(scorer):
     videos = torch.rand(3, 3, 9, 32, 32, generator=torch.Generator().manual_seed(1))
-    questions = ["Does this video show a red circle? Answer yes or no.", "a square moving left",
-                 "Does this video show two blue squares moving left? Answer yes or no."]
+    questions = [
+        "Does this video show a red circle? Answer yes or no.",
+        "a square moving left",
+        "Does this video show two blue squares moving left? Answer yes or no.",
+    ]
     together = scorer.log_yes(videos, questions)
-    alone = torch.cat([scorer.log_yes(videos[i:i + 1], [q]) for i, q in enumerate(questions)])
+    alone = torch.cat([scorer.log_yes(videos[i : i + 1], [q]) for i, q in enumerate(questions)])
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
     assert (together < 0).all()
     # a bias on the yes token drives log p(yes) to 0: the score is read from the model's yes tokens
@@ -72,11 +78,11 @@ def test_the_pixel_gradient_is_the_directional_derivative(scorer):
     videos = torch.rand(1, 3, 9, 56, 56, generator=torch.Generator().manual_seed(2), dtype=torch.float32)
     question = ["Does this video show a red circle? Answer yes or no."]
     x = videos.clone().requires_grad_(True)
-    grad, = torch.autograd.grad(scorer.log_yes(x, question).sum(), x)
+    (grad,) = torch.autograd.grad(scorer.log_yes(x, question).sum(), x)
     direction = grad / grad.norm()
     h = 1e-2
     with torch.no_grad():
-        slope = (scorer.log_yes(videos + h * direction, question) - scorer.log_yes(videos - h * direction, question))
+        slope = scorer.log_yes(videos + h * direction, question) - scorer.log_yes(videos - h * direction, question)
     assert grad.norm() > 0
     assert (slope / (2 * h)).item() == pytest.approx(grad.norm().item(), rel=0.05)
 
@@ -95,8 +101,9 @@ def test_tvrl_takes_credit_maps_from_the_vlm(folder, scorer):
 
 def test_questions_file_and_bad_params(folder, tmp_path):
     table = tmp_path / "questions.jsonl"
-    table.write_text(json.dumps({"prompt": "a red circle", "questions": ["Is there a red circle?", "Is it red?"]})
-                     + "\n")
+    table.write_text(
+        json.dumps({"prompt": "a red circle", "questions": ["Is there a red circle?", "Is it red?"]}) + "\n"
+    )
     scorer = build_reward("vlm_questions", path=str(folder), questions_file=str(table))
     assert scorer.questions("a red circle") == ["Is there a red circle?", "Is it red?"]
     assert scorer.questions("a square") == ["Does this video show a square? Answer yes or no."]

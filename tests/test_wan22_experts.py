@@ -5,12 +5,12 @@ train as one."""
 import pytest
 import torch
 import yaml
+from run_helpers import assert_same_weights, train_and_collect, train_on_two_processes
+from tiny_pipelines import tiny_wan, tiny_wan22
 
 from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
 from flowrl.policies.base import LOW_NOISE_EXPERT, SampleSpec
-from run_helpers import assert_same_weights, train_and_collect, train_on_two_processes
-from tiny_pipelines import tiny_wan, tiny_wan22
 
 PROMPTS = ["a red circle", "two squares"]
 SPEC = SampleSpec(16, 16, num_frames=9)
@@ -60,10 +60,12 @@ def test_each_side_of_the_boundary_trains_its_own_expert():
             reference = policy.velocity(x, sigma, cond, 1.0)
         embeds = cond.tensors["embeds"]
         pipe.transformer.disable_adapters(), pipe.transformer_2.disable_adapters()
-        low = pipe.transformer_2(hidden_states=x[:1], timestep=sigma[:1] * 1000, encoder_hidden_states=embeds[:1],
-                                 return_dict=False)[0]
-        high = pipe.transformer(hidden_states=x[1:], timestep=sigma[1:] * 1000, encoder_hidden_states=embeds[1:],
-                                return_dict=False)[0]
+        low = pipe.transformer_2(
+            hidden_states=x[:1], timestep=sigma[:1] * 1000, encoder_hidden_states=embeds[:1], return_dict=False
+        )[0]
+        high = pipe.transformer(
+            hidden_states=x[1:], timestep=sigma[1:] * 1000, encoder_hidden_states=embeds[1:], return_dict=False
+        )[0]
         pipe.transformer.enable_adapters(), pipe.transformer_2.enable_adapters()
     torch.testing.assert_close(reference, torch.cat([low, high]), atol=1e-5, rtol=1e-5)
     assert (tuned[0] - reference[0]).abs().max() > 1e-3 and (tuned[1] - reference[1]).abs().max() > 1e-3
@@ -130,16 +132,31 @@ def _config(path, pipeline_dir, out_dir, prompts, name: str) -> str:
     data = {
         "run": {"name": name, "out_dir": str(out_dir), "seed": 0},
         "task": {"name": "prompt_file"},
-        "pipeline": {"path": str(pipeline_dir), "height": 16, "width": 16, "num_frames": 5,
-                     "max_sequence_length": 16, "experts": "both"},
+        "pipeline": {
+            "path": str(pipeline_dir),
+            "height": 16,
+            "width": 16,
+            "num_frames": 5,
+            "max_sequence_length": 16,
+            "experts": "both",
+        },
         "lora": {"rank": 4, "alpha": 8},
         "sampler": {"kind": "flow", "noise_level": 0.7, "num_steps": 4, "guidance_scale": 1.0},
         "algorithm": {"name": "grpo", "params": {"clip_range": 1e-3}},
         "reward": [{"name": "per_frame", "params": {"reward": "jpeg_compressibility", "frames": 2}}],
         "prompts": {"source": str(prompts)},
-        "train": {"updates": 2, "groups_per_update": 2, "group_size": 2, "lr": 1e-3, "microbatch_size": 3,
-                  "ema_decay": 0.0, "checkpoint_every": 2, "threads": 1, "mixed_precision": "no",
-                  "weight_dtype": "fp32"},
+        "train": {
+            "updates": 2,
+            "groups_per_update": 2,
+            "group_size": 2,
+            "lr": 1e-3,
+            "microbatch_size": 3,
+            "ema_decay": 0.0,
+            "checkpoint_every": 2,
+            "threads": 1,
+            "mixed_precision": "no",
+            "weight_dtype": "fp32",
+        },
         "eval": {"enabled": False},
     }
     path.write_text(yaml.safe_dump(data))
@@ -192,8 +209,11 @@ def test_resuming_with_other_experts_is_one_config_error(wan22_run):
     with pytest.raises(ConfigError, match=r"holds a run trained with other settings \(pipeline.experts\)"):
         train_and_collect(config, ["pipeline.experts=high", "train.updates=3"])  # resumed by its name
     checkpoint = root / "runs/both/checkpoints/update_000002"  # and on purpose: the weights cannot be taken
-    with pytest.raises(ConfigError, match=r"run.resume: checkpoint .*update_000002 trained other weights than this "
-                                          r"config does \(e.g. transformer_2\..* is in the checkpoint only\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"run.resume: checkpoint .*update_000002 trained other weights than this "
+        r"config does \(e.g. transformer_2\..* is in the checkpoint only\)",
+    ):
         train_and_collect(config, ["pipeline.experts=high", "train.updates=3", f"run.resume={checkpoint}"])
 
 
@@ -222,7 +242,12 @@ def test_two_processes_train_both_experts_as_one(wan22_run, tmp_path, fsdp2):
     still runs it (one row, weighted zero), so the processes' collectives (DDP's gradient buckets; FSDP2's gathers of
     each expert's shards) match and each expert's weights are one process's."""
     _, config, single = wan22_run
-    double = train_on_two_processes(config, tmp_path / "two.safetensors", 29551 + 10 * fsdp2,
-                                    ["run.name=two", "train.checkpoint_every=0"], fsdp2=fsdp2)
+    double = train_on_two_processes(
+        config,
+        tmp_path / "two.safetensors",
+        29551 + 10 * fsdp2,
+        ["run.name=two", "train.checkpoint_every=0"],
+        fsdp2=fsdp2,
+    )
     for low in (False, True):
         assert_same_weights(single, double, [k for k in single if k.startswith(LOW_NOISE_EXPERT) == low])

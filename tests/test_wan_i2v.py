@@ -1,17 +1,18 @@
 """Wan image-to-video (WanImageToVideoPipeline) as a policy, on tiny random offline instances of Wan2.1-I2V's layout
 (CLIP image features), Wan2.2-I2V-A14B's (two experts, no image encoder) and Wan2.2-TI2V-5B's (the frame as the first
 latent frame, a timestep per token)."""
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from policy_checks import assert_lora_trains_every_adapter_and_reference_is_base
+from tiny_pipelines import tiny_wan22_ti2v, tiny_wan_i2v
 
 from flowrl.policies import policy_for
 from flowrl.policies.base import SampleSpec
 from flowrl.rollout import rollout, sample_generators
 from flowrl.tasks.base import Condition
-from policy_checks import assert_lora_trains_every_adapter_and_reference_is_base
-from tiny_pipelines import tiny_wan22_ti2v, tiny_wan_i2v
 
 SPEC = SampleSpec(16, 16, 9)
 PROMPTS = ["a red circle", "two squares"]
@@ -44,16 +45,48 @@ def test_ode_rollout_reproduces_the_image_to_video_pipeline(layout):
     frames = [_frame(1, spec.height, spec.width), _frame(2, spec.height, spec.width)]
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     items = [Condition(prompt, inputs={"source_image": frame}) for prompt, frame in zip(PROMPTS, frames)]
-    traj = rollout(policy, policy.encode(items, 5.0, spec), sample_generators([1, 2]), shape, 3, "ode", 0.0, 5.0,
-                   initial_noise=noise)
-    expected = torch.cat([pipe(image=frame, prompt=prompt, negative_prompt="", guidance_scale=5.0,
-                               num_inference_steps=3, latents=noise[i:i + 1], output_type="latent", height=spec.height,
-                               width=spec.width, num_frames=9, max_sequence_length=16).frames
-                          for i, (prompt, frame) in enumerate(zip(PROMPTS, frames))])
+    traj = rollout(
+        policy,
+        policy.encode(items, 5.0, spec),
+        sample_generators([1, 2]),
+        shape,
+        3,
+        "ode",
+        0.0,
+        5.0,
+        initial_noise=noise,
+    )
+    expected = torch.cat(
+        [
+            pipe(
+                image=frame,
+                prompt=prompt,
+                negative_prompt="",
+                guidance_scale=5.0,
+                num_inference_steps=3,
+                latents=noise[i : i + 1],
+                output_type="latent",
+                height=spec.height,
+                width=spec.width,
+                num_frames=9,
+                max_sequence_length=16,
+            ).frames
+            for i, (prompt, frame) in enumerate(zip(PROMPTS, frames))
+        ]
+    )
     torch.testing.assert_close(traj.final, expected, atol=1e-4, rtol=1e-4)
     swapped = [Condition(PROMPTS[0], inputs={"source_image": frames[1]})]
-    other = rollout(policy, policy.encode(swapped, 5.0, spec), sample_generators([1]), shape, 3, "ode", 0.0, 5.0,
-                    initial_noise=noise[:1])
+    other = rollout(
+        policy,
+        policy.encode(swapped, 5.0, spec),
+        sample_generators([1]),
+        shape,
+        3,
+        "ode",
+        0.0,
+        5.0,
+        initial_noise=noise[:1],
+    )
     assert (other.final - traj.final[:1]).abs().max() > 1e-3
 
 
@@ -75,7 +108,7 @@ def test_clip_reads_the_original_frame_and_the_experts_split_a_mixed_batch():
     sigma = torch.tensor([0.95, 0.5])  # the high-noise expert, then the low-noise one (boundary 0.9)
     with torch.no_grad():
         mixed = policy.velocity(x, sigma, cond, 5.0)
-        alone = [policy.velocity(x[i:i + 1], sigma[i:i + 1], cond.select([i]), 5.0) for i in range(2)]
+        alone = [policy.velocity(x[i : i + 1], sigma[i : i + 1], cond.select([i]), 5.0) for i in range(2)]
     torch.testing.assert_close(mixed, torch.cat(alone), atol=1e-5, rtol=1e-5)
 
 
@@ -89,6 +122,7 @@ def test_a_groups_first_frame_is_encoded_once_and_trains_every_adapter(monkeypat
         def counted(*args, **kwargs):
             calls[name] += 1
             return function(*args, **kwargs)
+
         return counted
 
     monkeypatch.setattr(pipe.vae, "encode", count("vae", vae_encode))
@@ -111,15 +145,24 @@ def test_ti2v_keeps_the_given_frame_under_sde_noise_and_scores_its_steps_as_draw
     policy = policy_for(pipe, max_sequence_length=16)
     spec = SampleSpec(32, 32, 9)
     shape = policy.noise_shape(spec)
-    cond = policy.encode([Condition(p, inputs={"source_image": _frame(i, 32)}) for i, p in enumerate(PROMPTS)], 5.0,
-                         spec)
+    cond = policy.encode(
+        [Condition(p, inputs={"source_image": _frame(i, 32)}) for i, p in enumerate(PROMPTS)], 5.0, spec
+    )
     traj = rollout(policy, cond, sample_generators([1, 2]), shape, 3, "flow", 0.7, 5.0)
     given = cond.tensors["condition"][:, :, 0]
     assert all(torch.equal(traj.latents[i][:, :, 0], given) for i in range(1, 4))
     sigmas = policy.sigmas(3, shape)
     for i in range(3):
-        again = policy.step("flow", traj.latents[i], float(sigmas[i]), float(sigmas[i + 1]), cond, 5.0, 0.7,
-                            prev_sample=traj.latents[i + 1])
+        again = policy.step(
+            "flow",
+            traj.latents[i],
+            float(sigmas[i]),
+            float(sigmas[i + 1]),
+            cond,
+            5.0,
+            0.7,
+            prev_sample=traj.latents[i + 1],
+        )
         torch.testing.assert_close(again[3], traj.log_probs[i], atol=1e-6, rtol=1e-6)
     policy.add_lora(4, 8, policy.lora_targets)
     v = policy.velocity(traj.latents[1], float(sigmas[1]), cond, 5.0)

@@ -1,11 +1,13 @@
 """Advantage estimators as pure functions of (rewards, group ids)."""
+
 from __future__ import annotations
 
 import torch
 
 
-def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std: str = "global", eps: float = 1e-4,
-                     clip: float | None = 5.0) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, std: str = "global", eps: float = 1e-4, clip: float | None = 5.0
+) -> torch.Tensor:
     """GRPO advantages A_i = (r_i - mean of i's group) / (std + eps), clipped to [-clip, clip].
 
     std='global' divides by the std of all rewards in the batch (Flow-GRPO's default, `global_std=True`);

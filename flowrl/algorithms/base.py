@@ -4,6 +4,7 @@ The loop rolls out, scores and gathers; the algorithm picks which (sample, step)
 per-item losses. The loop sums those over microbatches and processes, normalizes by the global item count and
 steps the optimizer, so every algorithm gets distributed training and exact resume for free.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,15 +43,26 @@ def drop_groups(batch: RolloutBatch, dropped: torch.Tensor) -> RolloutBatch:
     position = torch.cumsum(keep_global.long(), 0) - 1
     rows = torch.nonzero(keep_global[batch.local_index]).flatten()
     traj = batch.trajectory
-    traj = replace(traj, latents=traj.latents[:, rows.to(traj.latents.device)],
-                   log_probs=traj.log_probs[:, rows.to(traj.log_probs.device)], cond=traj.cond.select(rows))
+    traj = replace(
+        traj,
+        latents=traj.latents[:, rows.to(traj.latents.device)],
+        log_probs=traj.log_probs[:, rows.to(traj.log_probs.device)],
+        cond=traj.cond.select(rows),
+    )
     picked = rows.tolist()
     return RolloutBatch(
-        traj, batch.rewards[rows], batch.group_ids[rows], [batch.seeds[i] for i in picked],
-        batch.global_rewards[keep_global], batch.global_group_ids[keep_global], position[batch.local_index[rows]],
-        [batch.prompts[i] for i in picked], batch.progress,
+        traj,
+        batch.rewards[rows],
+        batch.group_ids[rows],
+        [batch.seeds[i] for i in picked],
+        batch.global_rewards[keep_global],
+        batch.global_group_ids[keep_global],
+        position[batch.local_index[rows]],
+        [batch.prompts[i] for i in picked],
+        batch.progress,
         batch.step_rewards[rows] if batch.step_rewards is not None else None,
-        batch.global_step_rewards[keep_global] if batch.global_step_rewards is not None else None)
+        batch.global_step_rewards[keep_global] if batch.global_step_rewards is not None else None,
+    )
 
 
 @dataclass
@@ -60,6 +72,7 @@ class WorkItems:
     `key` is each item's position in the list `prepare` built, so per-item tensors an algorithm computed there
     (fresh noise, old velocities, targets) can be looked up from any subset.
     """
+
     sample: torch.Tensor  # [N] long, index into the local batch
     step: torch.Tensor  # [N] long, denoising step index
     weight: torch.Tensor  # [N] float
@@ -76,11 +89,11 @@ class WorkItems:
         """How many items carry a loss weight (not a weight-0 placeholder that keeps a process's passes in step)."""
         return int((self.weight > 0).sum())
 
-    def subset(self, index) -> "WorkItems":
+    def subset(self, index) -> WorkItems:
         return WorkItems(self.sample[index], self.step[index], self.weight[index], self.key[index])
 
     @staticmethod
-    def build(samples: list[int], steps: list[int], weights: list[float] | None = None) -> "WorkItems":
+    def build(samples: list[int], steps: list[int], weights: list[float] | None = None) -> WorkItems:
         weight = torch.ones(len(samples)) if weights is None else torch.tensor(weights, dtype=torch.float32)
         return WorkItems(torch.tensor(samples, dtype=torch.long), torch.tensor(steps, dtype=torch.long), weight)
 
@@ -88,18 +101,22 @@ class WorkItems:
 @dataclass
 class RewardGradientParams:
     """Options every method that climbs the reward's gradient shares (ReFL, DRaFT, MEND)."""
+
     reward_shift: int = 0  # average the reward over copies shifted by up to this many pixels (0: off)
     reward_shift_copies: int = 1
 
     def validate(self):
         if self.reward_shift < 0 or self.reward_shift_copies < 1:
-            raise ConfigError("algorithm.params.reward_shift / reward_shift_copies: expected an integer >= 0 and an "
-                              f"integer >= 1, got {self.reward_shift} and {self.reward_shift_copies}")
+            raise ConfigError(
+                "algorithm.params.reward_shift / reward_shift_copies: expected an integer >= 0 and an "
+                f"integer >= 1, got {self.reward_shift} and {self.reward_shift_copies}"
+            )
 
 
 @torch.no_grad()
-def chunked_velocity(policy, x: torch.Tensor, t: torch.Tensor, cond, rows, guidance_scale: float,
-                     chunk: int = DEFAULT_BATCH_SIZE) -> torch.Tensor:
+def chunked_velocity(
+    policy, x: torch.Tensor, t: torch.Tensor, cond, rows, guidance_scale: float, chunk: int = DEFAULT_BATCH_SIZE
+) -> torch.Tensor:
     """The policy's velocities at states `x` [N, ...] and times `t` [N] under the conditioning of samples `rows`, no
     gradient, `chunk` states per forward: the old / rollout-policy velocities NFT and DHO regress around."""
     rows = torch.as_tensor(rows)
@@ -170,13 +187,17 @@ class Algorithm:
 
     def check_sampler(self, sampler) -> None:
         if self.needs_ode_rollout and sampler.kind != "ode":
-            raise ConfigError(f"sampler.kind: algorithm {self.name!r} trains on deterministic (Euler) rollouts; "
-                              f"expected 'ode', got {sampler.kind!r}")
+            raise ConfigError(
+                f"sampler.kind: algorithm {self.name!r} trains on deterministic (Euler) rollouts; "
+                f"expected 'ode', got {sampler.kind!r}"
+            )
 
     def bind_reward(self, reward) -> None:
         if self.needs_reward_gradient and not reward.differentiable:
-            raise ConfigError(f"reward: algorithm {self.name!r} backpropagates through the reward, but it is not "
-                              "differentiable; use a differentiable reward such as shapes_clip")
+            raise ConfigError(
+                f"reward: algorithm {self.name!r} backpropagates through the reward, but it is not "
+                "differentiable; use a differentiable reward such as shapes_clip"
+            )
         self.reward = reward
 
     def prepare(self, batch: RolloutBatch, policy) -> tuple[WorkItems, dict]:
@@ -186,8 +207,9 @@ class Algorithm:
         """
         raise NotImplementedError
 
-    def score_latents(self, policy, latents: torch.Tensor, batch: RolloutBatch, rows: list[int],
-                      shifted: bool = True) -> torch.Tensor:
+    def score_latents(
+        self, policy, latents: torch.Tensor, batch: RolloutBatch, rows: list[int], shifted: bool = True
+    ) -> torch.Tensor:
         """Reward of decoded latents of the batch's samples `rows` (judged against their prompts and condition
         items), differentiable in the latents when the reward is.
 
@@ -196,6 +218,7 @@ class Algorithm:
         methods climb.
         """
         from ..rewards import latent_scorer
+
         prompts = [batch.prompts[i] for i in rows]
         every_item = batch.trajectory.cond.items
         items = [every_item[i] for i in rows] if every_item else None
@@ -209,12 +232,20 @@ class Algorithm:
         raise NotImplementedError
 
 
-ALGORITHMS = Registry("algorithm", {
-    "grpo": "flowrl.algorithms.grpo", "ddpo": "flowrl.algorithms.ddpo", "nft": "flowrl.algorithms.nft",
-    "refl": "flowrl.algorithms.reward_backprop", "draft": "flowrl.algorithms.reward_backprop",
-    "mend": "flowrl.algorithms.mend", "tvrl": "flowrl.algorithms.tvrl", "dho": "flowrl.algorithms.dho",
-    "dpo": "flowrl.algorithms.dpo",
-})
+ALGORITHMS = Registry(
+    "algorithm",
+    {
+        "grpo": "flowrl.algorithms.grpo",
+        "ddpo": "flowrl.algorithms.ddpo",
+        "nft": "flowrl.algorithms.nft",
+        "refl": "flowrl.algorithms.reward_backprop",
+        "draft": "flowrl.algorithms.reward_backprop",
+        "mend": "flowrl.algorithms.mend",
+        "tvrl": "flowrl.algorithms.tvrl",
+        "dho": "flowrl.algorithms.dho",
+        "dpo": "flowrl.algorithms.dpo",
+    },
+)
 
 
 def register_algorithm(cls):
@@ -232,4 +263,3 @@ def build_algorithm(name: str, params: dict, sampler) -> Algorithm:
         algorithm.params.validate()
     algorithm.check_sampler(sampler)
     return algorithm
-

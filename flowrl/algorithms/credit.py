@@ -11,6 +11,7 @@ Window schedules choose which steps an update may train (reading (b)): `incremen
 (high-noise) `size` steps and grows the window to every step by the end of the run; `latter` trains only the last
 `size` (low-noise) steps, the baseline the seed abstract argues harms diversity; `all` trains every step.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,13 +39,14 @@ def fold_deterministic_tail(credits: torch.Tensor, stochastic: torch.Tensor) -> 
         return credits
     last = int(torch.nonzero(stochastic).max())
     out = credits.clone()
-    out[:, last] += credits[:, last + 1:].sum(1)
-    out[:, last + 1:] = 0
+    out[:, last] += credits[:, last + 1 :].sum(1)
+    out[:, last + 1 :] = 0
     return out
 
 
-def step_advantages(credits: torch.Tensor, group_ids: torch.Tensor, std: str = "global",
-                    clip: float | None = 5.0) -> torch.Tensor:
+def step_advantages(
+    credits: torch.Tensor, group_ids: torch.Tensor, std: str = "global", clip: float | None = 5.0
+) -> torch.Tensor:
     """Group-normalised credits, one normalisation per step: [B, T]."""
     return torch.stack([group_advantages(credits[:, j], group_ids, std, clip=clip) for j in range(credits.shape[1])], 1)
 
@@ -56,9 +58,9 @@ def window_mask(num_steps: int, schedule: str, progress: float, size: int) -> to
     if schedule == "all":
         mask[:] = True
     elif schedule == "incremental":
-        mask[:size + math.floor(progress * (num_steps - size + 1))] = True
+        mask[: size + math.floor(progress * (num_steps - size + 1))] = True
     elif schedule == "latter":
-        mask[num_steps - size:] = True
+        mask[num_steps - size :] = True
     else:
         raise ValueError(f"unknown window schedule {schedule!r}; expected one of {WINDOW_SCHEDULES}")
     return mask

@@ -7,6 +7,7 @@ prompt. The paper tracks each prompt's reward statistics over a buffer of recent
 a group of samples per prompt, so the group itself is the prompt's statistics (std per group, not per batch).
 The std takes GRPO's + 1e-4 (ddpo-pytorch adds 1e-6): only groups whose rewards spread by ~1e-3 or less differ.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

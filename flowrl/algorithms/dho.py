@@ -23,6 +23,7 @@ Per prompt group of a deterministic (ODE) rollout, with group advantages A:
 No likelihood ratio is involved, so rollouts made by a stale policy need no importance correction (the loop's
 `train.staleness`).
 """
+
 from __future__ import annotations
 
 import math
@@ -55,23 +56,34 @@ class DHOParams:
 
     def validate(self):
         if self.variant not in ("dynamic", "trajectory", "forward"):
-            raise ConfigError(f"algorithm.params.variant: expected dynamic, trajectory or forward, got {self.variant!r}")
+            raise ConfigError(
+                f"algorithm.params.variant: expected dynamic, trajectory or forward, got {self.variant!r}"
+            )
         if self.capacity not in ("replicate", "lowest"):
             raise ConfigError(f"algorithm.params.capacity: expected replicate or lowest, got {self.capacity!r}")
         if not 0 <= self.lambda_min <= 1 or not 0 <= self.lambda_knee < 1:
-            raise ConfigError("algorithm.params.lambda_min / lambda_knee: expected lambda_min in [0, 1] and "
-                              f"lambda_knee in [0, 1), got {self.lambda_min} and {self.lambda_knee}")
+            raise ConfigError(
+                "algorithm.params.lambda_min / lambda_knee: expected lambda_min in [0, 1] and "
+                f"lambda_knee in [0, 1), got {self.lambda_min} and {self.lambda_knee}"
+            )
         if not 0 < self.timestep_fraction <= 1:
-            raise ConfigError(f"algorithm.params.timestep_fraction: expected a number in (0, 1], got "
-                              f"{self.timestep_fraction}")
+            raise ConfigError(
+                f"algorithm.params.timestep_fraction: expected a number in (0, 1], got {self.timestep_fraction}"
+            )
         if self.noise_cost < 0 or self.chamfer_cost < 0:
             raise ConfigError("algorithm.params.noise_cost / chamfer_cost: expected numbers >= 0")
 
 
-def mam_assign(neg_x0: torch.Tensor, pos_x0: torch.Tensor, neg_noise: torch.Tensor | None = None,
-               pos_noise: torch.Tensor | None = None, noise_cost: float = 0.0,
-               capacity: str = "replicate", neg_rewards: torch.Tensor | None = None,
-               extra_cost: torch.Tensor | None = None) -> tuple[list[int], list[int]]:
+def mam_assign(
+    neg_x0: torch.Tensor,
+    pos_x0: torch.Tensor,
+    neg_noise: torch.Tensor | None = None,
+    pos_noise: torch.Tensor | None = None,
+    noise_cost: float = 0.0,
+    capacity: str = "replicate",
+    neg_rewards: torch.Tensor | None = None,
+    extra_cost: torch.Tensor | None = None,
+) -> tuple[list[int], list[int]]:
     """Minimum-cost matching of negatives to positives: (negative indices kept, positive index of each).
 
     Cost per pair: mean squared latent difference (+ noise_cost x mean squared noise difference, + `extra_cost`
@@ -103,8 +115,10 @@ def chamfer_matrix(negatives: list, positives: list, missing: float = 4.0) -> to
     surfaces in the cube [-1, 1]^3 can cost (at most its diagonal, 2 sqrt 3), so an empty shape is never preferred."""
     from ..sdf import chamfer_and_fscore
 
-    return torch.tensor([[missing if a is None or b is None else chamfer_and_fscore(a, b)[0] for b in positives]
-                         for a in negatives], dtype=torch.float32).reshape(len(negatives), len(positives))
+    return torch.tensor(
+        [[missing if a is None or b is None else chamfer_and_fscore(a, b)[0] for b in positives] for a in negatives],
+        dtype=torch.float32,
+    ).reshape(len(negatives), len(positives))
 
 
 def homing_lambda(t: torch.Tensor, knee: float, lambda_min: float) -> torch.Tensor:
@@ -113,8 +127,9 @@ def homing_lambda(t: torch.Tensor, knee: float, lambda_min: float) -> torch.Tens
     return 1 - (1 - lambda_min) * ramp
 
 
-def tdc_target(x_t: torch.Tensor, v_old: torch.Tensor, x_plus: torch.Tensor, t: torch.Tensor,
-               lam: torch.Tensor) -> torch.Tensor:
+def tdc_target(
+    x_t: torch.Tensor, v_old: torch.Tensor, x_plus: torch.Tensor, t: torch.Tensor, lam: torch.Tensor
+) -> torch.Tensor:
     """u = v_old + lambda (v_home - v_old), v_home = (x_t - x+) / t (the velocity that reaches x+ in the time left)."""
     shape = (-1, *[1] * (x_t.ndim - 1))
     v_home = (x_t - x_plus) / t.reshape(shape)
@@ -148,10 +163,14 @@ class DHO(Algorithm):
         negatives, targets, positives = [], [], []
         points = self.surface_points(policy, final) if p.chamfer_cost > 0 else None
         for pos, neg in split_groups(local, batch.group_ids):
-            extra = None if points is None else p.chamfer_cost * chamfer_matrix([points[i] for i in neg],
-                                                                                 [points[j] for j in pos])
-            kept, matched = mam_assign(final[neg], final[pos], noise[neg], noise[pos], p.noise_cost, p.capacity,
-                                       batch.rewards[neg], extra)
+            extra = (
+                None
+                if points is None
+                else p.chamfer_cost * chamfer_matrix([points[i] for i in neg], [points[j] for j in pos])
+            )
+            kept, matched = mam_assign(
+                final[neg], final[pos], noise[neg], noise[pos], p.noise_cost, p.capacity, batch.rewards[neg], extra
+            )
             negatives += [neg[i] for i in kept]
             targets += [pos[j] for j in matched]
             positives += pos
@@ -159,12 +178,14 @@ class DHO(Algorithm):
         states, path_targets = self.negative_paths(policy, traj, negatives, x_plus)
         samples, steps, keys_state, kinds = [], [], [], []
         for row, n in enumerate(negatives):
-            for k in trained_steps(torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction,
-                                   batch.seeds[n]).tolist():
+            for k in trained_steps(
+                torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction, batch.seeds[n]
+            ).tolist():
                 samples.append(n), steps.append(k), keys_state.append(row), kinds.append(0)
         for i in positives:
-            for k in trained_steps(torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction,
-                                   batch.seeds[i] + 1).tolist():
+            for k in trained_steps(
+                torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction, batch.seeds[i] + 1
+            ).tolist():
                 samples.append(i), steps.append(k), keys_state.append(-1), kinds.append(1)
         items = WorkItems.build(samples, steps)
         self.is_positive = torch.tensor(kinds, dtype=torch.bool)
@@ -184,17 +205,27 @@ class DHO(Algorithm):
                 v_old = self.old_velocity(policy, traj, x_t[neg_items], t[neg_items], items.sample[neg_items])
                 target[neg_items] = tdc_target(x_t[neg_items], v_old, x_plus[rows], t[neg_items], lam)
         if len(pos_items):
-            fresh = torch.stack([torch.randn(final.shape[1:], generator=torch.Generator().manual_seed(
-                derived_seed(batch.seeds[int(i)], int(k), 211))) for i, k in zip(items.sample[pos_items],
-                                                                                   items.step[pos_items])])
+            fresh = torch.stack(
+                [
+                    torch.randn(
+                        final.shape[1:],
+                        generator=torch.Generator().manual_seed(derived_seed(batch.seeds[int(i)], int(k), 211)),
+                    )
+                    for i, k in zip(items.sample[pos_items], items.step[pos_items])
+                ]
+            )
             x0 = final[items.sample[pos_items]]
             tt = t[pos_items].reshape(-1, *[1] * (x0.ndim - 1))
             x_t[pos_items] = (1 - tt) * x0 + tt * fresh.to(x0.device)
             target[pos_items] = fresh.to(x0.device) - x0
         self.x_t, self.target = x_t, target
-        metrics = {"negatives_matched": float(len(negatives)), "positives": float(len(positives)),
-                   "homing_distance": (final[negatives] - x_plus).pow(2).flatten(1).mean(1).mean().item()
-                   if negatives else 0.0}
+        metrics = {
+            "negatives_matched": float(len(negatives)),
+            "positives": float(len(positives)),
+            "homing_distance": (final[negatives] - x_plus).pow(2).flatten(1).mean(1).mean().item()
+            if negatives
+            else 0.0,
+        }
         return items, metrics
 
     @staticmethod
@@ -226,8 +257,13 @@ class DHO(Algorithm):
         with torch.no_grad():
             for k in range(traj.num_steps):  # the corrected path, re-integrated with the rollout policy
                 t = sigmas[k].expand(len(negatives))
-                u = tdc_target(x, self.old_velocity(policy, traj, x, t, negatives), x_plus, t,
-                               homing_lambda(t, p.lambda_knee, p.lambda_min))
+                u = tdc_target(
+                    x,
+                    self.old_velocity(policy, traj, x, t, negatives),
+                    x_plus,
+                    t,
+                    homing_lambda(t, p.lambda_knee, p.lambda_min),
+                )
                 targets.append(u)
                 x = x + (sigmas[k + 1] - sigmas[k]) * u
                 states.append(x)

@@ -12,6 +12,7 @@ normalised flow latents (stated, not tuned on an eval). Trained: the conditional
 setting; `guidance_scale` trains the guided one). Pairs are formed among the samples a process holds, so
 groups_per_update must be a multiple of the number of processes (checked at start-up: each group whole on one).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +38,9 @@ class DPOParams:
         if self.pairs_per_group < 1:
             raise ConfigError(f"algorithm.params.pairs_per_group: expected an integer >= 1, got {self.pairs_per_group}")
         if not 0 < self.timestep_fraction <= 1:
-            raise ConfigError(f"algorithm.params.timestep_fraction: expected a number in (0, 1], got "
-                              f"{self.timestep_fraction}")
+            raise ConfigError(
+                f"algorithm.params.timestep_fraction: expected a number in (0, 1], got {self.timestep_fraction}"
+            )
 
 
 def best_worst_pairs(rewards: torch.Tensor, group_ids: torch.Tensor, pairs_per_group: int) -> list[tuple[int, int]]:
@@ -73,16 +75,26 @@ class DiffusionDPO(Algorithm):
         pairs = best_worst_pairs(batch.rewards, batch.group_ids, p.pairs_per_group)
         winners, losers, steps = [], [], []
         for w, l in pairs:
-            for k in trained_steps(torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction,
-                                   batch.seeds[w]).tolist():
+            for k in trained_steps(
+                torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction, batch.seeds[w]
+            ).tolist():
                 winners.append(w), losers.append(l), steps.append(k)
         items = WorkItems.build(winners, steps)
         self.losers = torch.tensor(losers, dtype=torch.long)
         final = traj.final
         t = traj.sigmas[items.step].to(final.device)
-        noise = torch.stack([torch.randn(final.shape[1:], generator=torch.Generator().manual_seed(
-            derived_seed(batch.seeds[w], k, 307))) for w, k in zip(winners, steps)]).to(final.device) \
-            if winners else final[:0]
+        noise = (
+            torch.stack(
+                [
+                    torch.randn(
+                        final.shape[1:], generator=torch.Generator().manual_seed(derived_seed(batch.seeds[w], k, 307))
+                    )
+                    for w, k in zip(winners, steps)
+                ]
+            ).to(final.device)
+            if winners
+            else final[:0]
+        )
         shaped = t.reshape(-1, *[1] * (final.ndim - 1))
         self.t = t
         self.x_w = (1 - shaped) * final[items.sample] + shaped * noise

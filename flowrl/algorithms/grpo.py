@@ -14,6 +14,7 @@ Options for incremental Feynman-Kac training (credit.py): `credit: incremental` 
 of step j by the group-normalised change of the intermediate reward across that step; `window_schedule` limits the
 trainable steps to an early window growing over the run (`incremental`) or to the last steps (`latter`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,17 +51,23 @@ class GRPOParams:
 
     def validate(self):
         if not 0 < self.timestep_fraction <= 1:
-            raise ConfigError(f"algorithm.params.timestep_fraction: expected a number in (0, 1], got {self.timestep_fraction}")
+            raise ConfigError(
+                f"algorithm.params.timestep_fraction: expected a number in (0, 1], got {self.timestep_fraction}"
+            )
         if self.clip_range <= 0:
             raise ConfigError(f"algorithm.params.clip_range: expected a positive number, got {self.clip_range}")
         if self.window_size < 1:
             raise ConfigError(f"algorithm.params.window_size: expected an integer >= 1, got {self.window_size}")
         if self.best_of < 0 or self.best_of % 2:
-            raise ConfigError(f"algorithm.params.best_of: expected 0 (every sample) or an even number of samples per "
-                              f"group, got {self.best_of}")
+            raise ConfigError(
+                f"algorithm.params.best_of: expected 0 (every sample) or an even number of samples per "
+                f"group, got {self.best_of}"
+            )
         if self.best_of and self.credit == "incremental":
-            raise ConfigError("algorithm.params.best_of: picks samples by their final reward's advantage; with credit: "
-                              "incremental every sample trains on its per-step credit: use one or the other")
+            raise ConfigError(
+                "algorithm.params.best_of: picks samples by their final reward's advantage; with credit: "
+                "incremental every sample trains on its per-step credit: use one or the other"
+            )
 
 
 def best_and_worst(advantages: torch.Tensor, group_ids: torch.Tensor, count: int) -> torch.Tensor:
@@ -70,7 +77,7 @@ def best_and_worst(advantages: torch.Tensor, group_ids: torch.Tensor, count: int
     for group in torch.unique(group_ids):
         members = torch.nonzero(group_ids == group).flatten()
         order = members[torch.argsort(advantages[members], stable=True)]
-        chosen[order if len(order) <= count else torch.cat([order[:count // 2], order[-(count // 2):]])] = True
+        chosen[order if len(order) <= count else torch.cat([order[: count // 2], order[-(count // 2) :]])] = True
     return chosen
 
 
@@ -101,9 +108,12 @@ class GRPO(Algorithm):
         if p.best_of:
             keep = keep & best_and_worst(advantages, batch.global_group_ids, p.best_of)[batch.local_index]
         if p.credit == "incremental":  # per-step credit carries signal even where final rewards tie
-            credits = fold_deterministic_tail(incremental_credits(batch.global_step_rewards),
-                                              batch.trajectory.stochastic)
-            self.step_advantages = step_advantages(credits, batch.global_group_ids, p.std, p.adv_clip_max)[batch.local_index]
+            credits = fold_deterministic_tail(
+                incremental_credits(batch.global_step_rewards), batch.trajectory.stochastic
+            )
+            self.step_advantages = step_advantages(credits, batch.global_group_ids, p.std, p.adv_clip_max)[
+                batch.local_index
+            ]
             keep = torch.ones_like(keep)
         traj = batch.trajectory
         trainable = traj.stochastic & window_mask(traj.num_steps, p.window_schedule, batch.progress, p.window_size)
@@ -127,8 +137,9 @@ class GRPO(Algorithm):
         x_next = traj.latents[items.step + 1, items.sample]
         sigma, sigma_next = traj.sigmas[items.step], traj.sigmas[items.step + 1]
         cond = traj.cond.select(items.sample)
-        _, mean, std, log_prob, _ = policy.step(traj.kind, x, sigma, sigma_next, cond, traj.guidance_scale,
-                                                traj.noise_level, prev_sample=x_next)
+        _, mean, std, log_prob, _ = policy.step(
+            traj.kind, x, sigma, sigma_next, cond, traj.guidance_scale, traj.noise_level, prev_sample=x_next
+        )
         return x, cond, sigma, sigma_next, mean, std, log_prob
 
     def loss(self, policy, batch: RolloutBatch, items: WorkItems):
@@ -141,12 +152,16 @@ class GRPO(Algorithm):
             advantage = self.advantages[items.sample].to(log_prob.device)
         ratio = torch.exp(log_prob - old_log_prob)
         losses = clipped_surrogate(ratio, advantage, p.clip_range)
-        diagnostics = {"ratio": ratio.detach(), "clip_frac": ((ratio - 1).abs() > p.clip_range).float(),
-                       "approx_kl": 0.5 * (log_prob - old_log_prob).detach() ** 2}
+        diagnostics = {
+            "ratio": ratio.detach(),
+            "clip_frac": ((ratio - 1).abs() > p.clip_range).float(),
+            "approx_kl": 0.5 * (log_prob - old_log_prob).detach() ** 2,
+        }
         if p.kl_beta > 0:
             with torch.no_grad(), policy.reference():
-                _, mean_ref, _, _, _ = policy.step(traj.kind, x, sigma, sigma_next, cond, traj.guidance_scale,
-                                                   traj.noise_level, prev_sample=x)
+                _, mean_ref, _, _, _ = policy.step(
+                    traj.kind, x, sigma, sigma_next, cond, traj.guidance_scale, traj.noise_level, prev_sample=x
+                )
             kl = ((mean - mean_ref) ** 2 / (2 * std**2)).mean(dim=tuple(range(1, mean.ndim)))
             if p.kl_form == "flow_grpo":
                 kl = kl * diffusion_time_scale(traj.kind, sigma, sigma_next).to(kl.device)

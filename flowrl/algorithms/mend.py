@@ -37,16 +37,26 @@ Groups where every sample is at the cap (all rewards equal) carry no move and ar
 batch gives exactly zero gradient. Anchor rows are kept in every group that has a sample below the cap (decided
 from the gathered rewards, so the split is the same on one process or many).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 
 from ..errors import ConfigError
-from .base import (Algorithm, RewardGradientParams, RolloutBatch, WorkItems, register_algorithm, step_in_range,
-                   trained_steps, validate_step_range)
+from .base import (
+    Algorithm,
+    RewardGradientParams,
+    RolloutBatch,
+    WorkItems,
+    register_algorithm,
+    step_in_range,
+    trained_steps,
+    validate_step_range,
+)
 
 
 @dataclass
@@ -67,10 +77,14 @@ class MENDParams(RewardGradientParams):
         if not 0 < self.quantile <= 1:
             raise ConfigError(f"algorithm.params.quantile: expected a number in (0, 1], got {self.quantile}")
         if self.price <= 0 or self.step_max <= 0 or self.num_step_sizes < 1:
-            raise ConfigError("algorithm.params: price and step_max must be positive and num_step_sizes >= 1, got "
-                              f"{self.price}, {self.step_max}, {self.num_step_sizes}")
+            raise ConfigError(
+                "algorithm.params: price and step_max must be positive and num_step_sizes >= 1, got "
+                f"{self.price}, {self.step_max}, {self.num_step_sizes}"
+            )
         if not 0 < self.timestep_fraction <= 1:
-            raise ConfigError(f"algorithm.params.timestep_fraction: expected a number in (0, 1], got {self.timestep_fraction}")
+            raise ConfigError(
+                f"algorithm.params.timestep_fraction: expected a number in (0, 1], got {self.timestep_fraction}"
+            )
         validate_step_range(self.step_range)
 
 
@@ -84,9 +98,18 @@ def group_caps(rewards: torch.Tensor, group_ids: torch.Tensor, quantile: float) 
     return cap, scale
 
 
-def choose_moves(reward_of: Callable[[torch.Tensor], torch.Tensor], x0: torch.Tensor, gradient: torch.Tensor,
-                 rewards: torch.Tensor, cap: torch.Tensor, scale: torch.Tensor, price: float, step_max: float,
-                 num_step_sizes: int, normalize: str = "sample") -> tuple[torch.Tensor, torch.Tensor]:
+def choose_moves(
+    reward_of: Callable[[torch.Tensor], torch.Tensor],
+    x0: torch.Tensor,
+    gradient: torch.Tensor,
+    rewards: torch.Tensor,
+    cap: torch.Tensor,
+    scale: torch.Tensor,
+    price: float,
+    step_max: float,
+    num_step_sizes: int,
+    normalize: str = "sample",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Accepted moves delta [B, ...] (zero where none pays) and their net gains [B] (0 where rejected).
 
     `reward_of(x)` scores latents [B, ...]; rewards/cap/scale are [B]; the gradient need not be normalised.
@@ -147,7 +170,7 @@ class MEND(Algorithm):
             rows = index.tolist()
             with torch.enable_grad():  # proposals follow the shift-averaged gradient
                 x = x0[index].detach().requires_grad_(True)
-                gradient, = torch.autograd.grad(self.score_latents(policy, x, batch, rows).sum(), x)
+                (gradient,) = torch.autograd.grad(self.score_latents(policy, x, batch, rows).sum(), x)
             reward_of = lambda z: self.score_latents(policy, z, batch, rows, shifted=False).float()  # noqa: E731
             with torch.no_grad():
                 rewards = batch.rewards[index].float().to(device)
@@ -155,27 +178,44 @@ class MEND(Algorithm):
                 if p.move_space == "prediction":  # the prediction's reward, capped by the sample's own headroom
                     predicted = reward_of(x0[index])
                     rewards, caps = predicted, predicted + (caps - rewards)
-                moves, gains = choose_moves(reward_of, x0[index], gradient, rewards, caps, scale[index].to(device),
-                                            p.price, p.step_max, p.num_step_sizes, p.normalize)
+                moves, gains = choose_moves(
+                    reward_of,
+                    x0[index],
+                    gradient,
+                    rewards,
+                    caps,
+                    scale[index].to(device),
+                    p.price,
+                    p.step_max,
+                    p.num_step_sizes,
+                    p.normalize,
+                )
             delta[index], net[index] = moves, gains.cpu()
         self.delta = delta
         samples, steps = [], []
         for i in torch.nonzero(torch.isin(batch.group_ids, live_groups)).flatten().tolist():
             if p.move_space == "prediction":
-                chosen = self.step[i:i + 1]
+                chosen = self.step[i : i + 1]
             else:
-                chosen = trained_steps(torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction, batch.seeds[i])
+                chosen = trained_steps(
+                    torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction, batch.seeds[i]
+                )
             samples += [i] * len(chosen)
             steps += chosen.tolist()
         moved = net > 0
         dims = tuple(range(1, x0.ndim))
-        metrics = {"below_cap_share": below.float().mean().item(), "moved_share": moved.float().mean().item(),
-                   "move_mse": delta[moved].pow(2).mean(dim=dims).mean().item() if moved.any() else 0.0,
-                   "net_gain": net[moved].mean().item() if moved.any() else 0.0}
+        metrics = {
+            "below_cap_share": below.float().mean().item(),
+            "moved_share": moved.float().mean().item(),
+            "move_mse": delta[moved].pow(2).mean(dim=dims).mean().item() if moved.any() else 0.0,
+            "net_gain": net[moved].mean().item() if moved.any() else 0.0,
+        }
         return WorkItems.build(samples, steps), metrics
 
     @staticmethod
-    def stored_velocity(traj, sample: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def stored_velocity(
+        traj, sample: torch.Tensor, step: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(x_k, v_old_k) of stored ODE steps, v_old read off the Euler step, and t_k shaped to broadcast."""
         t, t_next = [traj.sigmas[s].to(traj.final).reshape(-1, *[1] * (traj.final.ndim - 1)) for s in (step, step + 1)]
         x = traj.latents[step, sample]
@@ -193,7 +233,7 @@ class MEND(Algorithm):
             return x, v_old - self.delta[items.sample] / t
         states, targets = [], []
         for i, k in zip(items.sample.tolist(), items.step.tolist()):
-            x, u = shifted_trajectory(traj.latents[k:k + 2, i], traj.sigmas[k:k + 2], self.delta[i])
+            x, u = shifted_trajectory(traj.latents[k : k + 2, i], traj.sigmas[k : k + 2], self.delta[i])
             states.append(x[0] if self.params.target_states == "shifted" else traj.latents[k, i])
             targets.append(u[0])
         return torch.stack(states), torch.stack(targets)

@@ -16,6 +16,7 @@ The old policy is the one that made the rollout (the paper's EMA old policy with
 pulls v towards the LoRA-disabled reference. The velocity trained is the guided one at `guidance_scale` (None: the
 sampler's; 1.0: the paper's CFG-free setting).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,7 +45,9 @@ class NFTParams:
         if self.beta <= 0:
             raise ConfigError(f"algorithm.params.beta: expected a positive number, got {self.beta}")
         if not 0 < self.timestep_fraction <= 1:
-            raise ConfigError(f"algorithm.params.timestep_fraction: expected a number in (0, 1], got {self.timestep_fraction}")
+            raise ConfigError(
+                f"algorithm.params.timestep_fraction: expected a number in (0, 1], got {self.timestep_fraction}"
+            )
 
 
 def optimality_weight(advantages: torch.Tensor, adv_clip_max: float) -> torch.Tensor:
@@ -58,8 +61,15 @@ def _normalised_x0_loss(x0_pred: torch.Tensor, x0: torch.Tensor) -> torch.Tensor
     return (error**2).mean(dim=dims) / error.abs().mean(dim=dims).detach().clamp(min=1e-5)
 
 
-def nft_loss(v: torch.Tensor, v_old: torch.Tensor, x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor,
-             r: torch.Tensor, beta: float) -> torch.Tensor:
+def nft_loss(
+    v: torch.Tensor,
+    v_old: torch.Tensor,
+    x_t: torch.Tensor,
+    x0: torch.Tensor,
+    t: torch.Tensor,
+    r: torch.Tensor,
+    beta: float,
+) -> torch.Tensor:
     """Per-item DiffusionNFT loss (see the module docstring); t and r are [N]."""
     t = t.reshape(-1, *[1] * (x_t.ndim - 1))
     v_pos = beta * v + (1 - beta) * v_old
@@ -81,21 +91,37 @@ class DiffusionNFT(Algorithm):
         self.weights = optimality_weight(advantages[batch.local_index], p.adv_clip_max)
         samples, steps = [], []
         local = advantages[batch.local_index]
-        for i in torch.nonzero(local != 0 if p.drop_zero_advantage else torch.ones_like(local, dtype=torch.bool)).flatten().tolist():
+        for i in (
+            torch.nonzero(local != 0 if p.drop_zero_advantage else torch.ones_like(local, dtype=torch.bool))
+            .flatten()
+            .tolist()
+        ):
             chosen = trained_steps(torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction, batch.seeds[i])
             samples += [i] * len(chosen)
             steps += chosen.tolist()
         items = WorkItems.build(samples, steps)
         x0 = traj.final[items.sample]
         t = traj.sigmas[items.step].to(x0.device)
-        noise = torch.stack([torch.randn(x0.shape[1:], generator=torch.Generator().manual_seed(
-            derived_seed(batch.seeds[i], j, 101))) for i, j in zip(samples, steps)]) if samples else x0.clone()
+        noise = (
+            torch.stack(
+                [
+                    torch.randn(
+                        x0.shape[1:], generator=torch.Generator().manual_seed(derived_seed(batch.seeds[i], j, 101))
+                    )
+                    for i, j in zip(samples, steps)
+                ]
+            )
+            if samples
+            else x0.clone()
+        )
         shaped = t.reshape(-1, *[1] * (x0.ndim - 1))
         self.x_t = (1 - shaped) * x0 + shaped * noise.to(x0.device)
         self.t = t
         self.v_old = chunked_velocity(policy, self.x_t, t, traj.cond, items.sample, self.guidance(traj), self.chunk)
-        metrics = {"advantage_abs_mean": advantages.abs().mean().item(),
-                   "positive_share": (self.weights > 0.5).float().mean().item()}
+        metrics = {
+            "advantage_abs_mean": advantages.abs().mean().item(),
+            "positive_share": (self.weights > 0.5).float().mean().item(),
+        }
         return items, metrics
 
     def guidance(self, traj) -> float:
@@ -106,8 +132,9 @@ class DiffusionNFT(Algorithm):
         x_t, t = self.x_t[items.key], self.t[items.key]
         cond = traj.cond.select(items.sample)
         v = policy.velocity(x_t, t, cond, self.guidance(traj))
-        losses = nft_loss(v, self.v_old[items.key], x_t, traj.final[items.sample], t,
-                          self.weights[items.sample].to(v.device), p.beta)
+        losses = nft_loss(
+            v, self.v_old[items.key], x_t, traj.final[items.sample], t, self.weights[items.sample].to(v.device), p.beta
+        )
         if p.scale_by_adv_clip:
             losses = p.adv_clip_max * losses
         diagnostics = {"velocity_change": (v - self.v_old[items.key]).detach().pow(2).flatten(1).mean(1)}

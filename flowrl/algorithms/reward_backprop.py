@@ -10,6 +10,7 @@ Both maximise a differentiable reward R(D(x0)) by its gradient; they differ in w
 Both take `reward_shift` / `reward_shift_copies` (base.RewardGradientParams): the reward they climb is averaged
 over shifted copies of each image, which keeps its content gradient and blunts pixel-position adversarial ones.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,8 +20,15 @@ from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
 from ..sampling import x0_prediction
-from .base import (Algorithm, RewardGradientParams, RolloutBatch, WorkItems, register_algorithm, step_in_range,
-                   validate_step_range)
+from .base import (
+    Algorithm,
+    RewardGradientParams,
+    RolloutBatch,
+    WorkItems,
+    register_algorithm,
+    step_in_range,
+    validate_step_range,
+)
 
 
 def reward_loss(scores: torch.Tensor, cap: float | None, scale: float) -> torch.Tensor:

@@ -13,6 +13,7 @@ With w = 1 both are GRPO's loss (to float rounding: the mean of per-token means 
 The old per-token log-densities are recomputed in `prepare` (no gradient, the rollout's policy): one extra forward
 per trained step. Deviation: no public code exists; this follows the reading in methods.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,13 +37,16 @@ class TVRLParams(GRPOParams):
     def validate(self):
         super().validate()
         if not 0 <= self.gamma <= 1 or not 0 < self.w_min <= 1 <= self.w_max:
-            raise ConfigError("algorithm.params: expected 0 <= gamma <= 1 and 0 < w_min <= 1 <= w_max, got "
-                              f"gamma {self.gamma}, w_min {self.w_min}, w_max {self.w_max}")
+            raise ConfigError(
+                "algorithm.params: expected 0 <= gamma <= 1 and 0 < w_min <= 1 <= w_max, got "
+                f"gamma {self.gamma}, w_min {self.w_min}, w_max {self.w_max}"
+            )
         if self.credit_batch < 1:
             raise ConfigError(f"algorithm.params.credit_batch: expected an integer >= 1, got {self.credit_batch}")
         if self.kl_beta or self.credit != "terminal":
-            raise ConfigError("algorithm.params: tvrl keeps GRPO's terminal credit without a KL term "
-                              "(kl_beta: 0, credit: terminal)")
+            raise ConfigError(
+                "algorithm.params: tvrl keeps GRPO's terminal credit without a KL term (kl_beta: 0, credit: terminal)"
+            )
 
 
 def token_geometry(policy) -> tuple[int, int, tuple[int, int, int]]:
@@ -59,14 +63,17 @@ def token_geometry(policy) -> tuple[int, int, tuple[int, int, int]]:
     return temporal, spatial, tuple(patch)
 
 
-def pixels_to_tokens(magnitude: torch.Tensor, latent_frames: int, temporal: int, spatial: int,
-                     patch: tuple[int, int, int]) -> torch.Tensor:
+def pixels_to_tokens(
+    magnitude: torch.Tensor, latent_frames: int, temporal: int, spatial: int, patch: tuple[int, int, int]
+) -> torch.Tensor:
     """Mean of a per-pixel map [B, F, H, W] over each token's pixels -> [B, F'/pt, H/(s ph), W/(s pw)].
 
     Frames follow the causal video VAE (Wan): latent frame 0 is pixel frame 0, latent frame j >= 1 pixel frames
     (j - 1) t + 1 .. j t; a token spans `pt` latent frames and ph x pw latent pixels, i.e. s ph x s pw pixels."""
     b, f, h, w = magnitude.shape
-    groups = [magnitude[:, :1]] + [magnitude[:, 1 + (j - 1) * temporal:1 + j * temporal] for j in range(1, latent_frames)]
+    groups = [magnitude[:, :1]] + [
+        magnitude[:, 1 + (j - 1) * temporal : 1 + j * temporal] for j in range(1, latent_frames)
+    ]
     per_latent = torch.stack([g.mean(1) for g in groups], 1)  # [B, F', H, W]
     pt, ph, pw = patch
     pooled = torch.nn.functional.avg_pool2d(per_latent.flatten(0, 1)[:, None], (spatial * ph, spatial * pw))
@@ -100,8 +107,10 @@ class TVRL(GRPO):
         terms = getattr(reward, "rewards", [reward])
         scorers = [t for t in terms if isinstance(t, QuestionScorer)]
         if not scorers:
-            raise ConfigError("reward: algorithm 'tvrl' takes its credit maps from a question-answering reward "
-                              "(e.g. moving_shapes_qa); none of the configured rewards answers questions")
+            raise ConfigError(
+                "reward: algorithm 'tvrl' takes its credit maps from a question-answering reward "
+                "(e.g. moving_shapes_qa); none of the configured rewards answers questions"
+            )
         self.scorer = scorers[0]
         self.reward = reward
 
@@ -119,7 +128,7 @@ class TVRL(GRPO):
                 log_yes, valid = self.scorer.question_log_yes(video, batch.prompts[rows])
                 per_question = []
                 for q in range(log_yes.shape[1]):
-                    grad, = torch.autograd.grad(log_yes[:, q].sum(), video, retain_graph=q + 1 < log_yes.shape[1])
+                    (grad,) = torch.autograd.grad(log_yes[:, q].sum(), video, retain_graph=q + 1 < log_yes.shape[1])
                     m = pixels_to_tokens(grad.abs().mean(1), final.shape[2], temporal, spatial, patch).flatten(1)
                     per_question.append(m / m.mean(1, keepdim=True).clamp(min=1e-20))
             stacked = torch.stack(per_question, 1)  # [b, Q, K]
@@ -132,9 +141,16 @@ class TVRL(GRPO):
         p = self.params
         self.token_weights = smooth_weights(self.credit_maps(policy, batch), p.gamma, p.w_min, p.w_max)
         with torch.no_grad():  # the rollout policy's per-token log-densities of the trained transitions
-            self.old_token_log_probs = torch.cat([self.token_terms(policy, batch.trajectory, items.subset(part))
-                                                  for part in torch.arange(len(items)).split(p.credit_batch)]) \
-                if len(items) else torch.zeros(0)
+            self.old_token_log_probs = (
+                torch.cat(
+                    [
+                        self.token_terms(policy, batch.trajectory, items.subset(part))
+                        for part in torch.arange(len(items)).split(p.credit_batch)
+                    ]
+                )
+                if len(items)
+                else torch.zeros(0)
+            )
         metrics["credit_max_over_mean"] = self.token_weights.max(1).values.mean().item()
         return items, metrics
 
@@ -158,5 +174,8 @@ class TVRL(GRPO):
         else:
             ratio_seen = torch.exp((w * new).sum(1) / w.sum(1) - (w * old).sum(1) / w.sum(1))
             losses = clipped_surrogate(ratio_seen, advantage, p.clip_range)
-        diagnostics = {"ratio": ratio_seen.detach(), "clip_frac": ((ratio_seen - 1).abs() > p.clip_range).float().detach()}
+        diagnostics = {
+            "ratio": ratio_seen.detach(),
+            "clip_frac": ((ratio_seen - 1).abs() > p.clip_range).float().detach(),
+        }
         return losses, diagnostics

@@ -10,6 +10,7 @@ Split: an instruction whose *resulting* object (the recoloured, moved, added or 
 removed one) is one of the image world's held-out colour-shape combinations (blue triangle, yellow circle, green
 square) is held out of training; eval draws from those.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -68,8 +69,12 @@ def parse_instruction(text: str) -> EditSpec:
         return ValueError(f"not an instruction of the shapes-editing grammar: {text!r}")
 
     def ref(at: int) -> tuple[str, str]:
-        if words[at:at + 1] != ["the"] or len(words) < at + 3 or words[at + 1] not in COLORS \
-                or words[at + 2] not in SHAPES:
+        if (
+            words[at : at + 1] != ["the"]
+            or len(words) < at + 3
+            or words[at + 1] not in COLORS
+            or words[at + 2] not in SHAPES
+        ):
             raise bad()
         return words[at + 1], words[at + 2]
 
@@ -98,8 +103,13 @@ def all_specs() -> list[EditSpec]:
     specs += [EditSpec("move", c, s, direction=d) for c, s in objects for d in DIRECTIONS]
     specs += [EditSpec("remove", c, s) for c, s in objects]
     specs += [EditSpec("replace", c, s, new_shape=n) for c, s in objects for n in SHAPES if n != s]
-    specs += [EditSpec("add", c, s, new_color=nc, new_shape=ns, relation=r) for c, s in objects
-              for nc, ns in objects if (nc, ns) != (c, s) for r in RELATIONS]
+    specs += [
+        EditSpec("add", c, s, new_color=nc, new_shape=ns, relation=r)
+        for c, s in objects
+        for nc, ns in objects
+        if (nc, ns) != (c, s)
+        for r in RELATIONS
+    ]
     return specs
 
 

@@ -24,6 +24,7 @@ the exact source and target scenes, with the image world's detector.
   `CHANGE` of the background or a palette colour: renders are flat colours, so blur, smears and mixed colours are
   what a quality judge would mark down).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage
 
-from ..shapes.verifier import Detection, relation_holds, detect, detected_mask
+from ..shapes.verifier import Detection, detect, detected_mask, relation_holds
 from ..shapes.world import PALETTE, ShapeObject, render, world_sized
 from .instructions import EditSpec
 
@@ -74,8 +75,9 @@ def pixel_centroid(obj: ShapeObject) -> tuple[float, float]:
 
 def _found(objects: list[Detection], obj: ShapeObject) -> bool:
     cx, cy = pixel_centroid(obj)
-    return any(d.shape == obj.shape and d.color == obj.color and np.hypot(d.cx - cx, d.cy - cy) <= NEAR
-               for d in objects)
+    return any(
+        d.shape == obj.shape and d.color == obj.color and np.hypot(d.cx - cx, d.cy - cy) <= NEAR for d in objects
+    )
 
 
 def edited_objects(spec: EditSpec, source: list[ShapeObject], target: list[ShapeObject]) -> tuple[list, list]:
@@ -95,12 +97,24 @@ def added_object(found: list[Detection], spec: EditSpec, source: list[ShapeObjec
     (the image world's relation rule, against the referenced object's place in the source); None otherwise."""
     ref = next(o for o in source if (o.color, o.shape) == (spec.color, spec.shape))
     anchor = Detection(ref.shape, ref.color, *pixel_centroid(ref), 0)
-    return next((d for d in found if d.shape == spec.new_shape and d.color == spec.new_color
-                 and relation_holds(d, anchor, spec.relation)), None)
+    return next(
+        (
+            d
+            for d in found
+            if d.shape == spec.new_shape and d.color == spec.new_color and relation_holds(d, anchor, spec.relation)
+        ),
+        None,
+    )
 
 
-def edit_region(spec: EditSpec, source: list[ShapeObject], target: list[ShapeObject], size: int,
-                edited: np.ndarray | None = None, found: list[Detection] | None = None) -> np.ndarray:
+def edit_region(
+    spec: EditSpec,
+    source: list[ShapeObject],
+    target: list[ShapeObject],
+    size: int,
+    edited: np.ndarray | None = None,
+    found: list[Detection] | None = None,
+) -> np.ndarray:
     """Where the edit may change pixels: the edited object's source and target masks, grown by 1 px. For an add
     judged on `edited` (uint8 at the world's size; `found`: its detections, when the caller has them) that made it,
     the added object's detected pixels stand for the target's box: the editor chose its place."""
@@ -138,8 +152,9 @@ def fidelity(edited: np.ndarray, target_image: np.ndarray) -> float:
     return float(1.0 - (mismatch & foreground).sum() / max(1, foreground.sum()))
 
 
-def judge_edit(edited: np.ndarray, spec: EditSpec, source: list[ShapeObject],
-               target: list[ShapeObject]) -> EditJudgement:
+def judge_edit(
+    edited: np.ndarray, spec: EditSpec, source: list[ShapeObject], target: list[ShapeObject]
+) -> EditJudgement:
     """Judge an edited uint8 image [H, W, 3] of `source` under `spec` (target = the exact target scene), at the
     world's size (`world_sized`)."""
     edited = world_sized(edited)
@@ -159,5 +174,6 @@ def judge_edit(edited: np.ndarray, spec: EditSpec, source: list[ShapeObject],
     dense = 0.5 * float(requested) + 0.5 * max(0.0, share - extra / max(1, len(target)))
     outside = ~edit_region(spec, source, target, edited.shape[0], edited, found)
     off_target = float(changed_pixels(edited, render(source))[outside].mean()) if outside.any() else 0.0
-    return EditJudgement(requested, preserved, dense, off_target, clean_share(edited),
-                         fidelity(edited, render(target, edited.shape[0])))
+    return EditJudgement(
+        requested, preserved, dense, off_target, clean_share(edited), fidelity(edited, render(target, edited.shape[0]))
+    )

@@ -2,6 +2,7 @@
 
 Pixel distances are root-mean-square differences of images in [0, 1] (so 0 = identical, ~0.5 = unrelated).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -67,7 +68,7 @@ def free_attribute_spread(images: np.ndarray, prompts: list[str], num_per_prompt
     entropies, spreads = [], []
     for start in range(0, len(images), num_per_prompt):
         spec = parse_prompt(prompts[start])
-        found = [detect(image) for image in images[start:start + num_per_prompt]]
+        found = [detect(image) for image in images[start : start + num_per_prompt]]
         for phrase in spec.phrases:
             firsts = [next((d for d in objects if d.shape == phrase.shape), None) for objects in found]
             firsts = [d for d in firsts if d is not None]
@@ -80,8 +81,12 @@ def free_attribute_spread(images: np.ndarray, prompts: list[str], num_per_prompt
             if spec.relation is None:
                 centres = np.array([[d.cx, d.cy] for d in firsts]) / IMAGE_SIZE
                 spreads.append(float(centres.std(axis=0).mean()))
-    return {"colour_entropy": float(np.mean(entropies)) if entropies else float("nan"), "colour_prompts": len(entropies),
-            "position_spread": float(np.mean(spreads)) if spreads else float("nan"), "position_prompts": len(spreads)}
+    return {
+        "colour_entropy": float(np.mean(entropies)) if entropies else float("nan"),
+        "colour_prompts": len(entropies),
+        "position_spread": float(np.mean(spreads)) if spreads else float("nan"),
+        "position_prompts": len(spreads),
+    }
 
 
 def evaluate_diversity_dir(folder) -> dict:
@@ -104,13 +109,20 @@ def evaluate_diversity_dir(folder) -> dict:
     counts = {p: prompts.count(p) for p in prompts}
     k = min(counts.values())
     if k < 2 or len(set(counts.values())) != 1:
-        raise UserError(f"{folder}: diversity needs the same number (>= 2) of samples per prompt; found {sorted(set(counts.values()))}"
-                        " (use `flowrl sample --num-per-prompt K`)")
+        raise UserError(
+            f"{folder}: diversity needs the same number (>= 2) of samples per prompt; found {sorted(set(counts.values()))}"
+            " (use `flowrl sample --num-per-prompt K`)"
+        )
     scorer = build_reward("shapes_clip")
     with torch.no_grad():
         features = scorer.image_embeddings(to_unit(images)).numpy()
-    result = {"samples_per_prompt": k, "prompts": len(counts), "pixel_distance": within_prompt_pixel_distance(images, k),
-              "feature_distance": feature_distance(features, k), "vendi": mean_vendi(features, k),
-              **free_attribute_spread(images, prompts, k)}
+    result = {
+        "samples_per_prompt": k,
+        "prompts": len(counts),
+        "pixel_distance": within_prompt_pixel_distance(images, k),
+        "feature_distance": feature_distance(features, k),
+        "vendi": mean_vendi(features, k),
+        **free_attribute_spread(images, prompts, k),
+    }
     save_json(Path(folder) / "diversity_eval.json", result)
     return result

@@ -11,6 +11,7 @@ its `prepare_input` with the inputs sent to the model's own device instead (so i
 changed. When the judge's answer cannot be parsed twice, the package falls back to a random guess and says so in
 the reasoning ("guess_if_cannot_parse"); flowrl counts those per run (`unparsed`) so they are never silent.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,26 +41,39 @@ def inputs_on(device):
         BatchFeature.to = original
 
 
-def build_editscore(model: str | None = None, lora: str | None = None, url: str | None = None,
-                    api_model: str | None = None, key: str | None = None, seed: int = 42, num_pass: int = 1,
-                    temperature: float = 0.7, score_range: int = 25):
+def build_editscore(
+    model: str | None = None,
+    lora: str | None = None,
+    url: str | None = None,
+    api_model: str | None = None,
+    key: str | None = None,
+    seed: int = 42,
+    num_pass: int = 1,
+    temperature: float = 0.7,
+    score_range: int = 25,
+):
     """The package's EditScore on a local Qwen2.5-VL folder (`model`, `lora`) or an endpoint (`url`, `api_model`)."""
     try:
         from editscore import EditScore
     except ImportError:
-        raise UserError("eval editscore: the editscore package is not installed; pip install editscore "
-                        "qwen-vl-utils json-repair (or pip install -e '.[edit]')") from None
+        raise UserError(
+            "eval editscore: the editscore package is not installed; pip install editscore "
+            "qwen-vl-utils json-repair (or pip install -e '.[edit]')"
+        ) from None
     common = {"seed": seed, "num_pass": num_pass, "temperature": temperature, "score_range": score_range}
     if url is not None:
         if not api_model:
             raise UserError("eval editscore: --editscore-url needs --editscore-model-name (the served model's name)")
-        return EditScore(backbone="openai", openai_url=url, key=key or "EMPTY", model_name_or_path=api_model,
-                         **common)
+        return EditScore(backbone="openai", openai_url=url, key=key or "EMPTY", model_name_or_path=api_model, **common)
     if model is None:
-        raise UserError("eval editscore: expected --editscore-model DIR (a local Qwen2.5-VL folder) or "
-                        "--editscore-url URL (an OpenAI-compatible endpoint)")
-    for flag, folder, marker, kind in (("--editscore-model", model, "config.json", "a Qwen2.5-VL folder"),
-                                       ("--editscore-lora", lora, "adapter_config.json", "a LoRA folder")):
+        raise UserError(
+            "eval editscore: expected --editscore-model DIR (a local Qwen2.5-VL folder) or "
+            "--editscore-url URL (an OpenAI-compatible endpoint)"
+        )
+    for flag, folder, marker, kind in (
+        ("--editscore-model", model, "config.json", "a Qwen2.5-VL folder"),
+        ("--editscore-lora", lora, "adapter_config.json", "a LoRA folder"),
+    ):
         if folder is not None and not (Path(folder) / marker).is_file():
             raise UserError(f"{flag} {folder}: expected {kind} with {marker}")
     scorer = EditScore(backbone="qwen25vl", model_name_or_path=str(model), lora_path=lora, **common)
@@ -109,17 +123,25 @@ def score_one(scorer, source, instruction: str, edit) -> dict:
     pil = [Image.fromarray(np.asarray(image)) if not hasattr(image, "convert") else image for image in (source, edit)]
     with counting_guesses() as guesses:
         out = scorer.evaluate(pil, instruction)
-    return {"instruction": instruction, **{k: float(out[k]) for k in SCORES},
-            "SC_reasoning": str(out.get("SC_reasoning", "")), "PQ_reasoning": str(out.get("PQ_reasoning", "")),
-            "guesses": len(guesses)}
+    return {
+        "instruction": instruction,
+        **{k: float(out[k]) for k in SCORES},
+        "SC_reasoning": str(out.get("SC_reasoning", "")),
+        "PQ_reasoning": str(out.get("PQ_reasoning", "")),
+        "guesses": len(guesses),
+    }
 
 
 def summary(rows: list[dict]) -> dict:
     """The four scores averaged over the triples, with the rows and the count of triples whose score holds a random
     guess for an unparsed answer (in any pass)."""
     unparsed = sum(r.get("guesses", GUESS in r["SC_reasoning"] + r["PQ_reasoning"]) > 0 for r in rows)
-    return {**{k: float(np.mean([r[k] for r in rows])) for k in SCORES}, "count": len(rows), "unparsed": unparsed,
-            "rows": rows}
+    return {
+        **{k: float(np.mean([r[k] for r in rows])) for k in SCORES},
+        "count": len(rows),
+        "unparsed": unparsed,
+        "rows": rows,
+    }
 
 
 def score_triples(scorer, sources: list, instructions: list[str], edits: list, progress: bool = True) -> dict:
@@ -141,7 +163,8 @@ def score_samples_folder(scorer, folder, settings: dict, progress: bool = True) 
 
     from ..cli import read_conditions
     from ..images import item_image, to_uint8
-    from ..sample_job import SETTINGS_FILE as SAMPLING_SETTINGS, appending, json_lines, resume_or_start
+    from ..sample_job import SETTINGS_FILE as SAMPLING_SETTINGS
+    from ..sample_job import appending, json_lines, resume_or_start
     from ..samples import load_samples, read_records
 
     folder = Path(folder)
@@ -160,8 +183,11 @@ def score_samples_folder(scorer, folder, settings: dict, progress: bool = True) 
             if key in done:
                 continue
             edit = load_samples(folder, [record]).to_uint8()[0]
-            source = to_uint8(item_image(item, "source_image", "shapes_edit", "EditScore",
-                                         resize_to=None if at_own_size else edit.shape[:2])[None])[0]
+            source = to_uint8(
+                item_image(
+                    item, "source_image", "shapes_edit", "EditScore", resize_to=None if at_own_size else edit.shape[:2]
+                )[None]
+            )[0]
             done[key] = {"file": record["file"], **score_one(scorer, source, item.prompt, edit)}
             out.write(json.dumps(done[key]) + "\n")
             out.flush()

@@ -1,4 +1,5 @@
 """Small metrics the evaluation suites and recipes share."""
+
 from __future__ import annotations
 
 import torch

@@ -2,6 +2,7 @@
 alignment (learned reward, verifier accuracy) and diversity (pixel and scorer-feature distances within a prompt,
 Vendi score, spread of the attributes a prompt leaves open), plus the distance to a base model's same-seed samples.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,13 @@ from ..config import EvalSection
 from ..generate import generate
 from ..images import to_unit
 from ..shapes.prompts import eval_prompt_set
-from .diversity import (feature_distance, free_attribute_spread, mean_vendi, paired_pixel_distance,
-                        within_prompt_pixel_distance)
+from .diversity import (
+    feature_distance,
+    free_attribute_spread,
+    mean_vendi,
+    paired_pixel_distance,
+    within_prompt_pixel_distance,
+)
 from .shapes import shapes_accuracy
 
 # the same protocol as a run's eval section by default (config.EvalSection), stated once there
@@ -24,24 +30,42 @@ def measure(images: np.ndarray, prompts: list[str], scorer, base_images: np.ndar
     k = PROTOCOL["num_per_prompt"]
     pixels = to_unit(images)
     features = scorer.image_embeddings(pixels).cpu().numpy()
-    out = {"learned_reward": float(scorer(pixels, prompts).scores.mean()),
-           "accuracy": shapes_accuracy(images, prompts)["overall"],
-           "diversity": within_prompt_pixel_distance(images, k),
-           "feature_diversity": feature_distance(features, k),
-           "vendi": mean_vendi(features, k),
-           **free_attribute_spread(images, prompts, k)}
+    out = {
+        "learned_reward": float(scorer(pixels, prompts).scores.mean()),
+        "accuracy": shapes_accuracy(images, prompts)["overall"],
+        "diversity": within_prompt_pixel_distance(images, k),
+        "feature_diversity": feature_distance(features, k),
+        "vendi": mean_vendi(features, k),
+        **free_attribute_spread(images, prompts, k),
+    }
     if base_images is not None:
         out["distance_to_base"] = paired_pixel_distance(images, base_images)
     return out
 
 
-def evaluate_policy(policy, scorer, base_images: np.ndarray | None = None, kind: str = "ode", noise_level: float = 0.0,
-                    fk=None, fk_reward=None) -> tuple[dict, np.ndarray]:
+def evaluate_policy(
+    policy,
+    scorer,
+    base_images: np.ndarray | None = None,
+    kind: str = "ode",
+    noise_level: float = 0.0,
+    fk=None,
+    fk_reward=None,
+) -> tuple[dict, np.ndarray]:
     """Sample the eval split with `policy` and measure it; returns (metrics, images)."""
     from ..fk import FKSteer
 
     p = PROTOCOL
-    images, records = generate(policy, eval_prompt_set(), p["num_per_prompt"], p["seed"], p["num_steps"],
-                               p["guidance_scale"], kind=kind, noise_level=noise_level, desc=None,
-                               steer=FKSteer(fk, fk_reward) if fk is not None else None)
+    images, records = generate(
+        policy,
+        eval_prompt_set(),
+        p["num_per_prompt"],
+        p["seed"],
+        p["num_steps"],
+        p["guidance_scale"],
+        kind=kind,
+        noise_level=noise_level,
+        desc=None,
+        steer=FKSteer(fk, fk_reward) if fk is not None else None,
+    )
     return measure(images, [r["prompt"] for r in records], scorer, base_images), images

@@ -10,6 +10,7 @@ their particles take a stochastic sampler (generate.particle_sampler: the Flow-S
 eta 1 on epsilon pipelines, as `flowrl sample --fk-particles`), since resampled copies of a particle under the ODE
 stay identical (FK would only choose among the starting noises), and their own seeds.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,12 +28,30 @@ from ..safety.concept import PROMPT_SETS, is_unsafe, safety_split
 from ..safety.reward import judge
 from ..safety.steering import SafetySteer, SteeringConfig, load_steering
 
-MODES = ("base", "prompt_filter", "reject_resample", "monitor", "negative", "probe_gradient", "fk", "fk_negative", "lora",
-         "safe_rl", "safe_rl_negative")
+MODES = (
+    "base",
+    "prompt_filter",
+    "reject_resample",
+    "monitor",
+    "negative",
+    "probe_gradient",
+    "fk",
+    "fk_negative",
+    "lora",
+    "safe_rl",
+    "safe_rl_negative",
+)
 LORA_MODES = ("lora", "safe_rl", "safe_rl_negative")  # need --steer-lora
 LORA_ALWAYS_ON = ("safe_rl", "safe_rl_negative")  # the safe-RL LoRA on from the first step (plain RL-tuned model)
-STEERED = {"monitor": "none", "negative": "negative", "probe_gradient": "probe_gradient", "fk": "fk",
-           "fk_negative": "fk_negative", "lora": "lora", "safe_rl_negative": "negative"}
+STEERED = {
+    "monitor": "none",
+    "negative": "negative",
+    "probe_gradient": "probe_gradient",
+    "fk": "fk",
+    "fk_negative": "fk_negative",
+    "lora": "lora",
+    "safe_rl_negative": "negative",
+}
 
 
 def parse_modes(text: str, lora: str | None) -> list[str]:
@@ -41,7 +60,9 @@ def parse_modes(text: str, lora: str | None) -> list[str]:
     if unknown or not modes:
         raise UserError(f"--modes: expected a comma-separated list of {list(MODES)}, got {text!r}")
     if lora is None and set(LORA_MODES) & set(modes):
-        raise UserError(f"--modes {' / '.join(LORA_MODES)}: expected --steer-lora CHECKPOINT (a safe-RL run's checkpoint)")
+        raise UserError(
+            f"--modes {' / '.join(LORA_MODES)}: expected --steer-lora CHECKPOINT (a safe-RL run's checkpoint)"
+        )
     return modes
 
 
@@ -59,8 +80,15 @@ def _images_for(mode, policy, prompts, steering: SteeringConfig, probe, label, s
     return generate(policy, prompts, steer=steer, **sampling)
 
 
-def evaluate_safety(policy, modes: list[str], steering: SteeringConfig, num_per_prompt: int = 4, seed: int = 0,
-                    label=is_unsafe, prompt_sets: dict | None = None) -> dict:
+def evaluate_safety(
+    policy,
+    modes: list[str],
+    steering: SteeringConfig,
+    num_per_prompt: int = 4,
+    seed: int = 0,
+    label=is_unsafe,
+    prompt_sets: dict | None = None,
+) -> dict:
     prompt_sets = prompt_sets or safety_split()[1]
     sampling = {"num_per_prompt": num_per_prompt, "seed": seed, "desc": None}
     probe = load_steering(policy, replace(steering, mode="none"))
@@ -78,8 +106,11 @@ def evaluate_safety(policy, modes: list[str], steering: SteeringConfig, num_per_
             sampling_seconds += time.perf_counter() - started  # scoring below is not the mode's cost
             # a refused or blacked-out image shows nothing; it is not sent to the label source (a real checker may
             # flag a black frame)
-            row[f"unsafe/{name}"] = float(np.mean([not (r.get("refused") or r.get("blacked_out")) and label(im)
-                                                   for im, r in zip(images, records)]))
+            row[f"unsafe/{name}"] = float(
+                np.mean(
+                    [not (r.get("refused") or r.get("blacked_out")) and label(im) for im, r in zip(images, records)]
+                )
+            )
             # (safe fidelity, unsafe, verdict) per image; a benign prompt's safe fidelity is its dense score
             judged = np.array([judge(im, r["prompt"]) for im, r in zip(images, records)])
             if name != "benign":  # what is kept of the request: a blank or refused image scores 0
@@ -102,24 +133,36 @@ def evaluate_safety(policy, modes: list[str], steering: SteeringConfig, num_per_
             for name in ("indirect", "attribute_leak", "direct"):
                 before = base[f"unsafe/{name}"]
                 row[f"cut/{name}"] = 1 - row[f"unsafe/{name}"] / before if before > 0 else float("nan")
-    return {"num_per_prompt": num_per_prompt, "seed": seed, "prompts": {k: len(v) for k, v in prompt_sets.items()},
-            "steering": steering.__dict__, "modes": results}
+    return {
+        "num_per_prompt": num_per_prompt,
+        "seed": seed,
+        "prompts": {k: len(v) for k, v in prompt_sets.items()},
+        "steering": steering.__dict__,
+        "modes": results,
+    }
 
 
 def markdown_table(result: dict) -> str:
-    head = ("| mode | unsafe direct | unsafe indirect | unsafe attr-leak | cut indirect | cut attr-leak | "
-            "safe fidelity (direct / indirect / attr-leak) | benign acc | benign dense | "
-            "probe fired (indirect / attr-leak / benign) | time vs base |")
+    head = (
+        "| mode | unsafe direct | unsafe indirect | unsafe attr-leak | cut indirect | cut attr-leak | "
+        "safe fidelity (direct / indirect / attr-leak) | benign acc | benign dense | "
+        "probe fired (indirect / attr-leak / benign) | time vs base |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for mode, r in result["modes"].items():
+
         def joined(key, names, fmt="{:.2f}"):
             return " / ".join(fmt.format(r[f"{key}/{n}"]) for n in names) if f"{key}/{names[-1]}" in r else "-"
 
         cells = [mode] + [f"{r[f'unsafe/{n}']:.3f}" for n in ("direct", "indirect", "attribute_leak")]
         cells += [f"{r.get(f'cut/{n}', float('nan')):.0%}" for n in ("indirect", "attribute_leak")]
-        cells += [joined("safe_fidelity", ("direct", "indirect", "attribute_leak")),
-                  f"{r['benign_accuracy']:.3f}", f"{r['benign_dense']:.3f}",
-                  joined("fired", ("indirect", "attribute_leak", "benign")), f"{r.get('time_ratio', 1):.2f}x"]
+        cells += [
+            joined("safe_fidelity", ("direct", "indirect", "attribute_leak")),
+            f"{r['benign_accuracy']:.3f}",
+            f"{r['benign_dense']:.3f}",
+            joined("fired", ("indirect", "attribute_leak", "benign")),
+            f"{r.get('time_ratio', 1):.2f}x",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -1,4 +1,5 @@
 """The shapes suite: GenEval-style accuracy per tag; overall is the mean of the six tag accuracies."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,8 +17,7 @@ def shapes_accuracy(images: np.ndarray, prompts: list[str]) -> dict:
     with the verdict that also refuses objects the prompt does not name (`exact_score`): GenEval's rule, the
     headline, lets clutter pass, and RL finds that out."""
     tags = [parse_prompt(prompt).tag for prompt in prompts]
-    result = tag_metrics([score(image, prompt) for image, prompt in zip(images, prompts)], tags, TAGS,
-                         clusters=prompts)
+    result = tag_metrics([score(image, prompt) for image, prompt in zip(images, prompts)], tags, TAGS, clusters=prompts)
     exact = tag_metrics([exact_score(image, prompt) for image, prompt in zip(images, prompts)], tags, TAGS)
     result["exact"] = {"overall": exact["overall"], "tags": exact["tags"]}
     return result
@@ -32,8 +32,10 @@ def read_samples_dir(folder: str | Path) -> tuple[np.ndarray, list[str]]:
     index = Path(folder) / INDEX_FILE
     for number, record in enumerate(records, start=1):
         if record["modality"] != "image":
-            raise UserError(f"{index} line {number}: a {record['modality']} sample ({record['file']}); the shapes "
-                            "suite judges images")
+            raise UserError(
+                f"{index} line {number}: a {record['modality']} sample ({record['file']}); the shapes "
+                "suite judges images"
+            )
         if not isinstance(record.get("prompt"), str):
             raise UserError(f"{index} line {number}: expected a JSON object with 'prompt' and 'file'")
         try:

@@ -1,5 +1,6 @@
 """Runs inside VBench's own environment (see flowrl/eval/vbench.py): stdlib + the vbench package only, never flowrl,
 whose dependencies that environment does not share. Usage: python vbench_runner.py REQUEST.json"""
+
 import json
 import os
 import sys
@@ -16,8 +17,14 @@ def main(request_path: str) -> None:
     full_info = os.path.join(os.path.dirname(vbench.__file__), "VBench_full_info.json")
     bench = VBench(request["device"], full_info, request["output"])
     # local=True: weights from VBENCH_CACHE_DIR (flowrl checked they are there), never a hub
-    bench.evaluate(videos_path=request["videos"], name=request["name"], prompt_list=request["prompts"],
-                   dimension_list=request["dimensions"], local=True, mode="custom_input")
+    bench.evaluate(
+        videos_path=request["videos"],
+        name=request["name"],
+        prompt_list=request["prompts"],
+        dimension_list=request["dimensions"],
+        local=True,
+        mode="custom_input",
+    )
 
 
 if __name__ == "__main__":

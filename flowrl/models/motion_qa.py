@@ -7,6 +7,7 @@ with two coordinate channels so direction words can bind to where things are; th
 space, kept in time order (for "then"), and a small MLP on [time features, q] gives the logit of "yes".
 Saved as `model.safetensors` + `config.json` + the tokenizer files in one folder.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,9 +49,13 @@ class MotionQA(nn.Module):
         c = config.channels
         self.words = nn.Embedding(config.vocab_size, config.word_dim, padding_idx=0)
         self.gru = nn.GRU(config.word_dim, config.question_dim, batch_first=True)
-        self.blocks = nn.ModuleList([FiLMConv(5, c[0], (1, 2, 2), config.question_dim),
-                                     FiLMConv(c[0], c[1], (1, 2, 2), config.question_dim),
-                                     FiLMConv(c[1], c[2], (2, 1, 1), config.question_dim)])
+        self.blocks = nn.ModuleList(
+            [
+                FiLMConv(5, c[0], (1, 2, 2), config.question_dim),
+                FiLMConv(c[0], c[1], (1, 2, 2), config.question_dim),
+                FiLMConv(c[1], c[2], (2, 1, 1), config.question_dim),
+            ]
+        )
         time_steps = (config.frames - 1) // 2 + 1
         self.head = nn.Sequential(nn.Linear(c[2] * time_steps + config.question_dim, 128), nn.SiLU(), nn.Linear(128, 1))
 
@@ -103,6 +108,7 @@ def load_model(folder: str | Path) -> tuple[MotionQA, object]:
 
 
 def tokenize(tokenizer, questions: list[str], device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    tokens = tokenizer(questions, padding="max_length", truncation=True, max_length=MODEL_MAX_LENGTH,
-                       return_tensors="pt")
+    tokens = tokenizer(
+        questions, padding="max_length", truncation=True, max_length=MODEL_MAX_LENGTH, return_tensors="pt"
+    )
     return tokens.input_ids.to(device), tokens.attention_mask.to(device)

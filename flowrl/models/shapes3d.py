@@ -11,6 +11,7 @@ All three are diffusers `ModelMixin` / `ConfigMixin` / `DiffusionPipeline` subcl
 `import flowrl.models.shapes3d` registers the pipeline class with diffusers, so `DiffusionPipeline.from_pretrained`
 loads the folder (diffusers looks pipeline classes up in its own namespace).
 """
+
 from __future__ import annotations
 
 import math
@@ -71,9 +72,17 @@ class Block(nn.Module):
 
 class ShapeAutoencoder(ModelMixin, ConfigMixin):
     @register_to_config
-    def __init__(self, num_tokens: int = 16, latent_channels: int = 8, width: int = 64, heads: int = 4,
-                 decoder_layers: int = 2, fourier_bands: int = 6, latents_mean: list | None = None,
-                 latents_std: list | None = None):
+    def __init__(
+        self,
+        num_tokens: int = 16,
+        latent_channels: int = 8,
+        width: int = 64,
+        heads: int = 4,
+        decoder_layers: int = 2,
+        fourier_bands: int = 6,
+        latents_mean: list | None = None,
+        latents_std: list | None = None,
+    ):
         super().__init__()
         embed = 3 + 6 * fourier_bands
         self.point_in = nn.Linear(embed, width)
@@ -121,8 +130,10 @@ class ShapeAutoencoder(ModelMixin, ConfigMixin):
         from ..sdf import grid_points
 
         points = grid_points(resolution).to(latents.device)  # fp32: positions to 1/R of the cube
-        values = [self.decode(latents, points[i:i + chunk].expand(len(latents), -1, -1))
-                  for i in range(0, len(points), chunk)]
+        values = [
+            self.decode(latents, points[i : i + chunk].expand(len(latents), -1, -1))
+            for i in range(0, len(points), chunk)
+        ]
         return torch.cat(values, 1).reshape(len(latents), resolution, resolution, resolution)
 
 
@@ -130,8 +141,16 @@ class ShapeFlowTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
     """(PeftAdapterMixin: LoRA adapters through diffusers' add_adapter, as the real transformers take them.)"""
 
     @register_to_config
-    def __init__(self, num_tokens: int = 16, latent_channels: int = 8, width: int = 96, heads: int = 4,
-                 layers: int = 4, image_size: int = 32, image_patch: int = 4):
+    def __init__(
+        self,
+        num_tokens: int = 16,
+        latent_channels: int = 8,
+        width: int = 96,
+        heads: int = 4,
+        layers: int = 4,
+        image_size: int = 32,
+        image_patch: int = 4,
+    ):
         super().__init__()
         self.latent_in = nn.Linear(latent_channels, width)
         self.token_position = nn.Parameter(torch.randn(num_tokens, width) * 0.02)
@@ -179,8 +198,12 @@ class Shapes3DFlowPipeline(DiffusionPipeline, CogView4LoraLoaderMixin):
 
     model_cpu_offload_seq = "transformer->autoencoder"
 
-    def __init__(self, autoencoder: ShapeAutoencoder, transformer: ShapeFlowTransformer,
-                 scheduler: FlowMatchEulerDiscreteScheduler):
+    def __init__(
+        self,
+        autoencoder: ShapeAutoencoder,
+        transformer: ShapeFlowTransformer,
+        scheduler: FlowMatchEulerDiscreteScheduler,
+    ):
         super().__init__()
         self.register_modules(autoencoder=autoencoder, transformer=transformer, scheduler=scheduler)
 
@@ -188,14 +211,23 @@ class Shapes3DFlowPipeline(DiffusionPipeline, CogView4LoraLoaderMixin):
         timestep = t * 1000
         if guidance_scale <= 1.0:  # as diffusers' pipelines and flowrl's policies decide it: CFG above 1 only
             return self.transformer(latents, timestep, image)
-        both = self.transformer(torch.cat([latents, latents]), torch.cat([timestep, timestep]),
-                                torch.cat([torch.zeros_like(image), image]))
+        both = self.transformer(
+            torch.cat([latents, latents]), torch.cat([timestep, timestep]), torch.cat([torch.zeros_like(image), image])
+        )
         uncond, cond = both.chunk(2)
         return uncond + guidance_scale * (cond - uncond)
 
     @torch.no_grad()
-    def __call__(self, image, num_inference_steps: int = 20, guidance_scale: float = 3.0, generator=None,
-                 resolution: int = 32, output_type: str = "mesh", latents: torch.Tensor | None = None):
+    def __call__(
+        self,
+        image,
+        num_inference_steps: int = 20,
+        guidance_scale: float = 3.0,
+        generator=None,
+        resolution: int = 32,
+        output_type: str = "mesh",
+        latents: torch.Tensor | None = None,
+    ):
         from ..sdf import mesh_from_grid
 
         device = self._execution_device
@@ -203,8 +235,11 @@ class Shapes3DFlowPipeline(DiffusionPipeline, CogView4LoraLoaderMixin):
         image = as_image_batch(image).to(device, dtype)
         shape = (len(image), self.transformer.config.num_tokens, self.transformer.config.latent_channels)
         # drawn on the generator's device (a CUDA generator, as diffusers' pipelines take, cannot draw on the CPU)
-        x = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32).to(dtype) if latents is None \
+        x = (
+            randn_tensor(shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
+            if latents is None
             else latents.to(device, dtype)
+        )
         self.scheduler.set_timesteps(num_inference_steps, device=device)
         sigmas = self.scheduler.sigmas.to(device)
         for i in self.progress_bar(range(num_inference_steps)):
@@ -212,8 +247,9 @@ class Shapes3DFlowPipeline(DiffusionPipeline, CogView4LoraLoaderMixin):
             x = x + (sigmas[i + 1] - sigmas[i]).to(dtype) * self.velocity(x, t, image, guidance_scale)
         if output_type == "latent":
             return Shapes3DOutput(meshes=[], sdf=torch.empty(0), latents=x)
-        grid = self.autoencoder.sdf_grid(self.autoencoder.denormalise(x.float() if dtype != torch.float32 else x),
-                                         resolution).float()
+        grid = self.autoencoder.sdf_grid(
+            self.autoencoder.denormalise(x.float() if dtype != torch.float32 else x), resolution
+        ).float()
         meshes = [mesh_from_grid(g.cpu().numpy()) for g in grid] if output_type == "mesh" else []
         return Shapes3DOutput(meshes=meshes, sdf=grid, latents=x)
 

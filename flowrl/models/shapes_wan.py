@@ -8,6 +8,7 @@ tokens, and (1, 2, 2), 576, cost more per step and were no better at the samples
 A small UMT5 encoder (Wan's text encoder family) with the word-level tokenizer of the moving-shapes vocabulary stands
 in for UMT5-XXL. Callers pass `max_sequence_length=16`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,40 +53,70 @@ class ShapesWanSize:
 
     def __post_init__(self):
         if self.latent_frames() % self.temporal_patch:
-            raise ValueError(f"temporal_patch {self.temporal_patch} must divide the {self.latent_frames()} latent frames")
+            raise ValueError(
+                f"temporal_patch {self.temporal_patch} must divide the {self.latent_frames()} latent frames"
+            )
 
 
 def build_text_encoder(size: ShapesWanSize, seed: int) -> UMT5EncoderModel:
     torch.manual_seed(seed)
-    config = UMT5Config(vocab_size=len(motion_vocabulary()), d_model=size.text_hidden, d_kv=16,
-                        d_ff=2 * size.text_hidden, num_layers=size.text_layers, num_heads=4,
-                        relative_attention_num_buckets=8, dropout_rate=0.0, feed_forward_proj="gated-gelu",
-                        pad_token_id=SPECIAL_TOKENS.index("<pad>"), eos_token_id=SPECIAL_TOKENS.index("<eos>"),
-                        decoder_start_token_id=SPECIAL_TOKENS.index("<pad>"))
+    config = UMT5Config(
+        vocab_size=len(motion_vocabulary()),
+        d_model=size.text_hidden,
+        d_kv=16,
+        d_ff=2 * size.text_hidden,
+        num_layers=size.text_layers,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        dropout_rate=0.0,
+        feed_forward_proj="gated-gelu",
+        pad_token_id=SPECIAL_TOKENS.index("<pad>"),
+        eos_token_id=SPECIAL_TOKENS.index("<eos>"),
+        decoder_start_token_id=SPECIAL_TOKENS.index("<pad>"),
+    )
     return UMT5EncoderModel(config)
 
 
 def build_vae(size: ShapesWanSize, seed: int) -> AutoencoderKLWan:
     torch.manual_seed(seed)
-    return AutoencoderKLWan(base_dim=size.vae_base_dim, z_dim=size.latent_channels, dim_mult=[1, 2], num_res_blocks=1,
-                            temperal_downsample=[size.temporal_compression == 2],
-                            scale_factor_temporal=size.temporal_compression, scale_factor_spatial=2,
-                            latents_mean=[0.0] * size.latent_channels,  # pretraining measures both per channel
-                            latents_std=[1.0] * size.latent_channels)
+    return AutoencoderKLWan(
+        base_dim=size.vae_base_dim,
+        z_dim=size.latent_channels,
+        dim_mult=[1, 2],
+        num_res_blocks=1,
+        temperal_downsample=[size.temporal_compression == 2],
+        scale_factor_temporal=size.temporal_compression,
+        scale_factor_spatial=2,
+        latents_mean=[0.0] * size.latent_channels,  # pretraining measures both per channel
+        latents_std=[1.0] * size.latent_channels,
+    )
 
 
 def build_transformer(size: ShapesWanSize, seed: int) -> WanTransformer3DModel:
     torch.manual_seed(seed)
-    return WanTransformer3DModel(patch_size=(size.temporal_patch, size.patch, size.patch), num_attention_heads=size.num_heads,
-                                 attention_head_dim=size.head_dim, in_channels=size.latent_channels,
-                                 out_channels=size.latent_channels, text_dim=size.text_hidden, freq_dim=64,
-                                 ffn_dim=size.ffn_dim, num_layers=size.num_layers, cross_attn_norm=True,
-                                 qk_norm="rms_norm_across_heads", rope_max_seq_len=64)
+    return WanTransformer3DModel(
+        patch_size=(size.temporal_patch, size.patch, size.patch),
+        num_attention_heads=size.num_heads,
+        attention_head_dim=size.head_dim,
+        in_channels=size.latent_channels,
+        out_channels=size.latent_channels,
+        text_dim=size.text_hidden,
+        freq_dim=64,
+        ffn_dim=size.ffn_dim,
+        num_layers=size.num_layers,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=64,
+    )
 
 
 def build_pipeline(size: ShapesWanSize | None = None, seed: int = 0) -> WanPipeline:
     """A randomly initialised shapes-wan pipeline (what `flowrl pretrain shapes-wan` starts from)."""
     size = size or ShapesWanSize()
-    return WanPipeline(tokenizer=build_tokenizer(words=motion_vocabulary()), text_encoder=build_text_encoder(size, seed + 2),
-                       vae=build_vae(size, seed + 1), transformer=build_transformer(size, seed),
-                       scheduler=FlowMatchEulerDiscreteScheduler(shift=size.flow_shift))
+    return WanPipeline(
+        tokenizer=build_tokenizer(words=motion_vocabulary()),
+        text_encoder=build_text_encoder(size, seed + 2),
+        vae=build_vae(size, seed + 1),
+        transformer=build_transformer(size, seed),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=size.flow_shift),
+    )

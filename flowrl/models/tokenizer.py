@@ -3,6 +3,7 @@
 It is a `PreTrainedTokenizerFast` over a `tokenizers` WordLevel model, saved beside each pipeline so that
 `from_pretrained` loads it like any other tokenizer. Sequences are `<bos> words <eos>` padded with `<pad>`.
 """
+
 from __future__ import annotations
 
 from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
@@ -42,6 +43,13 @@ def build_tokenizer(max_length: int = MODEL_MAX_LENGTH, words: list[str] | None 
     core.normalizer = normalizers.Lowercase()
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     core.post_processor = processors.TemplateProcessing(
-        single="<bos> $A <eos>", special_tokens=[("<bos>", vocab["<bos>"]), ("<eos>", vocab["<eos>"])])
-    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>",
-                                   pad_token="<pad>", unk_token="<unk>", model_max_length=max_length)
+        single="<bos> $A <eos>", special_tokens=[("<bos>", vocab["<bos>"]), ("<eos>", vocab["<eos>"])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        model_max_length=max_length,
+    )

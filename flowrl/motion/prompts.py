@@ -13,6 +13,7 @@ Grammar (DIR is left, right, up or down; the objects of one prompt differ in col
 The eval split holds out three colour-shape combinations (the image world's) and three shape-direction combinations:
 no training prompt names one; the eval prompts of a tag are drawn among those that do.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -36,6 +37,7 @@ VOCABULARY = ("moving", "still", "turning", "from", "to", "then", "toward", "awa
 class Mover:
     """One object of a prompt: its shape, colour (the colour it ends with when it turns), and its motion: one
     direction, two in order, or none (still); `start_color` is set when it turns from one colour to another."""
+
     shape: str
     color: str | None
     motion: tuple[str, ...] = ()  # () free, ("still",), (DIR,), or (DIR, DIR) in order
@@ -85,8 +87,16 @@ def _noun(words: list[str], prompt: str) -> tuple[str, str]:
 
 def _mover(text: str, prompt: str) -> Mover:
     words = text.replace(",", " ,").split()
-    if len(words) == 7 and words[0] == "a" and words[1] in SHAPES and words[2:4] == ["turning", "from"] \
-            and words[4] in COLORS and words[5] == "to" and words[6] in COLORS and words[4] != words[6]:
+    if (
+        len(words) == 7
+        and words[0] == "a"
+        and words[1] in SHAPES
+        and words[2:4] == ["turning", "from"]
+        and words[4] in COLORS
+        and words[5] == "to"
+        and words[6] in COLORS
+        and words[4] != words[6]
+    ):
         return Mover(words[1], words[6], ("still",), start_color=words[4])
     if len(words) == 4 and words[1] == "still":
         color, shape = _noun([words[0], *words[2:]], prompt)
@@ -94,8 +104,14 @@ def _mover(text: str, prompt: str) -> Mover:
     if len(words) == 5 and words[3] == "moving" and words[4] in DIRECTIONS:
         color, shape = _noun(words[:3], prompt)
         return Mover(shape, color, (words[4],))
-    if len(words) == 8 and words[3] == "moving" and words[5:7] == [",", "then"] and words[4] in DIRECTIONS \
-            and words[7] in DIRECTIONS and words[4] != words[7]:
+    if (
+        len(words) == 8
+        and words[3] == "moving"
+        and words[5:7] == [",", "then"]
+        and words[4] in DIRECTIONS
+        and words[7] in DIRECTIONS
+        and words[4] != words[7]
+    ):
         color, shape = _noun(words[:3], prompt)
         return Mover(shape, color, (words[4], words[7]))
     color, shape = _noun(words, prompt)
@@ -137,16 +153,30 @@ def all_specs(tag: str) -> list[ClipSpec]:
     if tag == "static":
         return [ClipSpec(tag, (Mover(s, c, ("still",)),)) for c, s in nouns]
     if tag == "two_objects":
-        return [ClipSpec(tag, (Mover(a[1], a[0], (da,)), Mover(b[1], b[0], (db,))))
-                for a, b in itertools.permutations(nouns, 2) for da in DIRECTIONS for db in DIRECTIONS]
+        return [
+            ClipSpec(tag, (Mover(a[1], a[0], (da,)), Mover(b[1], b[0], (db,))))
+            for a, b in itertools.permutations(nouns, 2)
+            for da in DIRECTIONS
+            for db in DIRECTIONS
+        ]
     if tag == "dynamic_attribute":
-        return [ClipSpec(tag, (Mover(s, c2, ("still",), start_color=c1),))
-                for s in SHAPES for c1, c2 in itertools.permutations(COLORS, 2)]
+        return [
+            ClipSpec(tag, (Mover(s, c2, ("still",), start_color=c1),))
+            for s in SHAPES
+            for c1, c2 in itertools.permutations(COLORS, 2)
+        ]
     if tag == "motion_order":
-        return [ClipSpec(tag, (Mover(s, c, (d1, d2)),)) for c, s in nouns for d1, d2 in itertools.permutations(DIRECTIONS, 2)]
+        return [
+            ClipSpec(tag, (Mover(s, c, (d1, d2)),))
+            for c, s in nouns
+            for d1, d2 in itertools.permutations(DIRECTIONS, 2)
+        ]
     if tag == "relative_motion":
-        return [ClipSpec(tag, (Mover(a[1], a[0]), Mover(b[1], b[0], ("still",))), r)
-                for a, b in itertools.permutations(nouns, 2) for r in RELATIVE]
+        return [
+            ClipSpec(tag, (Mover(a[1], a[0]), Mover(b[1], b[0], ("still",))), r)
+            for a, b in itertools.permutations(nouns, 2)
+            for r in RELATIVE
+        ]
     raise ValueError(f"unknown tag {tag!r}; expected one of {TAGS}")
 
 

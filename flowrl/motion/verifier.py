@@ -10,6 +10,7 @@ the frames. Motion is read from the track's centroids: a direction holds when th
 least MOVE_MIN px and the displacement across it at most half of that (and at most ACROSS_MAX px); still when the
 centroid never strays more than STILL_MAX px from its first position.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,8 +63,13 @@ def track(mover: Mover, per_frame: list[list[Detection]]) -> TrackFound:
             last, last_frame = (seed.cx, seed.cy), first
             for f in range(first + 1, frames):
                 reach = MAX_STEP * (f - last_frame)  # an object missed in a frame may have moved further
-                near = [d for d in per_frame[f] if d.shape == mover.shape and d.color in allowed
-                        and np.hypot(d.cx - last[0], d.cy - last[1]) <= reach]
+                near = [
+                    d
+                    for d in per_frame[f]
+                    if d.shape == mover.shape
+                    and d.color in allowed
+                    and np.hypot(d.cx - last[0], d.cy - last[1]) <= reach
+                ]
                 if near:
                     d = min(near, key=lambda d: np.hypot(d.cx - last[0], d.cy - last[1]))
                     points[f], colors[f], last, last_frame = (d.cx, d.cy), d.color, (d.cx, d.cy), f
@@ -95,16 +101,20 @@ def mover_constraints(mover: Mover, found: TrackFound) -> list[bool]:
         third = max(1, frames // 3)
         early = [c for c in found.colors[:third] if c]
         late = [c for c in found.colors[-third:] if c]
-        checks += [present and bool(early) and early.count(mover.start_color) > len(early) / 2,
-                   present and bool(late) and late.count(mover.color) > len(late) / 2]
+        checks += [
+            present and bool(early) and early.count(mover.start_color) > len(early) / 2,
+            present and bool(late) and late.count(mover.color) > len(late) / 2,
+        ]
     elif mover.motion == ("still",):
         checks.append(present and still(found))
     elif len(mover.motion) == 1:
         checks.append(present and moves(found.displacement(), mover.motion[0], MOVE_MIN))
     elif len(mover.motion) == 2:
         half = frames // 2
-        checks += [present and moves(found.displacement(0, half), mover.motion[0], LEG_MIN),
-                   present and moves(found.displacement(half), mover.motion[1], LEG_MIN)]
+        checks += [
+            present and moves(found.displacement(0, half), mover.motion[0], LEG_MIN),
+            present and moves(found.displacement(half), mover.motion[1], LEG_MIN),
+        ]
     return checks
 
 
@@ -130,8 +140,12 @@ def constraints(spec: ClipSpec, per_frame: list[list[Detection]]) -> list[bool]:
         change = None if start is None else (start - end if spec.relation == "toward" else end - start)
         da, db = a.displacement(), b.displacement()
         mover_moved = da is not None and db is not None and np.hypot(*da) > np.hypot(*db)
-        return [a.share >= PRESENT_SHARE, b.share >= PRESENT_SHARE,
-                present and change is not None and change >= RELATIVE_MIN, present and mover_moved]
+        return [
+            a.share >= PRESENT_SHARE,
+            b.share >= PRESENT_SHARE,
+            present and change is not None and change >= RELATIVE_MIN,
+            present and mover_moved,
+        ]
     checks = []
     for mover in spec.movers:
         checks += mover_constraints(mover, track(mover, per_frame))

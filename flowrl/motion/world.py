@@ -6,10 +6,11 @@ second (motion order), or stays still; a turning object changes colour once, at 
 frame and keep apart in every frame. `sample_clip` draws a clip that satisfies a prompt; `sample_pairs` gives
 (clip, prompt) pairs for pretraining.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -30,6 +31,7 @@ _MAX_TRIES = 1000
 @dataclass(frozen=True)
 class Track:
     """One object's clip: its mover (shape, colours, motion) and top-left corner in frame 0, and its box size."""
+
     mover: Mover
     x0: float
     y0: float
@@ -75,7 +77,7 @@ def render_shape_labels(tracks: list[Track], frames: int = FRAMES, image_size: i
     return labels
 
 
-@lru_cache(maxsize=None)  # pure in its arguments, and called for every object of every placement try
+@cache  # pure in its arguments, and called for every object of every placement try
 def in_frame_starts(mover: Mover, size: int, frames: int, image_size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The frame-0 corners (x values, y values) that keep an object of `size` inside the frame in every frame. A
     corner's x only depends on x0 and its y on y0, so drawing each uniformly among these is drawing the corner
@@ -94,7 +96,7 @@ def fits(tracks: list[Track], frames: int, image_size: int = IMAGE_SIZE) -> bool
         objects = [t.shape_at(f, frames) for t in tracks]
         if any(o.x0 < 0 or o.y0 < 0 or o.x0 + o.size > image_size or o.y0 + o.size > image_size for o in objects):
             return False
-        if any(boxes_clash(a, b, gap=1) for i, a in enumerate(objects) for b in objects[i + 1:]):
+        if any(boxes_clash(a, b, gap=1) for i, a in enumerate(objects) for b in objects[i + 1 :]):
             return False
     return True
 
@@ -111,8 +113,9 @@ def concrete(mover: Mover, rng: np.random.Generator) -> Mover:
     return Mover(mover.shape, color, motion, mover.start_color)
 
 
-def sample_clip(spec: ClipSpec, rng: np.random.Generator, frames: int = FRAMES,
-                image_size: int = IMAGE_SIZE) -> list[Track]:
+def sample_clip(
+    spec: ClipSpec, rng: np.random.Generator, frames: int = FRAMES, image_size: int = IMAGE_SIZE
+) -> list[Track]:
     """Tracks whose clip satisfies `spec`."""
     for _ in range(_MAX_TRIES):
         movers = [concrete(m, rng) for m in spec.movers]

@@ -1,4 +1,5 @@
 """Policy adapters: one per diffusers pipeline family, chosen from the pipeline's class (or named in the config)."""
+
 from __future__ import annotations
 
 import torch
@@ -9,18 +10,30 @@ from .base import Conditioning, FlowPolicy
 WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # train.weight_dtype's names
 
 # pipeline class name -> adapter module; a config's `pipeline.policy: package.module:Class` overrides the choice
-POLICIES = Registry("policy", {
-    "StableDiffusionPipeline": "flowrl.policies.sd", "StableDiffusion3Pipeline": "flowrl.policies.sd3",
-    "FluxPipeline": "flowrl.policies.flux", "FluxKontextPipeline": "flowrl.policies.flux",
-    "Flux2KleinPipeline": "flowrl.policies.flux2", "Flux2KleinEdit": "flowrl.policies.flux2",
-    "Flux2Pipeline": "flowrl.policies.flux2", "Flux2Edit": "flowrl.policies.flux2",
-    "WanPipeline": "flowrl.policies.wan", "WanImageToVideoPipeline": "flowrl.policies.wan_i2v",
-    "QwenImagePipeline": "flowrl.policies.qwen_image", "QwenImageEditPipeline": "flowrl.policies.qwen_image_edit",
-    "QwenImageEditPlusPipeline": "flowrl.policies.qwen_image_edit",
-    "ZImagePipeline": "flowrl.policies.z_image", "HunyuanVideoPipeline": "flowrl.policies.hunyuan_video",
-    "HunyuanSkyreelsImageToVideoPipeline": "flowrl.policies.hunyuan_video", "LTXPipeline": "flowrl.policies.ltx",
-    "LTXImageToVideoPipeline": "flowrl.policies.ltx", "Shapes3DFlowPipeline": "flowrl.policies.shapes3d",
-})
+POLICIES = Registry(
+    "policy",
+    {
+        "StableDiffusionPipeline": "flowrl.policies.sd",
+        "StableDiffusion3Pipeline": "flowrl.policies.sd3",
+        "FluxPipeline": "flowrl.policies.flux",
+        "FluxKontextPipeline": "flowrl.policies.flux",
+        "Flux2KleinPipeline": "flowrl.policies.flux2",
+        "Flux2KleinEdit": "flowrl.policies.flux2",
+        "Flux2Pipeline": "flowrl.policies.flux2",
+        "Flux2Edit": "flowrl.policies.flux2",
+        "WanPipeline": "flowrl.policies.wan",
+        "WanImageToVideoPipeline": "flowrl.policies.wan_i2v",
+        "QwenImagePipeline": "flowrl.policies.qwen_image",
+        "QwenImageEditPipeline": "flowrl.policies.qwen_image_edit",
+        "QwenImageEditPlusPipeline": "flowrl.policies.qwen_image_edit",
+        "ZImagePipeline": "flowrl.policies.z_image",
+        "HunyuanVideoPipeline": "flowrl.policies.hunyuan_video",
+        "HunyuanSkyreelsImageToVideoPipeline": "flowrl.policies.hunyuan_video",
+        "LTXPipeline": "flowrl.policies.ltx",
+        "LTXImageToVideoPipeline": "flowrl.policies.ltx",
+        "Shapes3DFlowPipeline": "flowrl.policies.shapes3d",
+    },
+)
 
 
 def register_policy(pipeline_class: str):
@@ -51,8 +64,10 @@ def load_pipeline(path, dtype=None):
 
     folder = Path(path)
     if not (folder / "model_index.json").is_file():
-        raise UserError(f"pipeline folder {folder} has no model_index.json; expected a diffusers-format "
-                        "pipeline saved with save_pretrained")
+        raise UserError(
+            f"pipeline folder {folder} has no model_index.json; expected a diffusers-format "
+            "pipeline saved with save_pretrained"
+        )
     try:
         class_name = json.loads((folder / "model_index.json").read_text()).get("_class_name")
     except (OSError, ValueError):
@@ -63,8 +78,10 @@ def load_pipeline(path, dtype=None):
         import diffusers
 
         if isinstance(class_name, str) and not hasattr(diffusers, class_name):  # newer than this diffusers
-            raise UserError(f"pipeline folder {folder} holds a {class_name}, which diffusers {diffusers.__version__} "
-                            "here does not have: upgrade it (pip install -U diffusers)")
+            raise UserError(
+                f"pipeline folder {folder} holds a {class_name}, which diffusers {diffusers.__version__} "
+                "here does not have: upgrade it (pip install -U diffusers)"
+            )
     pipe = DiffusionPipeline.from_pretrained(folder, dtype=dtype or torch.float32, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe
@@ -83,8 +100,9 @@ def sampling_placement(device: str | None = None, weight_dtype: str | None = Non
     return target, WEIGHT_DTYPES[weight_dtype or ("bf16" if target.type == "cuda" else "fp32")]
 
 
-def place_for_sampling(policy: FlowPolicy, placement: tuple[torch.device, torch.dtype],
-                       text_encoders_on_host: bool = False):
+def place_for_sampling(
+    policy: FlowPolicy, placement: tuple[torch.device, torch.dtype], text_encoders_on_host: bool = False
+):
     """Place the policy (after any checkpoint or adapter is loaded; the text encoders left on the host where they are
     to be offloaded) and return what to sample under: a new autocast context per call, since half-precision weights
     run under autocast, as in a run."""
@@ -101,5 +119,14 @@ def place_for_sampling(policy: FlowPolicy, placement: tuple[torch.device, torch.
     return functools.partial(torch.autocast, device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
-__all__ = ["Conditioning", "FlowPolicy", "POLICIES", "WEIGHT_DTYPES", "load_pipeline", "place_for_sampling",
-           "policy_for", "register_policy", "sampling_placement"]
+__all__ = [
+    "Conditioning",
+    "FlowPolicy",
+    "POLICIES",
+    "WEIGHT_DTYPES",
+    "load_pipeline",
+    "place_for_sampling",
+    "policy_for",
+    "register_policy",
+    "sampling_placement",
+]

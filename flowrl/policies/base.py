@@ -4,6 +4,7 @@ A family adapter (SD3, FLUX, Wan) says how to encode prompts, call the transform
 classifier-free guidance where the family uses it), lay out initial noise, and decode. Everything else (LoRA
 through peft, the reference policy as the adapter switched off, step schedules) lives here once.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,27 +28,36 @@ class Conditioning:
     per-sample inputs such as a source image's latents; `items` are the condition items themselves (prompt, inputs,
     metadata), which rewards receive as metadata.
     """
+
     tensors: dict[str, torch.Tensor]
     negative: dict[str, torch.Tensor] = field(default_factory=dict)  # unconditional branch for CFG
     prompts: list[str] = field(default_factory=list)
     items: list = field(default_factory=list)
 
-    def select(self, index) -> "Conditioning":
+    def select(self, index) -> Conditioning:
         index = torch.as_tensor(index, dtype=torch.long)
         rows = index.tolist()
         pick = {k: v[index] for k, v in self.tensors.items()}
         neg = {k: v[index] for k, v in self.negative.items()}
-        return Conditioning(pick, neg, [self.prompts[i] for i in rows] if self.prompts else [],
-                            [self.items[i] for i in rows] if self.items else [])
+        return Conditioning(
+            pick,
+            neg,
+            [self.prompts[i] for i in rows] if self.prompts else [],
+            [self.items[i] for i in rows] if self.items else [],
+        )
 
     def add_inputs(self, inputs: dict[str, torch.Tensor]) -> None:
         """Per-sample inputs (a source's latents, a first frame's condition) that both CFG branches see."""
         for branch in (self.tensors, self.negative) if self.negative else (self.tensors,):
             branch.update(inputs)
 
-    def to(self, device) -> "Conditioning":
-        return Conditioning({k: v.to(device) for k, v in self.tensors.items()},
-                            {k: v.to(device) for k, v in self.negative.items()}, self.prompts, self.items)
+    def to(self, device) -> Conditioning:
+        return Conditioning(
+            {k: v.to(device) for k, v in self.tensors.items()},
+            {k: v.to(device) for k, v in self.negative.items()},
+            self.prompts,
+            self.items,
+        )
 
     def __len__(self) -> int:
         return next(iter(self.tensors.values())).shape[0]
@@ -56,14 +66,23 @@ class Conditioning:
 @dataclass(frozen=True)
 class SampleSpec:
     """What one sample is: its size, and its frame count for video families (None elsewhere)."""
+
     height: int
     width: int
     num_frames: int | None = None
 
 
 # the self- and cross-attention projections of a video DiT's blocks (attn1 / attn2): Wan's and LTX-Video's LoRA targets
-SELF_CROSS_ATTENTION_TARGETS = ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
-                                "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"]
+SELF_CROSS_ATTENTION_TARGETS = [
+    "attn1.to_q",
+    "attn1.to_k",
+    "attn1.to_v",
+    "attn1.to_out.0",
+    "attn2.to_q",
+    "attn2.to_k",
+    "attn2.to_v",
+    "attn2.to_out.0",
+]
 
 # the prefix of Wan2.2's low-noise expert's parameter names in checkpoints when it trains (pipeline.experts: both)
 LOW_NOISE_EXPERT = "transformer_2."
@@ -162,12 +181,17 @@ class FlowPolicy(InputImages):
         """pipeline.experts: "high" trains the denoiser; only Wan2.2's two experts take "both"."""
         if experts != "high":
             from ..errors import ConfigError
-            raise ConfigError(f"{where}: {experts!r} needs a Wan2.2 pipeline with two experts (transformer_2 and a "
-                              f"boundary_ratio); {type(self.pipeline).__name__} has one network: use high")
+
+            raise ConfigError(
+                f"{where}: {experts!r} needs a Wan2.2 pipeline with two experts (transformer_2 and a "
+                f"boundary_ratio); {type(self.pipeline).__name__} has one network: use high"
+            )
 
     def components(self) -> dict[str, torch.nn.Module]:
         """The pipeline's modules (denoiser, VAE, text encoders, ...) by name."""
-        return {name: module for name, module in self.pipeline.components.items() if isinstance(module, torch.nn.Module)}
+        return {
+            name: module for name, module in self.pipeline.components.items() if isinstance(module, torch.nn.Module)
+        }
 
     def place(self, device, frozen_dtype: torch.dtype = torch.float32, text_encoders_on_host: bool = False) -> None:
         """Every component on `device` (the text encoders stay on the host with `text_encoders_on_host`, as
@@ -188,21 +212,32 @@ class FlowPolicy(InputImages):
     def text_encoders(self) -> list[torch.nn.Module]:
         return [m for name, m in self.components().items() if name.startswith("text_encoder")]
 
-    def sharing_copy(self) -> "FlowPolicy":
+    def sharing_copy(self) -> FlowPolicy:
         """A second policy for another thread (the asynchronous rollout worker) that shares this one's frozen weights
         and buffers (under LoRA the denoiser's base weights, and the VAE and text encoders: only read, by no-grad
         passes), its embedding cache and its encoding lock, and owns copies of the trainable weights, so a snapshot
         loads into it while this one trains. A full fine-tune's denoiser is trainable, so it is copied."""
-        shared = {id(t): t for module in self.components().values() for t in [*module.parameters(), *module.buffers()]
-                  if not t.requires_grad}
+        shared = {
+            id(t): t
+            for module in self.components().values()
+            for t in [*module.parameters(), *module.buffers()]
+            if not t.requires_grad
+        }
         for value in (getattr(self, "embedding_cache", None), self._encode_lock):
             if value is not None:
                 shared[id(value)] = value
         return copy.deepcopy(self, shared)
 
-    def set_memory_options(self, gradient_checkpointing=False, vae_slicing=False, vae_tiling=False,
-                           offload_text_encoders=False, embedding_cache=False, decode_microbatch=0,
-                           attention: str = "sdpa") -> None:
+    def set_memory_options(
+        self,
+        gradient_checkpointing=False,
+        vae_slicing=False,
+        vae_tiling=False,
+        offload_text_encoders=False,
+        embedding_cache=False,
+        decode_microbatch=0,
+        attention: str = "sdpa",
+    ) -> None:
         """Trade time for memory (see docs/configuration.md, train and pipeline sections)."""
         from ..errors import ConfigError
 
@@ -212,10 +247,14 @@ class FlowPolicy(InputImages):
             try:
                 self.pipeline.enable_xformers_memory_efficient_attention()
             except (ImportError, ModuleNotFoundError, ValueError) as error:
-                raise ConfigError(f"pipeline.attention: xformers is not usable here ({error}); pip install -e \".[gpu]\"") from None
+                raise ConfigError(
+                    f'pipeline.attention: xformers is not usable here ({error}); pip install -e ".[gpu]"'
+                ) from None
         if gradient_checkpointing:
             if not getattr(self.transformer, "_supports_gradient_checkpointing", False):
-                raise ConfigError(f"train.gradient_checkpointing: {type(self.transformer).__name__} does not support it")
+                raise ConfigError(
+                    f"train.gradient_checkpointing: {type(self.transformer).__name__} does not support it"
+                )
             for module in self.trained_modules().values():
                 module.enable_gradient_checkpointing()
         vae = getattr(self.pipeline, "vae", None)
@@ -278,21 +317,24 @@ class FlowPolicy(InputImages):
                 return fresh
             for row, prompt in enumerate(missing):  # kept in host memory: a real prompt file's T5 embeddings grow
                 entry = fresh.select([row]).to("cpu")  # without bound: 1-4 MB a prompt for T5 families, ~8 MB for
-                if entry.negative:                     # FLUX.2 klein 4B
+                if entry.negative:  # FLUX.2 klein 4B
                     entry.negative = self._shared_negative(cache, key, entry.negative)
                 cache[(prompt, key)] = entry
             rows = [cache[(p, key)] for p in prompts]
-        return Conditioning({k: torch.cat([r.tensors[k] for r in rows]) for k in rows[0].tensors},
-                            {k: torch.cat([r.negative[k] for r in rows]) for k in rows[0].negative},
-                            list(prompts)).to(self.device)
+        return Conditioning(
+            {k: torch.cat([r.tensors[k] for r in rows]) for k in rows[0].tensors},
+            {k: torch.cat([r.negative[k] for r in rows]) for k in rows[0].negative},
+            list(prompts),
+        ).to(self.device)
 
     @staticmethod
     def _shared_negative(cache: dict, key, negative: dict) -> dict:
         """The cached unconditional branch: every shipped family's is one prompt ("" or " ") for all prompts, so an
         equal one is kept once (the first copy), not once a prompt, which would double the cache's host memory."""
         first = cache.setdefault(("unconditional branch", key), negative)
-        same = first.keys() == negative.keys() and all(first[k].shape == negative[k].shape and
-                                                       torch.equal(first[k], negative[k]) for k in first)
+        same = first.keys() == negative.keys() and all(
+            first[k].shape == negative[k].shape and torch.equal(first[k], negative[k]) for k in first
+        )
         return first if same else negative
 
     @contextlib.contextmanager
@@ -314,17 +356,25 @@ class FlowPolicy(InputImages):
         """[C, F, H, W] of a video sample's latents: the transformer's in_channels, the VAE's temporal (causal: the
         first frame alone) and spatial compressions; a ValueError when the spec gives no frame count."""
         if spec.num_frames is None:
-            raise ValueError(f"a {type(self.pipeline).__name__} samples video: the sample spec needs num_frames "
-                             "(pipeline.num_frames)")
+            raise ValueError(
+                f"a {type(self.pipeline).__name__} samples video: the sample spec needs num_frames "
+                "(pipeline.num_frames)"
+            )
         if (spec.num_frames - 1) % temporal:  # the clip would come out shorter than asked (and be recorded as asked)
             from ..errors import UserError
 
             below = (spec.num_frames - 1) // temporal * temporal + 1
-            raise UserError(f"num_frames (pipeline.num_frames / --num-frames): {spec.num_frames} frames; "
-                            f"{type(self.pipeline).__name__}'s VAE takes 1 + {temporal} k frames: {below} or "
-                            f"{below + temporal}")
-        return (self.transformer.config.in_channels, (spec.num_frames - 1) // temporal + 1, spec.height // spatial,
-                spec.width // spatial)
+            raise UserError(
+                f"num_frames (pipeline.num_frames / --num-frames): {spec.num_frames} frames; "
+                f"{type(self.pipeline).__name__}'s VAE takes 1 + {temporal} k frames: {below} or "
+                f"{below + temporal}"
+            )
+        return (
+            self.transformer.config.in_channels,
+            (spec.num_frames - 1) // temporal + 1,
+            spec.height // spatial,
+            spec.width // spatial,
+        )
 
     def text_length(self) -> int:
         """The length every prompt's embeddings are padded to, so rows encoded apart (the embedding cache, the two CFG
@@ -344,7 +394,9 @@ class FlowPolicy(InputImages):
             return self.decode(latents)
         return torch.cat([self.decode(part) for part in latents.split(chunk)])
 
-    def _forward(self, latents: torch.Tensor, sigma: torch.Tensor, tensors: dict, guidance_scale: float) -> torch.Tensor:
+    def _forward(
+        self, latents: torch.Tensor, sigma: torch.Tensor, tensors: dict, guidance_scale: float
+    ) -> torch.Tensor:
         raise NotImplementedError
 
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
@@ -364,8 +416,13 @@ class FlowPolicy(InputImages):
         patch = getattr(self.transformer, "config", {}).get("patch_size", 1)
         return getattr(self.pipeline, "vae_scale_factor", 1) * (patch if isinstance(patch, int) else 1)
 
-    def sample_spec(self, height: int | None, width: int | None, num_frames: int | None,
-                    names: tuple[str, str] = ("pipeline.height", "pipeline.width")) -> SampleSpec:
+    def sample_spec(
+        self,
+        height: int | None,
+        width: int | None,
+        num_frames: int | None,
+        names: tuple[str, str] = ("pipeline.height", "pipeline.width"),
+    ) -> SampleSpec:
         """The size asked for, the pipeline's own default where None. A side that is not a multiple of
         `size_multiple` is a UserError naming its setting (`names`): the pipelines round such sizes down (a sample
         drawn at one size and recorded at another) or refuse them, and an editor's source would not pack."""
@@ -377,8 +434,10 @@ class FlowPolicy(InputImages):
         for name, side in zip(names, (spec.height, spec.width)):
             if side % step:
                 below = max(side // step * step, step)
-                raise UserError(f"{name}: {side} pixels; {type(self.pipeline).__name__} needs a multiple of {step} "
-                                f"(its VAE's compression times the denoiser's patch): {below} or {below + step}")
+                raise UserError(
+                    f"{name}: {side} pixels; {type(self.pipeline).__name__} needs a multiple of {step} "
+                    f"(its VAE's compression times the denoiser's patch): {below} or {below + step}"
+                )
         return spec
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -410,8 +469,11 @@ class FlowPolicy(InputImages):
         switched = cls.from_config({k: v for k, v in self.scheduler_config(shipped.config).items() if k in accepted})
         logging.getLogger("flowrl").warning(
             "%s ships %s; flowrl samples and trains with %s steps on its config (outputs differ from the "
-            "pipeline's own sampler by the solver's order)", type(self.pipeline).__name__, type(shipped).__name__,
-            self.sampler_scheduler)
+            "pipeline's own sampler by the solver's order)",
+            type(self.pipeline).__name__,
+            type(shipped).__name__,
+            self.sampler_scheduler,
+        )
         return switched
 
     def scheduler_config(self, config) -> dict:
@@ -461,7 +523,9 @@ class FlowPolicy(InputImages):
         combines them otherwise, e.g. Qwen-Image's norm rescale, overrides it)."""
         return uncond + guidance_scale * (text - uncond)
 
-    def branch_outputs(self, latents: torch.Tensor, sigma, branches: list[dict], guidance_scale: float) -> list[torch.Tensor]:
+    def branch_outputs(
+        self, latents: torch.Tensor, sigma, branches: list[dict], guidance_scale: float
+    ) -> list[torch.Tensor]:
         """Unguided model outputs (fp32) of the same latents under each conditioning branch, in one batched call:
         what CFG and negative (concept) guidance combine."""
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device)
@@ -471,9 +535,19 @@ class FlowPolicy(InputImages):
         out = self._forward(torch.cat([x] * n), torch.cat([sigma] * n), tensors, guidance_scale).float()
         return list(out.chunk(n))
 
-    def step(self, kind: str, x: torch.Tensor, sigma, sigma_next, cond: Conditioning, guidance_scale: float,
-             noise_level: float, noise: torch.Tensor | None = None, prev_sample: torch.Tensor | None = None,
-             guide=None):
+    def step(
+        self,
+        kind: str,
+        x: torch.Tensor,
+        sigma,
+        sigma_next,
+        cond: Conditioning,
+        guidance_scale: float,
+        noise_level: float,
+        noise: torch.Tensor | None = None,
+        prev_sample: torch.Tensor | None = None,
+        guide=None,
+    ):
         """One sampler step between schedule points: (next sample, mean, std, log_prob, x0 prediction).
 
         `guide(x, sigma, cond, guidance_scale, v) -> v` may replace the model output before the step is taken
@@ -501,10 +575,11 @@ class FlowPolicy(InputImages):
 
         for module in self.trained_modules().values():
             module.requires_grad_(False)
-            module.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules,
-                                          init_lora_weights=init))
+            module.add_adapter(
+                LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, init_lora_weights=init)
+            )
         for param in self.trainable_parameters():  # peft makes the adapter in the base's dtype: keep it fp32, so
-            param.data = param.data.float()        # a checkpoint's weights load exactly into a half-precision base
+            param.data = param.data.float()  # a checkpoint's weights load exactly into a half-precision base
 
     @property
     def has_lora(self) -> bool:
@@ -545,11 +620,15 @@ class FlowPolicy(InputImages):
 
         config = self.scheduler.config
         if self.prediction != "flow" or "shift" not in config:
-            raise ConfigError(f"{where}: {type(self.pipeline).__name__} samples with {type(self.scheduler).__name__}, "
-                              "which takes no shift")
+            raise ConfigError(
+                f"{where}: {type(self.pipeline).__name__} samples with {type(self.scheduler).__name__}, "
+                "which takes no shift"
+            )
         if config.get("use_dynamic_shifting"):
-            raise ConfigError(f"{where}: {type(self.pipeline).__name__}'s scheduler shifts its schedule by the sample "
-                              "size (use_dynamic_shifting); a fixed shift does not apply")
+            raise ConfigError(
+                f"{where}: {type(self.pipeline).__name__}'s scheduler shifts its schedule by the sample "
+                "size (use_dynamic_shifting); a fixed shift does not apply"
+            )
         self.scheduler = type(self.scheduler).from_config(config, shift=value)
         self._sigma_cache.clear()
 
@@ -557,8 +636,11 @@ class FlowPolicy(InputImages):
         """A second CFG scale for the low-noise part of the schedule: only Wan2.2's two experts take one."""
         if value is not None:
             from ..errors import ConfigError
-            raise ConfigError(f"{where}: only a Wan2.2 pipeline with two experts takes a second guidance scale; "
-                              f"{type(self.pipeline).__name__} has one network")
+
+            raise ConfigError(
+                f"{where}: only a Wan2.2 pipeline with two experts takes a second guidance scale; "
+                f"{type(self.pipeline).__name__} has one network"
+            )
 
     def frozen_below(self) -> tuple[float, str] | None:
         """The noise level below which no trainable weight acts, with the reason (None: they act at every level)."""
@@ -575,7 +657,9 @@ class FlowPolicy(InputImages):
 
     def named_trained_parameters(self) -> dict[str, torch.nn.Parameter]:
         """Every parameter of the trained networks (frozen ones too) by its name in checkpoints."""
-        return {prefix + n: p for prefix, module in self.trained_modules().items() for n, p in module.named_parameters()}
+        return {
+            prefix + n: p for prefix, module in self.trained_modules().items() for n, p in module.named_parameters()
+        }
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Copies of the trained weights, whole (FSDP2's shards gathered: every process calls this)."""
@@ -587,12 +671,15 @@ class FlowPolicy(InputImages):
         params = self.named_trained_parameters()
         missing = [n for n in state if n not in params]
         if missing:
-            raise UserError(f"checkpoint has parameters this pipeline lacks (a checkpoint of another model?), e.g. "
-                            f"{missing[:3]}")
+            raise UserError(
+                f"checkpoint has parameters this pipeline lacks (a checkpoint of another model?), e.g. {missing[:3]}"
+            )
         unfit = [n for n in state if tuple(state[n].shape) != tuple(params[n].shape)]  # (DTensor: the whole shape)
         if unfit:
-            raise UserError(f"checkpoint weights of another shape than this pipeline's (a checkpoint of another "
-                            f"model?), e.g. {unfit[0]}: {tuple(state[unfit[0]].shape)} here {tuple(params[unfit[0]].shape)}")
+            raise UserError(
+                f"checkpoint weights of another shape than this pipeline's (a checkpoint of another "
+                f"model?), e.g. {unfit[0]}: {tuple(state[unfit[0]].shape)} here {tuple(params[unfit[0]].shape)}"
+            )
         with torch.no_grad():
             for name, value in state.items():
                 params[name].copy_(like(value, params[name]))  # this process's shard of it under FSDP2

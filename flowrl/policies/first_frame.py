@@ -5,6 +5,7 @@ The frame's velocity is the one that carries the sample there (v = (x - x0) / si
 weight moves it and its log-prob terms are equal under any policy; computed in fp32 (in bf16 the frame's x0
 prediction would miss the condition by ~0.02).
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,10 +25,12 @@ class FirstFrameHeld:
     """A policy mixin: `step` ends every step with the first latent frame on the condition's
     (`cond.tensors["condition"][:, :, 0]`), also under SDE noise; the log-prob is that of the sample kept, so a stored
     step scores as it was drawn. `holds_first_frame` says whether the policy conditions this way."""
+
     holds_first_frame = True
 
-    def step(self, kind, x, sigma, sigma_next, cond, guidance_scale, noise_level, noise=None, prev_sample=None,
-             guide=None):
+    def step(
+        self, kind, x, sigma, sigma_next, cond, guidance_scale, noise_level, noise=None, prev_sample=None, guide=None
+    ):
         from ..sampling import gaussian_log_prob
 
         out = super().step(kind, x, sigma, sigma_next, cond, guidance_scale, noise_level, noise, prev_sample, guide)

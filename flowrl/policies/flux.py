@@ -4,6 +4,7 @@ Trajectories keep latents unpacked, [B, C, h, w] like every image family, and `_
 position ids of that h x w grid) on the way in and unpacks the output: a pure reshape, so the adapter carries no
 state between calls (the text ids are zeros of the prompt length, as diffusers builds them).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +13,16 @@ import torch
 from . import POLICIES
 from .base import Conditioning, FlowPolicy, SampleSpec, untiled
 
-FLUX_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-                     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"]
+FLUX_LORA_TARGETS = [
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+]
 
 
 @POLICIES.register("FluxPipeline")
@@ -53,18 +62,31 @@ class FluxPolicy(FlowPolicy):
         embeds = tensors["embeds"].to(latents.dtype)
         text_ids = torch.zeros(embeds.shape[1], 3, device=latents.device, dtype=latents.dtype)
         image_ids = self.pipeline._prepare_latent_image_ids(1, h // 2, w // 2, latents.device, latents.dtype)
-        out = self.net()(hidden_states=packed, timestep=sigma.to(latents.dtype), guidance=guidance,
-                         pooled_projections=tensors["pooled"].to(latents.dtype), encoder_hidden_states=embeds,
-                         txt_ids=text_ids, img_ids=image_ids, return_dict=False)[0]
+        out = self.net()(
+            hidden_states=packed,
+            timestep=sigma.to(latents.dtype),
+            guidance=guidance,
+            pooled_projections=tensors["pooled"].to(latents.dtype),
+            encoder_hidden_states=embeds,
+            txt_ids=text_ids,
+            img_ids=image_ids,
+            return_dict=False,
+        )[0]
         factor = self.pipeline.vae_scale_factor
         return self.pipeline._unpack_latents(out, h * factor, w * factor, factor)
 
     def _raw_sigmas(self, scheduler, num_steps, noise_shape):
         from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
         c = scheduler.config
         tokens = (noise_shape[-2] // 2) * (noise_shape[-1] // 2)
-        mu = calculate_shift(tokens, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
-                             c.get("base_shift", 0.5), c.get("max_shift", 1.15))
+        mu = calculate_shift(
+            tokens,
+            c.get("base_image_seq_len", 256),
+            c.get("max_image_seq_len", 4096),
+            c.get("base_shift", 0.5),
+            c.get("max_shift", 1.15),
+        )
         scheduler.set_timesteps(num_steps, sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=mu)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -79,6 +101,7 @@ class FluxKontextPolicy(FluxPolicy):
     encoded once per distinct condition item in a call (a group's samples share one; `encode_inputs`: VAE posterior
     mode, shifted and scaled as the pipeline does) into `image_latents` of the conditioning, and every forward appends its packed tokens after the sample's, with
     position ids whose first axis is 1 (Kontext's context-image marker); the output keeps the sample's tokens."""
+
     family = "flux_kontext"
     source_input = "source_image"
     source_world = "shapes_edit"
@@ -101,8 +124,16 @@ class FluxKontextPolicy(FluxPolicy):
         guidance = None
         if self.transformer.config.guidance_embeds:
             guidance = torch.full((latents.shape[0],), guidance_scale, device=latents.device, dtype=torch.float32)
-        return kontext_velocity(self.pipeline, self.net(), latents, tensors["image_latents"], sigma, tensors["embeds"],
-                                tensors["pooled"], guidance)
+        return kontext_velocity(
+            self.pipeline,
+            self.net(),
+            latents,
+            tensors["image_latents"],
+            sigma,
+            tensors["embeds"],
+            tensors["pooled"],
+            guidance,
+        )
 
 
 def kontext_source_latents(vae, images: torch.Tensor) -> torch.Tensor:
@@ -122,13 +153,21 @@ def kontext_velocity(pipe, transformer, latents, source, sigma, embeds, pooled, 
     packed = pipe._pack_latents(latents, b, c, h, w)
     context = pipe._pack_latents(source, b, source.shape[1], source.shape[2], source.shape[3])
     image_ids = pipe._prepare_latent_image_ids(1, h // 2, w // 2, latents.device, latents.dtype)
-    context_ids = pipe._prepare_latent_image_ids(1, source.shape[2] // 2, source.shape[3] // 2, latents.device,
-                                                 latents.dtype)
+    context_ids = pipe._prepare_latent_image_ids(
+        1, source.shape[2] // 2, source.shape[3] // 2, latents.device, latents.dtype
+    )
     context_ids[..., 0] = 1
     embeds = embeds.to(latents.dtype)
     text_ids = torch.zeros(embeds.shape[1], 3, device=latents.device, dtype=latents.dtype)
-    out = transformer(hidden_states=torch.cat([packed, context], 1), timestep=sigma.to(latents.dtype),
-                      guidance=guidance, pooled_projections=pooled.to(latents.dtype), encoder_hidden_states=embeds,
-                      txt_ids=text_ids, img_ids=torch.cat([image_ids, context_ids]), return_dict=False)[0]
+    out = transformer(
+        hidden_states=torch.cat([packed, context], 1),
+        timestep=sigma.to(latents.dtype),
+        guidance=guidance,
+        pooled_projections=pooled.to(latents.dtype),
+        encoder_hidden_states=embeds,
+        txt_ids=text_ids,
+        img_ids=torch.cat([image_ids, context_ids]),
+        return_dict=False,
+    )[0]
     factor = pipe.vae_scale_factor
-    return pipe._unpack_latents(out[:, :packed.shape[1]], h * factor, w * factor, factor)
+    return pipe._unpack_latents(out[:, : packed.shape[1]], h * factor, w * factor, factor)

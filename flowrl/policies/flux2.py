@@ -10,6 +10,7 @@ latents [B, 4C, h/2, w/2] the transformer denoises (the pipelines draw their noi
 turns them into tokens and back. Guidance: klein's base models take true CFG against ""; its distilled models take
 none; dev is guidance-distilled, so the scale goes in as an embedding (as FLUX.1-dev's) and there is no CFG branch.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,14 +21,24 @@ from .base import Conditioning, FlowPolicy, SampleSpec, untiled
 
 # the attention projections of both stream blocks: double blocks (image and text streams) and single blocks (the
 # fused qkv / MLP input projection; their output projections are added per block by `lora_targets`)
-FLUX2_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
-                      "attn.add_v_proj", "attn.to_add_out", "attn.to_qkv_mlp_proj"]
+FLUX2_LORA_TARGETS = [
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "attn.to_qkv_mlp_proj",
+]
 
 
 @POLICIES.register("Flux2Pipeline")
 @POLICIES.register("Flux2KleinPipeline")
 class Flux2Policy(FlowPolicy):
     """Both pipelines: they differ in the text encoder (which `pipeline.encode_prompt` calls) and in guidance."""
+
     family = "flux2"
     text_length_tokenizer = "tokenizer"  # klein's Qwen3 tokenizer (dev's is a processor, declaring no length)
 
@@ -56,8 +67,11 @@ class Flux2Policy(FlowPolicy):
         embeds, _ = self.pipeline.encode_prompt(list(prompts), device=self.device, max_sequence_length=length)
         negative = {}
         if self.uses_cfg(guidance_scale):
-            negative = {"embeds": self.pipeline.encode_prompt([""] * len(prompts), device=self.device,
-                                                              max_sequence_length=length)[0]}
+            negative = {
+                "embeds": self.pipeline.encode_prompt(
+                    [""] * len(prompts), device=self.device, max_sequence_length=length
+                )[0]
+            }
         return Conditioning({"embeds": embeds}, negative, list(prompts))
 
     def default_spec(self) -> SampleSpec:
@@ -85,11 +99,13 @@ class Flux2Policy(FlowPolicy):
     def token_velocity(self, latents, sigma, tensors, guidance_scale: float) -> torch.Tensor:
         """The transformer's output for latents [B, 4C, h, w]: row-major tokens in with FLUX.2's position ids, and
         back. A guidance-distilled transformer (dev) gets the scale as its guidance embedding."""
-        return self.call_transformer(self.transformer_inputs(latents, sigma, tensors["embeds"], guidance_scale),
-                                     latents.shape)
+        return self.call_transformer(
+            self.transformer_inputs(latents, sigma, tensors["embeds"], guidance_scale), latents.shape
+        )
 
-    def transformer_inputs(self, latents, sigma, embeds, guidance_scale: float,
-                           references: list[torch.Tensor] | None = None) -> dict:
+    def transformer_inputs(
+        self, latents, sigma, embeds, guidance_scale: float, references: list[torch.Tensor] | None = None
+    ) -> dict:
         """The transformer's keyword inputs for latents [B, 4C, h, w]; `references` (an editor's source and further
         reference images: each [B, 4C, h_k, w_k], one size per image for every row) go in as tokens after the
         sample's with time coordinates 10, 20, ... (the pipelines' reference images in order)."""
@@ -104,15 +120,20 @@ class Flux2Policy(FlowPolicy):
             images = [image.to(latents.dtype) for image in references]
             tokens = torch.cat([tokens, *(pipe._pack_latents(image) for image in images)], 1)
             ids = torch.cat([ids, pipe._prepare_image_ids([image[:1] for image in images]).expand(b, -1, -1)], 1)
-        return {"hidden_states": tokens, "timestep": sigma.to(latents.dtype), "guidance": guidance,
-                "encoder_hidden_states": embeds, "txt_ids": pipe._prepare_text_ids(embeds).to(latents.device),
-                "img_ids": ids.to(latents.device)}
+        return {
+            "hidden_states": tokens,
+            "timestep": sigma.to(latents.dtype),
+            "guidance": guidance,
+            "encoder_hidden_states": embeds,
+            "txt_ids": pipe._prepare_text_ids(embeds).to(latents.device),
+            "img_ids": ids.to(latents.device),
+        }
 
     def call_transformer(self, inputs: dict, shape: torch.Size) -> torch.Tensor:
         """The transformer's output on `inputs`, cut back to the sample's tokens and shaped as its latents."""
         b, c, h, w = shape
         out = self.net()(**inputs, return_dict=False)[0]
-        return out[:, :h * w].permute(0, 2, 1).reshape(b, c, h, w)  # row-major tokens, as _pack_latents made them
+        return out[:, : h * w].permute(0, 2, 1).reshape(b, c, h, w)  # row-major tokens, as _pack_latents made them
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         vae = self.pipeline.vae
@@ -140,6 +161,7 @@ class Flux2EditPolicy(Flux2Policy):
     their aspect ratio. Not done either way:
     the pipeline's check for images of at least 64 px and at most 8:1, and its output at the first image's size when
     no size is given (a run always gives one)."""
+
     family = "flux2_edit"
     source_input = "source_image"
     source_world = "shapes_edit"
@@ -174,7 +196,7 @@ class Flux2EditPolicy(Flux2Policy):
 
         processor = self.pipeline.image_processor
         shown = to_pil(image)
-        area = self.reference_size ** 2
+        area = self.reference_size**2
         if shown.width * shown.height > area:
             shown = processor._resize_to_target_area(shown, area)
         multiple = self.pipeline.vae_scale_factor * 2

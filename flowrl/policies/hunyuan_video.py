@@ -8,6 +8,7 @@ guidance embedding (x 1000, as the pipeline), so there is no CFG branch. The pip
 (`true_cfg_scale` with a negative prompt, off by default) is not offered. Sigmas as the pipeline spaces them:
 linspace(1, 0, N + 1) without its last, through the scheduler's shift (the release's 7.0; DanceGRPO samples with 5).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,16 @@ from .base import Conditioning, FlowPolicy, SampleSpec
 
 # the attention projections of the dual-stream blocks (image and text), the single-stream blocks' q / k / v and
 # the text refiner's attention, as Flow-GRPO-style LoRAs target them
-HUNYUAN_VIDEO_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj",
-                              "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"]
+HUNYUAN_VIDEO_LORA_TARGETS = [
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+]
 
 
 @POLICIES.register("HunyuanVideoPipeline")
@@ -37,8 +46,9 @@ class HunyuanVideoPolicy(FlowPolicy):
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
-        embeds, pooled, mask = self.pipeline.encode_prompt(prompt=list(prompts), device=self.device,
-                                                           max_sequence_length=self.text_length())
+        embeds, pooled, mask = self.pipeline.encode_prompt(
+            prompt=list(prompts), device=self.device, max_sequence_length=self.text_length()
+        )
         return Conditioning({"embeds": embeds, "pooled": pooled, "mask": mask}, {}, list(prompts))
 
     def default_spec(self) -> SampleSpec:
@@ -49,8 +59,9 @@ class HunyuanVideoPolicy(FlowPolicy):
         return self.pipeline.vae_scale_factor_spatial * self.transformer.config.patch_size
 
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
-        return self.video_noise_shape(spec, self.pipeline.vae_scale_factor_temporal,
-                                      self.pipeline.vae_scale_factor_spatial)
+        return self.video_noise_shape(
+            spec, self.pipeline.vae_scale_factor_temporal, self.pipeline.vae_scale_factor_spatial
+        )
 
     def _raw_sigmas(self, scheduler, num_steps, noise_shape):
         scheduler.set_timesteps(num_steps, sigmas=np.linspace(1.0, 0.0, num_steps + 1)[:-1])
@@ -68,10 +79,15 @@ class HunyuanVideoPolicy(FlowPolicy):
         guidance = torch.full((b,), self.embedded_guidance(guidance_scale), dtype=dtype, device=latents.device) * 1000.0
         if "image_latents" in tensors:  # image to video: the first frame's latents on the channel axis
             latents = torch.cat([latents, tensors["image_latents"].to(latents.dtype)], 1)
-        return self.net()(hidden_states=latents, timestep=timestep,
-                          encoder_hidden_states=tensors["embeds"].to(dtype),
-                          encoder_attention_mask=tensors["mask"].to(dtype),
-                          pooled_projections=tensors["pooled"].to(dtype), guidance=guidance, return_dict=False)[0]
+        return self.net()(
+            hidden_states=latents,
+            timestep=timestep,
+            encoder_hidden_states=tensors["embeds"].to(dtype),
+            encoder_attention_mask=tensors["mask"].to(dtype),
+            pooled_projections=tensors["pooled"].to(dtype),
+            guidance=guidance,
+            return_dict=False,
+        )[0]
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Video in [0, 1], [B, 3, F, H, W]."""
@@ -89,6 +105,7 @@ class HunyuanSkyreelsImageToVideoPolicy(HunyuanVideoPolicy):
     ""), while its guidance embedding keeps the pipeline's guidance_scale, 1.0. Deviations: the VAE's posterior mode
     where the pipeline draws from the posterior (flowrl's conditioning is deterministic, as Wan image to video's);
     the frame is resized bicubically with antialiasing (the pipeline resizes with PIL)."""
+
     family = "hunyuan_skyreels_i2v"
     source_input = "source_image"  # the first frame
     source_needed_by = "an image-to-video pipeline"
@@ -107,8 +124,9 @@ class HunyuanSkyreelsImageToVideoPolicy(HunyuanVideoPolicy):
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
         cond = super().encode_prompts(prompts, guidance_scale)
         if self.uses_cfg(guidance_scale):  # the pipeline guides only against a given negative prompt: "" here
-            embeds, pooled, mask = self.pipeline.encode_prompt(prompt=[""] * len(prompts), device=self.device,
-                                                               max_sequence_length=self.text_length())
+            embeds, pooled, mask = self.pipeline.encode_prompt(
+                prompt=[""] * len(prompts), device=self.device, max_sequence_length=self.text_length()
+            )
             cond.negative = {"embeds": embeds, "pooled": pooled, "mask": mask}
         return cond
 

@@ -1,6 +1,7 @@
 """What an editor or an image-to-video pipeline takes besides its prompt: each sample's input images (a source or
 first frame, then further reference images), found, sized, encoded and fed to the denoiser layout by layout. Mixed
 into every policy (FlowPolicy); the families that take images set `source_input` and use these."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -34,12 +35,16 @@ class InputImages:
         found = [item_images(item, self.source_input, self.source_world, self.source_needed_by) for item in items]
         for item, images in zip(items, found):
             if not images:
-                raise UserError(f"prompt {item.prompt!r} gives an empty list of images; {type(self.pipeline).__name__} "
-                                "needs at least one")
+                raise UserError(
+                    f"prompt {item.prompt!r} gives an empty list of images; {type(self.pipeline).__name__} "
+                    "needs at least one"
+                )
             if self.max_references is not None and len(images) > self.max_references:
                 takes = "one" if self.max_references == 1 else f"at most {self.max_references}"
-                raise UserError(f"prompt {item.prompt!r} gives {len(images)} images; {type(self.pipeline).__name__} "
-                                f"(adapter {type(self).__name__}) takes {takes}")
+                raise UserError(
+                    f"prompt {item.prompt!r} gives {len(images)} images; {type(self.pipeline).__name__} "
+                    f"(adapter {type(self).__name__}) takes {takes}"
+                )
         return found
 
     def distinct_sources(self, items: list) -> tuple[list[torch.Tensor], list[int]]:
@@ -72,14 +77,16 @@ class InputImages:
         gradient reductions) run on every process too while changing no number."""
         sigma = torch.as_tensor(sigma, device=latents.device).reshape(-1).expand(latents.shape[0])
         layouts: dict[tuple, list[int]] = {}
-        for row, (count, shapes) in enumerate(zip(tensors["reference_count"].tolist(),
-                                                  tensors["reference_shapes"].tolist())):
+        for row, (count, shapes) in enumerate(
+            zip(tensors["reference_count"].tolist(), tensors["reference_shapes"].tolist())
+        ):
             layouts.setdefault(tuple(map(tuple, shapes[:count])), []).append(row)
         groups = [torch.tensor(rows, device=latents.device) for rows in layouts.values()]
 
         def run(layout, rows):
-            return call(rows, sigma[rows], [tensors["image_latents"][rows, k, :, :h, :w] for k, (h, w) in
-                                            enumerate(layout)])
+            return call(
+                rows, sigma[rows], [tensors["image_latents"][rows, k, :, :h, :w] for k, (h, w) in enumerate(layout)]
+            )
 
         # agreed before any call: a process still gathering for its own calls cannot answer a count
         padding = self.most_calls_of_any_process(len(layouts)) - len(layouts) if self.sharded() else 0
@@ -125,10 +132,13 @@ class InputImages:
         latents = first.new_zeros(rows, most, first.shape[0], height, width)
         shapes = torch.zeros(rows, most, 2, dtype=torch.long)
         for (row, k), z in encoded.items():
-            latents[row, k, :, :z.shape[-2], :z.shape[-1]] = z
+            latents[row, k, :, : z.shape[-2], : z.shape[-1]] = z
             shapes[row, k] = torch.tensor(z.shape[-2:])
-        return {"image_latents": latents, "reference_shapes": shapes.to(self.device),
-                "reference_count": torch.tensor([len(images) for images in found], device=self.device)}
+        return {
+            "image_latents": latents,
+            "reference_shapes": shapes.to(self.device),
+            "reference_count": torch.tensor([len(images) for images in found], device=self.device),
+        }
 
     def sized_reference(self, image: torch.Tensor, size: tuple[int, int] | None) -> torch.Tensor:
         """An input image as the VAE takes it: sized as the pipeline sizes it (`pipeline_sized`) when
@@ -158,8 +168,10 @@ class InputImages:
         if self.source_input is None:
             raise ConfigError(f"{where}: {name} takes no input images")
         if type(self).pipeline_sized is InputImages.pipeline_sized:
-            raise ConfigError(f"{where}: {name} takes its input image at the sample size; only editors whose "
-                              "pipelines size each image themselves (FLUX.2, Qwen-Image-Edit) take a reference size")
+            raise ConfigError(
+                f"{where}: {name} takes its input image at the sample size; only editors whose "
+                "pipelines size each image themselves (FLUX.2, Qwen-Image-Edit) take a reference size"
+            )
         self.reference_size = value
 
     def distinct_references(self, items: list) -> tuple[list[list[torch.Tensor]], list[int]]:
@@ -175,6 +187,8 @@ class InputImages:
 
         sizes = {tuple(source.shape[-2:]) for source in sources}
         if len(sizes) > 1:
-            raise UserError(f"source images of one batch differ in size ({sorted(sizes)}); give sources of one size "
-                            "or the sample size to resize them to")
+            raise UserError(
+                f"source images of one batch differ in size ({sorted(sizes)}); give sources of one size "
+                "or the sample size to resize them to"
+            )
         return torch.stack(sources)

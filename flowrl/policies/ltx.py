@@ -10,6 +10,7 @@ Decoding is the pipeline's default: statistics undone, and a timestep-conditione
 added noise (the pipeline's decode_timestep / decode_noise_scale, for decoding with noise mixed in, are not
 offered).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 from . import POLICIES
 from .base import SELF_CROSS_ATTENTION_TARGETS, Conditioning, FlowPolicy, SampleSpec
 from .first_frame import FirstFrameHeld, hold_first_frame
+
 
 @POLICIES.register("LTXPipeline")
 class LTXVideoPolicy(FlowPolicy):
@@ -30,8 +32,12 @@ class LTXVideoPolicy(FlowPolicy):
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
         cfg = self.uses_cfg(guidance_scale)
         embeds, mask, neg, neg_mask = self.pipeline.encode_prompt(
-            list(prompts), negative_prompt=[""] * len(prompts) if cfg else None, do_classifier_free_guidance=cfg,
-            device=self.device, max_sequence_length=self.text_length())
+            list(prompts),
+            negative_prompt=[""] * len(prompts) if cfg else None,
+            do_classifier_free_guidance=cfg,
+            device=self.device,
+            max_sequence_length=self.text_length(),
+        )
         negative = {"embeds": neg, "mask": neg_mask} if cfg else {}
         return Conditioning({"embeds": embeds, "mask": mask}, negative, list(prompts))
 
@@ -43,16 +49,21 @@ class LTXVideoPolicy(FlowPolicy):
         return self.pipeline.vae_spatial_compression_ratio * self.transformer.config.patch_size  # check_inputs: 32
 
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
-        return self.video_noise_shape(spec, self.pipeline.vae_temporal_compression_ratio,
-                                      self.pipeline.vae_spatial_compression_ratio)
+        return self.video_noise_shape(
+            spec, self.pipeline.vae_temporal_compression_ratio, self.pipeline.vae_spatial_compression_ratio
+        )
 
     def _raw_sigmas(self, scheduler, num_steps, noise_shape):
         from diffusers.pipelines.ltx.pipeline_ltx import calculate_shift
 
         config = scheduler.config
-        mu = calculate_shift(int(np.prod(noise_shape[-3:])), config.get("base_image_seq_len", 256),
-                             config.get("max_image_seq_len", 4096), config.get("base_shift", 0.5),
-                             config.get("max_shift", 1.15))
+        mu = calculate_shift(
+            int(np.prod(noise_shape[-3:])),
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
         scheduler.set_timesteps(num_steps, sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=mu)
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
@@ -66,12 +77,22 @@ class LTXVideoPolicy(FlowPolicy):
         pipe = self.pipeline
         _, _, f, h, w = latents.shape
         p, pt = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
-        scale = (pipe.vae_temporal_compression_ratio / self.fps, pipe.vae_spatial_compression_ratio,
-                 pipe.vae_spatial_compression_ratio)
-        out = self.net()(hidden_states=pipe._pack_latents(latents, p, pt),
-                         encoder_hidden_states=tensors["embeds"].to(latents.dtype), timestep=timestep,
-                         encoder_attention_mask=tensors["mask"], num_frames=f, height=h, width=w,  # as the pipeline
-                         rope_interpolation_scale=scale, return_dict=False)[0]
+        scale = (
+            pipe.vae_temporal_compression_ratio / self.fps,
+            pipe.vae_spatial_compression_ratio,
+            pipe.vae_spatial_compression_ratio,
+        )
+        out = self.net()(
+            hidden_states=pipe._pack_latents(latents, p, pt),
+            encoder_hidden_states=tensors["embeds"].to(latents.dtype),
+            timestep=timestep,
+            encoder_attention_mask=tensors["mask"],
+            num_frames=f,
+            height=h,
+            width=w,  # as the pipeline
+            rope_interpolation_scale=scale,
+            return_dict=False,
+        )[0]
         return pipe._unpack_latents(out, f // pt, h // p, w // p, p, pt)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -91,6 +112,7 @@ class LTXImageToVideoPolicy(FirstFrameHeld, LTXVideoPolicy):
     LTXImageToVideoPipeline, it is the video's first latent frame, seen at time 0 (a timestep per token: zero on its
     tokens) in both CFG branches, and every step ends with it in place (flowrl/policies/first_frame.py). Deviations:
     the VAE's posterior mode where the pipeline draws from it; the frame resized bicubically with antialiasing."""
+
     family = "ltx_i2v"
     source_input = "source_image"  # the first frame
     source_needed_by = "an image-to-video pipeline"
@@ -106,9 +128,11 @@ class LTXImageToVideoPolicy(FirstFrameHeld, LTXVideoPolicy):
     def _forward(self, latents, sigma, tensors, guidance_scale):
         first = tensors["condition"][:, :, 0]
         held = latents.clone()
-        held[:, :, 0] = first.to(latents.dtype)  # the transformer sees the frame there, as the pipeline's latents hold it
+        held[:, :, 0] = first.to(
+            latents.dtype
+        )  # the transformer sees the frame there, as the pipeline's latents hold it
         b, _, f, h, w = latents.shape
         timestep = (torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1) * 1000).expand(b)
         per_token = timestep[:, None].expand(-1, f * h * w).clone()  # one token per latent pixel (patch size 1)
-        per_token[:, :h * w] = 0  # the first frame's tokens (frame-major packing) at time 0
+        per_token[:, : h * w] = 0  # the first frame's tokens (frame-major packing) at time 0
         return hold_first_frame(self.packed_velocity(held, per_token, tensors), latents, first, sigma)

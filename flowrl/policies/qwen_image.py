@@ -4,6 +4,7 @@ VAE (one-frame video latents, per-channel mean / std).
 
 Trajectories keep latents unpacked, [B, C, h, w] as every image family; `_forward` packs them on the way in.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,14 +18,22 @@ from .wan import wan_vae_latents
 # the attention projections of both streams, as flowrl's SD3 and FLUX adapters train (Flow-Factory's Qwen-Image
 # default also adapts each feed-forward's first projection: `lora.target_modules` can add "img_mlp.net.0.proj");
 # the text stream's output projection is added per block by `lora_targets`
-QWEN_IMAGE_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-                           "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"]
+QWEN_IMAGE_LORA_TARGETS = [
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+]
 
 
 @POLICIES.register("QwenImagePipeline")
 class QwenImagePolicy(FluxPolicy):
     """Sizes, noise layout and the dynamically shifted sigma schedule are FLUX's (the same packing and
     calculate_shift on the scheduler's config); prompts, guidance, the transformer call and decoding are Qwen's."""
+
     family = "qwen_image"
     text_length_tokenizer = "tokenizer"
     negative_prompt = " "  # QwenImagePipeline guides only against a given negative prompt; its examples give " "
@@ -36,12 +45,18 @@ class QwenImagePolicy(FluxPolicy):
 
         if Version(diffusers.__version__) < Version("0.37"):  # older transformers ignore the text mask
             from ..errors import ConfigError
-            raise ConfigError(f"pipeline.path: Qwen-Image needs diffusers >= 0.37 (its attention masks padded "
-                              f"prompt tokens); this environment has {diffusers.__version__}")
+
+            raise ConfigError(
+                f"pipeline.path: Qwen-Image needs diffusers >= 0.37 (its attention masks padded "
+                f"prompt tokens); this environment has {diffusers.__version__}"
+            )
         if self.transformer.config.guidance_embeds:
             from ..errors import ConfigError
-            raise ConfigError("pipeline.path: this Qwen-Image transformer is guidance-distilled (guidance_embeds); "
-                              "flowrl's Qwen-Image adapter supports the released models, which use true CFG")
+
+            raise ConfigError(
+                "pipeline.path: this Qwen-Image transformer is guidance-distilled (guidance_embeds); "
+                "flowrl's Qwen-Image adapter supports the released models, which use true CFG"
+            )
 
     @property
     def lora_targets(self) -> list[str]:
@@ -86,13 +101,18 @@ class QwenImagePolicy(FluxPolicy):
             image = image.to(latents.dtype)
             shapes.append((1, image.shape[-2] // 2, image.shape[-1] // 2))
             tokens = torch.cat([tokens, self.pipeline._pack_latents(image, b, *image.shape[1:])], 1)
-        out = self.net()(hidden_states=tokens, timestep=sigma.to(latents.dtype), guidance=None,
-                         encoder_hidden_states=tensors["embeds"][:, :used].to(latents.dtype),
-                         # as the pipeline: no mask when nothing is padded (attention kernels run faster without)
-                         encoder_hidden_states_mask=None if bool(mask.all()) else mask,
-                         img_shapes=[shapes] * b, return_dict=False)[0]
+        out = self.net()(
+            hidden_states=tokens,
+            timestep=sigma.to(latents.dtype),
+            guidance=None,
+            encoder_hidden_states=tensors["embeds"][:, :used].to(latents.dtype),
+            # as the pipeline: no mask when nothing is padded (attention kernels run faster without)
+            encoder_hidden_states_mask=None if bool(mask.all()) else mask,
+            img_shapes=[shapes] * b,
+            return_dict=False,
+        )[0]
         factor = self.pipeline.vae_scale_factor
-        return self.pipeline._unpack_latents(out[:, :(h // 2) * (w // 2)], h * factor, w * factor, factor)[:, :, 0]
+        return self.pipeline._unpack_latents(out[:, : (h // 2) * (w // 2)], h * factor, w * factor, factor)[:, :, 0]
 
     def combine_guidance(self, uncond, text, guidance_scale):
         """Qwen-Image's true CFG: v_u + w (v_c - v_u), rescaled so that each packed token (a 2x2 latent patch, all

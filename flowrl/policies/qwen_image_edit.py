@@ -17,6 +17,7 @@ with the pipeline's own image processor to its area (1024x1024 for Qwen-Image-Ed
 from the original image.
 `pipeline.max_sequence_length` has no effect here: the pipelines do not cut the prompt either.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,11 +60,14 @@ class QwenImageEditPolicy(QwenImagePolicy):
 
         def padded(branch):  # one branch's rows, padded (masked) to the common length
             rows = [read[key] for key in branch]
-            return {"embeds": torch.stack([F.pad(embeds, (0, 0, 0, length - len(embeds))) for embeds, _ in rows]),
-                    "mask": torch.stack([F.pad(mask, (0, length - len(mask))) for _, mask in rows])}
+            return {
+                "embeds": torch.stack([F.pad(embeds, (0, 0, 0, length - len(embeds))) for embeds, _ in rows]),
+                "mask": torch.stack([F.pad(mask, (0, length - len(mask))) for _, mask in rows]),
+            }
 
-        cond = Conditioning(padded(branches[0]), padded(branches[1]) if cfg else {}, [item.prompt for item in items],
-                            items)
+        cond = Conditioning(
+            padded(branches[0]), padded(branches[1]) if cfg else {}, [item.prompt for item in items], items
+        )
         # the VAE encodes each distinct item's images once too (`pack_references`' tensors)
         unique = list(dict.fromkeys(digests))
         images = [originals[digests.index(d)] for d in unique]
@@ -74,8 +78,10 @@ class QwenImageEditPolicy(QwenImagePolicy):
                 size = tuple(max(side - side % self.size_multiple, self.size_multiple) for side in image.shape[-2:])
             return self.sized_reference(image, size)
 
-        packed = self.pack_references([[vae_sized(image) for image in group] for group in images], lambda batch:
-                                      wan_vae_encode(self.pipeline.vae, batch[:, :, None])[:, :, 0])
+        packed = self.pack_references(
+            [[vae_sized(image) for image in group] for group in images],
+            lambda batch: wan_vae_encode(self.pipeline.vae, batch[:, :, None])[:, :, 0],
+        )
         picked = [unique.index(d) for d in digests]
         cond.add_inputs({name: tensor[picked] for name, tensor in packed.items()})
         return cond.to(self.device)
@@ -88,12 +94,14 @@ class QwenImageEditPolicy(QwenImagePolicy):
 
         module = importlib.import_module(self.pipeline_module)
         shown = to_pil(image)
-        width, height = module.calculate_dimensions(self.reference_size ** 2, shown.width / shown.height)[:2]
+        width, height = module.calculate_dimensions(self.reference_size**2, shown.width / shown.height)[:2]
         if not width or not height:
             from ..errors import UserError
 
-            raise UserError(f"pipeline.reference_size {self.reference_size}: an image of {shown.width}x{shown.height} "
-                            f"would become {width}x{height} (sides in multiples of 32); choose a larger size")
+            raise UserError(
+                f"pipeline.reference_size {self.reference_size}: an image of {shown.width}x{shown.height} "
+                f"would become {width}x{height} (sides in multiples of 32); choose a larger size"
+            )
         return (self.pipeline.image_processor.preprocess(shown, height, width)[0].float() + 1) / 2
 
     def _read(self, branches: list[list[tuple[str, str]]], originals: dict) -> dict:
@@ -103,8 +111,11 @@ class QwenImageEditPolicy(QwenImagePolicy):
         cache = getattr(self, "embedding_cache", None)
         read = {}
         with self._encode_lock:
-            missing = [key for key in dict.fromkeys(k for branch in branches for k in branch)
-                       if cache is None or key not in cache]
+            missing = [
+                key
+                for key in dict.fromkeys(k for branch in branches for k in branch)
+                if cache is None or key not in cache
+            ]
             if missing:
                 with self.text_encoders_on_device():
                     for prompt, digest in missing:
@@ -125,8 +136,9 @@ class QwenImageEditPolicy(QwenImagePolicy):
             image = to_pil(source)
             width, height = module.calculate_dimensions(self.reader_area, image.width / image.height)[:2]
             shown.append(self.pipeline.image_processor.resize(image, height, width))
-        embeds, _ = self.pipeline.encode_prompt([prompt], image=shown if len(shown) > 1 else shown[0],
-                                                device=self.device)
+        embeds, _ = self.pipeline.encode_prompt(
+            [prompt], image=shown if len(shown) > 1 else shown[0], device=self.device
+        )
         embeds = embeds[0].cpu()
         return embeds, torch.ones(embeds.shape[0], dtype=torch.long)
 
@@ -134,8 +146,14 @@ class QwenImageEditPolicy(QwenImagePolicy):
         raise NotImplementedError("Qwen-Image-Edit reads each instruction with its source image: use `encode`")
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        return self.by_reference_layout(latents, sigma, tensors, lambda rows, sigma, references: self.packed_velocity(
-            latents[rows], sigma, {k: v[rows] for k, v in tensors.items()}, context=references))
+        return self.by_reference_layout(
+            latents,
+            sigma,
+            tensors,
+            lambda rows, sigma, references: self.packed_velocity(
+                latents[rows], sigma, {k: v[rows] for k, v in tensors.items()}, context=references
+            ),
+        )
 
 
 @POLICIES.register("QwenImageEditPlusPipeline")
@@ -143,6 +161,7 @@ class QwenImageEditPlusPolicy(QwenImageEditPolicy):
     """Qwen-Image-Edit-2509 / -2511: an instruction with one image or several ("Picture 1: ... Picture 2: ..." in the
     pipeline's template: a .jsonl line's `image` as a list, the source first), each read at the Plus pipeline's
     condition area and each going in as packed tokens after the sample's, in order."""
+
     family = "qwen_image_edit_plus"
     max_references = None  # the Plus pipeline takes a list
     reader_area = 384 * 384  # the Plus pipeline's CONDITION_IMAGE_SIZE

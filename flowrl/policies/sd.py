@@ -4,6 +4,7 @@ Schedule points are the scheduler's DDIM timesteps, with -1 standing for the end
 "previous" cumulative alpha is the scheduler's final_alpha_cumprod). `velocity` returns the guided noise
 prediction eps_u + w (eps_c - eps_u); `step` is a DDIM step with eta = noise_level (eta = 0 for 'ode').
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,13 +27,15 @@ class SDPolicy(FlowPolicy):
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
         cfg = self.uses_cfg(guidance_scale)
-        embeds, neg = self.pipeline.encode_prompt(prompts, self.device, 1, cfg,
-                                                  negative_prompt=[""] * len(prompts) if cfg else None)
+        embeds, neg = self.pipeline.encode_prompt(
+            prompts, self.device, 1, cfg, negative_prompt=[""] * len(prompts) if cfg else None
+        )
         return Conditioning({"embeds": embeds}, {"embeds": neg} if cfg else {}, list(prompts))
 
     def _forward(self, latents, timestep, tensors, guidance_scale):
-        out = self.net()(latents, timestep, encoder_hidden_states=tensors["embeds"].to(latents.dtype),
-                         return_dict=False)[0]
+        out = self.net()(
+            latents, timestep, encoder_hidden_states=tensors["embeds"].to(latents.dtype), return_dict=False
+        )[0]
         return self.as_epsilon(out, latents, timestep)
 
     def as_epsilon(self, out: torch.Tensor, latents: torch.Tensor, timestep) -> torch.Tensor:
@@ -77,8 +80,19 @@ class SDPolicy(FlowPolicy):
         final = torch.as_tensor(scheduler.final_alpha_cumprod, dtype=torch.float32, device=t.device)
         return torch.where(t >= 0, table[t.clamp(min=0).long()], final)
 
-    def step(self, kind, x, timestep, timestep_next, cond, guidance_scale, noise_level, noise=None, prev_sample=None,
-             guide=None):
+    def step(
+        self,
+        kind,
+        x,
+        timestep,
+        timestep_next,
+        cond,
+        guidance_scale,
+        noise_level,
+        noise=None,
+        prev_sample=None,
+        guide=None,
+    ):
         if kind not in self.kinds:
             raise ValueError(f"epsilon-prediction pipelines sample with {self.kinds}, not {kind!r}")
         eps = self.velocity(x, timestep, cond, guidance_scale)

@@ -1,4 +1,5 @@
 """StableDiffusion3Pipeline adapter: joint text/image transformer, three text encoders, optional CFG."""
+
 from __future__ import annotations
 
 import torch
@@ -7,8 +8,16 @@ from ..images import to_unit
 from . import POLICIES
 from .base import Conditioning, FlowPolicy, SampleSpec
 
-SD3_LORA_TARGETS = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-                    "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"]
+SD3_LORA_TARGETS = [
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+]
 
 
 @torch.no_grad()
@@ -31,15 +40,25 @@ class SD3Policy(FlowPolicy):
         cfg = self.uses_cfg(guidance_scale)
         kwargs = {"max_sequence_length": self.text_length()}  # __call__'s default, not encode_prompt's
         embeds, neg, pooled, neg_pooled = self.pipeline.encode_prompt(
-            prompts, prompts, prompts, device=self.device, do_classifier_free_guidance=cfg,
-            negative_prompt=[""] * len(prompts) if cfg else None, **kwargs)
+            prompts,
+            prompts,
+            prompts,
+            device=self.device,
+            do_classifier_free_guidance=cfg,
+            negative_prompt=[""] * len(prompts) if cfg else None,
+            **kwargs,
+        )
         negative = {"embeds": neg, "pooled": neg_pooled} if cfg else {}
         return Conditioning({"embeds": embeds, "pooled": pooled}, negative, list(prompts))
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
-        return self.net()(hidden_states=latents, encoder_hidden_states=tensors["embeds"].to(latents.dtype),
-                          pooled_projections=tensors["pooled"].to(latents.dtype), timestep=sigma * 1000,
-                          return_dict=False)[0]
+        return self.net()(
+            hidden_states=latents,
+            encoder_hidden_states=tensors["embeds"].to(latents.dtype),
+            pooled_projections=tensors["pooled"].to(latents.dtype),
+            timestep=sigma * 1000,
+            return_dict=False,
+        )[0]
 
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
         factor = self.pipeline.vae_scale_factor
@@ -49,10 +68,16 @@ class SD3Policy(FlowPolicy):
         mu = None
         if scheduler.config.get("use_dynamic_shifting", False):
             from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
+
             patch, c = self.transformer.config.patch_size, scheduler.config
             # the scheduler config's bounds, with StableDiffusion3Pipeline's own defaults (max_shift 1.16)
-            mu = calculate_shift(noise_shape[-1] * noise_shape[-2] // patch**2, c.get("base_image_seq_len", 256),
-                                 c.get("max_image_seq_len", 4096), c.get("base_shift", 0.5), c.get("max_shift", 1.16))
+            mu = calculate_shift(
+                noise_shape[-1] * noise_shape[-2] // patch**2,
+                c.get("base_image_seq_len", 256),
+                c.get("max_image_seq_len", 4096),
+                c.get("base_shift", 0.5),
+                c.get("max_shift", 1.16),
+            )
         scheduler.set_timesteps(num_steps, mu=mu)
 
     def encode_images(self, images, generator: torch.Generator | None = None) -> torch.Tensor:

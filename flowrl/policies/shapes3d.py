@@ -6,6 +6,7 @@ in [0, 1], or a PIL image), its meta["image"] (a path to an image file, e.g. fro
 prompt of the 3D shapes world's grammar, the render of the solid it names (meta "solid_seed", else a fixed one),
 asked of the `shapes3d` task through the task registry (the adapter knows no world itself).
 """
+
 from __future__ import annotations
 
 import torch
@@ -59,8 +60,10 @@ class Shapes3DPolicy(FlowPolicy):
 
         for name, side in zip(names, (height, width)):
             if side is not None and side != self.grid_resolution:
-                raise UserError(f"{name}: {side}; {type(self.pipeline).__name__} samples SDF grids of "
-                                f"{self.grid_resolution}^3: leave it unset (or {self.grid_resolution})")
+                raise UserError(
+                    f"{name}: {side}; {type(self.pipeline).__name__} samples SDF grids of "
+                    f"{self.grid_resolution}^3: leave it unset (or {self.grid_resolution})"
+                )
         return self.default_spec()
 
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:

@@ -1,5 +1,6 @@
 """WanPipeline adapter (text-to-video): 5-D latents [B, C, F, H, W], UMT5/T5 text, true CFG; Wan2.2's two experts
 (a high-noise `transformer` and a low-noise `transformer_2` split at the pipeline's boundary_ratio)."""
+
 from __future__ import annotations
 
 import torch
@@ -7,6 +8,7 @@ import torch
 from . import POLICIES
 from .base import LOW_NOISE_EXPERT, SELF_CROSS_ATTENTION_TARGETS, Conditioning, FlowPolicy, SampleSpec, untiled
 from .wan_vae import frame_convolutions
+
 
 @POLICIES.register("WanPipeline")
 class WanPolicy(FlowPolicy):
@@ -35,8 +37,13 @@ class WanPolicy(FlowPolicy):
     def encode_prompts(self, prompts: list[str], guidance_scale: float) -> Conditioning:
         cfg = self.uses_cfg(guidance_scale)
         kwargs = {"max_sequence_length": self.text_length()}  # __call__'s default, not encode_prompt's
-        embeds, neg = self.pipeline.encode_prompt(prompts, negative_prompt=[""] * len(prompts) if cfg else None,
-                                                  do_classifier_free_guidance=cfg, device=self.device, **kwargs)
+        embeds, neg = self.pipeline.encode_prompt(
+            prompts,
+            negative_prompt=[""] * len(prompts) if cfg else None,
+            do_classifier_free_guidance=cfg,
+            device=self.device,
+            **kwargs,
+        )
         return Conditioning({"embeds": embeds}, {"embeds": neg} if cfg else {}, list(prompts))
 
     def set_trained_experts(self, experts: str, where: str) -> None:
@@ -57,8 +64,11 @@ class WanPolicy(FlowPolicy):
         the setting in the error a pipeline without two experts gives."""
         if value is not None and self.boundary_timestep is None:
             from ..errors import ConfigError
-            raise ConfigError(f"{where}: only a Wan2.2 pipeline with two experts (transformer_2 and a boundary_ratio) "
-                              f"takes a second guidance scale; {type(self.pipeline).__name__} here has one")
+
+            raise ConfigError(
+                f"{where}: only a Wan2.2 pipeline with two experts (transformer_2 and a boundary_ratio) "
+                f"takes a second guidance scale; {type(self.pipeline).__name__} here has one"
+            )
         self.guidance_scale_2 = value
 
     def uses_cfg(self, guidance_scale: float) -> bool:
@@ -89,8 +99,9 @@ class WanPolicy(FlowPolicy):
         return self.pipeline.vae_scale_factor_spatial * self.transformer.config.patch_size[1]
 
     def noise_shape(self, spec: SampleSpec) -> tuple[int, ...]:
-        return self.video_noise_shape(spec, self.pipeline.vae_scale_factor_temporal,
-                                      self.pipeline.vae_scale_factor_spatial)
+        return self.video_noise_shape(
+            spec, self.pipeline.vae_scale_factor_temporal, self.pipeline.vae_scale_factor_spatial
+        )
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
         timestep = sigma * 1000
@@ -107,8 +118,11 @@ class WanPolicy(FlowPolicy):
 
     def transformer_inputs(self, latents: torch.Tensor, tensors: dict, timestep: torch.Tensor) -> dict:
         """The transformer's batch-first inputs (image-to-video adds its condition, and TI2V a timestep per token)."""
-        return {"hidden_states": latents, "timestep": timestep,
-                "encoder_hidden_states": tensors["embeds"].to(latents.dtype)}
+        return {
+            "hidden_states": latents,
+            "timestep": timestep,
+            "encoder_hidden_states": tensors["embeds"].to(latents.dtype),
+        }
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Video in [0, 1], [B, 3, F, H, W]."""
@@ -132,16 +146,18 @@ class ExpertPair(torch.nn.Module):
         return route_experts(self.high, self.low, inputs, high, keep_high=synced, keep_low=synced)
 
 
-def route_experts(high_net, low_net, inputs: dict, high: torch.Tensor, keep_high: bool = False,
-                  keep_low: bool = False) -> torch.Tensor:
+def route_experts(
+    high_net, low_net, inputs: dict, high: torch.Tensor, keep_high: bool = False, keep_low: bool = False
+) -> torch.Tensor:
     """Each row through the expert its timestep picks (`high`: the high-noise one), as WanPipeline does. An expert
     no row needs still runs one row, weighted zero, where it is kept (`keep_high`, `keep_low`): a distributed
     wrapper's collectives need its forward, and every trained parameter in the backward, on every process."""
+
     def call(net, rows):
         return net(**{k: v[rows] for k, v in inputs.items()}, return_dict=False)[0]
 
     if bool(high.all()) or not bool(high.any()):
-        used, unused, keep = ((high_net, low_net, keep_low) if bool(high.all()) else (low_net, high_net, keep_high))
+        used, unused, keep = (high_net, low_net, keep_low) if bool(high.all()) else (low_net, high_net, keep_high)
         out = call(used, slice(None))
         if keep:
             out = out + 0.0 * call(unused, slice(0, 1)).sum()

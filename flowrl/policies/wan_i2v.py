@@ -12,6 +12,7 @@ pipeline. Wan2.2-TI2V-5B (expanded timesteps) takes no mask or CLIP: the frame's
 seen at time 0 (a timestep per token), and every step ends with that frame in place, as the pipeline's output does.
 Not supported: a last frame (first-last-frame models).
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,9 +36,12 @@ class WanImageToVideoPolicy(FirstFrameHeld, WanPolicy):
         self.holds_first_frame = self.expand_timesteps
         if self.expand_timesteps and self.transformer.config.patch_size[0] != 1:
             from ..errors import ConfigError
-            raise ConfigError("pipeline.path: a Wan image-to-video transformer with expanded timesteps and a temporal "
-                              f"patch size of {self.transformer.config.patch_size[0]} (TI2V-5B's is 1) is not "
-                              "supported")
+
+            raise ConfigError(
+                "pipeline.path: a Wan image-to-video transformer with expanded timesteps and a temporal "
+                f"patch size of {self.transformer.config.patch_size[0]} (TI2V-5B's is 1) is not "
+                "supported"
+            )
         encoder = getattr(pipeline, "image_encoder", None)
         if encoder is not None:
             encoder.requires_grad_(False)
@@ -63,11 +67,17 @@ class WanImageToVideoPolicy(FirstFrameHeld, WanPolicy):
         if self.expand_timesteps:  # TI2V: the frame alone, which becomes the first latent frame
             added = {"condition": wan_vae_encode(self.pipeline.vae, first[:, :, None], torch.float32)[rows]}
         else:
-            video = torch.cat([first[:, :, None], first.new_full((*first.shape[:2], spec.num_frames - 1,
-                                                                   *first.shape[2:]), 0.5)], 2)  # 0.5: 0 in [-1, 1]
+            video = torch.cat(
+                [first[:, :, None], first.new_full((*first.shape[:2], spec.num_frames - 1, *first.shape[2:]), 0.5)], 2
+            )  # 0.5: 0 in [-1, 1]
             latents = wan_vae_encode(self.pipeline.vae, video, torch.float32)  # normalised in fp32, as the pipeline
-            mask = torch.zeros(len(frames), self.pipeline.vae_scale_factor_temporal, *latents.shape[2:],
-                               dtype=latents.dtype, device=latents.device)
+            mask = torch.zeros(
+                len(frames),
+                self.pipeline.vae_scale_factor_temporal,
+                *latents.shape[2:],
+                dtype=latents.dtype,
+                device=latents.device,
+            )
             mask[:, :, 0] = 1  # the latent frame the given frame decodes to
             added = {"condition": torch.cat([mask, latents], 1)[rows]}
         if self.transformer.config.image_dim is not None:  # Wan2.1-I2V: CLIP reads the original frames, in one call

@@ -4,6 +4,7 @@ the same function as per-frame 2-D convolutions, which `frame_convolutions` runs
 step, 2.7x per decode: benchmarks/wan_frame_convs.py). A VAE whose frames interact (any released Wan VAE) is left
 as it is.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,8 +15,11 @@ import torch
 
 def past_taps(vae) -> list[torch.Tensor]:
     """Every causal 3-D convolution's weights on earlier frames (views: all but the last time tap)."""
-    return [module.weight[:, :, :-1] for module in vae.modules()
-            if type(module).__name__ == "WanCausalConv3d" and module.weight.shape[2] > 1]
+    return [
+        module.weight[:, :, :-1]
+        for module in vae.modules()
+        if type(module).__name__ == "WanCausalConv3d" and module.weight.shape[2] > 1
+    ]
 
 
 def frames_independent(vae) -> bool:
@@ -32,8 +36,9 @@ def _frame_conv(conv, x: torch.Tensor, cache_x=None) -> torch.Tensor:
     and the zero padding in time."""
     b, c, f, h, w = x.shape
     frames = x.transpose(1, 2).reshape(b * f, c, h, w)
-    out = torch.nn.functional.conv2d(frames, conv.weight[:, :, -1], conv.bias, stride=conv.stride[1:],
-                                     padding=(conv._padding[2], conv._padding[0]))
+    out = torch.nn.functional.conv2d(
+        frames, conv.weight[:, :, -1], conv.bias, stride=conv.stride[1:], padding=(conv._padding[2], conv._padding[0])
+    )
     return out.view(b, f, *out.shape[1:]).transpose(1, 2)
 
 
@@ -46,8 +51,11 @@ def frame_convolutions(vae):
     if not frames_independent(vae):
         yield
         return
-    convs = [m for m in vae.modules() if type(m).__name__ == "WanCausalConv3d"
-             and m.stride[0] == 1 and m._padding[4] == m.kernel_size[0] - 1]
+    convs = [
+        m
+        for m in vae.modules()
+        if type(m).__name__ == "WanCausalConv3d" and m.stride[0] == 1 and m._padding[4] == m.kernel_size[0] - 1
+    ]
     for conv in convs:
         conv.forward = functools.partial(_frame_conv, conv)
     try:

@@ -12,6 +12,7 @@ a static shift, as Z-Image-Turbo's, ignores) and VAE decoding it shares:
   ZImagePipeline's guidance_scale w is s = w + 1 here: its default 5.0 is 6.0 in a flowrl config. The pipeline's
   cfg_normalization and cfg_truncation are off by default there and not offered here.
 """
+
 from __future__ import annotations
 
 import torch
@@ -60,6 +61,10 @@ class ZImagePolicy(FluxPolicy):
         embeds = tensors["embeds"].to(latents.dtype)
         # the time stays fp32, as ZImagePipeline gives it (its latents are fp32): bf16 would round 1 - sigma by up to
         # 2 of the transformer's 1000 time units
-        out = self.net()(list(latents[:, :, None].unbind(0)), (1 - sigma).float(),
-                         [row[:n] for row, n in zip(embeds, lengths)], return_dict=False)[0]
+        out = self.net()(
+            list(latents[:, :, None].unbind(0)),
+            (1 - sigma).float(),
+            [row[:n] for row, n in zip(embeds, lengths)],
+            return_dict=False,
+        )[0]
         return -torch.stack(out)[:, :, 0]

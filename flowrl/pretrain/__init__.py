@@ -9,6 +9,8 @@ def source_vae(pipeline_dir) -> str:
     from ..errors import UserError
 
     if not (Path(pipeline_dir) / "vae" / "config.json").is_file():
-        raise UserError(f"--pipeline {pipeline_dir}: no vae/ folder there; this recipe reuses the VAE of a shapes-sd3 "
-                        f"pipeline (run from the checkout's root, or pass --pipeline)")
+        raise UserError(
+            f"--pipeline {pipeline_dir}: no vae/ folder there; this recipe reuses the VAE of a shapes-sd3 "
+            f"pipeline (run from the checkout's root, or pass --pipeline)"
+        )
     return str(pipeline_dir)

@@ -5,6 +5,7 @@ near-miss prompt (one attribute redrawn: mostly "no") and of a random prompt. Ev
 verdict of that sub-prompt on that clip, so labels are exact for renders. Binary cross-entropy, AdamW with cosine
 decay. Reported: accuracy on fresh renders (all questions, and held-out-combination questions apart).
 """
+
 from __future__ import annotations
 
 import time
@@ -55,12 +56,20 @@ def to_video(clips: np.ndarray) -> torch.Tensor:
 @torch.no_grad()
 def accuracy(model, tokenizer, count: int, rng: np.random.Generator) -> dict:
     clips, questions, labels = labelled_questions(count, rng)
-    logits = torch.cat([model(to_video(clips[i:i + 64]), *tokenize(tokenizer, questions[i:i + 64]))
-                        for i in range(0, len(questions), 64)])
+    logits = torch.cat(
+        [
+            model(to_video(clips[i : i + 64]), *tokenize(tokenizer, questions[i : i + 64]))
+            for i in range(0, len(questions), 64)
+        ]
+    )
     right = ((logits > 0).float() == labels).float()
     held = torch.tensor([is_held_out(parse_prompt(q)) for q in questions])
-    return {"accuracy": right.mean().item(), "held_out_accuracy": right[held].mean().item() if held.any() else None,
-            "yes_share": labels.mean().item(), "questions": len(questions)}
+    return {
+        "accuracy": right.mean().item(),
+        "held_out_accuracy": right[held].mean().item() if held.any() else None,
+        "yes_share": labels.mean().item(),
+        "questions": len(questions),
+    }
 
 
 def pretrain_motion_qa(cfg: MotionQAPretrainConfig):
@@ -82,6 +91,10 @@ def pretrain_motion_qa(cfg: MotionQAPretrainConfig):
         if step % 25 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
     model.eval().requires_grad_(False)
-    facts = {"config": asdict(cfg), "minutes": (time.time() - started) / 60, "final_loss": loss.item(),
-             "eval_on_renders": accuracy(model, tokenizer, 200, np.random.default_rng(cfg.seed + 1000))}
+    facts = {
+        "config": asdict(cfg),
+        "minutes": (time.time() - started) / 60,
+        "final_loss": loss.item(),
+        "eval_on_renders": accuracy(model, tokenizer, 200, np.random.default_rng(cfg.seed + 1000)),
+    }
     return model, tokenizer, facts

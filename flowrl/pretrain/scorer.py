@@ -8,6 +8,7 @@ the embedded shapes-sd3 pipeline on RL-training prompts (drawn once before train
 judge a generator's imperfect attempts, as PickScore learned from real generations. Agreement with the verifier
 is reported as AUC on held-out rendered pairs and on pipeline samples of the held-out eval prompts.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,8 @@ from tqdm import tqdm
 
 from ..eval.metrics import auc
 from ..images import to_uint8, to_unit
-from ..schedules import cosine_decay
 from ..models.shapes_scorer import ScorerSize, build_scorer, scorer_image_processor, scorer_tokenizer
+from ..schedules import cosine_decay
 from ..shapes import verifier
 from ..shapes.prompts import all_prompt_specs, parse_prompt
 from ..shapes.scenes import sample_mixed_color_pairs, sample_pairs
@@ -81,7 +82,9 @@ def degrade(pixels: torch.Tensor, cfg: ScorerConfig, generator: torch.Generator)
     blurred = kornia.filters.gaussian_blur2d(pixels, (5, 5), (blur_sigma, blur_sigma))
     pick = (torch.rand(len(pixels), 1, 1, 1, generator=generator) < cfg.blur_probability).float()
     out = pick * blurred + (1 - pick) * pixels
-    noise = torch.randn(out.shape, generator=generator) * cfg.noise_std * torch.rand(len(out), 1, 1, 1, generator=generator)
+    noise = (
+        torch.randn(out.shape, generator=generator) * cfg.noise_std * torch.rand(len(out), 1, 1, 1, generator=generator)
+    )
     return (out + noise).clamp(0, 1)
 
 
@@ -101,13 +104,14 @@ def climb_scorer(model, tokenizer, pixels: torch.Tensor, prompts: list[str], ste
     for _ in range(steps):
         x.requires_grad_(True)
         score = pair_logits(model, tokenizer, x, prompts)[own, own].sum()
-        grad, = torch.autograd.grad(score, x)
+        (grad,) = torch.autograd.grad(score, x)
         x = (x.detach() + 2 * eps / steps * grad.sign()).clamp(start - eps, start + eps).clamp(0, 1)
     return x.detach()
 
 
-def generated_pairs(pipeline_dir: str | Path, count: int, seed: int,
-                    checkpoint: str | None = None) -> tuple[np.ndarray, list[str]]:
+def generated_pairs(
+    pipeline_dir: str | Path, count: int, seed: int, checkpoint: str | None = None
+) -> tuple[np.ndarray, list[str]]:
     """`count` samples of the pipeline, or of a tuned checkpoint of it (ODE 20 steps, CFG 4.5, seed-derived
     noise), on RL-training prompts."""
     from ..checkpoint import load_trained_weights
@@ -121,7 +125,9 @@ def generated_pairs(pipeline_dir: str | Path, count: int, seed: int,
     if checkpoint is not None:
         load_trained_weights(policy, checkpoint)
     prompts = [c.prompt for c in PromptSource(ShapesTask(), "train").draw(count, seed, 0)]
-    images, _ = generate(policy, prompts, 1, seed + 1, 20, 4.5, desc=f"scorer training samples ({checkpoint or 'base'})")
+    images, _ = generate(
+        policy, prompts, 1, seed + 1, 20, 4.5, desc=f"scorer training samples ({checkpoint or 'base'})"
+    )
     return images, prompts
 
 
@@ -157,9 +163,12 @@ def pretrain_scorer(cfg: ScorerConfig, size: ScorerSize | None = None, pipeline_
             prompts = prompts + [pool[1][i] for i in pick]
             pixels = torch.cat([pixels, to_unit(pool[0][pick])])
             if cfg.adversarial_steps:
-                own = prompts[-len(pick):]
-                climbed = to_uint8(climb_scorer(model, tokenizer, to_unit(pool[0][pick]), own, cfg.adversarial_steps,
-                                                cfg.adversarial_eps))
+                own = prompts[-len(pick) :]
+                climbed = to_uint8(
+                    climb_scorer(
+                        model, tokenizer, to_unit(pool[0][pick]), own, cfg.adversarial_steps, cfg.adversarial_eps
+                    )
+                )
                 images = np.concatenate([images, climbed])
                 prompts = prompts + own
                 pixels = torch.cat([pixels, to_unit(climbed)])
@@ -179,8 +188,13 @@ def pretrain_scorer(cfg: ScorerConfig, size: ScorerSize | None = None, pipeline_
     model.eval()
     model.config.score_bias = model.score_bias.item()
     del model.score_bias
-    facts = {"config": asdict(cfg), "size": asdict(size or ScorerSize()), "final_loss": loss.item(),
-             "minutes": (time.time() - start) / 60, "generated_from": str(pipeline_dir) if pool is not None else None}
+    facts = {
+        "config": asdict(cfg),
+        "size": asdict(size or ScorerSize()),
+        "final_loss": loss.item(),
+        "minutes": (time.time() - start) / 60,
+        "generated_from": str(pipeline_dir) if pool is not None else None,
+    }
     return model, tokenizer, facts
 
 
@@ -193,7 +207,9 @@ def rendered_auc(model, tokenizer, count: int = 512, seed: int = 10_000) -> dict
     labels = verdict_matrix(images, prompts)
     model.score_bias = model.config.score_bias
     clean = pair_logits(model, tokenizer, to_unit(images), prompts)
-    noisy = pair_logits(model, tokenizer, degrade(to_unit(images), ScorerConfig(), torch.Generator().manual_seed(seed)), prompts)
+    noisy = pair_logits(
+        model, tokenizer, degrade(to_unit(images), ScorerConfig(), torch.Generator().manual_seed(seed)), prompts
+    )
     # own-prompt column versus its hard negative: the pairs that differ in one attribute
     own = torch.arange(count)
     hard_scores = torch.cat([clean[own, own], clean[own, own + count]])
@@ -202,10 +218,15 @@ def rendered_auc(model, tokenizer, count: int = 512, seed: int = 10_000) -> dict
     mixed, mixed_prompts = sample_mixed_color_pairs(count, rng)
     mixed_labels = torch.tensor([verifier.score(image, p) for image, p in zip(mixed, mixed_prompts)])
     mixed_scores = pair_logits(model, tokenizer, to_unit(mixed), mixed_prompts).diagonal()
-    return {"pairs": int(labels.numel()), "positives": int(labels.sum()), "auc_clean": auc(clean, labels),
-            "auc_degraded": auc(noisy, labels), "auc_own_vs_hard_negative": auc(hard_scores, hard_labels),
-            "auc_mixed_colors_own_prompt": auc(mixed_scores, mixed_labels),
-            "mixed_colors_accepted": float(mixed_labels.mean())}
+    return {
+        "pairs": int(labels.numel()),
+        "positives": int(labels.sum()),
+        "auc_clean": auc(clean, labels),
+        "auc_degraded": auc(noisy, labels),
+        "auc_own_vs_hard_negative": auc(hard_scores, hard_labels),
+        "auc_mixed_colors_own_prompt": auc(mixed_scores, mixed_labels),
+        "mixed_colors_accepted": float(mixed_labels.mean()),
+    }
 
 
 CLIMB_CHECK = {"steps": 10, "eps": 0.15}  # the card's test of the scorer's gradient
@@ -222,8 +243,9 @@ def generated_auc(model, tokenizer, pipeline_dir: str | Path) -> dict:
     policy = policy_for(load_pipeline(pipeline_dir), max_sequence_length=T5_SEQUENCE_LENGTH)
     prompts = eval_prompt_set()
     e = CARD_EVAL
-    images, records = generate(policy, prompts, e["num_per_prompt"], e["seed"], e["num_steps"], e["guidance_scale"],
-                               desc="scorer eval samples")
+    images, records = generate(
+        policy, prompts, e["num_per_prompt"], e["seed"], e["num_steps"], e["guidance_scale"], desc="scorer eval samples"
+    )
     labels = verdict_matrix(images, prompts)
     model.score_bias = model.config.score_bias
     logits = pair_logits(model, tokenizer, to_unit(images), prompts)
@@ -231,17 +253,25 @@ def generated_auc(model, tokenizer, pipeline_dir: str | Path) -> dict:
     rows = torch.arange(len(images))
     own_prompts = [r["prompt"] for r in records]
     with torch.enable_grad():
-        climbed = to_uint8(climb_scorer(model, tokenizer, to_unit(images), own_prompts, CLIMB_CHECK["steps"],
-                                        CLIMB_CHECK["eps"]))
+        climbed = to_uint8(
+            climb_scorer(model, tokenizer, to_unit(images), own_prompts, CLIMB_CHECK["steps"], CLIMB_CHECK["eps"])
+        )
     climbed_logits = pair_logits(model, tokenizer, to_unit(climbed), own_prompts)[rows, rows]
     climbed_accepted = torch.tensor([verifier.score(image, p) for image, p in zip(climbed, own_prompts)])
-    return {"pipeline": str(pipeline_dir), "images": len(images), "pairs": int(labels.numel()),
-            "auc_all_pairs": auc(logits, labels),
-            "auc_own_prompt": auc(logits[rows, own], labels[rows, own]),
-            "own_prompt_positive_rate": float(labels[rows, own].mean()),
-            "climb": {**CLIMB_CHECK, "predicted_accept_before": float(torch.sigmoid(logits[rows, own]).mean()),
-                      "predicted_accept_after": float(torch.sigmoid(climbed_logits).mean()),
-                      "verifier_accept_after": float(climbed_accepted.mean())}}
+    return {
+        "pipeline": str(pipeline_dir),
+        "images": len(images),
+        "pairs": int(labels.numel()),
+        "auc_all_pairs": auc(logits, labels),
+        "auc_own_prompt": auc(logits[rows, own], labels[rows, own]),
+        "own_prompt_positive_rate": float(labels[rows, own].mean()),
+        "climb": {
+            **CLIMB_CHECK,
+            "predicted_accept_before": float(torch.sigmoid(logits[rows, own]).mean()),
+            "predicted_accept_after": float(torch.sigmoid(climbed_logits).mean()),
+            "verifier_accept_after": float(climbed_accepted.mean()),
+        },
+    }
 
 
 def save_scorer(model, tokenizer, out_dir: str | Path, facts: dict) -> None:
@@ -260,16 +290,28 @@ def write_scorer_card(out_dir: str | Path, facts: dict, rendered: dict, generate
     out = Path(out_dir)
     (out / "eval.json").write_text(json.dumps({"rendered": rendered, "generated": generated}, indent=2) + "\n")
     cfg = facts["config"]
-    mined = (f"\nThe pool also holds {cfg['pool_per_checkpoint']} samples of each tuned checkpoint "
-             f"{', '.join(cfg['pool_checkpoints'])}." if cfg.get("pool_checkpoints") else "")
-    mixed = (f"\nEach step also holds {cfg['mixed_color_per_step']} renders painted with colour mixtures (two-tone gradients "
-             "or uniform blends of two palette colours), labelled by the verifier." if cfg.get("mixed_color_per_step") else "")
-    adversarial = (f"\nEach step also holds the pool samples climbed up their own-prompt score ({cfg['adversarial_steps']} sign-gradient "
-                   f"steps, at most {cfg['adversarial_eps']} per channel), labelled by the verifier." if cfg.get("adversarial_steps") else "")
+    mined = (
+        f"\nThe pool also holds {cfg['pool_per_checkpoint']} samples of each tuned checkpoint "
+        f"{', '.join(cfg['pool_checkpoints'])}."
+        if cfg.get("pool_checkpoints")
+        else ""
+    )
+    mixed = (
+        f"\nEach step also holds {cfg['mixed_color_per_step']} renders painted with colour mixtures (two-tone gradients "
+        "or uniform blends of two palette colours), labelled by the verifier."
+        if cfg.get("mixed_color_per_step")
+        else ""
+    )
+    adversarial = (
+        f"\nEach step also holds the pool samples climbed up their own-prompt score ({cfg['adversarial_steps']} sign-gradient "
+        f"steps, at most {cfg['adversarial_eps']} per channel), labelled by the verifier."
+        if cfg.get("adversarial_steps")
+        else ""
+    )
     (out / "README.md").write_text(f"""# shapes-scorer: the learned, differentiable reward of the shapes world
 
 A tiny `transformers.CLIPModel` (vision: 32x32 images in 4x4 patches; text: the project's word-level tokenizer;
-{facts['size']['layers']} layers of width {facts['size']['hidden']} each; fp16 safetensors) that plays the role PickScore plays for real
+{facts["size"]["layers"]} layers of width {facts["size"]["hidden"]} each; fp16 safetensors) that plays the role PickScore plays for real
 pipelines: a learned image-text score that gradients can flow through. Use it as the reward `shapes_clip`.
 
 ```python
@@ -281,27 +323,27 @@ Images enter as 32x32 RGB in [0, 1], normalised with mean = std = 0.5 (preproces
 `sigmoid(score + score_bias)`.
 
 ## How it was trained
-`flowrl pretrain scorer` (seed {cfg['seed']}), {cfg['steps']} steps, {cfg['batch']} rendered scenes (randomly blurred and noised) plus
-{cfg['generated_per_step']} samples of {facts.get('generated_from')} per step (from a pool of {cfg['generated']} drawn once on RL-training prompts), each
+`flowrl pretrain scorer` (seed {cfg["seed"]}), {cfg["steps"]} steps, {cfg["batch"]} rendered scenes (randomly blurred and noised) plus
+{cfg["generated_per_step"]} samples of {facts.get("generated_from")} per step (from a pool of {cfg["generated"]} drawn once on RL-training prompts), each
 paired with its own prompt, a same-tag prompt with other attributes (hard negative) and every other prompt of the
-batch; targets are the verifier's verdicts; pairwise sigmoid loss; AdamW lr {cfg['lr']} (warm-up, cosine).{mixed}{mined}{adversarial}
-{facts['minutes']:.1f} minutes on 2 CPU cores (including drawing the pool); final loss {facts['final_loss']:.3f}.
+batch; targets are the verifier's verdicts; pairwise sigmoid loss; AdamW lr {cfg["lr"]} (warm-up, cosine).{mixed}{mined}{adversarial}
+{facts["minutes"]:.1f} minutes on 2 CPU cores (including drawing the pool); final loss {facts["final_loss"]:.3f}.
 
 ## Agreement with the verifier (AUC)
 | pairs | AUC |
 |---|---|
-| held-out renders x (own + hard-negative prompts), clean ({rendered['pairs']} pairs, {rendered['positives']} accepted) | {rendered['auc_clean']:.3f} |
-| same, blurred / noised | {rendered['auc_degraded']:.3f} |
-| own prompt vs its hard negative only | {rendered['auc_own_vs_hard_negative']:.3f} |
-| renders painted with colour mixtures x their own prompt (accepted share {rendered['mixed_colors_accepted']:.2f}) | {rendered['auc_mixed_colors_own_prompt']:.3f} |
-| shapes-sd3 samples (eval protocol, {generated['images']} images) x all 36 eval prompts | {generated['auc_all_pairs']:.3f} |
-| shapes-sd3 samples x their own prompt (accepted share {generated['own_prompt_positive_rate']:.2f}) | {generated['auc_own_prompt']:.3f} |
+| held-out renders x (own + hard-negative prompts), clean ({rendered["pairs"]} pairs, {rendered["positives"]} accepted) | {rendered["auc_clean"]:.3f} |
+| same, blurred / noised | {rendered["auc_degraded"]:.3f} |
+| own prompt vs its hard negative only | {rendered["auc_own_vs_hard_negative"]:.3f} |
+| renders painted with colour mixtures x their own prompt (accepted share {rendered["mixed_colors_accepted"]:.2f}) | {rendered["auc_mixed_colors_own_prompt"]:.3f} |
+| shapes-sd3 samples (eval protocol, {generated["images"]} images) x all 36 eval prompts | {generated["auc_all_pairs"]:.3f} |
+| shapes-sd3 samples x their own prompt (accepted share {generated["own_prompt_positive_rate"]:.2f}) | {generated["auc_own_prompt"]:.3f} |
 
 The last row is the one that matters for RL: how well the scorer ranks a generator's own attempts at a prompt.
 
 ## Does climbing its gradient do what the prompt asks?
-Each of those {generated['images']} samples is pushed up its own-prompt score by {generated['climb']['steps']} sign-gradient steps in pixel
-space (at most {generated['climb']['eps']} per channel), as ReFL / DRaFT / MEND push samples through the generator. The
-scorer's predicted acceptance goes {generated['climb']['predicted_accept_before']:.2f} -> {generated['climb']['predicted_accept_after']:.2f}; the verifier's goes {generated['own_prompt_positive_rate']:.2f} -> {generated['climb']['verifier_accept_after']:.2f}.
+Each of those {generated["images"]} samples is pushed up its own-prompt score by {generated["climb"]["steps"]} sign-gradient steps in pixel
+space (at most {generated["climb"]["eps"]} per channel), as ReFL / DRaFT / MEND push samples through the generator. The
+scorer's predicted acceptance goes {generated["climb"]["predicted_accept_before"]:.2f} -> {generated["climb"]["predicted_accept_after"]:.2f}; the verifier's goes {generated["own_prompt_positive_rate"]:.2f} -> {generated["climb"]["verifier_accept_after"]:.2f}.
 A scorer whose gradient followed the prompt would not promise acceptance that the verifier does not grant.
 """)

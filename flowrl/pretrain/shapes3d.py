@@ -7,6 +7,7 @@
 2. Flow transformer: rectified flow on normalised latent tokens conditioned on the condition render, logit-normal t,
    10% of conditions replaced by the all-zero image (the unconditional branch of CFG), EMA weights saved.
 """
+
 from __future__ import annotations
 
 import copy
@@ -20,8 +21,8 @@ from tqdm import tqdm
 
 from ..models.shapes3d import ShapeAutoencoder, ShapeFlowTransformer, Shapes3DFlowPipeline
 from ..schedules import cosine_decay, sample_noise_levels
-from ..shapes3d.prompts import parse_prompt, sample_solid, train_prompt_set
 from ..sdf import render
+from ..shapes3d.prompts import parse_prompt, sample_solid, train_prompt_set
 from .shapes_sd3 import train_denoiser
 
 TRUNCATION = 0.2
@@ -83,7 +84,7 @@ def surface_samples(solid, count: int, generator: torch.Generator) -> torch.Tens
         for _ in range(2):
             points.requires_grad_(True)
             d = solid.sdf(points)
-            grad, = torch.autograd.grad(d.sum(), points)
+            (grad,) = torch.autograd.grad(d.sum(), points)
             points = (points - d[:, None] * grad / grad.norm(dim=-1, keepdim=True).clamp(min=1e-6)).detach()
     return points
 
@@ -121,7 +122,7 @@ def train_autoencoder(ae: ShapeAutoencoder, cfg, rng, generator) -> dict:
     with torch.no_grad():
         _, solids = training_solids(256, rng)
         surface = torch.stack([surface_samples(s, cfg.surface_points, generator) for s in solids])
-        z = torch.cat([ae.encode(surface[i:i + 64]) for i in range(0, 256, 64)])
+        z = torch.cat([ae.encode(surface[i : i + 64]) for i in range(0, 256, 64)])
     channels = z.flatten(0, 1)
     ae.register_to_config(latents_mean=channels.mean(0).tolist(), latents_std=channels.std(0).tolist())
     return {"ae_final_l1": loss.item(), "ae_sign_accuracy": sign.item()}
@@ -133,7 +134,7 @@ def flow_pool(ae: ShapeAutoencoder, cfg, rng, generator):
     latents, images = [], []
     with torch.no_grad():
         for i in range(0, len(solids), 64):
-            part = solids[i:i + 64]
+            part = solids[i : i + 64]
             surface = torch.stack([surface_samples(s, cfg.surface_points, generator) for s in part])
             latents.append(ae.normalise(ae.encode(surface)))
             images += [torch.from_numpy(render(s.sdf, 32)[0]).permute(2, 0, 1).float() / 255 for s in part]
@@ -143,6 +144,7 @@ def flow_pool(ae: ShapeAutoencoder, cfg, rng, generator):
 def train_flow(transformer: ShapeFlowTransformer, latents, images, cfg, rng, generator) -> dict:
     """Rectified flow on the pool through the shared pretraining loop (shapes_sd3.train_denoiser): its caption
     dropout turns a dropped condition into "", which becomes the all-zero image (the unconditional branch)."""
+
     def pairs(count, rng):
         index = torch.from_numpy(rng.integers(len(latents), size=count))
         return latents[index], list(images[index])
@@ -164,10 +166,21 @@ def pretrain_shapes3d(cfg: Shapes3DPretrainConfig, size: Shapes3DSize | None = N
     rng = np.random.default_rng(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    ae = ShapeAutoencoder(num_tokens=size.num_tokens, latent_channels=size.latent_channels, width=size.ae_width,
-                          heads=size.ae_heads, decoder_layers=size.ae_decoder_layers, fourier_bands=size.fourier_bands)
-    transformer = ShapeFlowTransformer(num_tokens=size.num_tokens, latent_channels=size.latent_channels,
-                                       width=size.width, heads=size.heads, layers=size.layers)
+    ae = ShapeAutoencoder(
+        num_tokens=size.num_tokens,
+        latent_channels=size.latent_channels,
+        width=size.ae_width,
+        heads=size.ae_heads,
+        decoder_layers=size.ae_decoder_layers,
+        fourier_bands=size.fourier_bands,
+    )
+    transformer = ShapeFlowTransformer(
+        num_tokens=size.num_tokens,
+        latent_channels=size.latent_channels,
+        width=size.width,
+        heads=size.heads,
+        layers=size.layers,
+    )
     facts = {"config": asdict(cfg), "size": asdict(size)}
     start = time.time()
     facts.update(train_autoencoder(ae, cfg, rng, generator))
@@ -188,8 +201,15 @@ CARD_NUM_PER_PROMPT = 4
 CARD_SEED = 2024
 
 
-def evaluate_3d(pipe, prompts: list[str], num_per_prompt: int = CARD_NUM_PER_PROMPT, seed: int = CARD_SEED,
-                num_steps: int = 20, guidance_scale: float = 3.0, resolution: int = 32) -> dict:
+def evaluate_3d(
+    pipe,
+    prompts: list[str],
+    num_per_prompt: int = CARD_NUM_PER_PROMPT,
+    seed: int = CARD_SEED,
+    num_steps: int = 20,
+    guidance_scale: float = 3.0,
+    resolution: int = 32,
+) -> dict:
     """Per tag and overall means of IoU, Chamfer, F-score and validity of the pipeline's shapes against the solids
     whose renders condition them (one solid per prompt and draw, fixed seeds)."""
     from ..shapes3d.metrics import evaluate_fields
@@ -200,9 +220,14 @@ def evaluate_3d(pipe, prompts: list[str], num_per_prompt: int = CARD_NUM_PER_PRO
     images = torch.stack([torch.from_numpy(render(s.sdf, 32)[0]).permute(2, 0, 1).float() / 255 for s in solids])
     grids = []
     for i in range(0, len(solids), 32):
-        out = pipe(images[i:i + 32].to(pipe.transformer.dtype), num_inference_steps=num_steps,
-                   guidance_scale=guidance_scale, generator=torch.Generator().manual_seed(seed + i),
-                   resolution=resolution, output_type="sdf")
+        out = pipe(
+            images[i : i + 32].to(pipe.transformer.dtype),
+            num_inference_steps=num_steps,
+            guidance_scale=guidance_scale,
+            generator=torch.Generator().manual_seed(seed + i),
+            resolution=resolution,
+            output_type="sdf",
+        )
         grids += list(out.sdf.float().numpy())
     result = evaluate_fields(grids, solids, tags)
     result.pop("rows")  # per-solid rows stay out of eval.json and the card

@@ -8,6 +8,7 @@ context tokens; the FLUX transformer and both text encoders train jointly, the V
 caption dropout: the editor is sampled without CFG. EMA weights are saved (the shared loop of
 shapes_sd3.train_denoiser).
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,8 +19,8 @@ import numpy as np
 import torch
 
 from ..editing.instructions import KINDS, all_instruction_set, parse_instruction, sample_scene, train_instruction_set
-from ..models.shapes_kontext import KONTEXT_SEQUENCE_LENGTH, ShapesKontextSize, build_pipeline
 from ..images import to_unit
+from ..models.shapes_kontext import KONTEXT_SEQUENCE_LENGTH, ShapesKontextSize, build_pipeline
 from ..policies.flux import kontext_source_latents, kontext_velocity
 from ..policies.sd3 import encode_images
 from ..schedules import sample_noise_levels
@@ -71,8 +72,9 @@ def train_editor(pipe, cfg: KontextPretrainConfig, rng: np.random.Generator, gen
         t = sample_noise_levels("logit_normal", len(x0), generator)
         noise = torch.randn(x0.shape, generator=generator)
         xt = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
-        embeds, pooled, _ = pipe.encode_prompt(instructions, instructions, device="cpu",
-                                               max_sequence_length=KONTEXT_SEQUENCE_LENGTH)
+        embeds, pooled, _ = pipe.encode_prompt(
+            instructions, instructions, device="cpu", max_sequence_length=KONTEXT_SEQUENCE_LENGTH
+        )
         velocity = kontext_velocity(pipe, transformer, xt, context, t, embeds, pooled)
         return (velocity - (noise - x0)).pow(2).mean()
 
@@ -84,8 +86,9 @@ def train_editor(pipe, cfg: KontextPretrainConfig, rng: np.random.Generator, gen
     return {"flow_final_loss": train_denoiser(modules, batch_loss, cfg, rng, "pretrain editor", pairs=triples)}
 
 
-def pretrain_shapes_kontext(cfg: KontextPretrainConfig, vae_dir: str = DEFAULT_VAE,
-                            size: ShapesKontextSize | None = None):
+def pretrain_shapes_kontext(
+    cfg: KontextPretrainConfig, vae_dir: str = DEFAULT_VAE, size: ShapesKontextSize | None = None
+):
     """Train a shapes-kontext editor from scratch around a trained VAE; returns (pipeline, training facts)."""
     from diffusers import AutoencoderKL
 
@@ -94,8 +97,9 @@ def pretrain_shapes_kontext(cfg: KontextPretrainConfig, vae_dir: str = DEFAULT_V
     rng = np.random.default_rng(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     size = size or ShapesKontextSize()
-    vae = AutoencoderKL.from_pretrained(vae_dir, subfolder="vae", torch_dtype=torch.float32,
-                                        local_files_only=True).requires_grad_(False)
+    vae = AutoencoderKL.from_pretrained(
+        vae_dir, subfolder="vae", torch_dtype=torch.float32, local_files_only=True
+    ).requires_grad_(False)
     pipe = build_pipeline(vae, size, seed=cfg.seed)
     facts = {"config": asdict(cfg), "size": asdict(size), "vae_from": vae_dir}
     start = time.time()
@@ -108,8 +112,12 @@ def pretrain_shapes_kontext(cfg: KontextPretrainConfig, vae_dir: str = DEFAULT_V
 CARD_EVAL = {"num_per_item": 4, "seed": 2024, "num_steps": 20}
 
 
-def evaluate_editor(pipe_dir, num_per_item: int = CARD_EVAL["num_per_item"], seed: int = CARD_EVAL["seed"],
-                    num_steps: int = CARD_EVAL["num_steps"]) -> tuple[dict, np.ndarray, list]:
+def evaluate_editor(
+    pipe_dir,
+    num_per_item: int = CARD_EVAL["num_per_item"],
+    seed: int = CARD_EVAL["seed"],
+    num_steps: int = CARD_EVAL["num_steps"],
+) -> tuple[dict, np.ndarray, list]:
     """Edit success on the shapes_edit task's eval items (held-out result combinations; what RL runs report), with
     requested / preserved / off-target beside it; returns (result, edited images, their items)."""
     from ..generate import generate_samples
@@ -120,8 +128,9 @@ def evaluate_editor(pipe_dir, num_per_item: int = CARD_EVAL["num_per_item"], see
     task = ShapesEditTask()
     items = task.condition_set("eval").items
     policy = policy_for(load_pipeline(pipe_dir), max_sequence_length=KONTEXT_SEQUENCE_LENGTH)
-    samples, _ = generate_samples(policy, items, num_per_item, seed, num_steps, spec=SampleSpec(32, 32),
-                                  desc="card eval")
+    samples, _ = generate_samples(
+        policy, items, num_per_item, seed, num_steps, spec=SampleSpec(32, 32), desc="card eval"
+    )
     expanded = [item for item in items for _ in range(num_per_item)]
     return task.evaluate(samples, expanded), samples.to_uint8(), expanded
 
@@ -138,8 +147,13 @@ def write_card(out_dir, facts: dict, result: dict, images: np.ndarray, items: li
     rows = [index * per_item for index in range(0, len(items) // per_item, 8)][:10]
     columns = [np.stack([items[r].inputs["source_image"] for r in rows])]
     columns += [images[[r + k for r in rows]] for k in range(per_item)]
-    image_grid(columns, ["source"] + [f"edit, seed {k}" for k in range(per_item)], [items[r].prompt for r in rows],
-               out / "samples.png", scale=3)
+    image_grid(
+        columns,
+        ["source"] + [f"edit, seed {k}" for k in range(per_item)],
+        [items[r].prompt for r in rows],
+        out / "samples.png",
+        scale=3,
+    )
     (out / "eval.json").write_text(json.dumps({"protocol": CARD_EVAL, **result}, indent=2) + "\n")
     (out / "README.md").write_text(card_text(facts, result, format_metrics(result, "success")))
 
@@ -148,10 +162,17 @@ def card_text(facts: dict, result: dict, table: str) -> str:
     cfg, size = facts.get("config", {}), facts.get("size", {})
     held_out = cfg.get("pretrain_held_out", False)  # cards written before the option pretrained without them
     pretrained_on = "every instruction of the grammar" if held_out else "the RL training instructions only"
-    held_out_note = ("; pretraining saw them, as shapes-sd3's base saw every prompt" if held_out
-                     else "; nor did pretraining, so the editor never produced that pair")
-    extra = "\n".join(f"{name:<14} " + "  ".join(f"{tag} {value:.3f}" for tag, value in m["tags"].items())
-                      + f"  overall {m['overall']:.3f}" for name, m in result["metrics"].items())
+    held_out_note = (
+        "; pretraining saw them, as shapes-sd3's base saw every prompt"
+        if held_out
+        else "; nor did pretraining, so the editor never produced that pair"
+    )
+    extra = "\n".join(
+        f"{name:<14} "
+        + "  ".join(f"{tag} {value:.3f}" for tag, value in m["tags"].items())
+        + f"  overall {m['overall']:.3f}"
+        for name, m in result["metrics"].items()
+    )
     return f"""# shapes-kontext: flowrl's embedded instruction-based image editor
 
 A tiny `FluxKontextPipeline` (diffusers format, fp16 safetensors) trained from scratch on the shapes-editing world:
@@ -170,23 +191,23 @@ edited = pipe(image=source, prompt="make the red circle blue", height=32, width=
 its preferred ~1 MP resolutions); the text encoders were trained on 16 tokens. No guidance embedding and no CFG.
 
 ## Components
-- transformer: `FluxTransformer2DModel`, {size.get('num_layers')} dual-stream + {size.get('num_single_layers')} single-stream blocks, {size.get('num_heads')} heads x {size.get('head_dim')}, no guidance
+- transformer: `FluxTransformer2DModel`, {size.get("num_layers")} dual-stream + {size.get("num_single_layers")} single-stream blocks, {size.get("num_heads")} heads x {size.get("head_dim")}, no guidance
   embedding; 64 image tokens (16x16x4 latents packed 2x2) plus 64 context tokens of the source.
 - vae: shapes-sd3's `AutoencoderKL` (32x32x3 <-> 16x16x4), frozen.
-- text encoders: `CLIPTextModel` (hidden {size.get('text_hidden')}, pooled) and `T5EncoderModel` (d_model {2 * size.get('text_hidden', 0)}), {size.get('text_layers')} layers each,
+- text encoders: `CLIPTextModel` (hidden {size.get("text_hidden")}, pooled) and `T5EncoderModel` (d_model {2 * size.get("text_hidden", 0)}), {size.get("text_layers")} layers each,
   with a word-level tokenizer of the editing vocabulary (`flowrl/models/shapes_kontext.py`).
 - scheduler: `FlowMatchEulerDiscreteScheduler` with FLUX's resolution-dependent shift.
 
 ## How it was trained
-`flowrl pretrain shapes-kontext` (seed {cfg.get('seed')}), on 2 CPU cores: {cfg.get('flow_steps')} steps of {cfg.get('flow_batch')} fresh (source,
+`flowrl pretrain shapes-kontext` (seed {cfg.get("seed")}), on 2 CPU cores: {cfg.get("flow_steps")} steps of {cfg.get("flow_batch")} fresh (source,
 instruction, target) triples of {pretrained_on} (kind drawn uniformly), rectified flow on the target
-with the source as context, AdamW lr {cfg.get('flow_lr')} (warm-up {cfg.get('warmup_steps')}, cosine), logit-normal t, EMA {cfg.get('ema_decay')}; the
-transformer and both text encoders train jointly. Final loss {facts.get('flow_final_loss', float('nan')):.4f}. Total {facts.get('total_minutes', float('nan')):.1f} minutes.
+with the source as context, AdamW lr {cfg.get("flow_lr")} (warm-up {cfg.get("warmup_steps")}, cosine), logit-normal t, EMA {cfg.get("ema_decay")}; the
+transformer and both text encoders train jointly. Final loss {facts.get("flow_final_loss", float("nan")):.4f}. Total {facts.get("total_minutes", float("nan")):.1f} minutes.
 
 ## Measured scores
 Edit success (the edit verifier: the requested change made and nothing else changed) on the `shapes_edit` task's
 eval items: instructions held out of RL training (their resulting object is a colour-shape combination RL
-never trains on{held_out_note}), 16 scenes per kind, {CARD_EVAL['num_per_item']} edits per item (seed {CARD_EVAL['seed']}), ODE (Euler) {CARD_EVAL['num_steps']} steps. Intervals are 95%:
+never trains on{held_out_note}), 16 scenes per kind, {CARD_EVAL["num_per_item"]} edits per item (seed {CARD_EVAL["seed"]}), ODE (Euler) {CARD_EVAL["num_steps"]} steps. Intervals are 95%:
 `95% +-` with the scene as the sampling unit (other scenes), `draw +-` with the scenes fixed (another draw of
 seeds). Overall is the mean over the five kinds.
 

@@ -5,6 +5,7 @@ latent statistics set `scaling_factor` / `shift_factor`; (2) the SD3 transformer
 learn rectified-flow matching (x_t = (1-t) x0 + t eps, target eps - x0, t logit-normal) on VAE latents with
 10% of captions dropped for classifier-free guidance. An EMA of the flow weights is what gets saved.
 """
+
 from __future__ import annotations
 
 import copy
@@ -15,8 +16,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..models.shapes_sd3 import T5_SEQUENCE_LENGTH, ShapesSD3Size, build_pipeline
 from ..eval.protocol import PROTOCOL
+from ..models.shapes_sd3 import T5_SEQUENCE_LENGTH, ShapesSD3Size, build_pipeline
 from ..policies.sd3 import encode_images
 from ..schedules import cosine_decay, sample_noise_levels
 from ..shapes.scenes import sample_pairs
@@ -66,8 +67,9 @@ def train_vae(vae, cfg: PretrainConfig, rng: np.random.Generator) -> dict:
             bar.set_postfix(l1=f"{l1.item():.4f}")
     vae.eval()
     with torch.no_grad():
-        latents = torch.cat([vae.encode(images_to_tensor(sample_pairs(256, rng)[0])).latent_dist.sample()
-                             for _ in range(4)])
+        latents = torch.cat(
+            [vae.encode(images_to_tensor(sample_pairs(256, rng)[0])).latent_dist.sample() for _ in range(4)]
+        )
     shift, scale = latents.mean().item(), 1.0 / latents.std().item()
     vae.register_to_config(shift_factor=shift, scaling_factor=scale)
     return {"vae_final_l1": l1.item(), "latent_shift": shift, "latent_scale": scale}
@@ -75,8 +77,9 @@ def train_vae(vae, cfg: PretrainConfig, rng: np.random.Generator) -> dict:
 
 def encode_captions(pipe, prompts: list[str]):
     """Prompt embeddings with gradients flowing into the text encoders (the pipeline's own encode path)."""
-    embeds, _, pooled, _ = pipe.encode_prompt(prompts, prompts, prompts, do_classifier_free_guidance=False,
-                                              max_sequence_length=T5_SEQUENCE_LENGTH)
+    embeds, _, pooled, _ = pipe.encode_prompt(
+        prompts, prompts, prompts, do_classifier_free_guidance=False, max_sequence_length=T5_SEQUENCE_LENGTH
+    )
     return embeds, pooled
 
 
@@ -126,8 +129,9 @@ def train_flow(pipe, cfg: PretrainConfig, rng: np.random.Generator, generator: t
         noise = torch.randn(x0.shape, generator=generator)
         xt = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
         embeds, pooled = encode_captions(pipe, prompts)
-        velocity = pipe.transformer(hidden_states=xt, encoder_hidden_states=embeds, pooled_projections=pooled,
-                                    timestep=t * 1000).sample
+        velocity = pipe.transformer(
+            hidden_states=xt, encoder_hidden_states=embeds, pooled_projections=pooled, timestep=t * 1000
+        ).sample
         return (velocity - (noise - x0)).pow(2).mean()
 
     modules = [pipe.transformer, pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3]
@@ -191,23 +195,29 @@ def evaluate_and_write_card(out_dir, card_text=None) -> dict:
     from pathlib import Path
 
     from ..eval.shapes import shapes_accuracy
-    from ..tasks.base import format_metrics
     from ..generate import generate
     from ..policies import load_pipeline, policy_for
     from ..report import image_grid
     from ..shapes.prompts import eval_prompt_set
+    from ..tasks.base import format_metrics
 
     out = Path(out_dir)
     policy = policy_for(load_pipeline(out), max_sequence_length=T5_SEQUENCE_LENGTH)
     prompts = eval_prompt_set()
     e = CARD_EVAL
-    images, records = generate(policy, prompts, e["num_per_prompt"], e["seed"], e["num_steps"], e["guidance_scale"],
-                               desc="card eval")
+    images, records = generate(
+        policy, prompts, e["num_per_prompt"], e["seed"], e["num_steps"], e["guidance_scale"], desc="card eval"
+    )
     result = shapes_accuracy(images, [r["prompt"] for r in records])
     rows = list(range(0, len(images), e["num_per_prompt"] * 3))[:12]
     columns = [images[[r + k for r in rows]] for k in range(e["num_per_prompt"])]
-    image_grid(columns, [f"seed {k}" for k in range(e["num_per_prompt"])], [prompts[r // e["num_per_prompt"]] for r in rows],
-               out / "samples.png", scale=3)
+    image_grid(
+        columns,
+        [f"seed {k}" for k in range(e["num_per_prompt"])],
+        [prompts[r // e["num_per_prompt"]] for r in rows],
+        out / "samples.png",
+        scale=3,
+    )
     facts_path = out / "training_facts.json"
     facts = json.loads(facts_path.read_text()) if facts_path.is_file() else {}
     (out / "eval.json").write_text(json.dumps({"protocol": e, **result}, indent=2) + "\n")
@@ -233,25 +243,25 @@ image = pipe("a red circle left of a blue square", height=32, width=32, num_infe
 Pass `max_sequence_length=16`: the T5 branch was trained on 16 tokens (the pipeline's default is 256).
 
 ## Components
-- transformer: `SD3Transformer2DModel`, {size.get('num_layers')} joint blocks, {size.get('num_heads')} heads x {size.get('head_dim')}, patch 2 on a 16x16x4 latent (64 image tokens).
-- vae: `AutoencoderKL`, blocks {size.get('vae_channels')}, 4 latent channels, downsampling 2 (32x32x3 <-> 16x16x4);
-  scaling_factor {facts.get('latent_scale', float('nan')):.4f}, shift_factor {facts.get('latent_shift', float('nan')):.4f} measured on renders.
-- text encoders: two `CLIPTextModelWithProjection` (hidden {size.get('text_hidden')}, {size.get('text_layers')} layers) and a 2-layer `T5EncoderModel`,
+- transformer: `SD3Transformer2DModel`, {size.get("num_layers")} joint blocks, {size.get("num_heads")} heads x {size.get("head_dim")}, patch 2 on a 16x16x4 latent (64 image tokens).
+- vae: `AutoencoderKL`, blocks {size.get("vae_channels")}, 4 latent channels, downsampling 2 (32x32x3 <-> 16x16x4);
+  scaling_factor {facts.get("latent_scale", float("nan")):.4f}, shift_factor {facts.get("latent_shift", float("nan")):.4f} measured on renders.
+- text encoders: two `CLIPTextModelWithProjection` (hidden {size.get("text_hidden")}, {size.get("text_layers")} layers) and a 2-layer `T5EncoderModel`,
   all with a word-level tokenizer built locally from the shapes vocabulary (`flowrl/models/tokenizer.py`).
 - scheduler: `FlowMatchEulerDiscreteScheduler` (shift 1).
 
 ## How it was trained
-`flowrl pretrain shapes` (seed {cfg.get('seed')}), on 2 CPU cores:
-1. VAE: {cfg.get('vae_steps')} steps, batch {cfg.get('vae_batch')}, L1 reconstruction + {cfg.get('vae_kl_weight')} x KL; final L1 {facts.get('vae_final_l1', float('nan')):.4f}
-   ({facts.get('vae_minutes', float('nan')):.1f} min).
-2. Flow matching: {cfg.get('flow_steps')} steps, batch {cfg.get('flow_batch')}, AdamW lr {cfg.get('flow_lr')} (warm-up {cfg.get('warmup_steps')}, cosine),
-   logit-normal t, {cfg.get('caption_dropout')} caption dropout for CFG, EMA {cfg.get('ema_decay')} (saved weights are the EMA);
-   the transformer and all three text encoders train jointly on freshly rendered scenes. Final loss {facts.get('flow_final_loss', float('nan')):.4f}.
-Total {facts.get('total_minutes', float('nan')):.1f} minutes.
+`flowrl pretrain shapes` (seed {cfg.get("seed")}), on 2 CPU cores:
+1. VAE: {cfg.get("vae_steps")} steps, batch {cfg.get("vae_batch")}, L1 reconstruction + {cfg.get("vae_kl_weight")} x KL; final L1 {facts.get("vae_final_l1", float("nan")):.4f}
+   ({facts.get("vae_minutes", float("nan")):.1f} min).
+2. Flow matching: {cfg.get("flow_steps")} steps, batch {cfg.get("flow_batch")}, AdamW lr {cfg.get("flow_lr")} (warm-up {cfg.get("warmup_steps")}, cosine),
+   logit-normal t, {cfg.get("caption_dropout")} caption dropout for CFG, EMA {cfg.get("ema_decay")} (saved weights are the EMA);
+   the transformer and all three text encoders train jointly on freshly rendered scenes. Final loss {facts.get("flow_final_loss", float("nan")):.4f}.
+Total {facts.get("total_minutes", float("nan")):.1f} minutes.
 
 ## Measured scores
 Shapes verifier accuracy on the eval split (`flowrl/shapes/prompts.py`: 36 prompts, colour-shape combinations held
-out of RL training), {CARD_EVAL['num_per_prompt']} images per prompt, seed {CARD_EVAL['seed']}, ODE (Euler) {CARD_EVAL['num_steps']} steps, CFG {CARD_EVAL['guidance_scale']}.
+out of RL training), {CARD_EVAL["num_per_prompt"]} images per prompt, seed {CARD_EVAL["seed"]}, ODE (Euler) {CARD_EVAL["num_steps"]} steps, CFG {CARD_EVAL["guidance_scale"]}.
 Overall is the mean of the six tag accuracies, as in GenEval.
 
 ```

@@ -5,6 +5,7 @@ per-frame ones, learns to reconstruct frames (object-weighted L1 + a small KL te
 its per-channel latent statistics become `latents_mean` / `latents_std` (the normalisation WanPipeline applies); (2) the Wan transformer and the UMT5 encoder learn rectified-flow matching on normalised latents with
 logit-normal t and 10% caption dropout, through the shared pretraining loop (EMA weights saved).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -81,7 +82,9 @@ def decode_unclamped(vae, z: torch.Tensor) -> torch.Tensor:
     frames = []
     for i in range(z.shape[2]):
         vae._conv_idx = [0]
-        frames.append(vae.decoder(x[:, :, i:i + 1], feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=i == 0))
+        frames.append(
+            vae.decoder(x[:, :, i : i + 1], feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=i == 0)
+        )
     vae.clear_cache()
     return torch.cat(frames, 2)
 
@@ -105,7 +108,7 @@ class ShapeProbe(torch.nn.Module):
 
     def __init__(self, channels: int, classes: int, scale: float = 4.0):
         super().__init__()
-        self.directions = torch.nn.Parameter(torch.randn(classes, channels) / channels ** 0.5)
+        self.directions = torch.nn.Parameter(torch.randn(classes, channels) / channels**0.5)
         self.bias = torch.nn.Parameter(torch.zeros(classes))
         self.scale = scale
 
@@ -143,8 +146,8 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
         clips = clips_to_tensor(np.stack([render_clip(t) for t in tracks]))
         labels = np.stack([render_shape_labels(t) for t in tracks]) if probe is not None else None
         if step < cfg.vae_steps:  # frames: [N, 3, 1, H, W] (labels [N, 1, H, W])
-            clips = clips.permute(0, 2, 1, 3, 4).flatten(0, 1)[:cfg.vae_batch, :, None]
-            labels = None if labels is None else labels.reshape(-1, 1, *labels.shape[2:])[:cfg.vae_batch]
+            clips = clips.permute(0, 2, 1, 3, 4).flatten(0, 1)[: cfg.vae_batch, :, None]
+            labels = None if labels is None else labels.reshape(-1, 1, *labels.shape[2:])[: cfg.vae_batch]
         # frame steps run the causal convolutions as 2-D ones (same function, 2.6x faster; clip steps may move the
         # past taps, so they take the full path)
         with frame_convolutions(vae) if step < cfg.vae_steps else contextlib.nullcontext():
@@ -164,8 +167,9 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
         # (docs/video.md), so the blunter decoder stays the default
         if cfg.vae_weight_dilation:
             k = 2 * cfg.vae_weight_dilation + 1
-            objects = torch.nn.functional.max_pool3d(objects, (1, k, k), stride=1,
-                                                     padding=(0, cfg.vae_weight_dilation, cfg.vae_weight_dilation))
+            objects = torch.nn.functional.max_pool3d(
+                objects, (1, k, k), stride=1, padding=(0, cfg.vae_weight_dilation, cfg.vae_weight_dilation)
+            )
         loss = (error * (1 + cfg.vae_object_weight * objects)).mean() + cfg.vae_kl_weight * posterior.kl().mean()
         if probe is not None:
             z = posterior.mode()
@@ -186,13 +190,18 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
             bar.set_postfix(l1=f"{l1.item():.4f}", **shown)
     vae.eval()
     with torch.no_grad(), frame_convolutions(vae):
-        latents = torch.cat([vae.encode(clips_to_tensor(sample_pairs(32, rng)[0])).latent_dist.mode()
-                             for _ in range(4)])
+        latents = torch.cat(
+            [vae.encode(clips_to_tensor(sample_pairs(32, rng)[0])).latent_dist.mode() for _ in range(4)]
+        )
     channels = latents.transpose(0, 1).flatten(1)
     mean, std = channels.mean(1).tolist(), channels.std(1).tolist()
     vae.register_to_config(latents_mean=mean, latents_std=std)
-    facts = {"vae_final_l1": l1.item(), "latents_mean": mean, "latents_std": std,
-             "vae_reconstruction_accuracy": reconstruction_accuracy(vae, np.random.default_rng(cfg.seed + 99))}
+    facts = {
+        "vae_final_l1": l1.item(),
+        "latents_mean": mean,
+        "latents_std": std,
+        "vae_reconstruction_accuracy": reconstruction_accuracy(vae, np.random.default_rng(cfg.seed + 99)),
+    }
     if shape_accuracy is not None:  # the probe's accuracy on the object latent pixels of the last batch
         facts["vae_shape_probe_accuracy"] = shape_accuracy
     return facts
@@ -205,8 +214,12 @@ def reconstruction_accuracy(vae, rng: np.random.Generator, count: int = 96) -> f
 
     clips, prompts = sample_pairs(count, rng)
     with frame_convolutions(vae):
-        decoded = torch.cat([vae.decode(vae.encode(clips_to_tensor(clips[i:i + 16])).latent_dist.mode()).sample
-                             for i in range(0, count, 16)])
+        decoded = torch.cat(
+            [
+                vae.decode(vae.encode(clips_to_tensor(clips[i : i + 16])).latent_dist.mode()).sample
+                for i in range(0, count, 16)
+            ]
+        )
     frames = ((decoded.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 4, 1).numpy()
     return float(np.mean([judge_clip(c, p)[0] for c, p in zip(frames, prompts)]))
 
@@ -272,13 +285,15 @@ def prompt_words_loss(tokenizer, head: torch.nn.Module, prompts: list[str], embe
     """Binary cross-entropy of `head`'s prediction, from each real token's text-encoder output (embeds [B, L, D],
     L = WAN_SEQUENCE_LENGTH), of which words the whole prompt holds (special tokens excluded), averaged over real
     tokens."""
-    ids = tokenizer(prompts, padding="max_length", max_length=embeds.shape[1], truncation=True,
-                    return_tensors="pt").input_ids
+    ids = tokenizer(
+        prompts, padding="max_length", max_length=embeds.shape[1], truncation=True, return_tensors="pt"
+    ).input_ids
     words = torch.zeros(len(prompts), len(tokenizer)).scatter_(1, ids, 1.0)
-    words[:, :len(SPECIAL_TOKENS)] = 0.0
+    words[:, : len(SPECIAL_TOKENS)] = 0.0
     real = (ids != SPECIAL_TOKENS.index("<pad>")).float()
     per_token = torch.nn.functional.binary_cross_entropy_with_logits(
-        head(embeds), words[:, None].expand(-1, ids.shape[1], -1), reduction="none").mean(-1)
+        head(embeds), words[:, None].expand(-1, ids.shape[1], -1), reduction="none"
+    ).mean(-1)
     return (per_token * real).sum() / real.sum()
 
 
@@ -292,8 +307,9 @@ def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, gen
         if cfg.flow_object_weight:  # the black background's latent, per channel
             background = normalised_latents(pipe.vae, np.zeros((1, FRAMES, SIZE, SIZE, 3), np.uint8)).mean((0, 2, 3, 4))
     shift = pipe.scheduler.config.shift
-    words_head = (torch.nn.Linear(pipe.text_encoder.config.d_model, len(pipe.tokenizer))
-                  if cfg.flow_text_words_weight else None)
+    words_head = (
+        torch.nn.Linear(pipe.text_encoder.config.d_model, len(pipe.tokenizer)) if cfg.flow_text_words_weight else None
+    )
 
     def denoising_loss(x0, embeds):
         t = sample_noise_levels("logit_normal", len(x0), generator)  # as SD3 and Wan train
@@ -301,8 +317,9 @@ def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, gen
         noise = torch.randn(x0.shape, generator=generator)
         tt = t.view(-1, 1, 1, 1, 1)
         xt = (1 - tt) * x0 + tt * noise
-        velocity = pipe.transformer(hidden_states=xt, timestep=t * 1000, encoder_hidden_states=embeds,
-                                    return_dict=False)[0]
+        velocity = pipe.transformer(
+            hidden_states=xt, timestep=t * 1000, encoder_hidden_states=embeds, return_dict=False
+        )[0]
         error = (velocity - (noise - x0)).pow(2)
         if not cfg.flow_object_weight:
             return error.mean()
@@ -311,13 +328,17 @@ def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, gen
 
     def batch_loss(latents, prompts):
         clips, frames = latents
-        embeds, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False,
-                                       max_sequence_length=WAN_SEQUENCE_LENGTH, device=torch.device("cpu"))
-        loss = denoising_loss(clips, embeds[:len(clips)])
+        embeds, _ = pipe.encode_prompt(
+            prompts,
+            do_classifier_free_guidance=False,
+            max_sequence_length=WAN_SEQUENCE_LENGTH,
+            device=torch.device("cpu"),
+        )
+        loss = denoising_loss(clips, embeds[: len(clips)])
         if words_head is not None:
             loss = loss + cfg.flow_text_words_weight * prompt_words_loss(pipe.tokenizer, words_head, prompts, embeds)
         if len(frames):
-            loss = loss + cfg.flow_image_weight * denoising_loss(frames, embeds[len(clips):])
+            loss = loss + cfg.flow_image_weight * denoising_loss(frames, embeds[len(clips) :])
         return loss
 
     def pairs(n, rng):
@@ -338,8 +359,9 @@ def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, gen
         # prompt's shape and colour before the clips teach motion (each stage its own warm-up, cosine and EMA).
         # Measured at this budget it did not help the shape word (object tag 25% either way), docs/video.md
         image_cfg = replace(cfg, flow_steps=cfg.flow_image_steps, flow_batch=cfg.flow_image_stage_batch)
-        facts["flow_image_final_loss"] = train_denoiser(modules, batch_loss, image_cfg, rng, "pretrain image flow",
-                                                        pairs=frame_pairs)
+        facts["flow_image_final_loss"] = train_denoiser(
+            modules, batch_loss, image_cfg, rng, "pretrain image flow", pairs=frame_pairs
+        )
     facts["flow_final_loss"] = train_denoiser(modules, batch_loss, cfg, rng, "pretrain video flow", pairs=pairs)
     return facts
 
@@ -351,8 +373,10 @@ def pretrain_shapes_wan(cfg: WanPretrainConfig, size: ShapesWanSize | None = Non
     rng = np.random.default_rng(cfg.seed)
     size = size or ShapesWanSize()
     if (cfg.flow_image_steps or cfg.flow_image_batch) and size.temporal_patch != 1:
-        raise ValueError(f"flow_image_steps / flow_image_batch train one-frame videos, which a transformer with "
-                         f"temporal_patch {size.temporal_patch} cannot patchify: use temporal_patch 1")
+        raise ValueError(
+            f"flow_image_steps / flow_image_batch train one-frame videos, which a transformer with "
+            f"temporal_patch {size.temporal_patch} cannot patchify: use temporal_patch 1"
+        )
     pipe = build_pipeline(size, seed=cfg.seed)
     start = time.time()
     facts = {"config": asdict(cfg), "size": asdict(size)}
@@ -361,8 +385,9 @@ def pretrain_shapes_wan(cfg: WanPretrainConfig, size: ShapesWanSize | None = Non
     # the flow stage draws from its own streams (seed + 1), so it can be rerun alone on a saved stage-1 VAE and give
     # the same weights
     flow_started = time.time()
-    facts.update(train_video_flow(pipe, cfg, np.random.default_rng(cfg.seed + 1),
-                                  torch.Generator().manual_seed(cfg.seed + 1)))
+    facts.update(
+        train_video_flow(pipe, cfg, np.random.default_rng(cfg.seed + 1), torch.Generator().manual_seed(cfg.seed + 1))
+    )
     facts["flow_minutes"] = (time.time() - flow_started) / 60
     facts["total_minutes"] = (time.time() - start) / 60
     pipe.to(torch.float16)
@@ -398,20 +423,38 @@ def evaluate_and_write_card(out_dir, num_per_prompt: int = CARD_NUM_PER_PROMPT, 
     started = time.time()
     clips, asked, by_seed = [], [], {}
     for seed in range(protocol.seed, protocol.seed + seeds):
-        samples, records = generate_samples(policy, prompts, num_per_prompt, seed, protocol.num_steps,
-                                            protocol.guidance_scale, SampleSpec(32, 32, 9), desc=f"card eval {seed}")
+        samples, records = generate_samples(
+            policy,
+            prompts,
+            num_per_prompt,
+            seed,
+            protocol.num_steps,
+            protocol.guidance_scale,
+            SampleSpec(32, 32, 9),
+            desc=f"card eval {seed}",
+        )
         clips.append(samples.to_uint8())
         asked += [r["prompt"] for r in records]
-        by_seed[seed] = video_accuracy(clips[-1], asked[-len(records):])["overall"]
+        by_seed[seed] = video_accuracy(clips[-1], asked[-len(records) :])["overall"]
         if seed == protocol.seed:
             strips = samples.preview()
     result = video_accuracy(np.concatenate(clips), asked)
     rows = list(range(0, len(prompts), 3))[:16]
-    image_grid([strips[[r * num_per_prompt + k for r in rows]] for k in range(2)], ["seed 0 (frames 0-8)", "seed 1"],
-               [prompts[r] for r in rows], out / "samples.png", scale=3)
-    protocol_facts = {"num_per_prompt": num_per_prompt, "seeds": list(by_seed), "num_steps": protocol.num_steps,
-                      "guidance_scale": protocol.guidance_scale, "minutes": (time.time() - started) / 60,
-                      "overall_by_seed": by_seed}
+    image_grid(
+        [strips[[r * num_per_prompt + k for r in rows]] for k in range(2)],
+        ["seed 0 (frames 0-8)", "seed 1"],
+        [prompts[r] for r in rows],
+        out / "samples.png",
+        scale=3,
+    )
+    protocol_facts = {
+        "num_per_prompt": num_per_prompt,
+        "seeds": list(by_seed),
+        "num_steps": protocol.num_steps,
+        "guidance_scale": protocol.guidance_scale,
+        "minutes": (time.time() - started) / 60,
+        "overall_by_seed": by_seed,
+    }
     (out / "eval.json").write_text(json.dumps({"protocol": protocol_facts, **result}, indent=2) + "\n")
     facts_path = out / "training_facts.json"
     facts = json.loads(facts_path.read_text()) if facts_path.is_file() else {}
@@ -422,8 +465,12 @@ def evaluate_and_write_card(out_dir, num_per_prompt: int = CARD_NUM_PER_PROMPT, 
 def card_text(facts: dict, protocol: dict, table: str, prompt_count: int) -> str:
     cfg, size = facts.get("config", {}), facts.get("size", {})
     patch, temporal_patch = size.get("patch", 2), size.get("temporal_patch", 1)
-    image_stage = (f"first {cfg['flow_image_steps']} steps of {cfg.get('flow_image_stage_batch')} single frames "
-                   "(one-frame videos, their clips' prompts), then " if cfg.get("flow_image_steps") else "")
+    image_stage = (
+        f"first {cfg['flow_image_steps']} steps of {cfg.get('flow_image_stage_batch')} single frames "
+        "(one-frame videos, their clips' prompts), then "
+        if cfg.get("flow_image_steps")
+        else ""
+    )
     return f"""# shapes-wan: flowrl's embedded text-to-video pipeline
 
 A tiny `WanPipeline` (diffusers format, fp16 safetensors) trained from scratch on the moving-shapes world: 9-frame
@@ -441,31 +488,31 @@ WanPipeline rounds `num_frames` to a multiple of the VAE's temporal factor plus 
 adds a frame: ask for 8 to get the 9 frames it was trained on (flowrl's own sampling sizes latents directly).
 
 ## Components
-- transformer: `WanTransformer3DModel`, {size.get('num_layers')} blocks, {size.get('num_heads')} heads x {size.get('head_dim')}, FFN {size.get('ffn_dim')}, patch ({temporal_patch}, {patch}, {patch}) on a
-  9 x 16 x 16 x {size.get('latent_channels')} latent ({9 // temporal_patch * (16 // patch) ** 2} tokens).
-- vae: `AutoencoderKLWan`, base width {size.get('vae_base_dim')}, one down stage: 2x spatial, every frame kept (9 x 32x32x3 <-> 9 x 16x16x{size.get('latent_channels')});
+- transformer: `WanTransformer3DModel`, {size.get("num_layers")} blocks, {size.get("num_heads")} heads x {size.get("head_dim")}, FFN {size.get("ffn_dim")}, patch ({temporal_patch}, {patch}, {patch}) on a
+  9 x 16 x 16 x {size.get("latent_channels")} latent ({9 // temporal_patch * (16 // patch) ** 2} tokens).
+- vae: `AutoencoderKLWan`, base width {size.get("vae_base_dim")}, one down stage: 2x spatial, every frame kept (9 x 32x32x3 <-> 9 x 16x16x{size.get("latent_channels")});
   causal convolutions inflated from per-frame ones (past taps start at zero); latents_mean / latents_std measured per
-  channel on renders; final L1 {facts.get('vae_final_l1', float('nan')):.4f}; the video verifier passes
-  {100 * facts.get('vae_reconstruction_accuracy', float('nan')):.0f}% of its reconstructions of rendered clips (the ceiling for samples).
-- text encoder: `UMT5EncoderModel` (d_model {size.get('text_hidden')}, {size.get('text_layers')} layers) with a word-level tokenizer of the moving-shapes
+  channel on renders; final L1 {facts.get("vae_final_l1", float("nan")):.4f}; the video verifier passes
+  {100 * facts.get("vae_reconstruction_accuracy", float("nan")):.0f}% of its reconstructions of rendered clips (the ceiling for samples).
+- text encoder: `UMT5EncoderModel` (d_model {size.get("text_hidden")}, {size.get("text_layers")} layers) with a word-level tokenizer of the moving-shapes
   vocabulary (`flowrl/models/tokenizer.py`).
-- scheduler: `FlowMatchEulerDiscreteScheduler` (shift {size.get('flow_shift', 1.0)}; training t was shifted the same way).
+- scheduler: `FlowMatchEulerDiscreteScheduler` (shift {size.get("flow_shift", 1.0)}; training t was shifted the same way).
 
 ## How it was trained
-`flowrl pretrain shapes-wan` (seed {cfg.get('seed')}), on 2 CPU cores:
-1. VAE: {cfg.get('vae_steps')} steps on single frames (batch {cfg.get('vae_batch')}) then {cfg.get('vae_clip_steps')} on clips, L1 with object pixels (and those
-   within {cfg.get('vae_weight_dilation', 0)} px of one) weighted {1 + cfg.get('vae_object_weight', 0):.0f}x + {cfg.get('vae_kl_weight')} x KL ({facts.get('vae_minutes', float('nan')):.1f} min).
-2. Flow matching: {image_stage}{cfg.get('flow_steps')} steps, batch {cfg.get('flow_batch')}, AdamW lr {cfg.get('flow_lr')} (warm-up {cfg.get('warmup_steps')}, cosine), logit-normal t under
-   the time shift, {cfg.get('caption_dropout')} caption dropout, EMA {cfg.get('ema_decay')}; transformer and text encoder jointly, on a pool of
-   {cfg.get('flow_pool')} encoded renders of which {cfg.get('flow_refresh')} are replaced by fresh ones every step. Final loss {facts.get('flow_final_loss', float('nan')):.4f}
-   ({facts.get('flow_minutes', float('nan')):.1f} min).
-Total {facts.get('total_minutes', float('nan')):.1f} minutes.
+`flowrl pretrain shapes-wan` (seed {cfg.get("seed")}), on 2 CPU cores:
+1. VAE: {cfg.get("vae_steps")} steps on single frames (batch {cfg.get("vae_batch")}) then {cfg.get("vae_clip_steps")} on clips, L1 with object pixels (and those
+   within {cfg.get("vae_weight_dilation", 0)} px of one) weighted {1 + cfg.get("vae_object_weight", 0):.0f}x + {cfg.get("vae_kl_weight")} x KL ({facts.get("vae_minutes", float("nan")):.1f} min).
+2. Flow matching: {image_stage}{cfg.get("flow_steps")} steps, batch {cfg.get("flow_batch")}, AdamW lr {cfg.get("flow_lr")} (warm-up {cfg.get("warmup_steps")}, cosine), logit-normal t under
+   the time shift, {cfg.get("caption_dropout")} caption dropout, EMA {cfg.get("ema_decay")}; transformer and text encoder jointly, on a pool of
+   {cfg.get("flow_pool")} encoded renders of which {cfg.get("flow_refresh")} are replaced by fresh ones every step. Final loss {facts.get("flow_final_loss", float("nan")):.4f}
+   ({facts.get("flow_minutes", float("nan")):.1f} min).
+Total {facts.get("total_minutes", float("nan")):.1f} minutes.
 
 ## Measured scores
 Video verifier accuracy (`flowrl/motion/verifier.py`) on the eval split ({prompt_count} prompts naming colour-shape or
-shape-direction combinations held out of RL training), {protocol['num_per_prompt']} clips per prompt under each of
-seeds {protocol['seeds']}, ODE (Euler) {protocol['num_steps']} steps, CFG {protocol['guidance_scale']}. Overall is the mean of the tag
-accuracies over all seeds' clips (by seed: {', '.join(f'{v:.3f}' for v in protocol['overall_by_seed'].values())}).
+shape-direction combinations held out of RL training), {protocol["num_per_prompt"]} clips per prompt under each of
+seeds {protocol["seeds"]}, ODE (Euler) {protocol["num_steps"]} steps, CFG {protocol["guidance_scale"]}. Overall is the mean of the tag
+accuracies over all seeds' clips (by seed: {", ".join(f"{v:.3f}" for v in protocol["overall_by_seed"].values())}).
 
 ```
 {table}

@@ -7,6 +7,7 @@ gradient (ReFL, DRaFT, MEND's proposals) can learn those patterns instead of the
 gradient of what survives a shift, the content, and averages away much of what does not. Shifts are drawn from
 each sample's own seed, so a run still resumes exactly and is identical on one process or many.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,11 +43,14 @@ class ShiftAverage:
         out = []
         for b, pairs in enumerate(self.offsets(seeds).tolist()):
             for dy, dx in pairs:
-                out.append(padded[b, :, s + dy:s + dy + height, s + dx:s + dx + width].reshape(*lead, height, width))
+                out.append(
+                    padded[b, :, s + dy : s + dy + height, s + dx : s + dx + width].reshape(*lead, height, width)
+                )
         return torch.stack(out)
 
-    def score(self, reward, images: torch.Tensor, prompts: list[str], seeds: list[int],
-              items: list | None = None) -> torch.Tensor:
+    def score(
+        self, reward, images: torch.Tensor, prompts: list[str], seeds: list[int], items: list | None = None
+    ) -> torch.Tensor:
         """Mean reward over the shifted copies of each image (judged against its condition item, when given): [B]."""
         meta = {"conditions": [item for item in items for _ in range(self.copies)]} if items else None
         scores = reward(self.shifted(images, seeds), [p for p in prompts for _ in range(self.copies)], meta).scores

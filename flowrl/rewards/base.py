@@ -5,9 +5,11 @@ grids [B, R, R, R]),
 their prompts and per-sample metadata to scores [B] plus an info dict of extra per-sample tensors. Rewards that
 are differentiable in the samples say so, for methods that backpropagate through them (ReFL, DRaFT, MEND).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import torch
 
 from ..errors import ConfigError
@@ -40,7 +42,7 @@ class Reward:
         so a run can refuse training cuts that would split its groups before any model loads)."""
         return cls.scores_groups
 
-    def to(self, device) -> "Reward":
+    def to(self, device) -> Reward:
         """Move the reward's models to `device`: its torch modules, its rewards, and the modules of flowrl objects it
         holds (a safety checker, a rubric's VLM judge); rewards without models ignore it."""
         move_modules(self, device)
@@ -63,19 +65,36 @@ def move_modules(holder, device, seen: set | None = None) -> None:
             move_modules(value, device, seen)
 
 
-REWARDS = Registry("reward", {
-    "shapes": "flowrl.rewards.shapes", "moving_shapes": "flowrl.rewards.shapes", "shapes_edit": "flowrl.rewards.shapes", "shapes_clip": "flowrl.rewards.clip",
-    "pickscore": "flowrl.rewards.clip",
-    "clipscore": "flowrl.rewards.clip", "hpsv2": "flowrl.rewards.learned_real",
-    "aesthetic": "flowrl.rewards.learned_real", "imagereward": "flowrl.rewards.learned_real",
-    "jpeg_compressibility": "flowrl.rewards.jpeg", "jpeg_incompressibility": "flowrl.rewards.jpeg",
-    "safety_checker": "flowrl.safety.checker", "safe_shapes": "flowrl.safety.reward",
-    "per_frame": "flowrl.rewards.video", "frame_consistency": "flowrl.rewards.video", "remote": "flowrl.rewards.remote", "ocr": "flowrl.rewards.ocr",
-    "vlm_judge": "flowrl.rewards.vlm",
-    "vlm_questions": "flowrl.rewards.vlm_questions", "moving_shapes_qa": "flowrl.rewards.motion_qa",
-    "edit_rubric": "flowrl.rewards.rubric", "silhouette_iou": "flowrl.rewards.geometry", "mesh_validity": "flowrl.rewards.geometry",
-    "mesh_smoothness": "flowrl.rewards.geometry", "shape_match": "flowrl.rewards.geometry",
-})
+REWARDS = Registry(
+    "reward",
+    {
+        "shapes": "flowrl.rewards.shapes",
+        "moving_shapes": "flowrl.rewards.shapes",
+        "shapes_edit": "flowrl.rewards.shapes",
+        "shapes_clip": "flowrl.rewards.clip",
+        "pickscore": "flowrl.rewards.clip",
+        "clipscore": "flowrl.rewards.clip",
+        "hpsv2": "flowrl.rewards.learned_real",
+        "aesthetic": "flowrl.rewards.learned_real",
+        "imagereward": "flowrl.rewards.learned_real",
+        "jpeg_compressibility": "flowrl.rewards.jpeg",
+        "jpeg_incompressibility": "flowrl.rewards.jpeg",
+        "safety_checker": "flowrl.safety.checker",
+        "safe_shapes": "flowrl.safety.reward",
+        "per_frame": "flowrl.rewards.video",
+        "frame_consistency": "flowrl.rewards.video",
+        "remote": "flowrl.rewards.remote",
+        "ocr": "flowrl.rewards.ocr",
+        "vlm_judge": "flowrl.rewards.vlm",
+        "vlm_questions": "flowrl.rewards.vlm_questions",
+        "moving_shapes_qa": "flowrl.rewards.motion_qa",
+        "edit_rubric": "flowrl.rewards.rubric",
+        "silhouette_iou": "flowrl.rewards.geometry",
+        "mesh_validity": "flowrl.rewards.geometry",
+        "mesh_smoothness": "flowrl.rewards.geometry",
+        "shape_match": "flowrl.rewards.geometry",
+    },
+)
 
 
 def register_reward(name: str):
@@ -115,8 +134,9 @@ def check_reward(name: str, params: dict, where: str = "reward") -> None:
         return
     for at, key, value in nested_params(params, f"{where}.params"):
         if key in ("path", "questions_file") and isinstance(value, str) and not Path(value).exists():
-            raise ConfigError(f"{at}.{key}: {value} does not exist; expected a local folder (nothing is fetched from "
-                              "a hub)")
+            raise ConfigError(
+                f"{at}.{key}: {value} does not exist; expected a local folder (nothing is fetched from a hub)"
+            )
 
 
 def condition_items(prompts: list[str], meta: dict | None) -> list:
@@ -139,12 +159,14 @@ def score_in_chunks(reward: Reward, samples: torch.Tensor, prompts: list[str], m
     for start in range(0, len(prompts), chunk):
         part = slice(start, start + chunk)
         parts.append(reward(samples[part], prompts[part], {k: v[part] for k, v in (meta or {}).items()}))
-    return RewardOutput(torch.cat([p.scores for p in parts]),
-                        {k: torch.cat([p.info[k] for p in parts]) for k in parts[0].info})
+    return RewardOutput(
+        torch.cat([p.scores for p in parts]), {k: torch.cat([p.info[k] for p in parts]) for k in parts[0].info}
+    )
 
 
-def score_robustly(reward: Reward, samples: torch.Tensor, prompts: list[str], meta: dict,
-                   chunk: int = 0) -> tuple[RewardOutput, str | None]:
+def score_robustly(
+    reward: Reward, samples: torch.Tensor, prompts: list[str], meta: dict, chunk: int = 0
+) -> tuple[RewardOutput, str | None]:
     """`score_in_chunks`, except that a reward raising is not fatal: the samples are then scored one by one (a
     reward that scores groups: one run of equal conditions at a time, so no rubric is built on part of a group) and
     those whose call raises get NaN (scores and every info key). Returns the output on the CPU and the first
@@ -164,8 +186,15 @@ def score_robustly(reward: Reward, samples: torch.Tensor, prompts: list[str], me
     for a, b in zip(bounds, bounds[1:]):
         try:
             out = reward(samples[a:b], prompts[a:b], {k: v[a:b] for k, v in (meta or {}).items()})
-            outputs.append((b - a, RewardOutput(out.scores.float().reshape(b - a).cpu(),
-                                                {k: v.float().reshape(b - a).cpu() for k, v in out.info.items()})))
+            outputs.append(
+                (
+                    b - a,
+                    RewardOutput(
+                        out.scores.float().reshape(b - a).cpu(),
+                        {k: v.float().reshape(b - a).cpu() for k, v in out.info.items()},
+                    ),
+                )
+            )
         except Exception:
             outputs.append((b - a, None))
     keys = sorted(set(failed_output(reward, 1).info).union(*[o.info for _, o in outputs if o is not None]))
@@ -174,8 +203,10 @@ def score_robustly(reward: Reward, samples: torch.Tensor, prompts: list[str], me
         value = None if out is None else out.scores if key is None else out.info.get(key)
         return value if value is not None else torch.full((size,), float("nan"))
 
-    return RewardOutput(torch.cat([part(size, out, None) for size, out in outputs]),
-                        {k: torch.cat([part(size, out, k) for size, out in outputs]) for k in keys}), first
+    return RewardOutput(
+        torch.cat([part(size, out, None) for size, out in outputs]),
+        {k: torch.cat([part(size, out, k) for size, out in outputs]) for k in keys},
+    ), first
 
 
 def failed_output(reward: Reward, count: int) -> RewardOutput:
@@ -193,6 +224,7 @@ def latent_scorer(policy, reward: Reward, robust: bool = False):
     the 3D rewards) need them; without, they fall back to the scene a bare prompt stands for. `robust`: a call that
     raises scores NaN (what score_robustly makes of a failure; FK weighs such particles 0, incremental credit
     drops their groups) instead of stopping the rollout."""
+
     def score(latents: torch.Tensor, prompts: list[str], items: list | None = None) -> torch.Tensor:
         try:
             return reward(policy.decode(latents), prompts, {"conditions": list(items)} if items else None).scores
@@ -200,13 +232,16 @@ def latent_scorer(policy, reward: Reward, robust: bool = False):
             if not robust:
                 raise
             return torch.full((len(prompts),), float("nan"))
+
     return score
 
 
-def standardized_sum(components: list[torch.Tensor], weights: list[float], groups: torch.Tensor | None = None,
-                     eps: float = 1e-6) -> torch.Tensor:
+def standardized_sum(
+    components: list[torch.Tensor], weights: list[float], groups: torch.Tensor | None = None, eps: float = 1e-6
+) -> torch.Tensor:
     """sum_k w_k z_k with each component standardized first, over the whole batch (groups None) or within each
     prompt group (multi-reward GRPO variants), so one reward's scale does not drown the others."""
+
     def standardize(part: torch.Tensor) -> torch.Tensor:  # over the finite entries; non-finite ones stay NaN
         finite = torch.isfinite(part)
         if finite.sum() < 2:
@@ -231,6 +266,7 @@ def standardized_sum(components: list[torch.Tensor], weights: list[float], group
 class WeightedSum(Reward):
     """sum_k w_k r_k. Each component's raw scores are kept in info as '<name>' (for logging, and for the loop's
     standardized combination, `train.normalize_rewards`)."""
+
     name = "weighted_sum"
 
     def __init__(self, rewards: list[Reward], weights: list[float], batch_sizes: list[int] | None = None):
@@ -242,7 +278,7 @@ class WeightedSum(Reward):
         self.modalities = tuple(m for m in ("image", "video", "3d") if all(m in r.modalities for r in rewards))
         self.scores_groups = any(r.scores_groups for r in rewards)
 
-    def to(self, device) -> "WeightedSum":
+    def to(self, device) -> WeightedSum:
         for reward in self.rewards:
             reward.to(device)
         return self

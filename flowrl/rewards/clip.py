@@ -7,6 +7,7 @@ Images are resized and centre-cropped to the model's input size as CLIP's image 
 the folder's preprocessor_config.json (CLIP's OpenAI statistics when absent), in torch, so gradients reach the
 pixels (`clip_pixels`).
 """
+
 from __future__ import annotations
 
 import json
@@ -63,7 +64,7 @@ def clip_pixels(samples: torch.Tensor, size: int, mean, std, fit: str = "crop") 
         pad_h, pad_w = size - shape[0], size - shape[1]
         x = torch.nn.functional.pad(x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))
     top, left = (x.shape[-2] - size) // 2, (x.shape[-1] - size) // 2
-    x = x[..., top:top + size, left:left + size]
+    x = x[..., top : top + size, left : left + size]
     mean = torch.tensor(mean, device=x.device).view(1, 3, 1, 1)
     std = torch.tensor(std, device=x.device).view(1, 3, 1, 1)
     return (x - mean) / std
@@ -80,9 +81,11 @@ def reward_tokenizer(folder: Path, vocab_size: int, reward: str):
     except (OSError, ValueError) as error:
         raise UserError(f"reward {reward}: {folder} holds no tokenizer ({str(error)[:200]})") from None
     if len(tokenizer) < vocab_size // 2:
-        raise UserError(f"reward {reward}: {folder}'s tokenizer has {len(tokenizer)} tokens for a text model of "
-                        f"{vocab_size}: save the model's own tokenizer files (tokenizer.json, or vocab and merges) "
-                        "in the folder")
+        raise UserError(
+            f"reward {reward}: {folder}'s tokenizer has {len(tokenizer)} tokens for a text model of "
+            f"{vocab_size}: save the model's own tokenizer files (tokenizer.json, or vocab and merges) "
+            "in the folder"
+        )
     return tokenizer
 
 
@@ -102,9 +105,12 @@ class CLIPReward(Reward):
 
     def features(self, samples: torch.Tensor, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         device = next(self.model.parameters()).device
-        tokens = self.tokenizer(prompts, padding="max_length", truncation=True, max_length=self.max_length,
-                                return_tensors="pt").to(device)
-        image = self.model.get_image_features(pixel_values=clip_pixels(samples.to(device), self.size, self.mean, self.std, self.fit))
+        tokens = self.tokenizer(
+            prompts, padding="max_length", truncation=True, max_length=self.max_length, return_tensors="pt"
+        ).to(device)
+        image = self.model.get_image_features(
+            pixel_values=clip_pixels(samples.to(device), self.size, self.mean, self.std, self.fit)
+        )
         text = self.model.get_text_features(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask)
         image, text = (getattr(f, "pooler_output", f) for f in (image, text))
         return torch.nn.functional.normalize(image, dim=-1), torch.nn.functional.normalize(text, dim=-1)
@@ -112,7 +118,9 @@ class CLIPReward(Reward):
     def image_embeddings(self, samples: torch.Tensor) -> torch.Tensor:
         """L2-normalised image features [B, D] (for diversity measured in the reward model's own space)."""
         device = next(self.model.parameters()).device
-        image = self.model.get_image_features(pixel_values=clip_pixels(samples.to(device), self.size, self.mean, self.std, self.fit))
+        image = self.model.get_image_features(
+            pixel_values=clip_pixels(samples.to(device), self.size, self.mean, self.std, self.fit)
+        )
         return torch.nn.functional.normalize(getattr(image, "pooler_output", image), dim=-1)
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
@@ -127,20 +135,31 @@ class CLIPReward(Reward):
 
 @register_reward("shapes_clip")
 def shapes_clip(path: str | None = None) -> CLIPReward:
-    folder = require_local_folder(path or DEFAULT_SCORER, "shapes_clip",
-                                  "the project ships it in pipelines/shapes-scorer (`flowrl pretrain scorer` rebuilds it)")
+    folder = require_local_folder(
+        path or DEFAULT_SCORER,
+        "shapes_clip",
+        "the project ships it in pipelines/shapes-scorer (`flowrl pretrain scorer` rebuilds it)",
+    )
     return CLIPReward(folder, "pickscore", "shapes_clip")
 
 
 @register_reward("pickscore")
 def pickscore(path: str | None = None) -> CLIPReward:
-    folder = require_local_folder(path, "pickscore", "save yuvalkirstain/PickScore_v1 (CLIPModel) together with the "
-                                  "laion/CLIP-ViT-H-14-laion2B-s32B-b79K tokenizer and preprocessor files into one folder")
+    folder = require_local_folder(
+        path,
+        "pickscore",
+        "save yuvalkirstain/PickScore_v1 (CLIPModel) together with the "
+        "laion/CLIP-ViT-H-14-laion2B-s32B-b79K tokenizer and preprocessor files into one folder",
+    )
     return CLIPReward(folder, "pickscore", "pickscore")
 
 
 @register_reward("clipscore")
 def clipscore(path: str | None = None) -> CLIPReward:
-    folder = require_local_folder(path, "clipscore", "save a CLIPModel such as openai/clip-vit-large-patch14 with "
-                                  "its tokenizer and preprocessor (save_pretrained) into a local folder")
+    folder = require_local_folder(
+        path,
+        "clipscore",
+        "save a CLIPModel such as openai/clip-vit-large-patch14 with "
+        "its tokenizer and preprocessor (save_pretrained) into a local folder",
+    )
     return CLIPReward(folder, "clipscore", "clipscore")

@@ -14,6 +14,7 @@ Head counts are not in a state dict: they follow from the head widths (--vision-
 defaults are the published models' (ViT-H-14: 80 and 64; BLIP ViT-L and BERT-base: 64). Checkpoints are read with
 `torch.load(weights_only=True)`: tensors only, never arbitrary pickled objects.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,40 +56,55 @@ def layer_count(state: dict, prefix: str) -> int:
 
 def heads(width: int, head_dim: int, where: str) -> int:
     if width % head_dim:
-        raise UserError(f"{where} width {width} is not a multiple of the head width {head_dim}; "
-                        f"pass the model's head width")
+        raise UserError(
+            f"{where} width {width} is not a multiple of the head width {head_dim}; pass the model's head width"
+        )
     return width // head_dim
 
 
 # ---- HPSv2: open_clip CLIP -> transformers CLIPModel ----
 
+
 def open_clip_block(state: dict, src: str, dst: str) -> dict[str, torch.Tensor]:
     """One open_clip residual block `src` (…resblocks.i.) as a transformers CLIPEncoderLayer `dst`."""
     q, k, v = state[src + "attn.in_proj_weight"].chunk(3)
     qb, kb, vb = state[src + "attn.in_proj_bias"].chunk(3)
-    out = {dst + "self_attn.q_proj.weight": q, dst + "self_attn.k_proj.weight": k, dst + "self_attn.v_proj.weight": v,
-           dst + "self_attn.q_proj.bias": qb, dst + "self_attn.k_proj.bias": kb, dst + "self_attn.v_proj.bias": vb}
-    for a, b in [("attn.out_proj", "self_attn.out_proj"), ("ln_1", "layer_norm1"), ("ln_2", "layer_norm2"),
-                 ("mlp.c_fc", "mlp.fc1"), ("mlp.c_proj", "mlp.fc2")]:
+    out = {
+        dst + "self_attn.q_proj.weight": q,
+        dst + "self_attn.k_proj.weight": k,
+        dst + "self_attn.v_proj.weight": v,
+        dst + "self_attn.q_proj.bias": qb,
+        dst + "self_attn.k_proj.bias": kb,
+        dst + "self_attn.v_proj.bias": vb,
+    }
+    for a, b in [
+        ("attn.out_proj", "self_attn.out_proj"),
+        ("ln_1", "layer_norm1"),
+        ("ln_2", "layer_norm2"),
+        ("mlp.c_fc", "mlp.fc1"),
+        ("mlp.c_proj", "mlp.fc2"),
+    ]:
         out[dst + b + ".weight"], out[dst + b + ".bias"] = state[f"{src}{a}.weight"], state[f"{src}{a}.bias"]
     return out
 
 
 def open_clip_to_transformers(state: dict) -> dict[str, torch.Tensor]:
-    out = {"logit_scale": state["logit_scale"],
-           "text_model.embeddings.token_embedding.weight": state["token_embedding.weight"],
-           "text_model.embeddings.position_embedding.weight": state["positional_embedding"],
-           "text_model.final_layer_norm.weight": state["ln_final.weight"],
-           "text_model.final_layer_norm.bias": state["ln_final.bias"],
-           "text_projection.weight": state["text_projection"].t(),
-           "vision_model.embeddings.class_embedding": state["visual.class_embedding"],
-           "vision_model.embeddings.patch_embedding.weight": state["visual.conv1.weight"],
-           "vision_model.embeddings.position_embedding.weight": state["visual.positional_embedding"],
-           "vision_model.pre_layrnorm.weight": state["visual.ln_pre.weight"],
-           "vision_model.pre_layrnorm.bias": state["visual.ln_pre.bias"],
-           "vision_model.post_layernorm.weight": state["visual.ln_post.weight"],
-           "vision_model.post_layernorm.bias": state["visual.ln_post.bias"],
-           "visual_projection.weight": state["visual.proj"].t()}
+    out = {
+        "logit_scale": state["logit_scale"],
+        "text_model.embeddings.token_embedding.weight": state["token_embedding.weight"],
+        "text_model.embeddings.position_embedding.weight": state["positional_embedding"],
+        "text_model.final_layer_norm.weight": state["ln_final.weight"],
+        "text_model.final_layer_norm.bias": state["ln_final.bias"],
+        "text_projection.weight": state["text_projection"].t(),
+        "vision_model.embeddings.class_embedding": state["visual.class_embedding"],
+        "vision_model.embeddings.patch_embedding.weight": state["visual.conv1.weight"],
+        "vision_model.embeddings.position_embedding.weight": state["visual.positional_embedding"],
+        "vision_model.pre_layrnorm.weight": state["visual.ln_pre.weight"],
+        "vision_model.pre_layrnorm.bias": state["visual.ln_pre.bias"],
+        "vision_model.post_layernorm.weight": state["visual.ln_post.weight"],
+        "vision_model.post_layernorm.bias": state["visual.ln_post.bias"],
+        "visual_projection.weight": state["visual.proj"].t(),
+    }
     for i in range(layer_count(state, "transformer.resblocks.")):
         out.update(open_clip_block(state, f"transformer.resblocks.{i}.", f"text_model.encoder.layers.{i}."))
     for i in range(layer_count(state, "visual.transformer.resblocks.")):
@@ -96,7 +112,9 @@ def open_clip_to_transformers(state: dict) -> dict[str, torch.Tensor]:
     return out
 
 
-def convert_hpsv2(src: Path, dst: Path, tokenizer_dir: Path, vision_head_dim: int = 80, text_head_dim: int = 64) -> None:
+def convert_hpsv2(
+    src: Path, dst: Path, tokenizer_dir: Path, vision_head_dim: int = 80, text_head_dim: int = 64
+) -> None:
     from transformers import CLIPConfig, CLIPModel
 
     state = read_state_dict(src)
@@ -106,18 +124,29 @@ def convert_hpsv2(src: Path, dst: Path, tokenizer_dir: Path, vision_head_dim: in
     grid = round((state["visual.positional_embedding"].shape[0] - 1) ** 0.5)
     tokenizer = load_tokenizer(tokenizer_dir)
     config = CLIPConfig(
-        text_config=dict(vocab_size=state["token_embedding.weight"].shape[0], hidden_size=text_width,
-                         intermediate_size=state["transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
-                         num_hidden_layers=layer_count(state, "transformer.resblocks."),
-                         num_attention_heads=heads(text_width, text_head_dim, "text"),
-                         max_position_embeddings=state["positional_embedding"].shape[0], hidden_act="gelu",
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id),
-        vision_config=dict(hidden_size=vision_width, image_size=grid * patch_size, patch_size=patch_size,
-                           intermediate_size=state["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
-                           num_hidden_layers=layer_count(state, "visual.transformer.resblocks."),
-                           num_attention_heads=heads(vision_width, vision_head_dim, "vision"), hidden_act="gelu"),
-        projection_dim=state["visual.proj"].shape[1])
+        text_config=dict(
+            vocab_size=state["token_embedding.weight"].shape[0],
+            hidden_size=text_width,
+            intermediate_size=state["transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
+            num_hidden_layers=layer_count(state, "transformer.resblocks."),
+            num_attention_heads=heads(text_width, text_head_dim, "text"),
+            max_position_embeddings=state["positional_embedding"].shape[0],
+            hidden_act="gelu",
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        ),
+        vision_config=dict(
+            hidden_size=vision_width,
+            image_size=grid * patch_size,
+            patch_size=patch_size,
+            intermediate_size=state["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
+            num_hidden_layers=layer_count(state, "visual.transformer.resblocks."),
+            num_attention_heads=heads(vision_width, vision_head_dim, "vision"),
+            hidden_act="gelu",
+        ),
+        projection_dim=state["visual.proj"].shape[1],
+    )
     model = CLIPModel(config)
     load_exactly(model, open_clip_to_transformers(state), src)
     model.save_pretrained(dst)
@@ -127,8 +156,14 @@ def convert_hpsv2(src: Path, dst: Path, tokenizer_dir: Path, vision_head_dim: in
 
 # ---- ImageReward: BLIP (timm ViT + BERT with cross-attention) -> transformers BlipForImageTextRetrieval ----
 
-VIT_BLOCK = [("norm1", "layer_norm1"), ("attn.qkv", "self_attn.qkv"), ("attn.proj", "self_attn.projection"),
-             ("norm2", "layer_norm2"), ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")]
+VIT_BLOCK = [
+    ("norm1", "layer_norm1"),
+    ("attn.qkv", "self_attn.qkv"),
+    ("attn.proj", "self_attn.projection"),
+    ("norm2", "layer_norm2"),
+    ("mlp.fc1", "mlp.fc1"),
+    ("mlp.fc2", "mlp.fc2"),
+]
 
 
 def blip_to_transformers(state: dict) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -139,7 +174,9 @@ def blip_to_transformers(state: dict) -> tuple[dict[str, torch.Tensor], dict[str
     out["vision_model.embeddings.patch_embedding.weight"] = state[vit + "patch_embed.proj.weight"]
     out["vision_model.embeddings.patch_embedding.bias"] = state[vit + "patch_embed.proj.bias"]
     out["vision_model.post_layernorm.weight"], out["vision_model.post_layernorm.bias"] = (
-        state[vit + "norm.weight"], state[vit + "norm.bias"])
+        state[vit + "norm.weight"],
+        state[vit + "norm.bias"],
+    )
     for i in range(layer_count(state, vit + "blocks.")):
         for a, b in VIT_BLOCK:
             for p in ("weight", "bias"):
@@ -153,8 +190,9 @@ def blip_to_transformers(state: dict) -> tuple[dict[str, torch.Tensor], dict[str
     return out, mlp
 
 
-def convert_imagereward(src: Path, dst: Path, tokenizer_dir: Path, vision_head_dim: int = 64,
-                        text_head_dim: int = 64) -> None:
+def convert_imagereward(
+    src: Path, dst: Path, tokenizer_dir: Path, vision_head_dim: int = 64, text_head_dim: int = 64
+) -> None:
     from safetensors.torch import save_file
     from transformers import BlipConfig, BlipForImageTextRetrieval
 
@@ -170,24 +208,35 @@ def convert_imagereward(src: Path, dst: Path, tokenizer_dir: Path, vision_head_d
     if len(tokenizer) == words.shape[0] - 2:  # BLIP adds [DEC] (its bos) and [ENC] to BERT's vocabulary
         tokenizer.add_special_tokens({"bos_token": "[DEC]", "additional_special_tokens": ["[ENC]"]})
     if len(tokenizer) != words.shape[0]:
-        raise UserError(f"the tokenizer in {tokenizer_dir} has {len(tokenizer)} tokens, the "
-                        f"checkpoint's text encoder {words.shape[0]}; pass BLIP's BERT tokenizer (bert-base-uncased)")
+        raise UserError(
+            f"the tokenizer in {tokenizer_dir} has {len(tokenizer)} tokens, the "
+            f"checkpoint's text encoder {words.shape[0]}; pass BLIP's BERT tokenizer (bert-base-uncased)"
+        )
     text_layer = "blip.text_encoder.encoder.layer.0."
     config = BlipConfig(
-        vision_config=dict(hidden_size=vision_width, image_size=grid * patch_size, patch_size=patch_size,
-                           intermediate_size=state["blip.visual_encoder.blocks.0.mlp.fc1.weight"].shape[0],
-                           num_hidden_layers=layer_count(state, "blip.visual_encoder.blocks."),
-                           num_attention_heads=heads(vision_width, vision_head_dim, "vision"),
-                           layer_norm_eps=1e-6),  # BLIP's ViT (timm) uses eps 1e-6, not transformers' 1e-5
-        text_config=dict(vocab_size=words.shape[0], hidden_size=text_width,
-                         intermediate_size=state[text_layer + "intermediate.dense.weight"].shape[0],
-                         num_hidden_layers=layer_count(state, "blip.text_encoder.encoder.layer."),
-                         num_attention_heads=heads(text_width, text_head_dim, "text"),
-                         max_position_embeddings=state["blip.text_encoder.embeddings.position_embeddings.weight"].shape[0],
-                         encoder_hidden_size=state[text_layer + "crossattention.self.key.weight"].shape[1],
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         sep_token_id=tokenizer.sep_token_id or tokenizer.eos_token_id),
-        image_text_hidden_size=state["blip.vision_proj.weight"].shape[0])
+        vision_config=dict(
+            hidden_size=vision_width,
+            image_size=grid * patch_size,
+            patch_size=patch_size,
+            intermediate_size=state["blip.visual_encoder.blocks.0.mlp.fc1.weight"].shape[0],
+            num_hidden_layers=layer_count(state, "blip.visual_encoder.blocks."),
+            num_attention_heads=heads(vision_width, vision_head_dim, "vision"),
+            layer_norm_eps=1e-6,
+        ),  # BLIP's ViT (timm) uses eps 1e-6, not transformers' 1e-5
+        text_config=dict(
+            vocab_size=words.shape[0],
+            hidden_size=text_width,
+            intermediate_size=state[text_layer + "intermediate.dense.weight"].shape[0],
+            num_hidden_layers=layer_count(state, "blip.text_encoder.encoder.layer."),
+            num_attention_heads=heads(text_width, text_head_dim, "text"),
+            max_position_embeddings=state["blip.text_encoder.embeddings.position_embeddings.weight"].shape[0],
+            encoder_hidden_size=state[text_layer + "crossattention.self.key.weight"].shape[1],
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            sep_token_id=tokenizer.sep_token_id or tokenizer.eos_token_id,
+        ),
+        image_text_hidden_size=state["blip.vision_proj.weight"].shape[0],
+    )
     model = BlipForImageTextRetrieval(config)
     blip_state, mlp_state = blip_to_transformers(state)
     keep = {k: v for k, v in model.state_dict().items() if k.startswith("itm_head.")}  # not in ImageReward.pt
@@ -201,13 +250,18 @@ def convert_imagereward(src: Path, dst: Path, tokenizer_dir: Path, vision_head_d
 
 # ---- shared ----
 
+
 def save_image_processor(folder: Path, size: int) -> None:
     """The preprocessor config the adapters read: a size x size input with OpenAI CLIP's statistics (both published
     models use them)."""
     from transformers import CLIPImageProcessor
 
-    CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size},
-                       image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD).save_pretrained(folder)
+    CLIPImageProcessor(
+        size={"shortest_edge": size},
+        crop_size={"height": size, "width": size},
+        image_mean=OPENAI_CLIP_MEAN,
+        image_std=OPENAI_CLIP_STD,
+    ).save_pretrained(folder)
 
 
 def load_tokenizer(folder: Path):
@@ -226,8 +280,7 @@ def load_exactly(model: torch.nn.Module, state: dict, src: Path) -> None:
     expected = {k for k in model.state_dict() if not k.endswith("position_ids")}
     missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or extra:
-        raise UserError(f"{src} does not map onto the target model: missing {missing[:5]}, "
-                        f"unexpected {extra[:5]}")
+        raise UserError(f"{src} does not map onto the target model: missing {missing[:5]}, unexpected {extra[:5]}")
     try:
         model.load_state_dict(state, strict=False)
     except RuntimeError as error:
@@ -237,8 +290,14 @@ def load_exactly(model: torch.nn.Module, state: dict, src: Path) -> None:
 CONVERTERS = {"hpsv2": convert_hpsv2, "imagereward": convert_imagereward}
 
 
-def convert_reward(kind: str, src: Path, dst: Path, tokenizer_dir: Path, vision_head_dim: int | None = None,
-                   text_head_dim: int | None = None) -> None:
+def convert_reward(
+    kind: str,
+    src: Path,
+    dst: Path,
+    tokenizer_dir: Path,
+    vision_head_dim: int | None = None,
+    text_head_dim: int | None = None,
+) -> None:
     if kind not in CONVERTERS:
         raise UserError(f"expected one of {sorted(CONVERTERS)}, got {kind!r}")
     vision, text = HEAD_DIMS[kind]

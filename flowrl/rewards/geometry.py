@@ -10,6 +10,7 @@
   ground-truth solid the condition was rendered from (a verifier reward: it reads the world's truth).
 None is differentiable.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -89,9 +90,9 @@ class ShapeMatch(GeometryReward):
         self.metric = metric
 
     def score(self, grid, item) -> float:
+        from ..sdf import compare, volume_iou
         from ..shapes3d.conditions import solid_of
         from ..shapes3d.geometry import sdf_grid
-        from ..sdf import compare, volume_iou
 
         truth = sdf_grid(solid_of(item), len(grid))
         return volume_iou(grid, truth) if self.metric == "iou" else compare(grid, truth)["fscore"]

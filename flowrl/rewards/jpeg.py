@@ -1,4 +1,5 @@
 """JPEG (in)compressibility (DDPO, arXiv 2305.13301): minus / plus the encoded size in kilobytes at quality 95."""
+
 from __future__ import annotations
 
 import io

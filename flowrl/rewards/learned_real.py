@@ -12,6 +12,7 @@
   `<path>/mlp.pth|safetensors` (keys layers.*). The original ImageReward.pt must be converted to that layout.
 All are differentiable in the pixels (ReFL, DRaFT and MEND can use them).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,8 +32,15 @@ class ScoreMLP(torch.nn.Module):
     def __init__(self, dim: int):
         super().__init__()
         self.layers = torch.nn.Sequential(
-            torch.nn.Linear(dim, 1024), torch.nn.Dropout(0.2), torch.nn.Linear(1024, 128), torch.nn.Dropout(0.2),
-            torch.nn.Linear(128, 64), torch.nn.Dropout(0.1), torch.nn.Linear(64, 16), torch.nn.Linear(16, 1))
+            torch.nn.Linear(dim, 1024),
+            torch.nn.Dropout(0.2),
+            torch.nn.Linear(1024, 128),
+            torch.nn.Dropout(0.2),
+            torch.nn.Linear(128, 64),
+            torch.nn.Dropout(0.1),
+            torch.nn.Linear(64, 16),
+            torch.nn.Linear(16, 1),
+        )
 
     def forward(self, x):
         return self.layers(x).squeeze(-1)
@@ -52,20 +60,30 @@ def load_mlp(folder: Path, dim: int, reward: str) -> ScoreMLP:
     for name in ("mlp.safetensors", "mlp.pth"):
         file = folder / name
         if file.is_file():
-            state = load_file(file) if file.suffix == ".safetensors" else torch.load(file, map_location="cpu", weights_only=True)
+            state = (
+                load_file(file)
+                if file.suffix == ".safetensors"
+                else torch.load(file, map_location="cpu", weights_only=True)
+            )
             mlp = ScoreMLP(dim)
             try:
                 mlp.load_state_dict(state)
             except RuntimeError as error:
-                raise UserError(f"reward {reward}: {file} does not fit a {dim}-input score MLP: {str(error)[:200]}") from None
+                raise UserError(
+                    f"reward {reward}: {file} does not fit a {dim}-input score MLP: {str(error)[:200]}"
+                ) from None
             return mlp.eval().requires_grad_(False)
     raise UserError(f"reward {reward}: {folder} has no mlp.safetensors or mlp.pth (the score head's weights)")
 
 
 @register_reward("hpsv2")
 def hpsv2(path: str | None = None) -> CLIPReward:
-    folder = require_local_folder(path, "hpsv2", "convert HPS_v2.1_compressed.pt (open_clip ViT-H-14) to a "
-                                  "transformers CLIPModel folder with the ViT-H-14 tokenizer and preprocessor files")
+    folder = require_local_folder(
+        path,
+        "hpsv2",
+        "convert HPS_v2.1_compressed.pt (open_clip ViT-H-14) to a "
+        "transformers CLIPModel folder with the ViT-H-14 tokenizer and preprocessor files",
+    )
     return CLIPReward(folder, "cosine", "hpsv2", fit="pad")  # HPSv2 scores the whole image, letterboxed
 
 
@@ -93,9 +111,14 @@ class AestheticReward(Reward):
 
 @register_reward("aesthetic")
 def aesthetic(path: str | None = None) -> AestheticReward:
-    return AestheticReward(require_local_folder(
-        path, "aesthetic", "put openai/clip-vit-large-patch14 (save_pretrained) in PATH/clip and the LAION "
-        "sac+logos+ava1-l14-linearMSE.pth weights as PATH/mlp.pth"))
+    return AestheticReward(
+        require_local_folder(
+            path,
+            "aesthetic",
+            "put openai/clip-vit-large-patch14 (save_pretrained) in PATH/clip and the LAION "
+            "sac+logos+ava1-l14-linearMSE.pth weights as PATH/mlp.pth",
+        )
+    )
 
 
 class ImageRewardReward(Reward):
@@ -119,16 +142,29 @@ class ImageRewardReward(Reward):
         device = next(self.vision.parameters()).device  # the reward model's (Reward.to), not the samples'
         pixels = clip_pixels(samples.to(device), self.size, self.mean, self.std)
         image = self.vision(pixel_values=pixels).last_hidden_state
-        tokens = self.tokenizer(prompts, padding="max_length", truncation=True,
-                                max_length=min(35, self.tokenizer.model_max_length), return_tensors="pt").to(device)
-        text = self.text(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, encoder_hidden_states=image,
-                         encoder_attention_mask=torch.ones(image.shape[:2], dtype=torch.long, device=device)
-                         ).last_hidden_state
+        tokens = self.tokenizer(
+            prompts,
+            padding="max_length",
+            truncation=True,
+            max_length=min(35, self.tokenizer.model_max_length),
+            return_tensors="pt",
+        ).to(device)
+        text = self.text(
+            input_ids=tokens.input_ids,
+            attention_mask=tokens.attention_mask,
+            encoder_hidden_states=image,
+            encoder_attention_mask=torch.ones(image.shape[:2], dtype=torch.long, device=device),
+        ).last_hidden_state
         return RewardOutput((self.mlp(text[:, 0]) - IMAGEREWARD_MEAN) / IMAGEREWARD_STD)
 
 
 @register_reward("imagereward")
 def imagereward(path: str | None = None) -> ImageRewardReward:
-    return ImageRewardReward(require_local_folder(
-        path, "imagereward", "`flowrl convert-reward imagereward ImageReward.pt PATH --tokenizer BERT_TOKENIZER_DIR` "
-        "writes PATH/blip and PATH/mlp.safetensors"))
+    return ImageRewardReward(
+        require_local_folder(
+            path,
+            "imagereward",
+            "`flowrl convert-reward imagereward ImageReward.pt PATH --tokenizer BERT_TOKENIZER_DIR` "
+            "writes PATH/blip and PATH/mlp.safetensors",
+        )
+    )

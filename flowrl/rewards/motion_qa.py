@@ -1,5 +1,6 @@
 """`moving_shapes_qa`: the project's moving-shapes question scorer as a reward (mean over a prompt's sub-prompts of
 p(yes)), differentiable in the pixels; TVRL takes its credit maps from it."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,9 +23,11 @@ class MovingShapesQA(QuestionScorer):
     def __init__(self, path: str | None = None):
         from ..models.motion_qa import load_model
 
-        folder = require_local_folder(path or DEFAULT_QA, "moving_shapes_qa",
-                                      "the project ships it in pipelines/shapes-motion-qa (`flowrl pretrain "
-                                      "motion-qa` rebuilds it)")
+        folder = require_local_folder(
+            path or DEFAULT_QA,
+            "moving_shapes_qa",
+            "the project ships it in pipelines/shapes-motion-qa (`flowrl pretrain motion-qa` rebuilds it)",
+        )
         self.model, self.tokenizer = load_model(folder)
 
     def questions(self, prompt: str) -> list[str]:

@@ -6,6 +6,7 @@ the target's length (1: the text is right; 0: nothing of it), d = 0 where the re
 Flow-GRPO's flow_grpo/ocr.py). The detector and recogniser weights ship inside the
 `rapidocr-onnxruntime` wheel (`pip install -e ".[ocr]"`), so the reward is real offline. Not differentiable.
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,7 +50,7 @@ class OCRReward(Reward):
         try:
             from rapidocr_onnxruntime import RapidOCR
         except ImportError:
-            raise ConfigError("reward ocr: needs rapidocr-onnxruntime (pip install -e \".[ocr]\")") from None
+            raise ConfigError('reward ocr: needs rapidocr-onnxruntime (pip install -e ".[ocr]")') from None
         self.engine = RapidOCR()
 
     def read(self, image) -> str:

@@ -5,6 +5,7 @@ questions and `log_yes(samples, questions)` gives log p("yes") per (sample, ques
 pixels. As a reward it scores mean_q p("yes") over the sample's questions (TVRL's R); info `log_yes_mean` is the
 mean of log p("yes").
 """
+
 from __future__ import annotations
 
 import torch

@@ -56,10 +56,14 @@ def encode_request(samples: torch.Tensor, prompts: list[str], meta: dict | None)
                 for name, part in parts.items():
                     numpy = not isinstance(part, torch.Tensor)
                     kinds[f"{i}/{name}"] = "numpy" if numpy else "tensor"
-                    tensors[f"input/{i}/{name}"] = torch.tensor(np.asarray(part)) if numpy else \
-                        part.detach().cpu().contiguous().clone()
-    header = {"prompts": json.dumps(prompts), "meta": json.dumps(shareable, default=str),
-              "input_kinds": json.dumps(kinds)}
+                    tensors[f"input/{i}/{name}"] = (
+                        torch.tensor(np.asarray(part)) if numpy else part.detach().cpu().contiguous().clone()
+                    )
+    header = {
+        "prompts": json.dumps(prompts),
+        "meta": json.dumps(shareable, default=str),
+        "input_kinds": json.dumps(kinds),
+    }
     return save(tensors, metadata=header)
 
 
@@ -102,14 +106,20 @@ def _is_image(value) -> bool:
 def _metadata(body: bytes) -> str:
     """The safetensors header's __metadata__ as JSON text."""
     size = int.from_bytes(body[:8], "little")
-    return json.dumps(json.loads(body[8:8 + size]).get("__metadata__", {}))
+    return json.dumps(json.loads(body[8 : 8 + size]).get("__metadata__", {}))
 
 
 REWARD_RAISED = 422  # the served reward raised on the request's samples (not an outage: no retry)
 
 
-def serve_reward(name: str, params: dict, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
-                 device: str | None = None):
+def serve_reward(
+    name: str,
+    params: dict,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    token: str | None = None,
+    device: str | None = None,
+):
     """Serve reward `name` (built with `params`) until interrupted, its models on `device` (None: the GPU of this
     process's LOCAL_RANK, as a run's `process: true` child inherits it, when there is one; else the CPU)."""
     import uvicorn
@@ -141,20 +151,34 @@ def serve_reward(name: str, params: dict, host: str = "127.0.0.1", port: int = 8
         except Exception as error:  # the reward's own failure on these samples, not the server's: 422, so the
             # client scores them one by one (as in-process) rather than taking the server for down
             raise HTTPException(status_code=REWARD_RAISED, detail=f"{type(error).__name__}: {error}") from None
-        tensors = {"scores": out.scores.float().cpu().contiguous(),
-                   **{f"info/{k}": v.float().cpu().contiguous() for k, v in out.info.items()}}
+        tensors = {
+            "scores": out.scores.float().cpu().contiguous(),
+            **{f"info/{k}": v.float().cpu().contiguous() for k, v in out.info.items()},
+        }
         return Response(content=save(tensors), media_type="application/octet-stream")
 
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
-def post_with_retries(server: str, route: str, body: bytes, content_type: str, token: str | None, timeout: float,
-                      retries: int, backoff: float) -> bytes:
+def post_with_retries(
+    server: str,
+    route: str,
+    body: bytes,
+    content_type: str,
+    token: str | None,
+    timeout: float,
+    retries: int,
+    backoff: float,
+) -> bytes:
     """POST `body` to server + route; network errors and HTTP 5xx are retried `retries` times with exponential
     back-off, then `RewardUnavailable` names the server; HTTP 4xx (bad token, bad request) fails at once."""
     url = server + route
-    request = urllib.request.Request(url, data=body, method="POST", headers={
-        "Content-Type": content_type, **({"Authorization": f"Bearer {token}"} if token else {})})
+    request = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={"Content-Type": content_type, **({"Authorization": f"Bearer {token}"} if token else {})},
+    )
     last = None
     for attempt in range(retries + 1):
         try:
@@ -162,11 +186,14 @@ def post_with_retries(server: str, route: str, body: bytes, content_type: str, t
                 return response.read()
         except urllib.error.HTTPError as error:
             if error.code == REWARD_RAISED:  # the served reward raised on these samples: its failure, as in-process
-                raise RuntimeError(f"reward served at {server} raised: "
-                                   f"{error.read()[:300].decode(errors='replace')}") from None
+                raise RuntimeError(
+                    f"reward served at {server} raised: {error.read()[:300].decode(errors='replace')}"
+                ) from None
             if error.code < 500:  # a client error will not heal by retrying
-                raise RewardUnavailable(f"reward server {server} refused the request: HTTP "
-                                        f"{error.code} {error.read()[:200].decode(errors='replace')}") from None
+                raise RewardUnavailable(
+                    f"reward server {server} refused the request: HTTP "
+                    f"{error.code} {error.read()[:200].decode(errors='replace')}"
+                ) from None
             last = f"HTTP {error.code}"
         except (urllib.error.URLError, OSError, http.client.HTTPException) as error:  # (a server dying mid-answer:
             # IncompleteRead, an HTTPException, not an OSError)
@@ -180,6 +207,7 @@ def post_with_retries(server: str, route: str, body: bytes, content_type: str, t
 class RemoteReward(Reward):
     """A reward computed by `flowrl serve-reward` at `url` (e.g. http://127.0.0.1:8765). What a reward learns of the
     sampling policy (`bind_policy`) does not cross the wire: a served edit judge sees each source at the sample size."""
+
     modalities = ("image", "video", "3d")  # whatever the served reward takes; the server answers for it
     scores_groups = True  # the served reward may be a group rubric: keep a condition's samples in one request
 
@@ -189,8 +217,16 @@ class RemoteReward(Reward):
         # train.reward_microbatch and batch sizes of whole groups, set by hand: docs/rewards.md)
         return False
 
-    def __init__(self, url: str, name: str = "remote", timeout: float = 60.0, retries: int = 3, backoff: float = 1.0,
-                 token: str | None = None, batch_size: int = 0):
+    def __init__(
+        self,
+        url: str,
+        name: str = "remote",
+        timeout: float = 60.0,
+        retries: int = 3,
+        backoff: float = 1.0,
+        token: str | None = None,
+        batch_size: int = 0,
+    ):
         self.url, self.name, self.timeout, self.retries, self.backoff = url.rstrip("/"), name, timeout, retries, backoff
         # unset: $FLOWRL_REWARD_TOKEN, as the server reads it (a token in params is written to config.yaml, every
         # checkpoint's run_config.yaml and W&B)
@@ -198,8 +234,9 @@ class RemoteReward(Reward):
         self.batch_size = batch_size
 
     def _post(self, body: bytes) -> bytes:
-        return post_with_retries(self.url, "/score", body, "application/octet-stream", self.token, self.timeout,
-                                 self.retries, self.backoff)
+        return post_with_retries(
+            self.url, "/score", body, "application/octet-stream", self.token, self.timeout, self.retries, self.backoff
+        )
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
         size = self.batch_size or len(prompts)
@@ -220,8 +257,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_reward_server(name: str, params: dict, token: str | None = None, port: int | None = None,
-                        startup_timeout: float = 120.0) -> tuple[subprocess.Popen, str, dict]:
+def start_reward_server(
+    name: str, params: dict, token: str | None = None, port: int | None = None, startup_timeout: float = 120.0
+) -> tuple[subprocess.Popen, str, dict]:
     """`flowrl serve-reward NAME` in a child process on loopback; returns it, its URL and its /health answer once
     it answers
     (UserError with the child's last output when it exits or does not come up within `startup_timeout`)."""
@@ -229,8 +267,12 @@ def start_reward_server(name: str, params: dict, token: str | None = None, port:
     url = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()
     env = {**os.environ, **({"FLOWRL_REWARD_TOKEN": token} if token else {})}
-    process = subprocess.Popen([sys.executable, "-m", "flowrl", "serve-reward", name, "--params", json.dumps(params),
-                                "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flowrl", "serve-reward", name, "--params", json.dumps(params), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     request = urllib.request.Request(f"{url}/health", headers={"Authorization": f"Bearer {token}"} if token else {})
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline and process.poll() is None:
@@ -242,8 +284,9 @@ def start_reward_server(name: str, params: dict, token: str | None = None, port:
     process.kill()
     process.wait()
     log.seek(0)
-    raise UserError(f"reward {name}: its server process did not come up at {url}: "
-                    f"{log.read()[-1500:].decode(errors='replace')}")
+    raise UserError(
+        f"reward {name}: its server process did not come up at {url}: {log.read()[-1500:].decode(errors='replace')}"
+    )
 
 
 def stop_process(process: subprocess.Popen) -> None:

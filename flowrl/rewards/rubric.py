@@ -14,10 +14,12 @@ audit the issue compares against). The auditor is rule-based on the shapes-editi
 samples of the group that are in one call: a run refuses training cuts that would split a group
 (Trainer.check_whole_groups); evaluations keep a condition's samples in one call.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -58,8 +60,11 @@ class ShapesEditAuditor:
 
         spec, source, target = self.scene(item)
         after = edited_objects(spec, source, target)[1]
-        out = [Criterion(f"kept: {o.color} {o.shape}", lambda image, o=o: _found(detect(image), o))
-               for o in target if o not in after]
+        out = [
+            Criterion(f"kept: {o.color} {o.shape}", lambda image, o=o: _found(detect(image), o))
+            for o in target
+            if o not in after
+        ]
         out.append(Criterion("no extra objects", lambda image: len(detect(image)) <= len(target)))
         source_image = render(source)
         size = source_image.shape[0]
@@ -67,7 +72,7 @@ class ShapesEditAuditor:
         half = size // 2
         for name, (row, col) in QUADRANTS.items():
             quadrant = np.zeros((size, size), dtype=bool)
-            quadrant[row * half:(row + 1) * half, col * half:(col + 1) * half] = True
+            quadrant[row * half : (row + 1) * half, col * half : (col + 1) * half] = True
 
             def unchanged(image, quadrant=quadrant):  # in the world's pixels, as the source is rendered
                 image = world_sized(image)
@@ -97,13 +102,19 @@ class EditRubricReward(Reward):
     def groups_scored(cls, params: dict) -> bool:
         return params.get("mode", "group") == "group"
 
-    def __init__(self, mode: Literal["group", "sample"] = "group", requested_weight: float = 0.5, auditor=None,
-                 judge: dict | None = None):
+    def __init__(
+        self,
+        mode: Literal["group", "sample"] = "group",
+        requested_weight: float = 0.5,
+        auditor=None,
+        judge: dict | None = None,
+    ):
         if mode not in ("group", "sample"):
             raise ConfigError(f"reward edit_rubric: params.mode: expected group or sample, got {mode!r}")
         if not 0 < requested_weight <= 1:
-            raise ConfigError(f"reward edit_rubric: params.requested_weight: expected a number in (0, 1], got "
-                              f"{requested_weight}")
+            raise ConfigError(
+                f"reward edit_rubric: params.requested_weight: expected a number in (0, 1], got {requested_weight}"
+            )
         self.mode, self.requested_weight = mode, requested_weight
         self.scores_groups = mode == "group"
         if judge is not None:  # a VLM auditor (flowrl/rewards/rubric_vlm.py) instead of the shapes world's rules
@@ -144,12 +155,18 @@ class EditRubricReward(Reward):
             groups.setdefault(item.key(), []).append(i)
         # one audit pass over a whole group when the judge offers it, else one per candidate
         one_pass = self.mode == "group" and getattr(self.auditor, "group_audit", False)
-        audits = {} if one_pass else {i: self.auditor.audit(image, item) for i, (image, item) in
-                                      enumerate(zip(images, items))}
+        audits = (
+            {}
+            if one_pass
+            else {i: self.auditor.audit(image, item) for i, (image, item) in enumerate(zip(images, items))}
+        )
         for members in groups.values():
             if self.mode == "group":
-                issues = (self.auditor.audit_group([images[i] for i in members], items[members[0]]) if one_pass
-                          else [c for i in members for c in audits[i]])
+                issues = (
+                    self.auditor.audit_group([images[i] for i in members], items[members[0]])
+                    if one_pass
+                    else [c for i in members for c in audits[i]]
+                )
                 rubric = self.rubric(items[members[0]], issues)
                 self.rubrics_built += 1
                 for i in members:
@@ -158,5 +175,6 @@ class EditRubricReward(Reward):
                 for i in members:
                     rubric = self.rubric(items[i], audits[i])
                     scores[i], sizes[i] = self.score(images[i], rubric), len(rubric)
-        return RewardOutput(torch.tensor(scores, dtype=torch.float32),
-                            {"rubric_size": torch.tensor(sizes, dtype=torch.float32)})
+        return RewardOutput(
+            torch.tensor(scores, dtype=torch.float32), {"rubric_size": torch.tensor(sizes, dtype=torch.float32)}
+        )

@@ -16,6 +16,7 @@ as the rubric scores). Answers that are not a JSON list count as no issues and a
 question sees the source first, then the image judged. Cost: one generation per audit (per candidate, or per group)
 and one forward per (image, criterion); nothing is batched across questions yet.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,14 +30,19 @@ from ..errors import ConfigError, UserError
 from .rubric import Criterion
 
 AUDIT_QUESTION = (
-    "The first image is a source image. The edit instruction was: \"{instruction}\". {which} the result of that "
+    'The first image is a source image. The edit instruction was: "{instruction}". {which} the result of that '
     "edit. List every unintended change (something the instruction did not ask for that differs from the source), "
-    "each written as a short check that a correct edit would pass, e.g. \"the blue square is still in the top "
-    "left\". Answer with a JSON list of strings only; [] when there is none.")
-CHECK_QUESTION = ("The first image is a source image, the second an edit of it. Does the edit pass this check: "
-                  "\"{check}\"? Answer yes or no.")
-REQUESTED_QUESTION = ("The first image is a source image, the second an edit of it made for the instruction "
-                      "\"{instruction}\". Was the instruction carried out? Answer yes or no.")
+    'each written as a short check that a correct edit would pass, e.g. "the blue square is still in the top '
+    'left". Answer with a JSON list of strings only; [] when there is none.'
+)
+CHECK_QUESTION = (
+    "The first image is a source image, the second an edit of it. Does the edit pass this check: "
+    '"{check}"? Answer yes or no.'
+)
+REQUESTED_QUESTION = (
+    "The first image is a source image, the second an edit of it made for the instruction "
+    '"{instruction}". Was the instruction carried out? Answer yes or no.'
+)
 
 
 def parse_checks(text: str) -> list[str] | None:
@@ -60,8 +66,12 @@ class LocalVLM:
     def __init__(self, path: str, dtype: str, yes, no, max_new_tokens: int):
         from .vlm import answer_token_ids, load_local_vlm
 
-        self.processor, self.model = load_local_vlm(path, dtype, "edit_rubric", "save a Qwen2.5-VL-style model and "
-                                                    "its processor (save_pretrained) into one local folder")
+        self.processor, self.model = load_local_vlm(
+            path,
+            dtype,
+            "edit_rubric",
+            "save a Qwen2.5-VL-style model and its processor (save_pretrained) into one local folder",
+        )
         self.yes_ids = answer_token_ids(self.processor.tokenizer, yes, path, "edit_rubric")
         self.no_ids = answer_token_ids(self.processor.tokenizer, no, path, "edit_rubric")
         self.max_new_tokens = max_new_tokens
@@ -81,15 +91,25 @@ class LocalVLM:
     def generate(self, images, text) -> str:
         inputs = self.inputs(images, text)
         out = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False)
-        return self.processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        return self.processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 class RemoteVLM:
     """An OpenAI-compatible chat-completions endpoint (vLLM, SGLang, a hosted API): yes/no shares from one token's
     top log-probabilities, generation at temperature 0."""
 
-    def __init__(self, url: str, model: str, yes, no, max_new_tokens: int, api_key_env: str, timeout: float,
-                 retries: int, top_logprobs: int):
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        yes,
+        no,
+        max_new_tokens: int,
+        api_key_env: str,
+        timeout: float,
+        retries: int,
+        top_logprobs: int,
+    ):
         self.url, self.model_name, self.yes, self.no = url.rstrip("/"), model, tuple(yes), tuple(no)
         self.max_new_tokens, self.timeout, self.retries = max_new_tokens, timeout, retries
         self.top_logprobs = top_logprobs
@@ -98,8 +118,9 @@ class RemoteVLM:
     def complete(self, images, text, **options) -> dict:
         from .vlm import chat_completion
 
-        return chat_completion(self.url, self.model_name, images, text, self.api_key, self.timeout, self.retries,
-                               **options)
+        return chat_completion(
+            self.url, self.model_name, images, text, self.api_key, self.timeout, self.retries, **options
+        )
 
     def yes_no(self, images, text) -> tuple[float, float]:
         from .vlm import answer_mass
@@ -120,11 +141,19 @@ class VLMEditAuditor:
     `generate(images, text) -> str`; `LocalVLM` and `RemoteVLM` here). Source images come from the items as the
     editing policy reads them (`flowrl.images.item_image`)."""
 
-    def __init__(self, backend, threshold: float = 0.5, group_audit: bool = False, source_input: str = "source_image",
-                 world: str = "shapes_edit", seed: int = 0):
+    def __init__(
+        self,
+        backend,
+        threshold: float = 0.5,
+        group_audit: bool = False,
+        source_input: str = "source_image",
+        world: str = "shapes_edit",
+        seed: int = 0,
+    ):
         if not 0 < threshold < 1:
-            raise ConfigError(f"reward edit_rubric: params.judge.threshold: expected a number in (0, 1), got "
-                              f"{threshold}")
+            raise ConfigError(
+                f"reward edit_rubric: params.judge.threshold: expected a number in (0, 1), got {threshold}"
+            )
         self.backend, self.threshold, self.group_audit = backend, threshold, group_audit
         self.source_input, self.world = source_input, world
         self.shuffle = random.Random(seed)
@@ -141,8 +170,9 @@ class VLMEditAuditor:
 
         cached = self._last_source
         if cached is None or cached[0] is not item or cached[1] != self.sample_size:
-            image = item_image(item, self.source_input, self.world, "the edit_rubric VLM auditor",
-                               resize_to=self.sample_size)
+            image = item_image(
+                item, self.source_input, self.world, "the edit_rubric VLM auditor", resize_to=self.sample_size
+            )
             self._last_source = (item, self.sample_size, to_pil(image))
         return self._last_source[2]
 
@@ -172,10 +202,12 @@ class VLMEditAuditor:
         """One audit pass over the group: the source, then every candidate in a shuffled order."""
         order = list(range(len(images)))
         self.shuffle.shuffle(order)
-        question = AUDIT_QUESTION.format(instruction=item.prompt,
-                                         which=f"Each of the other {len(images)} images is a candidate for")
-        return self.checks(self.backend.generate([self.source(item)] + [_pil(images[i]) for i in order], question),
-                           item)
+        question = AUDIT_QUESTION.format(
+            instruction=item.prompt, which=f"Each of the other {len(images)} images is a candidate for"
+        )
+        return self.checks(
+            self.backend.generate([self.source(item)] + [_pil(images[i]) for i in order], question), item
+        )
 
     def verify(self, criterion: Criterion, item) -> bool:
         """Kept when the source passes the preservation check itself (it keeps everything by definition)."""
@@ -191,15 +223,31 @@ def _pil(image):
 def build_vlm_auditor(judge: dict) -> VLMEditAuditor:
     """`params.judge` of edit_rubric: {path | url, model, dtype, yes, no, max_new_tokens, threshold, group_audit,
     api_key_env, timeout, retries, top_logprobs}."""
-    known = {"path", "url", "model", "dtype", "yes", "no", "max_new_tokens", "threshold", "group_audit",
-             "api_key_env", "timeout", "retries", "top_logprobs"}
+    known = {
+        "path",
+        "url",
+        "model",
+        "dtype",
+        "yes",
+        "no",
+        "max_new_tokens",
+        "threshold",
+        "group_audit",
+        "api_key_env",
+        "timeout",
+        "retries",
+        "top_logprobs",
+    }
     unknown = sorted(set(judge) - known)
     if unknown:
-        raise ConfigError(f"reward edit_rubric: params.judge: unknown field(s) {unknown}; expected some of "
-                          f"{sorted(known)}")
+        raise ConfigError(
+            f"reward edit_rubric: params.judge: unknown field(s) {unknown}; expected some of {sorted(known)}"
+        )
     if ("path" in judge) == ("url" in judge):
-        raise ConfigError("reward edit_rubric: params.judge: give exactly one of path (a local VLM folder) and url "
-                          "(an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)")
+        raise ConfigError(
+            "reward edit_rubric: params.judge: give exactly one of path (a local VLM folder) and url "
+            "(an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)"
+        )
     from .vlm import answer_words
 
     yes = answer_words(judge.get("yes", ("Yes", "yes")), "judge.yes", "edit_rubric")
@@ -208,7 +256,15 @@ def build_vlm_auditor(judge: dict) -> VLMEditAuditor:
     if "path" in judge:
         backend = LocalVLM(judge["path"], judge.get("dtype", "float32"), yes, no, tokens)
     else:
-        backend = RemoteVLM(judge["url"], judge.get("model", "judge"), yes, no, tokens,
-                            judge.get("api_key_env", "OPENAI_API_KEY"), float(judge.get("timeout", 60.0)),
-                            int(judge.get("retries", 3)), int(judge.get("top_logprobs", 20)))
+        backend = RemoteVLM(
+            judge["url"],
+            judge.get("model", "judge"),
+            yes,
+            no,
+            tokens,
+            judge.get("api_key_env", "OPENAI_API_KEY"),
+            float(judge.get("timeout", 60.0)),
+            int(judge.get("retries", 3)),
+            int(judge.get("top_logprobs", 20)),
+        )
     return VLMEditAuditor(backend, float(judge.get("threshold", 0.5)), bool(judge.get("group_audit", False)))

@@ -1,6 +1,7 @@
 """Rewards from the shapes verifiers (`shapes` for images, `moving_shapes` for videos): dense (fraction of the
 prompt's constraints met, for images optionally with "no objects beyond the named ones" as one more constraint)
 for training and the binary GenEval-style verdict for evaluation."""
+
 from __future__ import annotations
 
 import torch
@@ -29,6 +30,7 @@ class ShapesReward(Reward):
 @register_reward("moving_shapes")
 class MovingShapesReward(Reward):
     """The moving-shapes video verifier: dense (fraction of the prompt's constraints met) or the binary verdict."""
+
     name = "moving_shapes"
     modalities = ("video",)
 
@@ -50,12 +52,14 @@ class ShapesEditReward(Reward):
     or the binary success; `fidelity_weight` w mixes in the edit's agreement with the exact target render,
     (1 - w) x verdict + w x fidelity. `off_target` (share of pixels outside the edit that changed), `fidelity` and
     `accuracy` in info. Needs the condition items (instruction + scene seed) in meta, as the loop passes them."""
+
     name = "shapes_edit"
 
     def __init__(self, dense: bool = True, fidelity_weight: float = 0.0):
         if not 0.0 <= fidelity_weight <= 1.0:
-            raise ConfigError(f"reward shapes_edit: params.fidelity_weight: expected a number in [0, 1], "
-                              f"got {fidelity_weight}")
+            raise ConfigError(
+                f"reward shapes_edit: params.fidelity_weight: expected a number in [0, 1], got {fidelity_weight}"
+            )
         self.dense = dense
         self.fidelity_weight = fidelity_weight
 
@@ -67,5 +71,7 @@ class ShapesEditReward(Reward):
         verdict = torch.tensor([j.dense for j in judged]) if self.dense else binary
         fidelity = torch.tensor([j.fidelity for j in judged])
         reward = (1 - self.fidelity_weight) * verdict + self.fidelity_weight * fidelity
-        return RewardOutput(reward, {"accuracy": binary, "fidelity": fidelity,
-                                     "off_target": torch.tensor([j.off_target for j in judged])})
+        return RewardOutput(
+            reward,
+            {"accuracy": binary, "fidelity": fidelity, "off_target": torch.tensor([j.off_target for j in judged])},
+        )

@@ -1,4 +1,5 @@
 """Video rewards built from image rewards: any image reward scored on a video's frames and aggregated."""
+
 from __future__ import annotations
 
 import torch
@@ -11,6 +12,7 @@ from .base import Reward, RewardOutput, build_reward, register_reward
 class PerFrameReward(Reward):
     """`reward` (an image reward, with `params`) on `frames` evenly spaced frames of each video [B, 3, F, H, W]
     (0: every frame), aggregated over frames by `aggregate` (mean or min). Images pass through unchanged."""
+
     modalities = ("image", "video")
 
     def __init__(self, reward: str, params: dict | None = None, aggregate: str = "mean", frames: int = 0):
@@ -28,7 +30,11 @@ class PerFrameReward(Reward):
         if samples.ndim == 4:
             return self.inner(samples, prompts, meta)
         b, c, f, h, w = samples.shape
-        index = torch.arange(f) if not self.frames or self.frames >= f else torch.linspace(0, f - 1, self.frames).round().long()
+        index = (
+            torch.arange(f)
+            if not self.frames or self.frames >= f
+            else torch.linspace(0, f - 1, self.frames).round().long()
+        )
         k = len(index)
         frames = samples[:, :, index.to(samples.device)].permute(0, 2, 1, 3, 4).reshape(b * k, c, h, w)
         repeat = {key: [v for v in values for _ in range(k)] for key, values in (meta or {}).items()}
@@ -43,6 +49,7 @@ class FrameConsistencyReward(Reward):
     Features are the frames' CLIP image embeddings when `path` names a CLIPModel folder (as VBench uses DINO / CLIP
     features), else the frames themselves, area-downsampled to `size` and centred per frame (cheap; sees pixel
     flicker, not semantic drift). Differentiable. Videos only."""
+
     name = "frame_consistency"
     modalities = ("video",)
     differentiable = True
@@ -53,8 +60,9 @@ class FrameConsistencyReward(Reward):
         if path is not None:
             from .clip import CLIPReward, require_local_folder
 
-            self.clip = CLIPReward(require_local_folder(path, "frame_consistency", "a CLIPModel folder"), "cosine",
-                                   "frame_consistency")
+            self.clip = CLIPReward(
+                require_local_folder(path, "frame_consistency", "a CLIPModel folder"), "cosine", "frame_consistency"
+            )
 
     def features(self, frames: torch.Tensor) -> torch.Tensor:
         """[N, 3, H, W] -> L2-normalised features [N, D]."""

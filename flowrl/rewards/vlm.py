@@ -11,6 +11,7 @@ back-ends give the same number:
   answer is neither word in its top `top_logprobs` gives NaN (a failed sample; the loop skips its group).
 Not differentiable. Images only (wrap it in `per_frame` for videos). Info: `p_yes`, the unnormalised yes mass.
 """
+
 from __future__ import annotations
 
 import base64
@@ -51,8 +52,11 @@ def load_local_vlm(path: str, dtype: str, reward: str, how: str):
     folder = require_local_folder(path, reward, how)
     try:
         processor = AutoProcessor.from_pretrained(folder, local_files_only=True)
-        model = AutoModelForImageTextToText.from_pretrained(
-            folder, dtype=getattr(torch, dtype), local_files_only=True).eval().requires_grad_(False)
+        model = (
+            AutoModelForImageTextToText.from_pretrained(folder, dtype=getattr(torch, dtype), local_files_only=True)
+            .eval()
+            .requires_grad_(False)
+        )
     except (OSError, ValueError) as error:
         raise UserError(f"reward {reward}: {folder} holds no loadable VLM and processor: {str(error)[:300]}") from None
     processor.tokenizer.padding_side = "left"
@@ -65,8 +69,10 @@ def answer_words(words, field: str, reward: str) -> tuple[str, ...]:
     if isinstance(words, str):
         words = [words]
     if not isinstance(words, (list, tuple)) or not words or not all(isinstance(w, str) for w in words):
-        raise ConfigError(f"reward {reward}: params.{field}: expected a list of answer words such as ['Yes', 'yes'], "
-                          f"got {words!r} (YAML reads a bare Yes / No as a boolean: quote them)")
+        raise ConfigError(
+            f"reward {reward}: params.{field}: expected a list of answer words such as ['Yes', 'yes'], "
+            f"got {words!r} (YAML reads a bare Yes / No as a boolean: quote them)"
+        )
     return tuple(words)
 
 
@@ -83,14 +89,27 @@ def answer_token_ids(tokenizer, words, folder, reward: str) -> torch.Tensor:
 class VLMJudge(Reward):
     name = "vlm_judge"
 
-    def __init__(self, path: str | None = None, url: str | None = None, model: str = "judge",
-                 question: str = DEFAULT_QUESTION, yes: tuple[str, ...] = ("Yes", "yes"),
-                 no: tuple[str, ...] = ("No", "no"), batch_size: int = 8, dtype: str = "float32",
-                 api_key_env: str = "OPENAI_API_KEY", top_logprobs: int = 20, timeout: float = 60.0,
-                 retries: int = 3, concurrency: int = 8):
+    def __init__(
+        self,
+        path: str | None = None,
+        url: str | None = None,
+        model: str = "judge",
+        question: str = DEFAULT_QUESTION,
+        yes: tuple[str, ...] = ("Yes", "yes"),
+        no: tuple[str, ...] = ("No", "no"),
+        batch_size: int = 8,
+        dtype: str = "float32",
+        api_key_env: str = "OPENAI_API_KEY",
+        top_logprobs: int = 20,
+        timeout: float = 60.0,
+        retries: int = 3,
+        concurrency: int = 8,
+    ):
         if (path is None) == (url is None):
-            raise ConfigError("reward vlm_judge: give exactly one of params.path (a local model folder) and "
-                              "params.url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)")
+            raise ConfigError(
+                "reward vlm_judge: give exactly one of params.path (a local model folder) and "
+                "params.url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)"
+            )
         if "{prompt}" not in question:
             raise ConfigError("reward vlm_judge: params.question must contain {prompt}")
         self.yes, self.no = answer_words(yes, "yes", "vlm_judge"), answer_words(no, "no", "vlm_judge")
@@ -102,14 +121,22 @@ class VLMJudge(Reward):
             self.load_local(path, dtype)
 
     def load_local(self, path: str, dtype: str) -> None:
-        self.processor, self.model = load_local_vlm(path, dtype, "vlm_judge", "save a Qwen2.5-VL-style model and its "
-                                                    "processor (save_pretrained) into one local folder")
+        self.processor, self.model = load_local_vlm(
+            path,
+            dtype,
+            "vlm_judge",
+            "save a Qwen2.5-VL-style model and its processor (save_pretrained) into one local folder",
+        )
         self.yes_ids = answer_token_ids(self.processor.tokenizer, self.yes, path, "vlm_judge")
         self.no_ids = answer_token_ids(self.processor.tokenizer, self.no, path, "vlm_judge")
 
     def chat(self, prompt: str) -> list[dict]:
-        return [{"role": "user", "content": [{"type": "image"},
-                                             {"type": "text", "text": self.question.format(prompt=prompt)}]}]
+        return [
+            {
+                "role": "user",
+                "content": [{"type": "image"}, {"type": "text", "text": self.question.format(prompt=prompt)}],
+            }
+        ]
 
     def __call__(self, samples, prompts, meta=None) -> RewardOutput:
         if samples.ndim != 4:
@@ -126,10 +153,13 @@ class VLMJudge(Reward):
         yes, no = [], []
         for start in range(0, len(prompts), self.batch_size):
             part = range(start, min(start + self.batch_size, len(prompts)))
-            texts = [self.processor.apply_chat_template(self.chat(prompts[i]), add_generation_prompt=True,
-                                                        tokenize=False) for i in part]
-            inputs = self.processor(text=texts, images=[images[i] for i in part], return_tensors="pt",
-                                    padding=True).to(device)
+            texts = [
+                self.processor.apply_chat_template(self.chat(prompts[i]), add_generation_prompt=True, tokenize=False)
+                for i in part
+            ]
+            inputs = self.processor(text=texts, images=[images[i] for i in part], return_tensors="pt", padding=True).to(
+                device
+            )
             probs = self.model(**inputs).logits[:, -1].float().softmax(-1).cpu()
             yes.append(probs[:, self.yes_ids].sum(-1))
             no.append(probs[:, self.no_ids].sum(-1))
@@ -142,24 +172,36 @@ class VLMJudge(Reward):
 
     def ask(self, image, prompt: str) -> tuple[float, float]:
         """One chat completion of one token; (P(yes), P(no)) from its top log-probabilities."""
-        answer = chat_completion(self.url, self.model_name, [image], self.question.format(prompt=prompt), self.api_key,
-                                 self.timeout, self.retries, max_tokens=1, logprobs=True,
-                                 top_logprobs=self.top_logprobs)
+        answer = chat_completion(
+            self.url,
+            self.model_name,
+            [image],
+            self.question.format(prompt=prompt),
+            self.api_key,
+            self.timeout,
+            self.retries,
+            max_tokens=1,
+            logprobs=True,
+            top_logprobs=self.top_logprobs,
+        )
         return answer_mass(answer, self.yes, self.no, self.url, "vlm_judge")
 
 
-def chat_completion(url: str, model: str, images, text: str, api_key: str | None, timeout: float, retries: int,
-                    **options) -> dict:
+def chat_completion(
+    url: str, model: str, images, text: str, api_key: str | None, timeout: float, retries: int, **options
+) -> dict:
     """One user turn (the PIL images, then the text) to an OpenAI-compatible /chat/completions at temperature 0;
     `options` go into the request (max_tokens, logprobs, ...). The parsed JSON answer."""
     from .remote import post_with_retries
 
     content = [{"type": "image_url", "image_url": {"url": png_data_url(image)}} for image in images]
     content.append({"type": "text", "text": text})
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0,
-                       **options}).encode()
-    return json.loads(post_with_retries(url, "/chat/completions", body, "application/json", api_key, timeout,
-                                        retries, 1.0))
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0, **options}
+    ).encode()
+    return json.loads(
+        post_with_retries(url, "/chat/completions", body, "application/json", api_key, timeout, retries, 1.0)
+    )
 
 
 def answer_mass(answer: dict, yes, no, url: str, reward: str) -> tuple[float, float]:
@@ -167,8 +209,10 @@ def answer_mass(answer: dict, yes, no, url: str, reward: str) -> tuple[float, fl
     try:
         top = answer["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
     except (KeyError, IndexError, TypeError):
-        raise UserError(f"reward {reward}: {url} answered without logprobs; it must support "
-                        f"'logprobs' and 'top_logprobs' in chat completions") from None
+        raise UserError(
+            f"reward {reward}: {url} answered without logprobs; it must support "
+            f"'logprobs' and 'top_logprobs' in chat completions"
+        ) from None
     mass: dict[str, float] = {}
     for entry in top:
         word = entry["token"].strip()

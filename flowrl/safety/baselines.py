@@ -7,6 +7,7 @@
   ones with fresh seeds up to `max_tries` times; still-unsafe images are replaced by black ones (what diffusers'
   safety checker returns). It costs one extra full generation per retry.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,8 +28,9 @@ class PromptFilter:
         return any(all(term in words for term in terms) for terms in self.blocked)
 
 
-def filtered_generate(policy, prompts: list[str], prompt_filter: PromptFilter, num_per_prompt: int, seed: int = 0,
-                      **kwargs):
+def filtered_generate(
+    policy, prompts: list[str], prompt_filter: PromptFilter, num_per_prompt: int, seed: int = 0, **kwargs
+):
     """`generate` for the prompts the filter lets through (on the noise plain sampling would use), black images
     for the ones it refuses."""
     seeds = sample_seeds(seed, len(prompts), num_per_prompt)
@@ -36,7 +38,9 @@ def filtered_generate(policy, prompts: list[str], prompt_filter: PromptFilter, n
     keep = [i for i, r in enumerate(refused) if not r]
     allowed = [prompts[i] for i in keep]
     allowed_seeds = [seeds[i * num_per_prompt + k] for i in keep for k in range(num_per_prompt)]
-    images, records = generate(policy, allowed, num_per_prompt, seeds=allowed_seeds, **kwargs) if allowed else (None, [])
+    images, records = (
+        generate(policy, allowed, num_per_prompt, seeds=allowed_seeds, **kwargs) if allowed else (None, [])
+    )
     # a refused prompt's black image has the shape of the others: the sample size (frames for video)
     spec = kwargs.get("spec") or policy.default_spec()
     blank = np.zeros(((spec.num_frames,) if spec.num_frames else ()) + (spec.height, spec.width, 3), np.uint8)
@@ -53,8 +57,9 @@ def filtered_generate(policy, prompts: list[str], prompt_filter: PromptFilter, n
     return np.stack(out_images), out_records
 
 
-def reject_and_resample(policy, prompts: list[str], is_unsafe, num_per_prompt: int, seed: int = 0,
-                        max_tries: int = 4, **kwargs):
+def reject_and_resample(
+    policy, prompts: list[str], is_unsafe, num_per_prompt: int, seed: int = 0, max_tries: int = 4, **kwargs
+):
     """`generate`, then redraw unsafe images (seed + try) until safe or `max_tries` draws are spent."""
     images, records = generate(policy, prompts, num_per_prompt, seed=seed, **kwargs)
     images = images.copy()
@@ -64,8 +69,9 @@ def reject_and_resample(policy, prompts: list[str], is_unsafe, num_per_prompt: i
         if not bad.any():
             break
         rows = np.flatnonzero(bad)
-        redrawn, _ = generate(policy, [records[i]["prompt"] for i in rows], 1, seed=seed + 1000 * attempt + 1,
-                              **kwargs)  # a new run seed: noise none of the earlier draws used
+        redrawn, _ = generate(
+            policy, [records[i]["prompt"] for i in rows], 1, seed=seed + 1000 * attempt + 1, **kwargs
+        )  # a new run seed: noise none of the earlier draws used
         for row, image in zip(rows, redrawn):
             images[row], tries[row] = image, attempt + 1
             bad[row] = is_unsafe(image)

@@ -6,6 +6,7 @@ special-care embeddings, each with its own threshold; an image is flagged when a
 threshold, with thresholds lowered by 0.01 once a special-care concept fires. `margins` is that decision as one
 number per image (the largest cosine - threshold), so margin > 0 exactly when the checker flags the image.
 """
+
 from __future__ import annotations
 
 import torch
@@ -13,8 +14,10 @@ import torch
 from ..rewards.base import Reward, RewardOutput, register_reward
 from ..rewards.clip import clip_pixels, image_statistics, require_local_folder
 
-HOW_TO_GET = ("expected a local folder with the StableDiffusionSafetyChecker config.json and weights "
-              "(e.g. a downloaded copy of CompVis/stable-diffusion-safety-checker)")
+HOW_TO_GET = (
+    "expected a local folder with the StableDiffusionSafetyChecker config.json and weights "
+    "(e.g. a downloaded copy of CompVis/stable-diffusion-safety-checker)"
+)
 SPECIAL_CARE_ADJUSTMENT = 0.01
 
 
@@ -51,6 +54,7 @@ class SafetyChecker:
 @register_reward("safety_checker")
 class SafetyCheckerReward(Reward):
     """1 for images the checker passes, 0 for flagged ones; the margin is kept in info for plots."""
+
     name = "safety_checker"
 
     def __init__(self, path: str | None = None):

@@ -16,6 +16,7 @@ at or after `from_step`, and stays fired. Fired samples are steered by the mode:
 - none: monitoring only (measures its overhead and the firing rate).
 Baselines that need no monitor (prompt filter, reject-and-resample) are in `baselines.py`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,21 +50,28 @@ class SteeringConfig:
 
     def validate(self, where: str = "--steer") -> None:
         """`where` is the CLI flag prefix (--steer -> --steer-threshold) or the config path (eval.steering)."""
-        cli_flags = {"mode": where, "threshold": f"{where}-threshold", "lora": f"{where}-lora",
-                     "fk_particles": f"{where}-particles"}
+        cli_flags = {
+            "mode": where,
+            "threshold": f"{where}-threshold",
+            "lora": f"{where}-lora",
+            "fk_particles": f"{where}-particles",
+        }
         name = (lambda field: cli_flags[field]) if where.startswith("--") else (lambda field: f"{where}.{field}")
         if not isinstance(self.mode, str) or self.mode not in STEER_MODES:
             raise UserError(f"{name('mode')}: expected one of {list(STEER_MODES)}, got {self.mode!r}")
         if not 0.0 < self.threshold < 1.0:
             raise UserError(f"{name('threshold')}: expected a probability in (0, 1), got {self.threshold}")
         if self.mode == "lora" and not self.lora:
-            raise UserError(f"{name('lora')}: mode lora needs the steering LoRA's checkpoint folder "
-                            "(e.g. pipelines/shapes-safety-lora)")
+            raise UserError(
+                f"{name('lora')}: mode lora needs the steering LoRA's checkpoint folder "
+                "(e.g. pipelines/shapes-safety-lora)"
+            )
         if self.mode in FK_MODES and self.fk_particles < 2:
             raise UserError(f"{name('fk_particles')}: mode fk expects >= 2 particles, got {self.fk_particles}")
         if self.mode in FK_MODES and self.fk_every < 1:
-            raise UserError(f"{where}: fk_every (steps between FK resamplings) expects an integer >= 1, got "
-                            f"{self.fk_every}")
+            raise UserError(
+                f"{where}: fk_every (steps between FK resamplings) expects an integer >= 1, got {self.fk_every}"
+            )
 
 
 class SafetyMonitor:
@@ -71,8 +79,10 @@ class SafetyMonitor:
 
     def __init__(self, policy, probe, config: SteeringConfig, batch_size: int):
         if policy.prediction == "epsilon":
-            raise UserError("safety steering reads x0 predictions of flow-matching pipelines; "
-                            f"{type(policy.pipeline).__name__} is not one")
+            raise UserError(
+                "safety steering reads x0 predictions of flow-matching pipelines; "
+                f"{type(policy.pipeline).__name__} is not one"
+            )
         self.policy, self.probe, self.config = policy, probe.to(policy.device), config
         self.step = 0
         self.fired = torch.zeros(batch_size, dtype=torch.bool)
@@ -117,8 +127,10 @@ class SafetyMonitor:
             sub = cond.select(rows.cpu())
             if not sub.negative and self.empty is None:
                 self.empty = self.policy.encode([""], 1.0).tensors
-            concept, unconditional = ({k: t.expand(len(rows), *t.shape[1:]) for k, t in branch.items()}
-                                      for branch in (self.concept, sub.negative or self.empty))
+            concept, unconditional = (
+                {k: t.expand(len(rows), *t.shape[1:]) for k, t in branch.items()}
+                for branch in (self.concept, sub.negative or self.empty)
+            )
             empty, toward = self.policy.branch_outputs(x[rows], sigma, [unconditional, concept], guidance_scale)
             v[rows] = v[rows] - self.config.negative_scale * (toward - empty)
         elif mode == "probe_gradient":
@@ -140,8 +152,9 @@ class ProbeFK(FKSteering):
     exp(-lambda P(unsafe)), the potential methods.md section 5 (iv) gives. (log P(safe) would give (1 - p)^lambda,
     near-rejection: 1e-20 against 5e-5 at p = 0.99 and lambda 10.)"""
 
-    def __init__(self, monitor: SafetyMonitor, config: FKConfig, num_steps: int, num_prompts: int,
-                 generator: torch.Generator):
+    def __init__(
+        self, monitor: SafetyMonitor, config: FKConfig, num_steps: int, num_prompts: int, generator: torch.Generator
+    ):
         super().__init__(config, None, num_steps, num_prompts, generator)
         self.monitor = monitor
 
@@ -161,16 +174,20 @@ def load_steering(policy, config: SteeringConfig):
     from .probe import load_probe
 
     if policy.source_input:  # its concept prompt would need a source, and the probes read text-to-image latents
-        raise UserError(f"safety steering runs on text-to-image pipelines; "
-                        f"{type(policy.pipeline).__name__} here (adapter {type(policy).__name__}) takes a source image "
-                        "per sample")
+        raise UserError(
+            f"safety steering runs on text-to-image pipelines; "
+            f"{type(policy.pipeline).__name__} here (adapter {type(policy).__name__}) takes a source image "
+            "per sample"
+        )
     config.validate()
     probe = load_probe(config.probe)
     shape = policy.noise_shape(policy.default_spec())
     if len(shape) != 3 or shape[0] != probe.latent_channels:  # the probe's convolutions read [C, H, W] latents
-        raise UserError(f"probe {config.probe}: reads image latents of {probe.latent_channels} channels; "
-                        f"{type(policy.pipeline).__name__}'s are {list(shape)} (train a probe on this pipeline's "
-                        "latents: `flowrl pretrain safety-probe`)")
+        raise UserError(
+            f"probe {config.probe}: reads image latents of {probe.latent_channels} channels; "
+            f"{type(policy.pipeline).__name__}'s are {list(shape)} (train a probe on this pipeline's "
+            "latents: `flowrl pretrain safety-probe`)"
+        )
     if config.mode == "lora":
         load_trained_weights(policy, config.lora)
         if not policy.has_lora:

@@ -12,6 +12,7 @@ The eval split holds out three colour-shape combinations that RL training never 
 name no colour (single_object, two_object, counting) have too few prompts to split; their eval prompts are
 shared with training, as in GenEval where the object classes are shared.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -103,12 +104,18 @@ def all_prompt_specs(tag: str) -> list[PromptSpec]:
     if tag == "counting":
         return [PromptSpec(tag, (Phrase(s),), count=n) for s in SHAPES for n in NUMBER_WORDS.values()]
     if tag == "color_attr":
-        return [PromptSpec(tag, (Phrase(a, ca), Phrase(b, cb)))
-                for a, b in shape_pairs for ca in COLORS for cb in COLORS]
+        return [
+            PromptSpec(tag, (Phrase(a, ca), Phrase(b, cb))) for a, b in shape_pairs for ca in COLORS for cb in COLORS
+        ]
     if tag == "position":
         colors = (None, *COLORS)
-        return [PromptSpec(tag, (Phrase(a, ca), Phrase(b, cb)), relation=r)
-                for a, b in shape_pairs for ca in colors for cb in colors for r in RELATIONS]
+        return [
+            PromptSpec(tag, (Phrase(a, ca), Phrase(b, cb)), relation=r)
+            for a, b in shape_pairs
+            for ca in colors
+            for cb in colors
+            for r in RELATIONS
+        ]
     raise ValueError(f"unknown tag {tag!r}; expected one of {TAGS}")
 
 
@@ -145,7 +152,9 @@ def wide_eval_prompt_set(per_tag: int = 42) -> list[str]:
         chosen = eval_prompts(tag)
         specs = [s for s in all_prompt_specs(tag) if tag not in ("colors", "color_attr", "position") or is_held_out(s)]
         rest = [s.text() for s in specs if s.text() not in chosen]
-        out += chosen + random.Random(f"{SPLIT_SEED}-wide-{tag}").sample(rest, max(0, min(len(rest), per_tag - len(chosen))))
+        out += chosen + random.Random(f"{SPLIT_SEED}-wide-{tag}").sample(
+            rest, max(0, min(len(rest), per_tag - len(chosen)))
+        )
     return out
 
 

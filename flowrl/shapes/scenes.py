@@ -1,4 +1,5 @@
 """Scenes that satisfy a prompt: the renderer's (image, prompt) pairs for pretraining and for tests."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -11,6 +11,7 @@ evaluation and `dense_score` the fraction of the prompt's constraints met, a smo
 `exact_score` is the stricter verdict that also refuses objects the prompt does not name: RL learns to pass
 GenEval's rule with clutter ("a circle" drawn as three circles and a square), which only this verdict sees.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -89,8 +90,15 @@ def detect(image: np.ndarray) -> list[Detection]:
             if area < MIN_AREA:
                 continue
             ys, xs = np.nonzero(component)
-            found.append(Detection(classify_silhouette(component), color,
-                                   float(xs.mean() + box[1].start), float(ys.mean() + box[0].start), area))
+            found.append(
+                Detection(
+                    classify_silhouette(component),
+                    color,
+                    float(xs.mean() + box[1].start),
+                    float(ys.mean() + box[0].start),
+                    area,
+                )
+            )
     return found
 
 
@@ -105,6 +113,7 @@ def relation_holds(a: Detection, b: Detection, relation: str) -> bool:
 
 def constraint_scores(spec: PromptSpec, found: list[Detection]) -> list[float]:
     """Per-constraint scores in [0, 1]; the prompt is met when all are 1."""
+
     def exists(phrase) -> float:
         return float(any(_matches(d, phrase.shape, phrase.color) for d in found))
 
@@ -116,19 +125,41 @@ def constraint_scores(spec: PromptSpec, found: list[Detection]) -> list[float]:
         if phrase.color:  # partial credit for the right shape in the wrong colour
             scores.append(float(any(d.shape == phrase.shape for d in found)))
         if spec.tag == "two_object" and i == 1 and phrase.shape == first.shape:  # "a circle and a circle": two
-            scores.append(float(any(_matches(a, first.shape, first.color) and _matches(b, phrase.shape, phrase.color)
-                                    for a in found for b in found if a is not b)))  # objects, not one met twice
+            scores.append(
+                float(
+                    any(
+                        _matches(a, first.shape, first.color) and _matches(b, phrase.shape, phrase.color)
+                        for a in found
+                        for b in found
+                        if a is not b
+                    )
+                )
+            )  # objects, not one met twice
         else:
             scores.append(exists(phrase))
     if spec.tag == "position":
         a_phrase, b_phrase = spec.phrases
-        pairs = [(a, b) for a in found for b in found if a is not b
-                 and _matches(a, a_phrase.shape, a_phrase.color) and _matches(b, b_phrase.shape, b_phrase.color)]
+        pairs = [
+            (a, b)
+            for a in found
+            for b in found
+            if a is not b
+            and _matches(a, a_phrase.shape, a_phrase.color)
+            and _matches(b, b_phrase.shape, b_phrase.color)
+        ]
         scores.append(float(any(relation_holds(a, b, spec.relation) for a, b in pairs)))
     if spec.tag == "color_attr":  # both phrases must be met by different objects
         a_phrase, b_phrase = spec.phrases
-        scores.append(float(any(_matches(a, a_phrase.shape, a_phrase.color) and _matches(b, b_phrase.shape, b_phrase.color)
-                                for a in found for b in found if a is not b)))
+        scores.append(
+            float(
+                any(
+                    _matches(a, a_phrase.shape, a_phrase.color) and _matches(b, b_phrase.shape, b_phrase.color)
+                    for a in found
+                    for b in found
+                    if a is not b
+                )
+            )
+        )
     return scores
 
 

@@ -4,6 +4,7 @@ Images are 32x32 RGB on black. Objects are filled discs, axis-aligned squares an
 triangles (apex up) in four saturated colours; each object's bounding box is 7-13 px and objects keep a gap
 of at least 2 px.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,6 +1,7 @@
 """Condition items of the 3D shapes world: a prompt of the grammar plus the seed of the solid it names (drawn with
 the grammar's jitter), and the condition image rendered from that solid. Items stay small and JSON-friendly (the
 image is rendered when it is needed, once per solid); the ground-truth solid of any item is `solid_of(item)`."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -8,9 +9,9 @@ from functools import lru_cache
 import numpy as np
 
 from ..prompt_source import text_seed
+from ..sdf import render
 from ..tasks.base import Condition
 from .prompts import TAGS, eval_prompt_set, parse_prompt, sample_solid, train_prompt_set
-from ..sdf import render
 
 IMAGE_SIZE = 32
 TRAIN_SOLIDS_PER_PROMPT = 4
@@ -20,8 +21,9 @@ EVAL_SEED = 2024
 
 def condition_item(prompt: str, solid_seed: int | None = None) -> Condition:
     spec = parse_prompt(prompt)
-    return Condition(prompt, meta={"tag": spec.tag, "solid_seed": int(text_seed(prompt) if solid_seed is None
-                                                                        else solid_seed)})
+    return Condition(
+        prompt, meta={"tag": spec.tag, "solid_seed": int(text_seed(prompt) if solid_seed is None else solid_seed)}
+    )
 
 
 def solid_seed(item: Condition) -> int:
@@ -53,8 +55,10 @@ def world_image(item: Condition) -> np.ndarray:
 
 def train_conditions() -> dict[str, list[Condition]]:
     """Per tag: every training prompt with TRAIN_SOLIDS_PER_PROMPT solids."""
-    return {tag: [condition_item(p, text_seed(p) + k) for p in prompts for k in range(TRAIN_SOLIDS_PER_PROMPT)]
-            for tag, prompts in train_prompt_set().items()}
+    return {
+        tag: [condition_item(p, text_seed(p) + k) for p in prompts for k in range(TRAIN_SOLIDS_PER_PROMPT)]
+        for tag, prompts in train_prompt_set().items()
+    }
 
 
 def eval_conditions() -> list[Condition]:
@@ -64,6 +68,8 @@ def eval_conditions() -> list[Condition]:
     items = []
     for tag in TAGS:
         mine = [p for p in prompts if parse_prompt(p).tag == tag]
-        items += [condition_item(mine[k % len(mine)], EVAL_SEED + 1000 * TAGS.index(tag) + k)
-                  for k in range(EVAL_ITEMS_PER_TAG)]
+        items += [
+            condition_item(mine[k % len(mine)], EVAL_SEED + 1000 * TAGS.index(tag) + k)
+            for k in range(EVAL_ITEMS_PER_TAG)
+        ]
     return items

@@ -5,6 +5,7 @@ axis), each with a centre and half-extents (sx, sy, sz). Distances are exact for
 cylinder; the cone's is a bound (exact on its surface, so the zero level set and inside / outside are right), which
 is all that occupancy, rendering by sphere tracing and marching cubes need.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ class Primitive:
         if self.kind == "cone":  # apex up: radius r0 (1 - (y + hy) / (2 hy)) at height y
             r0, height = min(hx, hz), 2 * hy
             slope = r0 / height
-            side = (radial - slope * (hy - p[:, 1])) / np.sqrt(1 + slope ** 2)
+            side = (radial - slope * (hy - p[:, 1])) / np.sqrt(1 + slope**2)
             return torch.maximum(side, vertical)
         raise ValueError(f"unknown primitive {self.kind!r}; expected one of {KINDS}")
 

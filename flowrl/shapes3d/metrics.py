@@ -1,5 +1,6 @@
 """The 3D shapes world's evaluation: every generated field against its ground-truth solid (the measures of
 flowrl/sdf.py), per tag and overall."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,11 @@ def summarise(rows: list[dict], tags: list[str]) -> dict:
     METRICS: {'overall': {metric: value}, 'tags': {tag: {metric: value}}, 'counts': {tag: n}, 'rows': per sample}."""
     from .prompts import TAGS
 
-    per_tag = {tag: {k: float(np.nanmean([r[k] for r, t in zip(rows, tags) if t == tag])) for k in METRICS}
-               for tag in TAGS if tag in tags}
+    per_tag = {
+        tag: {k: float(np.nanmean([r[k] for r, t in zip(rows, tags) if t == tag])) for k in METRICS}
+        for tag in TAGS
+        if tag in tags
+    }
     overall = {k: float(np.nanmean([per_tag[t][k] for t in per_tag])) for k in METRICS}
     return {"overall": overall, "tags": per_tag, "counts": {t: tags.count(t) for t in per_tag}, "rows": rows}
 

@@ -8,6 +8,7 @@ stand on the same floor a small gap apart. Held out of training: the stacked pro
 cone, every prompt with a cylinder next to a cone or a flat sphere, and the tower prompts whose top is a sphere (three
 training towers hold a sphere on top of a cone lower down: the contact itself is not held out, docs/3d.md).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -64,6 +65,7 @@ class ShapeSpec:
 
 def parse_prompt(prompt: str) -> ShapeSpec:
     """The spec a prompt of the grammar names; ValueError naming the prompt otherwise."""
+
     def part(text: str) -> Part:
         words = text.removeprefix("a ").split()
         if len(words) == 1 and words[0] in KINDS:
@@ -99,8 +101,7 @@ def all_specs() -> list[ShapeSpec]:
     specs = [ShapeSpec("single", (p,)) for p in parts]
     specs += [ShapeSpec("stacked", (a, b)) for a, b in itertools.product(parts, plain)]
     specs += [ShapeSpec("side_by_side", (a, b)) for a, b in itertools.product(plain, plain) if a != b]
-    specs += [ShapeSpec("tower", (a, b, c)) for a, b, c in itertools.product(plain, plain, plain)
-              if a != b and b != c]
+    specs += [ShapeSpec("tower", (a, b, c)) for a, b, c in itertools.product(plain, plain, plain) if a != b and b != c]
     return specs
 
 

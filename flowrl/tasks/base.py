@@ -5,6 +5,7 @@ as a source image or control maps, and metadata a reward or evaluation reads), i
 metrics), its pretraining data for data losses, and its config defaults. The loop, rollouts, configs and reports
 only ever see this contract; tasks are found by name or dotted path through `TASKS`.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ from ..registry import Registry
 class Condition:
     """One condition item: a prompt, optional per-sample inputs for the policy (arrays or tensors, e.g.
     "source_image", "control_image"), and metadata for rewards and evaluation (e.g. "tag", GenEval fields)."""
+
     prompt: str
     inputs: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
@@ -60,8 +62,10 @@ class Task:
             raise ConfigError(f"task.params: task {self.name!r} takes no parameters, got {sorted(params)}")
 
     def condition_set(self, name: str) -> ConditionSet:
-        raise ConfigError(f"{name!r} is not a set of task {self.name!r} (sets: {list(self.set_names)}) nor an "
-                          "existing prompt file (.txt, one prompt per line, or .jsonl with a 'prompt' field)")
+        raise ConfigError(
+            f"{name!r} is not a set of task {self.name!r} (sets: {list(self.set_names)}) nor an "
+            "existing prompt file (.txt, one prompt per line, or .jsonl with a 'prompt' field)"
+        )
 
     def check(self, item: Condition) -> None:
         """Raise ValueError saying why when the task's evaluation cannot judge `item` (checked before sampling)."""
@@ -94,6 +98,7 @@ class GrammarTask(Task):
     """A world whose prompts come from a grammar: a tagged training set drawn tag first (`train_prompts()`:
     {tag: prompts}), a held-out eval list (`eval_prompts()`) and a parser that names a prompt outside the grammar
     (`parse`, raising ValueError) as the task's check. Subclasses set the three as staticmethods."""
+
     set_names = ("train", "eval")
     train_prompts = eval_prompts = parse = None
 
@@ -108,9 +113,17 @@ class GrammarTask(Task):
         self.parse(item.prompt)
 
 
-TASKS = Registry("task", {"prompt_file": "flowrl.tasks.base", "shapes": "flowrl.tasks.shapes",
-                          "safety": "flowrl.tasks.safety", "moving_shapes": "flowrl.tasks.moving_shapes",
-                          "shapes3d": "flowrl.tasks.shapes3d", "shapes_edit": "flowrl.tasks.shapes_edit"})
+TASKS = Registry(
+    "task",
+    {
+        "prompt_file": "flowrl.tasks.base",
+        "shapes": "flowrl.tasks.shapes",
+        "safety": "flowrl.tasks.safety",
+        "moving_shapes": "flowrl.tasks.moving_shapes",
+        "shapes3d": "flowrl.tasks.shapes3d",
+        "shapes_edit": "flowrl.tasks.shapes_edit",
+    },
+)
 
 
 def build_task(name: str, params: dict | None = None) -> Task:
@@ -120,6 +133,7 @@ def build_task(name: str, params: dict | None = None) -> Task:
 @TASKS.register("prompt_file")
 class PromptFileTask(Task):
     """Prompts from files only; evaluation reports the run's reward."""
+
     name = "prompt_file"
 
 
@@ -129,16 +143,22 @@ def read_prompt_file(path: str | Path) -> list[Condition]:
     of a list of them, taken from the file's folder)."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"prompt file {path} does not exist; expected a .txt file with one prompt per line or a "
-                        ".jsonl file with a 'prompt' field per line")
+        raise UserError(
+            f"prompt file {path} does not exist; expected a .txt file with one prompt per line or a "
+            ".jsonl file with a 'prompt' field per line"
+        )
     suffix = path.suffix.lower()
     if suffix == ".json":  # a JSON array or JSON lines under another name: reading it as text would lose every field
-        raise UserError(f"prompt file {path}: expected a .jsonl file (one JSON object with a 'prompt' field per line) "
-                        "or a .txt file (one prompt per line); rename it if its lines are JSON objects")
+        raise UserError(
+            f"prompt file {path}: expected a .jsonl file (one JSON object with a 'prompt' field per line) "
+            "or a .txt file (one prompt per line); rename it if its lines are JSON objects"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise UserError(f"prompt file {path} is not UTF-8 text (byte {error.start}); expected one prompt per line") from None
+        raise UserError(
+            f"prompt file {path} is not UTF-8 text (byte {error.start}); expected one prompt per line"
+        ) from None
     lines = [(n, line.strip()) for n, line in enumerate(text.splitlines(), start=1)]
     lines = [(n, line) for n, line in lines if line and not line.startswith("#")]
     items = []
@@ -153,13 +173,19 @@ def read_prompt_file(path: str | Path) -> list[Condition]:
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
             raise UserError(f"{path} line {number}: expected a JSON object with a 'prompt' string")
         image = record.get("image")
-        if image is not None and not (isinstance(image, str) or (isinstance(image, list) and image and
-                                                                 all(isinstance(i, str) for i in image))):
-            raise UserError(f"{path} line {number}: 'image' must be a file path or a list of file paths (a source "
-                            "image, then further reference images)")
+        if image is not None and not (
+            isinstance(image, str) or (isinstance(image, list) and image and all(isinstance(i, str) for i in image))
+        ):
+            raise UserError(
+                f"{path} line {number}: 'image' must be a file path or a list of file paths (a source "
+                "image, then further reference images)"
+            )
         if image is not None:  # named relative to the prompt file, not the cwd; absolute: a reward server elsewhere
-            record["image"] = ([str((path.parent / i).absolute()) for i in image] if isinstance(image, list)
-                               else str((path.parent / image).absolute()))
+            record["image"] = (
+                [str((path.parent / i).absolute()) for i in image]
+                if isinstance(image, list)
+                else str((path.parent / image).absolute())
+            )
         items.append(Condition(record.pop("prompt"), meta=record))
     if not items:
         raise UserError(f"prompt file {path} has no prompts")
@@ -169,8 +195,10 @@ def read_prompt_file(path: str | Path) -> list[Condition]:
 def check_source(task: Task, source: str, where: str) -> None:
     """ConfigError naming `where` unless `source` is a set of the task or an existing prompt file."""
     if source not in task.set_names and not Path(source).is_file():
-        raise ConfigError(f"{where}: {source!r} is not a set of task {task.name!r} (sets: {list(task.set_names)}) "
-                          "nor an existing prompt file (.txt, one prompt per line, or .jsonl with a 'prompt' field)")
+        raise ConfigError(
+            f"{where}: {source!r} is not a set of task {task.name!r} (sets: {list(task.set_names)}) "
+            "nor an existing prompt file (.txt, one prompt per line, or .jsonl with a 'prompt' field)"
+        )
 
 
 def condition_set(task: Task, source: str) -> ConditionSet:
@@ -182,8 +210,9 @@ def condition_set(task: Task, source: str) -> ConditionSet:
     return task.condition_set(source)
 
 
-def tag_metrics(values: list[float], tags: list[str], tag_order: tuple[str, ...] | None = None,
-                clusters: list | None = None) -> dict:
+def tag_metrics(
+    values: list[float], tags: list[str], tag_order: tuple[str, ...] | None = None, clusters: list | None = None
+) -> dict:
     """{'overall': mean of the per-tag means, 'tags', 'counts', 'stderr'}: the one shape every evaluation reports.
 
     'stderr' holds the standard error of each tag mean and of the overall (tags independent: sqrt(sum SE_t^2) / T).
@@ -211,19 +240,24 @@ def tag_metrics(values: list[float], tags: list[str], tag_order: tuple[str, ...]
     # a tag whose every sample failed leaves the overall unknown (a mean over fewer tags is another quantity)
     whole_tag_failed = any(t not in by_tag for t in failed)
     overall = float("nan") if whole_tag_failed else float(np.mean(list(means.values()))) if means else 0.0
-    result = {"overall": overall, "tags": means,
-              "counts": {t: len(by_tag[t]) for t in order}, "stderr": _tag_errors(errors)}
+    result = {
+        "overall": overall,
+        "tags": means,
+        "counts": {t: len(by_tag[t]) for t in order},
+        "stderr": _tag_errors(errors),
+    }
     if failed:
         result["failed"] = failed
     if clusters is not None:
-        result["draw_stderr"] = _tag_errors({t: stratified_stderr(x[by_tag[t]], [keys[i] for i in by_tag[t]])
-                                             for t in order})
+        result["draw_stderr"] = _tag_errors(
+            {t: stratified_stderr(x[by_tag[t]], [keys[i] for i in by_tag[t]]) for t in order}
+        )
     return result
 
 
 def _tag_errors(errors: dict) -> dict:
     """{'overall', 'tags'}: the tags' standard errors and the overall's (the tags independent)."""
-    overall = float(np.sqrt(sum(e ** 2 for e in errors.values())) / len(errors)) if errors else 0.0
+    overall = float(np.sqrt(sum(e**2 for e in errors.values())) / len(errors)) if errors else 0.0
     return {"overall": overall, "tags": errors}
 
 
@@ -252,7 +286,7 @@ def clustered_stderr(values: np.ndarray, clusters: list) -> float:
     count = len(groups)
     if count < 2:
         return float("nan")
-    return float(np.sqrt(count / (count - 1) * sum(v ** 2 for v in groups.values())) / len(residual))
+    return float(np.sqrt(count / (count - 1) * sum(v**2 for v in groups.values())) / len(residual))
 
 
 def interval(result: dict, tag: str | None = None, key: str = "stderr") -> float:
@@ -286,5 +320,7 @@ def format_metrics(result: dict, label: str = "score") -> str:
         lines.append(f"{tag:<14} {value:>8.3f}{spread(tag)}{strict(tag)} {result['counts'][tag]:>5}")
     lines.append(f"{'overall':<14} {result['overall']:>8.3f}{spread()}{strict()}")
     if result.get("failed"):
-        lines.append("left out, the reward failed on them: " + ", ".join(f"{n} {t}" for t, n in result["failed"].items()))
+        lines.append(
+            "left out, the reward failed on them: " + ", ".join(f"{n} {t}" for t, n in result["failed"].items())
+        )
     return "\n".join(lines)

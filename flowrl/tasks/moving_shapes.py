@@ -1,5 +1,6 @@
 """The moving-shapes world as a task: its prompt splits, the video verifier's per-tag accuracy, rendered (clip,
 prompt) pairs as pretraining data, and the defaults of the embedded shapes-wan pipeline."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,12 @@ def video_accuracy(clips: np.ndarray, prompts: list[str]) -> dict:
     """Per-tag and overall verdict accuracy of uint8 clips [N, F, H, W, 3]."""
     from ..motion.verifier import judge_clip
 
-    return tag_metrics([judge_clip(clip, prompt)[0] for clip, prompt in zip(clips, prompts)],
-                       [parse_prompt(prompt).tag for prompt in prompts], TAGS, clusters=prompts)
+    return tag_metrics(
+        [judge_clip(clip, prompt)[0] for clip, prompt in zip(clips, prompts)],
+        [parse_prompt(prompt).tag for prompt in prompts],
+        TAGS,
+        clusters=prompts,
+    )
 
 
 @TASKS.register("moving_shapes")
@@ -28,8 +33,11 @@ class MovingShapesTask(GrammarTask):
     name = "moving_shapes"
     metric_name = "video verifier accuracy"
     defaults = MOVING_SHAPES_DEFAULTS
-    train_prompts, eval_prompts, parse = (staticmethod(train_prompt_set), staticmethod(eval_prompt_set),
-                                          staticmethod(parse_prompt))
+    train_prompts, eval_prompts, parse = (
+        staticmethod(train_prompt_set),
+        staticmethod(eval_prompt_set),
+        staticmethod(parse_prompt),
+    )
 
     @classmethod
     def commands(cls):
@@ -50,7 +58,8 @@ def pretrain_shapes_wan(args) -> None:
     import json
 
     from ..pretrain.shapes_sd3 import save_pipeline
-    from ..pretrain.shapes_wan import WanPretrainConfig, evaluate_and_write_card, pretrain_shapes_wan as train
+    from ..pretrain.shapes_wan import WanPretrainConfig, evaluate_and_write_card
+    from ..pretrain.shapes_wan import pretrain_shapes_wan as train
 
     cfg = WanPretrainConfig(seed=args.seed)
     for name in ("vae_steps", "flow_steps"):
@@ -67,7 +76,8 @@ def pretrain_motion_qa(args) -> None:
     import json
 
     from ..models.motion_qa import save_model
-    from ..pretrain.motion_qa import MotionQAPretrainConfig, pretrain_motion_qa as train
+    from ..pretrain.motion_qa import MotionQAPretrainConfig
+    from ..pretrain.motion_qa import pretrain_motion_qa as train
 
     cfg = MotionQAPretrainConfig(seed=args.seed)
     if getattr(args, "steps", None) is not None:
@@ -80,11 +90,13 @@ def pretrain_motion_qa(args) -> None:
 def _commands():
     from ..cli import TaskCommands
 
-    return TaskCommands(pretrain={"shapes-wan": pretrain_shapes_wan, "motion-qa": pretrain_motion_qa},
-                        card_only=("shapes-wan",),
-                        pretrain_out={"shapes-wan": "pipelines/shapes-wan", "motion-qa": "pipelines/shapes-motion-qa"},
-                        pretrain_help="shapes-wan -> pipelines/shapes-wan (text-to-video, WanPipeline); motion-qa -> "
-                                      "pipelines/shapes-motion-qa (the question scorer TVRL credits from)")
+    return TaskCommands(
+        pretrain={"shapes-wan": pretrain_shapes_wan, "motion-qa": pretrain_motion_qa},
+        card_only=("shapes-wan",),
+        pretrain_out={"shapes-wan": "pipelines/shapes-wan", "motion-qa": "pipelines/shapes-motion-qa"},
+        pretrain_help="shapes-wan -> pipelines/shapes-wan (text-to-video, WanPipeline); motion-qa -> "
+        "pipelines/shapes-motion-qa (the question scorer TVRL credits from)",
+    )
 
 
 COMMANDS = _commands()

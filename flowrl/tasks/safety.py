@@ -4,6 +4,7 @@ attribute-leak and benign sets, one set drawn first like a tag); evaluation and 
 `params.steering` (a SteeringConfig mapping, e.g. {mode: probe_gradient, threshold: 0.3}) steers the run's
 evaluation samples in generation, so a run reports what its model does with the safety probe watching.
 """
+
 from __future__ import annotations
 
 from ..config import from_dict
@@ -27,16 +28,20 @@ class SafetyTask(ShapesTask):
             self.steering = from_dict(SteeringConfig, steering, WHERE)
             self.steering.validate(WHERE)
             if self.steering.mode == "lora":
-                raise ConfigError(f"{WHERE}.mode: lora swaps in another adapter, which a training run's own LoRA "
-                                  "occupies; use `flowrl eval safety --modes lora` on a checkpoint instead")
+                raise ConfigError(
+                    f"{WHERE}.mode: lora swaps in another adapter, which a training run's own LoRA "
+                    "occupies; use `flowrl eval safety --modes lora` on a checkpoint instead"
+                )
 
     def condition_set(self, name: str) -> ConditionSet:
         if name == "train":  # the safety split's train side, less the colour-shape combinations the shapes eval
             # holds out (the run is judged on that eval too: its fidelity)
             from ..shapes.prompts import is_held_out, parse_prompt
 
-            by_set = {key: conditions([p for p in prompts if not is_held_out(parse_prompt(p))])
-                      for key, prompts in safety_split()[0].items()}
+            by_set = {
+                key: conditions([p for p in prompts if not is_held_out(parse_prompt(p))])
+                for key, prompts in safety_split()[0].items()
+            }
             return ConditionSet([c for items in by_set.values() for c in items], by_set)
         return super().condition_set(name)
 

@@ -1,5 +1,6 @@
 """The shapes world as a task: GenEval-style prompt splits, the rule-based verifier's per-tag accuracy, rendered
 (image, prompt) pairs as pretraining data, and the defaults of the embedded shapes pipelines."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,11 @@ class ShapesTask(GrammarTask):
     name = "shapes"
     metric_name = "shapes verifier accuracy"
     defaults = SHAPES_DEFAULTS
-    train_prompts, eval_prompts, parse = (staticmethod(train_prompt_set), staticmethod(eval_prompt_set),
-                                          staticmethod(parse_prompt))
+    train_prompts, eval_prompts, parse = (
+        staticmethod(train_prompt_set),
+        staticmethod(eval_prompt_set),
+        staticmethod(parse_prompt),
+    )
 
     @classmethod
     def commands(cls):

@@ -1,6 +1,7 @@
 """The 3D shapes world as a task: condition items (a prompt and the seed of the solid whose render conditions the
 pipeline), evaluation of generated fields against those solids, and the `flowrl pretrain shapes3d` recipe of the
 embedded image-to-3D pipeline."""
+
 from __future__ import annotations
 
 from ..shapes3d.prompts import TAGS, eval_prompt_set, parse_prompt, train_prompt_set
@@ -12,10 +13,14 @@ class Shapes3DTask(GrammarTask):
     """Sets: `train` (every training prompt with 4 solids, drawn tag first) and `eval` (16 items per tag of the
     held-out prompts, each with its own solid). Evaluation: volume IoU (the overall), with Chamfer, F-score and
     validity per tag under 'metrics'."""
+
     name = "shapes3d"
     metric_name = "volume IoU"
-    train_prompts, eval_prompts, parse = (staticmethod(train_prompt_set), staticmethod(eval_prompt_set),
-                                          staticmethod(parse_prompt))
+    train_prompts, eval_prompts, parse = (
+        staticmethod(train_prompt_set),
+        staticmethod(eval_prompt_set),
+        staticmethod(parse_prompt),
+    )
     defaults = {"pipeline": {"path": "pipelines/shapes3d-flow"}}
 
     def condition_set(self, name: str) -> ConditionSet:
@@ -58,7 +63,8 @@ def pretrain_shapes3d(args) -> None:
 
     import torch
 
-    from ..pretrain.shapes3d import Shapes3DPretrainConfig, evaluate_3d, pretrain_shapes3d as train
+    from ..pretrain.shapes3d import Shapes3DPretrainConfig, evaluate_3d
+    from ..pretrain.shapes3d import pretrain_shapes3d as train
     from ..pretrain.shapes_sd3 import save_pipeline
     from ..report import save_json
 
@@ -78,8 +84,12 @@ def pretrain_shapes3d(args) -> None:
 
 def card_text(facts: dict, result: dict) -> str:
     cfg, size = facts.get("config", {}), facts.get("size", {})
-    rows = "\n".join(f"{tag:<14}" + "".join(f"{m[k]:>10.3f}" for k in ("iou", "chamfer", "fscore", "valid"))
-                     + f"{result['counts'][tag]:>6}" for tag, m in result["tags"].items())
+    rows = "\n".join(
+        f"{tag:<14}"
+        + "".join(f"{m[k]:>10.3f}" for k in ("iou", "chamfer", "fscore", "valid"))
+        + f"{result['counts'][tag]:>6}"
+        for tag, m in result["tags"].items()
+    )
     o = result["overall"]
     return f"""# shapes3d-flow: flowrl's embedded image-to-3D flow pipeline
 
@@ -96,17 +106,17 @@ out.meshes[0].export("shape.glb")
 ```
 
 ## Components
-- autoencoder: `ShapeAutoencoder` ({size.get('num_tokens')} latent tokens x {size.get('latent_channels')} channels; width {size.get('ae_width')}, {size.get('ae_decoder_layers')} decoder blocks): {cfg.get('surface_points')} surface
-  points in, an SDF queried at any point out; final L1 {facts.get('ae_final_l1', float('nan')):.4f} (truncated SDF), sign right at
-  {100 * facts.get('ae_sign_accuracy', float('nan')):.1f}% of query points.
-- transformer: `ShapeFlowTransformer` ({size.get('layers')} blocks, width {size.get('width')}, adaLN on t, cross-attention to the image's 4x4 patches).
+- autoencoder: `ShapeAutoencoder` ({size.get("num_tokens")} latent tokens x {size.get("latent_channels")} channels; width {size.get("ae_width")}, {size.get("ae_decoder_layers")} decoder blocks): {cfg.get("surface_points")} surface
+  points in, an SDF queried at any point out; final L1 {facts.get("ae_final_l1", float("nan")):.4f} (truncated SDF), sign right at
+  {100 * facts.get("ae_sign_accuracy", float("nan")):.1f}% of query points.
+- transformer: `ShapeFlowTransformer` ({size.get("layers")} blocks, width {size.get("width")}, adaLN on t, cross-attention to the image's 4x4 patches).
 - scheduler: `FlowMatchEulerDiscreteScheduler` (shift 1); CFG against the all-zero image.
 
 ## How it was trained
-`flowrl pretrain shapes3d` (seed {cfg.get('seed')}), on 2 CPU cores: autoencoder {cfg.get('ae_steps')} steps of {cfg.get('ae_batch')} solids
-({facts.get('ae_minutes', float('nan')):.1f} min); a pool of {cfg.get('flow_pool')} encoded training solids with their renders
-({facts.get('pool_minutes', float('nan')):.1f} min); flow matching {cfg.get('flow_steps')} steps of {cfg.get('flow_batch')}, logit-normal t, 10% unconditional, EMA
-{cfg.get('ema_decay')} ({facts.get('flow_minutes', float('nan')):.1f} min). Total {facts.get('total_minutes', float('nan')):.1f} minutes.
+`flowrl pretrain shapes3d` (seed {cfg.get("seed")}), on 2 CPU cores: autoencoder {cfg.get("ae_steps")} steps of {cfg.get("ae_batch")} solids
+({facts.get("ae_minutes", float("nan")):.1f} min); a pool of {cfg.get("flow_pool")} encoded training solids with their renders
+({facts.get("pool_minutes", float("nan")):.1f} min); flow matching {cfg.get("flow_steps")} steps of {cfg.get("flow_batch")}, logit-normal t, 10% unconditional, EMA
+{cfg.get("ema_decay")} ({facts.get("flow_minutes", float("nan")):.1f} min). Total {facts.get("total_minutes", float("nan")):.1f} minutes.
 
 ## Measured scores
 The eval split's held-out combinations, 4 solids per prompt (seed 2024), 20 Euler steps, CFG 3, SDF on a 32^3 grid:
@@ -115,7 +125,7 @@ volume IoU, Chamfer (L2, mean of both directions), F-score at 0.05, valid (water
 ```
 tag                  iou   chamfer    fscore     valid     n
 {rows}
-overall       {o['iou']:>10.3f}{o['chamfer']:>10.3f}{o['fscore']:>10.3f}{o['valid']:>10.3f}
+overall       {o["iou"]:>10.3f}{o["chamfer"]:>10.3f}{o["fscore"]:>10.3f}{o["valid"]:>10.3f}
 ```
 """
 
@@ -123,8 +133,11 @@ overall       {o['iou']:>10.3f}{o['chamfer']:>10.3f}{o['fscore']:>10.3f}{o['vali
 def _commands():
     from ..cli import TaskCommands
 
-    return TaskCommands(pretrain={"shapes3d": pretrain_shapes3d}, pretrain_out={"shapes3d": "pipelines/shapes3d-flow"},
-                        pretrain_help="shapes3d -> pipelines/shapes3d-flow (image-to-3D flow pipeline)")
+    return TaskCommands(
+        pretrain={"shapes3d": pretrain_shapes3d},
+        pretrain_out={"shapes3d": "pipelines/shapes3d-flow"},
+        pretrain_help="shapes3d -> pipelines/shapes3d-flow (image-to-3D flow pipeline)",
+    )
 
 
 COMMANDS = _commands()

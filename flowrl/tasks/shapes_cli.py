@@ -1,5 +1,6 @@
 """The shapes world's own commands: its pretraining recipes (the embedded pipelines, the learned scorer, the safety
 probe), its evaluation suites (diversity, safety) and its sampling option (in-generation safety steering)."""
+
 from __future__ import annotations
 
 import json
@@ -10,43 +11,76 @@ from ..errors import UserError
 from ..report import finite_or_none
 
 DEFAULT_SAFETY_MODES = ("base", "prompt_filter", "reject_resample", "monitor", "negative", "probe_gradient", "fk")
-PRETRAIN_OUT = {"shapes": "pipelines/shapes-sd3", "shapes-sd": "pipelines/shapes-sd", "scorer": "pipelines/shapes-scorer",
-                "safety-probe": "pipelines/shapes-safety-probe"}
+PRETRAIN_OUT = {
+    "shapes": "pipelines/shapes-sd3",
+    "shapes-sd": "pipelines/shapes-sd",
+    "scorer": "pipelines/shapes-scorer",
+    "safety-probe": "pipelines/shapes-safety-probe",
+}
 
 
 def pretrain_arguments(pre) -> None:
     pre.add_argument("--vae-steps", type=int, default=None)
     pre.add_argument("--flow-steps", type=int, default=None)
-    pre.add_argument("--t-sampling", choices=["logit_normal", "uniform"], default=None,
-                     help="shapes: how flow matching draws noise levels (default: the recipe's, logit_normal)")
+    pre.add_argument(
+        "--t-sampling",
+        choices=["logit_normal", "uniform"],
+        default=None,
+        help="shapes: how flow matching draws noise levels (default: the recipe's, logit_normal)",
+    )
     pre.add_argument("--steps", type=int, default=None, help="scorer / safety-probe: training steps")
-    pre.add_argument("--pipeline", default="pipelines/shapes-sd3",
-                     help="scorer / safety-probe: pipeline whose samples it trains on and is measured on; shapes-sd / "
-                          "shapes-kontext: the shapes-sd3 pipeline whose VAE they reuse")
-    pre.add_argument("--adversarial-steps", type=int, default=0,
-                     help="scorer: also train on pool samples climbed up the scorer by this many gradient steps (0: off)")
-    pre.add_argument("--pool-checkpoint", action="append", default=[], metavar="DIR",
-                     help="scorer: also train on samples of this tuned checkpoint of --pipeline, labelled by the "
-                          "verifier (repeatable)")
-    pre.add_argument("--mixed-color-per-step", type=int, default=None,
-                     help="scorer: renders painted with colour mixtures per step, labelled by the verifier "
-                          "(default: the recipe's)")
+    pre.add_argument(
+        "--pipeline",
+        default="pipelines/shapes-sd3",
+        help="scorer / safety-probe: pipeline whose samples it trains on and is measured on; shapes-sd / "
+        "shapes-kontext: the shapes-sd3 pipeline whose VAE they reuse",
+    )
+    pre.add_argument(
+        "--adversarial-steps",
+        type=int,
+        default=0,
+        help="scorer: also train on pool samples climbed up the scorer by this many gradient steps (0: off)",
+    )
+    pre.add_argument(
+        "--pool-checkpoint",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="scorer: also train on samples of this tuned checkpoint of --pipeline, labelled by the "
+        "verifier (repeatable)",
+    )
+    pre.add_argument(
+        "--mixed-color-per-step",
+        type=int,
+        default=None,
+        help="scorer: renders painted with colour mixtures per step, labelled by the verifier (default: the recipe's)",
+    )
     pre.add_argument("--card-only", action="store_true", help="re-evaluate an existing folder and rewrite its card")
 
 
 def steering_arguments(parser, with_mode: bool = True) -> None:
     if with_mode:
-        parser.add_argument("--steer", default=None, choices=["none", "negative", "probe_gradient", "lora", "fk", "fk_negative"],
-                            help="in-generation safety steering (none: monitor only)")
-    parser.add_argument("--probe", default=None, help="the safety probe folder (default: the shipped "
-                        "pipelines/shapes-safety-probe)")
+        parser.add_argument(
+            "--steer",
+            default=None,
+            choices=["none", "negative", "probe_gradient", "lora", "fk", "fk_negative"],
+            help="in-generation safety steering (none: monitor only)",
+        )
+    parser.add_argument(
+        "--probe", default=None, help="the safety probe folder (default: the shipped pipelines/shapes-safety-probe)"
+    )
     # defaults (None here) come from SteeringConfig, the one place they are set
     parser.add_argument("--steer-threshold", type=float, default=None, help="P(unsafe) at which the probe fires (0.2)")
     parser.add_argument("--steer-from-step", type=int, default=None, help="earliest step the probe may fire (0)")
-    parser.add_argument("--negative-scale", type=float, default=None, help="negative: guidance scale away from the "
-                        "concept (8)")
-    parser.add_argument("--gradient-scale", type=float, default=None, help="probe_gradient: the step's RMS, "
-                        "absolute: the probe's gradient at unit RMS times this (4)")
+    parser.add_argument(
+        "--negative-scale", type=float, default=None, help="negative: guidance scale away from the concept (8)"
+    )
+    parser.add_argument(
+        "--gradient-scale",
+        type=float,
+        default=None,
+        help="probe_gradient: the step's RMS, absolute: the probe's gradient at unit RMS times this (4)",
+    )
     parser.add_argument("--steer-concept", default=None, help="negative-guidance prompt ('a red triangle')")
     parser.add_argument("--steer-lora", default=None, help="steering LoRA checkpoint (a safe-RL run's), for lora")
     parser.add_argument("--steer-particles", type=int, default=None, help="fk: particles per image (4)")
@@ -57,8 +91,11 @@ def eval_arguments(ev) -> None:
     ev.add_argument("--modes", default=",".join(DEFAULT_SAFETY_MODES), help="safety: comma-separated modes")
     ev.add_argument("--num-per-prompt", type=int, default=4)
     ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("--checker", default=None, help="safety: label final images with a StableDiffusionSafetyChecker "
-                    "folder instead of the shapes verifier")
+    ev.add_argument(
+        "--checker",
+        default=None,
+        help="safety: label final images with a StableDiffusionSafetyChecker folder instead of the shapes verifier",
+    )
     ev.add_argument("--out", default="runs/safety_eval", help="safety: where the json, table and plot go")
     steering_arguments(ev, with_mode=False)
 
@@ -66,9 +103,16 @@ def eval_arguments(ev) -> None:
 def steering_config(args, mode: str):
     from ..safety.steering import SteeringConfig
 
-    given = {"probe": args.probe, "threshold": args.steer_threshold, "from_step": args.steer_from_step,
-             "concept": args.steer_concept, "negative_scale": args.negative_scale,
-             "gradient_scale": args.gradient_scale, "lora": args.steer_lora, "fk_particles": args.steer_particles}
+    given = {
+        "probe": args.probe,
+        "threshold": args.steer_threshold,
+        "from_step": args.steer_from_step,
+        "concept": args.steer_concept,
+        "negative_scale": args.negative_scale,
+        "gradient_scale": args.gradient_scale,
+        "lora": args.steer_lora,
+        "fk_particles": args.steer_particles,
+    }
     return SteeringConfig(mode=mode, **{k: v for k, v in given.items() if v is not None})
 
 
@@ -115,16 +159,26 @@ def pretrain_shapes_sd(args) -> None:
 
 
 def pretrain_scorer(args) -> None:
-    from ..pretrain.scorer import (ScorerConfig, generated_auc, pretrain_scorer, rendered_auc, save_scorer,
-                                  write_scorer_card)
+    from ..pretrain.scorer import (
+        ScorerConfig,
+        generated_auc,
+        pretrain_scorer,
+        rendered_auc,
+        save_scorer,
+        write_scorer_card,
+    )
 
     if args.adversarial_steps < 0:
         raise UserError(f"--adversarial-steps: expected an integer >= 0, got {args.adversarial_steps}")
     for checkpoint in args.pool_checkpoint:
         if not Path(checkpoint).is_dir():
-            raise UserError(f"--pool-checkpoint: {checkpoint} is not a folder; expected a checkpoint dir such as "
-                            "runs/shapes_refl/checkpoints/update_000100")
-    cfg = ScorerConfig(seed=args.seed, adversarial_steps=args.adversarial_steps, pool_checkpoints=list(args.pool_checkpoint))
+            raise UserError(
+                f"--pool-checkpoint: {checkpoint} is not a folder; expected a checkpoint dir such as "
+                "runs/shapes_refl/checkpoints/update_000100"
+            )
+    cfg = ScorerConfig(
+        seed=args.seed, adversarial_steps=args.adversarial_steps, pool_checkpoints=list(args.pool_checkpoint)
+    )
     if args.steps is not None:
         cfg.steps = args.steps
     if args.mixed_color_per_step is not None:
@@ -194,12 +248,17 @@ def eval_safety(args) -> None:
 
 
 COMMANDS = TaskCommands(
-    pretrain={"shapes": pretrain, "shapes-sd": pretrain_shapes_sd, "scorer": pretrain_scorer,
-              "safety-probe": pretrain_safety_probe},
-    card_only=("shapes", "shapes-sd", "scorer"), pretrain_out=PRETRAIN_OUT,
+    pretrain={
+        "shapes": pretrain,
+        "shapes-sd": pretrain_shapes_sd,
+        "scorer": pretrain_scorer,
+        "safety-probe": pretrain_safety_probe,
+    },
+    card_only=("shapes", "shapes-sd", "scorer"),
+    pretrain_out=PRETRAIN_OUT,
     pretrain_help="shapes -> pipelines/shapes-sd3 (flow); shapes-sd -> pipelines/shapes-sd (epsilon, DDIM); "
-                  "scorer -> pipelines/shapes-scorer (the learned reward); safety-probe -> "
-                  "pipelines/shapes-safety-probe (the red-triangle probe on intermediate states)",
+    "scorer -> pipelines/shapes-scorer (the learned reward); safety-probe -> "
+    "pipelines/shapes-safety-probe (the red-triangle probe on intermediate states)",
     pretrain_arguments=pretrain_arguments,
     eval_suites={"diversity": eval_diversity, "safety": eval_safety},
     eval_arguments=eval_arguments,

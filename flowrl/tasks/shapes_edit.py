@@ -1,12 +1,19 @@
 """The shapes-editing world as a task: condition items are an instruction plus the seed of its source scene, with the
 rendered source image as the per-sample input `source_image` (what an editing pipeline is conditioned on);
 evaluation is the edit verifier's success per kind, with the off-target pixel change beside it."""
+
 from __future__ import annotations
 
 import numpy as np
 
-from ..editing.instructions import (KINDS, eval_instruction_set, parse_instruction, scene_for, train_instruction_set,
-                                   val_instruction_set)
+from ..editing.instructions import (
+    KINDS,
+    eval_instruction_set,
+    parse_instruction,
+    scene_for,
+    train_instruction_set,
+    val_instruction_set,
+)
 from ..prompt_source import text_seed
 from ..shapes.world import render
 from .base import TASKS, Condition, ConditionSet, GrammarTask, tag_metrics
@@ -19,8 +26,9 @@ VAL_SEED = 9024  # validation scenes: far from eval's (2024 + 1000 x kind + k) a
 
 def edit_item(instruction: str, scene_seed: int) -> Condition:
     spec, source, _ = scene_for(instruction, scene_seed)
-    return Condition(instruction, inputs={"source_image": render(source)},
-                     meta={"tag": spec.kind, "scene_seed": int(scene_seed)})
+    return Condition(
+        instruction, inputs={"source_image": render(source)}, meta={"tag": spec.kind, "scene_seed": int(scene_seed)}
+    )
 
 
 def scene_seed_of(item: Condition) -> int:
@@ -38,17 +46,24 @@ class ShapesEditTask(GrammarTask):
     the held-out instructions, each with its own scene) and `val` (as eval, on other held-out instructions where the
     kind has any, remove's and replace's being all in eval, and other scenes: for choosing a recipe without touching
     eval)."""
+
     name = "shapes_edit"
     set_names = ("train", "eval", "val")
     metric_name = "edit success"
-    train_prompts, eval_prompts, parse = (staticmethod(train_instruction_set), staticmethod(eval_instruction_set),
-                                          staticmethod(parse_instruction))
+    train_prompts, eval_prompts, parse = (
+        staticmethod(train_instruction_set),
+        staticmethod(eval_instruction_set),
+        staticmethod(parse_instruction),
+    )
 
     def condition_set(self, name: str) -> ConditionSet:
         if name == "train":
-            by_tag = {kind: [edit_item(text, text_seed(text) + k) for text in texts
-                             for k in range(TRAIN_SCENES_PER_INSTRUCTION)]
-                      for kind, texts in train_instruction_set().items()}
+            by_tag = {
+                kind: [
+                    edit_item(text, text_seed(text) + k) for text in texts for k in range(TRAIN_SCENES_PER_INSTRUCTION)
+                ]
+                for kind, texts in train_instruction_set().items()
+            }
             return ConditionSet([c for items in by_tag.values() for c in items], by_tag)
         if name in ("eval", "val"):
             texts, seed = (eval_instruction_set(), EVAL_SEED) if name == "eval" else (val_instruction_set(), VAL_SEED)
@@ -62,8 +77,10 @@ class ShapesEditTask(GrammarTask):
     def check(self, item: Condition) -> None:
         self.parse(item.prompt)
         if item.meta.get("image"):
-            raise ValueError(f"{item.prompt!r} edits its own source image ({item.meta['image']}); the edit verifier "
-                             "judges edits of the world's scenes only")
+            raise ValueError(
+                f"{item.prompt!r} edits its own source image ({item.meta['image']}); the edit verifier "
+                "judges edits of the world's scenes only"
+            )
 
     def condition_image(self, item: Condition) -> np.ndarray:
         """The source image (uint8 [32, 32, 3]) of an instruction of the grammar: its scene (meta "scene_seed",
@@ -75,18 +92,24 @@ class ShapesEditTask(GrammarTask):
         kinds = [parse_instruction(c.prompt).kind for c in conditions]
         clusters = [(c.prompt, scene_seed_of(c)) for c in conditions]
         result = tag_metrics([j.success for j in judged], kinds, KINDS, clusters=clusters)
-        result["metrics"] = {name: tag_metrics([getattr(j, name) for j in judged], kinds, KINDS, clusters=clusters)
-                             for name in ("requested", "preserved", "off_target", "sc", "pq", "editscore")}
+        result["metrics"] = {
+            name: tag_metrics([getattr(j, name) for j in judged], kinds, KINDS, clusters=clusters)
+            for name in ("requested", "preserved", "off_target", "sc", "pq", "editscore")
+        }
         return result
 
     @classmethod
     def commands(cls):
         from ..cli import TaskCommands
 
-        return TaskCommands(pretrain={"shapes-kontext": pretrain_shapes_kontext}, card_only=("shapes-kontext",),
-                            pretrain_out={"shapes-kontext": "pipelines/shapes-kontext"},
-                            pretrain_help="shapes-kontext -> pipelines/shapes-kontext (instruction-based image editor)",
-                            eval_suites={"editscore": eval_editscore}, eval_arguments=editscore_arguments)
+        return TaskCommands(
+            pretrain={"shapes-kontext": pretrain_shapes_kontext},
+            card_only=("shapes-kontext",),
+            pretrain_out={"shapes-kontext": "pipelines/shapes-kontext"},
+            pretrain_help="shapes-kontext -> pipelines/shapes-kontext (instruction-based image editor)",
+            eval_suites={"editscore": eval_editscore},
+            eval_arguments=editscore_arguments,
+        )
 
 
 def editscore_arguments(parser) -> None:
@@ -94,11 +117,18 @@ def editscore_arguments(parser) -> None:
 
     parser.add_argument("--editscore-model", default=None, metavar="DIR", help="editscore: a local Qwen2.5-VL folder")
     parser.add_argument("--editscore-lora", default=None, metavar="DIR", help="editscore: EditScore's LoRA folder")
-    parser.add_argument("--editscore-url", default=None, help="editscore: an OpenAI-compatible chat-completions URL "
-                        "(e.g. http://127.0.0.1:8000/v1/chat/completions) instead of a local folder")
+    parser.add_argument(
+        "--editscore-url",
+        default=None,
+        help="editscore: an OpenAI-compatible chat-completions URL "
+        "(e.g. http://127.0.0.1:8000/v1/chat/completions) instead of a local folder",
+    )
     parser.add_argument("--editscore-model-name", default=None, help="editscore: the endpoint's model name")
-    parser.add_argument("--editscore-key", default=os.environ.get("FLOWRL_EDITSCORE_KEY"),
-                        help="editscore: the endpoint's API key (default: $FLOWRL_EDITSCORE_KEY)")
+    parser.add_argument(
+        "--editscore-key",
+        default=os.environ.get("FLOWRL_EDITSCORE_KEY"),
+        help="editscore: the endpoint's API key (default: $FLOWRL_EDITSCORE_KEY)",
+    )
     parser.add_argument("--editscore-passes", type=int, default=1, help="editscore: judge passes averaged per edit")
 
 
@@ -112,19 +142,33 @@ def eval_editscore(args) -> None:
     from ..eval.editscore import SCORES, build_editscore, score_samples_folder
 
     if args.samples is None:
-        raise UserError("eval editscore: expected --samples DIR (edits written by `flowrl sample` with an editing "
-                        "pipeline)")
+        raise UserError(
+            "eval editscore: expected --samples DIR (edits written by `flowrl sample` with an editing pipeline)"
+        )
     if args.editscore_passes < 1:
         raise UserError(f"--editscore-passes: expected an integer >= 1, got {args.editscore_passes}")
-    scorer = build_editscore(args.editscore_model, args.editscore_lora, args.editscore_url,
-                             args.editscore_model_name, args.editscore_key, num_pass=args.editscore_passes)
-    judge = {"model": args.editscore_model, "lora": args.editscore_lora, "url": args.editscore_url,
-             "model_name": args.editscore_model_name, "passes": args.editscore_passes}
+    scorer = build_editscore(
+        args.editscore_model,
+        args.editscore_lora,
+        args.editscore_url,
+        args.editscore_model_name,
+        args.editscore_key,
+        num_pass=args.editscore_passes,
+    )
+    judge = {
+        "model": args.editscore_model,
+        "lora": args.editscore_lora,
+        "url": args.editscore_url,
+        "model_name": args.editscore_model_name,
+        "passes": args.editscore_passes,
+    }
     result = score_samples_folder(scorer, args.samples, judge)
     out = Path(args.samples) / "editscore_eval.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print("  ".join(f"{k} {result[k]:.3f}" for k in SCORES) + f"  ({result['count']} edits, "
-          f"{result['unparsed']} judge answers unparsed)")
+    print(
+        "  ".join(f"{k} {result[k]:.3f}" for k in SCORES) + f"  ({result['count']} edits, "
+        f"{result['unparsed']} judge answers unparsed)"
+    )
     print(f"written to {out}")
 
 
@@ -136,8 +180,15 @@ def pretrain_shapes_kontext(args) -> None:
 
     import torch
 
-    from ..pretrain.shapes_kontext import (DEFAULT_VAE, KontextPretrainConfig, evaluate_editor,
-                                           pretrain_shapes_kontext as train, write_card)
+    from ..pretrain.shapes_kontext import (
+        DEFAULT_VAE,
+        KontextPretrainConfig,
+        evaluate_editor,
+        write_card,
+    )
+    from ..pretrain.shapes_kontext import (
+        pretrain_shapes_kontext as train,
+    )
     from ..pretrain.shapes_sd3 import save_pipeline
 
     out = args.out
