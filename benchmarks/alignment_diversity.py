@@ -28,12 +28,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.config import load_config  # noqa: E402
-from flowrl.eval.protocol import evaluate_policy  # noqa: E402
 from flowrl.fk import FKConfig  # noqa: E402
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
 from flowrl.report import figure  # noqa: E402
 from flowrl.rewards import build_reward  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
+from flowrl.worlds.shapes.protocol import evaluate_policy  # noqa: E402
 
 TRAINED = {
     "ddpo (all steps)": [],

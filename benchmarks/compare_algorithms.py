@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.config import RunConfig, config_to_dict, load_config  # noqa: E402
-from flowrl.eval.protocol import evaluate_policy  # noqa: E402
 from flowrl.report import figure  # noqa: E402
 from flowrl.rewards import build_reward  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
+from flowrl.worlds.shapes.protocol import evaluate_policy  # noqa: E402
 
 METHODS = {
     name: ROOT / "configs" / f"shapes_{name}.yaml" for name in ("grpo", "nft", "refl", "draft", "mend", "ddpo", "dho")
@@ -61,7 +61,7 @@ def method_config(name: str, updates: int, out: Path, seed: int, extra: list[str
 
 
 class Evaluator:
-    """The shared eval protocol (flowrl.eval.protocol), remembering each pipeline's base samples."""
+    """The shared eval protocol (flowrl.worlds.shapes.protocol), remembering each pipeline's base samples."""
 
     def __init__(self):
         self.scorer = build_reward("shapes_clip")

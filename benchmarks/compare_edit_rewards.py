@@ -11,7 +11,7 @@ configs/shapes_edit_nft.yaml), with each training seed; only the reward differs:
 Before training and after the last update the policy edits the held-out eval items (80 items x 4 edits, ODE 20
 steps) under each eval seed; we record edit success (with its 95% interval, scenes as the sampling unit), the
 off-target pixel change and its ratio to the base's, and the EditScore analogues SC, PQ and Overall
-(flowrl/editing/verifier.py).
+(flowrl/worlds/shapes_edit/verifier.py).
 
     python benchmarks/compare_edit_rewards.py                 # 3 rewards x 2 seeds, shipped config
     python benchmarks/compare_edit_rewards.py --rewards verifier --seeds 0 --updates 2 --eval-seeds 2024 --out /tmp/e

@@ -25,13 +25,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.checkpoint import load_trained_weights  # noqa: E402
-from flowrl.eval.protocol import PROTOCOL  # noqa: E402
 from flowrl.generate import generate_samples  # noqa: E402
-from flowrl.models.shapes_sd3 import T5_SEQUENCE_LENGTH  # noqa: E402
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
-from flowrl.shapes import parse_prompt, score  # noqa: E402
-from flowrl.shapes.prompts import eval_prompt_set  # noqa: E402
 from flowrl.tasks.base import interval, tag_metrics  # noqa: E402
+from flowrl.worlds.shapes import parse_prompt, score  # noqa: E402
+from flowrl.worlds.shapes.model_sd3 import T5_SEQUENCE_LENGTH  # noqa: E402
+from flowrl.worlds.shapes.prompts import eval_prompt_set  # noqa: E402
+from flowrl.worlds.shapes.protocol import PROTOCOL  # noqa: E402
 
 PER_PROMPT = 16
 

@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.checkpoint import load_trained_weights  # noqa: E402
-from flowrl.models.shapes_sd3 import T5_SEQUENCE_LENGTH  # noqa: E402
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
-from flowrl.shapes.verifier import detect  # noqa: E402
+from flowrl.worlds.shapes.model_sd3 import T5_SEQUENCE_LENGTH  # noqa: E402
+from flowrl.worlds.shapes.verifier import detect  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from time_to_quality import EVAL_CFG, LowNoiseEval  # noqa: E402

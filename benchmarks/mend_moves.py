@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 from flowrl.config import load_config  # noqa: E402
 from flowrl.images import to_uint8  # noqa: E402
 from flowrl.rewards import latent_scorer  # noqa: E402
-from flowrl.shapes import verifier  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
+from flowrl.worlds.shapes import verifier  # noqa: E402
 
 
 def moved_rows(delta: torch.Tensor) -> list[int]:

@@ -20,7 +20,7 @@ import re
 import torch
 
 from flowrl.rewards.base import Reward, RewardOutput
-from flowrl.shapes.world import PALETTE
+from flowrl.worlds.shapes.world import PALETTE
 
 NEAR = 0.3
 

@@ -14,10 +14,10 @@ import time
 
 import torch
 
-from flowrl.models.shapes_sd3 import T5_SEQUENCE_LENGTH
 from flowrl.policies import load_pipeline, policy_for
 from flowrl.policies.base import SampleSpec
 from flowrl.rollout import rollout, sample_generators
+from flowrl.worlds.shapes.model_sd3 import T5_SEQUENCE_LENGTH
 
 
 def main():

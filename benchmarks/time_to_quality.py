@@ -48,10 +48,10 @@ from flowrl.experiment import sampled_as_checkpoint  # noqa: E402
 from flowrl.generate import generate_samples  # noqa: E402
 from flowrl.prompt_source import derived_seed  # noqa: E402
 from flowrl.report import cpu_model, figure  # noqa: E402
-from flowrl.shapes import exact_score, parse_prompt, score  # noqa: E402
-from flowrl.shapes.prompts import TAGS, wide_eval_prompt_set  # noqa: E402
 from flowrl.tasks.base import tag_metrics  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
+from flowrl.worlds.shapes import exact_score, parse_prompt, score  # noqa: E402
+from flowrl.worlds.shapes.prompts import TAGS, wide_eval_prompt_set  # noqa: E402
 
 VERIFIER = "reward=[{name: shapes, weight: 1.0, params: {dense: true}}]"
 # the verifier's dense reward with one more constraint, exactly the named objects: GenEval's verdict lets "a circle"

@@ -31,11 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 from flowrl.config import load_config  # noqa: E402
 from flowrl.generate import generate_samples  # noqa: E402
-from flowrl.motion.prompts import eval_prompt_set  # noqa: E402
 from flowrl.policies.base import SampleSpec  # noqa: E402
 from flowrl.rewards import build_reward  # noqa: E402
-from flowrl.tasks.moving_shapes import video_accuracy  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
+from flowrl.worlds.moving_shapes.prompts import eval_prompt_set  # noqa: E402
+from flowrl.worlds.moving_shapes.verifier import video_accuracy  # noqa: E402
 
 CONFIG = ROOT / "configs" / "moving_shapes_grpo.yaml"
 SPEC = SampleSpec(32, 32, 9)

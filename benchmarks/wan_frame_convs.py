@@ -24,11 +24,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flowrl.models.shapes_wan import ShapesWanSize, build_vae  # noqa: E402
-from flowrl.motion.world import sample_pairs  # noqa: E402
 from flowrl.policies.wan_vae import frame_convolutions  # noqa: E402
-from flowrl.pretrain.shapes_wan import clips_to_tensor, decode_unclamped, inflate_causal_convs  # noqa: E402
 from flowrl.report import cpu_model  # noqa: E402
+from flowrl.worlds.moving_shapes.model_wan import ShapesWanSize, build_vae  # noqa: E402
+from flowrl.worlds.moving_shapes.pretrain_wan import clips_to_tensor, decode_unclamped, inflate_causal_convs  # noqa: E402
+from flowrl.worlds.moving_shapes.world import sample_pairs  # noqa: E402
 
 
 def main() -> None:

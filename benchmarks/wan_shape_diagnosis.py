@@ -25,14 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.generate import generate_samples  # noqa: E402
-from flowrl.models.shapes_wan import FRAMES, SIZE, WAN_SEQUENCE_LENGTH  # noqa: E402
-from flowrl.motion.prompts import eval_prompt_set, parse_prompt  # noqa: E402
-from flowrl.motion.verifier import PRESENT_SHARE, constraints, detections, track  # noqa: E402
-from flowrl.motion.world import render_clip, sample_clip  # noqa: E402
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
 from flowrl.policies.base import SampleSpec  # noqa: E402
-from flowrl.pretrain.shapes_wan import clips_to_tensor  # noqa: E402
-from flowrl.shapes.verifier import BACKGROUND_MAX, MIN_AREA  # noqa: E402
+from flowrl.worlds.moving_shapes.model_wan import FRAMES, SIZE, WAN_SEQUENCE_LENGTH  # noqa: E402
+from flowrl.worlds.moving_shapes.pretrain_wan import clips_to_tensor  # noqa: E402
+from flowrl.worlds.moving_shapes.prompts import eval_prompt_set, parse_prompt  # noqa: E402
+from flowrl.worlds.moving_shapes.verifier import PRESENT_SHARE, constraints, detections, track  # noqa: E402
+from flowrl.worlds.moving_shapes.world import render_clip, sample_clip  # noqa: E402
+from flowrl.worlds.shapes.verifier import BACKGROUND_MAX, MIN_AREA  # noqa: E402
 
 SINGLE = ("object", "static", "motion")
 

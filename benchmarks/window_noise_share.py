@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
 from flowrl.prompt_source import derived_seed  # noqa: E402
 from flowrl.rollout import per_sample_noise, rollout, sample_generators  # noqa: E402
-from flowrl.shapes import dense_score  # noqa: E402
-from flowrl.shapes.prompts import train_prompt_set  # noqa: E402
+from flowrl.worlds.shapes import dense_score  # noqa: E402
+from flowrl.worlds.shapes.prompts import train_prompt_set  # noqa: E402
 
 # pipeline folder -> (sampler kind, noise level) its window-trained RL recipe uses
 SAMPLERS = {"pipelines/shapes-sd3": ("flow", 0.7), "pipelines/shapes-sd": ("ddim", 1.0)}

@@ -54,7 +54,7 @@ class RolloutWorker:
     def start(self, update: int, last: int, saved_snapshots: dict[int, dict] | None = None) -> None:
         """Queue the batches of updates `update` .. `update` + S before `last` (the trainer's weights are version
         `update`; a resumed run passes the snapshots of the versions before it, saved with its checkpoint)."""
-        from .errors import UserError
+        from flowrl.errors import UserError
 
         self.snapshots.update(saved_snapshots or {})
         self.snapshots[update] = self.current()

@@ -7,7 +7,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import UserError
+from flowrl.errors import UserError
 
 
 def write_whole(path: Path, text: str) -> None:

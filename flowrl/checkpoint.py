@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from .errors import UserError
+from flowrl.errors import UserError
 
 
 def save_checkpoint(

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UserError
+from flowrl.errors import UserError
 
 
 @dataclass
@@ -35,7 +35,7 @@ class TaskCommands:
 
 def task_commands() -> list[TaskCommands]:
     """The commands of every registered task (each set once, however many tasks share it)."""
-    from .tasks.base import TASKS
+    from flowrl.tasks.base import TASKS
 
     found: list[TaskCommands] = []
     for name in TASKS.names():
@@ -46,7 +46,7 @@ def task_commands() -> list[TaskCommands]:
 
 
 def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
-    from .tasks.base import TASKS
+    from flowrl.tasks.base import TASKS
 
     parser = argparse.ArgumentParser(prog="flowrl", description="RL fine-tuning of diffusers flow pipelines")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -264,7 +264,7 @@ def cmd_pretrain(args, extensions: list[TaskCommands]) -> None:
     if args.out is None:
         extension.pretrain[args.recipe](args)
         return
-    from .atomic import replaced_folder
+    from flowrl.atomic import replaced_folder
 
     out = args.out
     refuse_foreign_folder(Path(out))
@@ -275,8 +275,8 @@ def cmd_pretrain(args, extensions: list[TaskCommands]) -> None:
 
 
 def cmd_train(args) -> None:
-    from .config import load_config
-    from .experiment import run_experiment
+    from flowrl.config import load_config
+    from flowrl.experiment import run_experiment
 
     # `resume=PATH` is short for `run.resume=PATH`
     overrides = ["run." + o if o.startswith("resume=") else o for o in args.overrides]
@@ -286,12 +286,12 @@ def cmd_train(args) -> None:
 
 
 def cmd_sample(args, extensions: list[TaskCommands]) -> None:
-    from .checkpoint import load_trained_weights
-    from .devices import job_processes
-    from .generate import particle_sampler
-    from .policies import load_pipeline, place_for_sampling, policy_for, sampling_placement
-    from .sample_job import check_sample_folder, draw_samples
-    from .tasks.base import read_prompt_file
+    from flowrl.checkpoint import load_trained_weights
+    from flowrl.devices import job_processes
+    from flowrl.generate import particle_sampler
+    from flowrl.policies import load_pipeline, place_for_sampling, policy_for, sampling_placement
+    from flowrl.sample_job import check_sample_folder, draw_samples
+    from flowrl.tasks.base import read_prompt_file
 
     conditions = read_prompt_file(args.prompts)
     check_sample_folder(Path(args.out))  # before the pipeline loads
@@ -303,7 +303,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
         args.seed = SAMPLE_SEED
     check_sampling_flags(args)
     if args.fk_particles:  # a wrong reward name or folder is said before the pipeline loads
-        from .rewards import check_reward
+        from flowrl.rewards import check_reward
 
         check_reward(args.fk_reward, json_object(args.fk_reward_params, "--fk-reward-params"), "--fk-reward")
     state = job_processes()  # under torchrun / accelerate launch: one share of the samples per process
@@ -333,8 +333,8 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
         else (0.0 if kind == "ode" else stochastic_noise if kind == stochastic else 0.7)
     )
     if args.fk_particles:
-        from .fk import FKConfig, FKSteer
-        from .rewards import build_reward
+        from flowrl.fk import FKConfig, FKSteer
+        from flowrl.rewards import build_reward
 
         fk = FKConfig(
             num_particles=args.fk_particles,
@@ -390,14 +390,14 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
 
 
 def cmd_export(args) -> None:
-    from .export import export_pipeline
+    from flowrl.export import export_pipeline
 
     out = export_pipeline(args.pipeline, args.checkpoint, args.out, args.dtype)
     print(f"wrote the tuned pipeline to {out} (load it with DiffusionPipeline.from_pretrained)")
 
 
 def cmd_convert_reward(args) -> None:
-    from .rewards.convert import convert_reward
+    from flowrl.rewards.convert import convert_reward
 
     convert_reward(
         args.kind, Path(args.src), Path(args.dst), Path(args.tokenizer), args.vision_head_dim, args.text_head_dim
@@ -421,7 +421,7 @@ def cmd_serve_reward(args) -> None:
         import uvicorn  # noqa: F401
     except ImportError:
         raise UserError('serve-reward needs fastapi and uvicorn: pip install -e ".[serve]"') from None
-    from .rewards.remote import serve_reward
+    from flowrl.rewards.remote import serve_reward
 
     check_port(args.port)
     serve_reward(args.name, json_object(args.params, "--params"), args.host, args.port, args.token, args.device)
@@ -572,7 +572,7 @@ def sampling_arguments(parser) -> None:
 
 def check_checkpoint_folders(checkpoints: list[str]) -> None:
     """One error for a --checkpoint without trained weights, before any setting is read or model loaded."""
-    from .checkpoint import trained_weights_file
+    from flowrl.checkpoint import trained_weights_file
 
     for checkpoint in checkpoints:
         trained_weights_file(Path(checkpoint))
@@ -581,7 +581,7 @@ def check_checkpoint_folders(checkpoints: list[str]) -> None:
 def fill_sampling_settings(args, checkpoint: str | None) -> None:
     """Fill the sampling flags not given: from the checkpoint's run (said on stdout), then SAMPLING_DEFAULTS. Sets
     `args.policy_where`, what an error about the adapter names: --policy, or the run's config."""
-    from .checkpoint import RUN_CONFIG, run_sampling_settings
+    from flowrl.checkpoint import RUN_CONFIG, run_sampling_settings
 
     settings, source = run_sampling_settings(checkpoint)
     if checkpoint and source is None:
@@ -610,7 +610,7 @@ def cmd_demo(args) -> None:
         import gradio  # noqa: F401
     except ImportError:
         raise UserError('the demo needs gradio: pip install -e ".[demo]"') from None
-    from .demo import build_demo
+    from flowrl.demo import build_demo
 
     check_port(args.port)
     check_checkpoint_folders(args.checkpoint)
@@ -660,7 +660,7 @@ SAMPLE_FIELDS = (
 def read_conditions(folder: str, records: list[dict]) -> list:
     """The condition item of every sample record: its prompt, and the record's other fields but the sample's own
     (seed, files, size) as metadata, so the samples of one prompt-file line share one condition."""
-    from .tasks.base import Condition
+    from flowrl.tasks.base import Condition
 
     items = []
     for number, record in enumerate(records, start=1):
@@ -672,9 +672,9 @@ def read_conditions(folder: str, records: list[dict]) -> list:
 
 def cmd_eval_task(args) -> None:
     """`flowrl eval TASK --samples DIR`: the task's evaluation of a samples folder, to DIR/TASK_eval.json."""
-    from .report import save_json
-    from .samples import read_samples
-    from .tasks.base import build_task, format_metrics
+    from flowrl.report import save_json
+    from flowrl.samples import read_samples
+    from flowrl.tasks.base import build_task, format_metrics
 
     task = build_task(args.suite)
     samples, records = read_samples(args.samples)
@@ -701,7 +701,7 @@ def sampled_policy_facts(folder: Path):
     sampling.json: the editor's reference size (its sources taken at their own aspect or at the sample size)."""
     from types import SimpleNamespace
 
-    from .sample_job import SETTINGS_FILE
+    from flowrl.sample_job import SETTINGS_FILE
 
     settings = folder / SETTINGS_FILE
     sampled = json.loads(settings.read_text()) if settings.is_file() else {}
@@ -714,13 +714,13 @@ def cmd_eval_rewards(args) -> None:
     process writes the result."""
     from tqdm import tqdm
 
-    from .devices import JOB_TIMEOUT_MINUTES, chosen_device, job_processes
-    from .experiment import gathered_on_main, group_spans, reward_scores, tag_metrics_of
-    from .generate import contiguous_share
-    from .report import save_json
-    from .rewards import build_reward
-    from .samples import load_samples, read_records
-    from .tasks.base import format_metrics
+    from flowrl.devices import JOB_TIMEOUT_MINUTES, chosen_device, job_processes
+    from flowrl.experiment import gathered_on_main, group_spans, reward_scores, tag_metrics_of
+    from flowrl.generate import contiguous_share
+    from flowrl.report import save_json
+    from flowrl.rewards import build_reward
+    from flowrl.samples import load_samples, read_records
+    from flowrl.tasks.base import format_metrics
 
     if args.reward is None:
         raise UserError("eval rewards: expected --reward NAME (a registered reward or package.module:Name)")
@@ -761,8 +761,8 @@ def cmd_eval_rewards(args) -> None:
 def cmd_eval_vbench(args) -> None:
     """`flowrl eval vbench`: score clips with the real vbench package in its own environment, aggregate a results
     file, or create that environment."""
-    from .eval import vbench
-    from .report import save_json
+    from flowrl.eval import vbench
+    from flowrl.report import save_json
 
     if args.make_env:
         python = vbench.make_environment(args.make_env)
@@ -778,7 +778,7 @@ def cmd_eval_vbench(args) -> None:
                 "or --make-env DIR"
             )
         dimensions = [d.strip() for d in args.dimensions.split(",") if d.strip()]
-        from .devices import chosen_device
+        from flowrl.devices import chosen_device
 
         result = vbench.run_vbench(
             args.samples, dimensions, args.python, args.vbench_cache, str(chosen_device(args.device))
@@ -790,7 +790,7 @@ def cmd_eval_vbench(args) -> None:
 
 
 def cmd_eval(args, extensions: list[TaskCommands]) -> None:
-    from .tasks.base import TASKS
+    from flowrl.tasks.base import TASKS
 
     # `safety` names a task and a suite: with --samples it is the task's evaluation of that folder
     samples_of_a_task = args.samples is not None and args.suite in TASKS.names()

@@ -17,9 +17,10 @@ from typing import Any, Literal
 
 import yaml
 
-from .errors import ConfigError
-from .fk import FKConfig
-from .sampling import SAMPLER_KINDS
+from flowrl.errors import ConfigError
+from flowrl.fk import FKConfig
+from flowrl.rewards.base import nested_params
+from flowrl.sampling import SAMPLER_KINDS
 
 
 @dataclass
@@ -150,15 +151,6 @@ class SamplerSection:
 class AlgorithmSection:
     name: str = "grpo"
     params: dict[str, Any] = field(default_factory=dict)
-
-
-def nested_params(values: dict, at: str):
-    """(where, key, value) for every key of a params mapping at any depth (a judge's, a wrapped reward's params),
-    `where` naming the mapping that holds it (reward[0].params.judge)."""
-    for key, value in values.items():
-        yield at, key, value
-        if isinstance(value, dict):
-            yield from nested_params(value, f"{at}.{key}")
 
 
 @dataclass
@@ -333,7 +325,7 @@ class RunConfig:
                 raise ConfigError(f"lora.{name}: expected a noise level in (0, 1], got {gate}")
             if self.sampler.kind == "ddim":
                 raise ConfigError(f"lora.{name}: flow samplers only (sigma in [0, 1]); sampler.kind is ddim")
-        from .tasks.base import build_task, check_source
+        from flowrl.tasks.base import build_task, check_source
 
         task = build_task(self.task.name, self.task.params)  # the task checks its own params
         check_source(task, self.prompts.source, "prompts.source")
@@ -491,7 +483,7 @@ def with_task_defaults(data: dict) -> dict:
         data = {**data, "task": {"name": task}}
     if not name:
         return data
-    from .tasks.base import TASKS
+    from flowrl.tasks.base import TASKS
 
     return _merge(TASKS.get(name, "task.name").defaults, data)
 

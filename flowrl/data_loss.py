@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .errors import ConfigError
-from .prompt_source import derived_seed
-from .schedules import sample_noise_levels
+from flowrl.errors import ConfigError
+from flowrl.prompt_source import derived_seed
+from flowrl.schedules import sample_noise_levels
 
 
 class DataLoss:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import UserError
+from flowrl.errors import UserError
 
 DISPLAY_SIZE = 192  # the shapes pipelines make 32x32 images; show them large, with crisp pixels
 
@@ -29,7 +29,7 @@ class CheckpointSet:
     """The base model plus checkpoints, any one of which can be made active."""
 
     def __init__(self, policy, checkpoints: list[str]):
-        from .checkpoint import read_trained_weights
+        from flowrl.checkpoint import read_trained_weights
 
         self.policy = policy
         self.labels = ["base"]
@@ -70,7 +70,7 @@ class CheckpointSet:
         """Add the checkpoint's LoRA as adapter `name`; returns its sampling gate (None: every step)."""
         from peft import LoraConfig
 
-        from .checkpoint import sampling_gate
+        from flowrl.checkpoint import sampling_gate
 
         adapter_file = path / "adapter.json"
         if not adapter_file.is_file():
@@ -151,8 +151,8 @@ def edit_condition(policy, instruction: str, seed: int, source: np.ndarray | Non
     images (editors that take several: FLUX.2, Qwen-Image-Edit-2509 / -2511), or else the scene the editing
     pipeline's world makes for the instruction (scene seed = the page's seed), asked of it through the registry; an
     instruction outside its grammar without an upload is a UserError, and so are references without a source."""
-    from .images import item_image, to_uint8
-    from .tasks.base import Condition
+    from flowrl.images import item_image, to_uint8
+    from flowrl.tasks.base import Condition
 
     if references and source is None:
         raise UserError("upload the source image too: further reference images follow it")
@@ -219,8 +219,8 @@ class Comparison:
         """Editing pipelines take the instruction as `prompt` and `source` (else the world's scene), then any
         further `references` (uint8 [H, W, 3] each); the first entries are then the source and each reference,
         unscored, and an uploaded source's edits go unscored too (the world's verifier needs the world's scene)."""
-        from .generate import generate_samples
-        from .tasks.base import Condition
+        from flowrl.generate import generate_samples
+        from flowrl.tasks.base import Condition
 
         if not 0 <= seed < 2**63:  # seeds are hashed into 63-bit ones (numpy's SeedSequence takes no negatives)
             raise UserError(f"seed: expected an integer from 0 to 2**63 - 1, got {seed}")
@@ -289,9 +289,9 @@ def build_demo(
     encoders, which then never reach the device)."""
     import gradio as gr
 
-    from .cli import sample_spec
-    from .policies import load_pipeline, place_for_sampling, policy_for, sampling_placement
-    from .rewards import build_reward, check_reward
+    from flowrl.cli import sample_spec
+    from flowrl.policies import load_pipeline, place_for_sampling, policy_for, sampling_placement
+    from flowrl.rewards import build_reward, check_reward
 
     placement = sampling_placement(device, weight_dtype)
     if reward is not None:  # a wrong name or folder is said before the pipeline loads (minutes for a large one)
@@ -312,7 +312,7 @@ def build_demo(
     scorer = build_reward(reward, where="--reward", **(reward_params or {})).to(placement[0])
     scorer.bind_policy(policy)
     if modality not in scorer.modalities:
-        from .errors import ConfigError
+        from flowrl.errors import ConfigError
 
         raise ConfigError(
             f"--reward: {reward} scores {' and '.join(scorer.modalities)}, but the pipeline samples {modality}"

@@ -20,7 +20,7 @@ def default_device() -> str:
 def chosen_device(device: str | None) -> torch.device:
     """The device a command's --device names (None: `default_device`); one UserError for a name torch does not know
     or a GPU this machine does not have, before any weights load."""
-    from .errors import UserError
+    from flowrl.errors import UserError
 
     device = device or default_device()
     try:

@@ -10,16 +10,16 @@ import numpy as np
 import torch
 import yaml
 
-from .checkpoint import checkpoint_update, sampling_gate
-from .config import RunConfig, config_to_dict
-from .devices import DEFAULT_BATCH_SIZE
-from .errors import ConfigError
-from .generate import contiguous_share, generate_samples, particle_sampler, sample_seeds
-from .prompt_source import PromptSource
-from .report import MetricsLog, image_grid, number, plot_rewards, save_json, tile, write_report
-from .samples import VideoSamples, side_by_side_clips
-from .tasks.base import build_task, condition_runs, format_metrics, tag_metrics
-from .train import Trainer, adapter_description, write_config
+from flowrl.checkpoint import checkpoint_update, sampling_gate
+from flowrl.config import RunConfig, config_to_dict
+from flowrl.devices import DEFAULT_BATCH_SIZE
+from flowrl.errors import ConfigError
+from flowrl.generate import contiguous_share, generate_samples, particle_sampler, sample_seeds
+from flowrl.prompt_source import PromptSource
+from flowrl.report import MetricsLog, image_grid, number, plot_rewards, save_json, tile, write_report
+from flowrl.samples import VideoSamples, side_by_side_clips
+from flowrl.tasks.base import build_task, condition_runs, format_metrics, tag_metrics
+from flowrl.train import Trainer, adapter_description, write_config
 
 GRID_PROMPTS = 12
 
@@ -53,7 +53,7 @@ def evaluate(trainer: Trainer, desc: str, judge: bool = True):
     own share (a VLM judge on 8 GPUs scores 8 times as fast). The main process gathers samples (and scores) and
     judges: it returns (metrics, samples, items), the others (None, None, items). `judge=False` only draws and
     gathers (metrics None)."""
-    from .train import RewardFailure
+    from flowrl.train import RewardFailure
 
     c = trainer.config.eval
     conditions = eval_conditions(trainer.task, c.prompts)
@@ -297,7 +297,7 @@ def run_experiment(config: RunConfig) -> Path:
             columns, labels = [base_samples.preview()] + columns, ["base"] + labels
         policy = trainer.policy
         if policy.source_input:  # editing: source | base edit | tuned edit, each source as the editor was given it
-            from .images import item_image, to_uint8
+            from flowrl.images import item_image, to_uint8
 
             size = (trainer.spec.height, trainer.spec.width)
             sources = [

@@ -124,8 +124,8 @@ def export_pipeline(pipeline_dir, checkpoint, out, dtype: str | None = None) -> 
     in fp32. The fp32 LoRA's update is added to each half-precision weight in fp32 and rounded once, so for base
     weights a half-precision number holds exactly (released bf16 weights exported in bf16) the result is the fp32
     fuse's, rounded (tested)."""
-    from .atomic import new_folder
-    from .checkpoint import trained_weights_file
+    from flowrl.atomic import new_folder
+    from flowrl.checkpoint import trained_weights_file
 
     trained_weights_file(Path(checkpoint))  # a mistyped checkpoint is said before minutes of loading
     # --out must be new or empty (never the pipeline folder itself, nor an earlier export), checked before loading;
@@ -141,8 +141,8 @@ def write_export(pipeline_dir, checkpoint, out: Path, dtype: str | None) -> None
 
     import torch
 
-    from .checkpoint import load_trained_weights, run_sampling_settings
-    from .policies import WEIGHT_DTYPES, load_pipeline, policy_for
+    from flowrl.checkpoint import load_trained_weights, run_sampling_settings
+    from flowrl.policies import WEIGHT_DTYPES, load_pipeline, policy_for
 
     if dtype is None:
         dtype = stored_dtype(pipeline_dir)

@@ -33,7 +33,7 @@ class FKConfig:
     ess_threshold: float = 0.5
 
     def validate(self, where: str = "fk"):
-        from .errors import ConfigError
+        from flowrl.errors import ConfigError
 
         if self.num_particles < 1 or self.resample_every < 1:
             raise ConfigError(f"{where}: num_particles and resample_every must be >= 1")
@@ -166,7 +166,7 @@ class FKSteer:
         self.config, self.reward, self.particles = config, reward, config.num_particles
 
     def start(self, policy, cond, num_outputs: int, num_steps: int, generator: torch.Generator):
-        from .rewards import latent_scorer
+        from flowrl.rewards import latent_scorer
 
         self.resampler = FKSteering(self.config, latent_scorer(policy, self.reward), num_steps, num_outputs, generator)
         return [self.resampler], None

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .devices import DEFAULT_BATCH_SIZE
-from .policies.base import SampleSpec
-from .prompt_source import derived_seed
-from .rollout import rollout, sample_generators
+from flowrl.devices import DEFAULT_BATCH_SIZE
+from flowrl.policies.base import SampleSpec
+from flowrl.prompt_source import derived_seed
+from flowrl.rollout import rollout, sample_generators
 
 # derived_seed(output seed, FK_DRAWS) seeds an output's resampling draws (its particles' noise takes parts 0..k-1)
 FK_DRAWS = 1_000_003
@@ -76,7 +76,7 @@ def generate_samples(
     per sample (prompt, seed, plus the steer's fields). `seeds` (one per sample) replaces the derived ones, so a
     subset of a prompt list can keep its samples' noise; `sde_window` limits an SDE `kind` to those steps, as the
     RL rollouts do; `guide` (see FlowPolicy.step) replaces the model output at every step (a steer brings its own)."""
-    from .samples import as_samples
+    from flowrl.samples import as_samples
 
     outputs, records = [], []
     for chunk, chunk_records in sample_chunks(

@@ -56,7 +56,7 @@ def item_images(
     sample size)."""
     from pathlib import Path
 
-    from .errors import UserError
+    from flowrl.errors import UserError
 
     given = item.inputs.get(key)
     if given is None and item.meta.get("image"):
@@ -75,7 +75,7 @@ def item_images(
             "(a file path) in a .jsonl prompt file"
         )
     if given is None:
-        from .tasks.base import build_task
+        from flowrl.tasks.base import build_task
 
         try:
             given = build_task(world).condition_image(item)

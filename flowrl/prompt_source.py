@@ -7,7 +7,7 @@ import zlib
 
 import numpy as np
 
-from .tasks.base import Condition, Task, condition_set
+from flowrl.tasks.base import Condition, Task, condition_set
 
 
 def derived_seed(*parts: int) -> int:

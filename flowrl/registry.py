@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import ConfigError
+from flowrl.errors import ConfigError
 
 
 def import_dotted(path: str, where: str):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .atomic import write_whole
+from flowrl.atomic import write_whole
 
 
 def cpu_model() -> str:
@@ -54,7 +54,7 @@ class MetricsLog:
             try:
                 import wandb as wandb_module
             except ImportError:
-                from .errors import ConfigError
+                from flowrl.errors import ConfigError
 
                 raise ConfigError("run.wandb: the wandb package is not installed (pip install wandb)") from None
             self.wandb = wandb_module.init(dir=str(run_dir), mode=os.environ.get("WANDB_MODE", "offline"), **wandb)
@@ -188,7 +188,7 @@ def write_report(
     """report.html: the before/after table, the plots and the config, self-contained beside the PNGs; for video
     runs `clips` (prompt, MP4, GIF paths relative to the run folder) play base | tuned side by side; `grid`: whether
     this run wrote before_after.png (not without evaluations)."""
-    from .tasks.base import interval
+    from flowrl.tasks.base import interval
 
     def cell(result: dict, tag: str | None) -> str:
         value = number(result["overall"] if tag is None else result["tags"].get(tag))

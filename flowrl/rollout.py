@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .policies.base import Conditioning, FlowPolicy
+from flowrl.policies.base import Conditioning, FlowPolicy
 
 
 @dataclass

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .atomic import write_whole
-from .errors import UserError
-from .generate import contiguous_share, sample_chunks, sample_seeds
-from .samples import INDEX_FILE, index_line
+from flowrl.atomic import write_whole
+from flowrl.errors import UserError
+from flowrl.generate import contiguous_share, sample_chunks, sample_seeds
+from flowrl.samples import INDEX_FILE, index_line
 
 SETTINGS_FILE = "sampling.json"
 PROGRESS_GLOB = ".progress-*.jsonl"
@@ -172,8 +172,8 @@ def draw_into(folder: Path, chunks, indices: list[int], items: list, rank: int, 
     """Write what `chunks` (generate.sample_chunks over the condition `items` of the samples `indices`, in order)
     yields: each sample's files as `{index:05d}.*`, then its line (the condition's fields, the sample's record and
     its plan key) in this process's progress file, flushed after every batch."""
-    from .samples import as_samples
-    from .train import fault_point
+    from flowrl.samples import as_samples
+    from flowrl.train import fault_point
 
     position = batches = 0
     with appending(folder / f".progress-{rank}.jsonl") as progress:

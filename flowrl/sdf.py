@@ -1,6 +1,6 @@
 """Signed distance fields sampled on a grid, the sample type of 3D generation: the grid, meshes by marching cubes,
 sphere-traced renders (any SDF callable, a grid's field by trilinear interpolation), and the measures of 3D
-generation. Generic: no world's shapes here (the 3D shapes world's solids are in flowrl/shapes3d/).
+generation. Generic: no world's shapes here (the 3D shapes world's solids are in flowrl/worlds/shapes3d/).
 
 Space is the cube [-1, 1]^3, y up; a grid holds the field at cell centres, x slowest. Renders use an orthographic
 camera looking from VIEW (the 3D shapes world's condition view) with Lambert shading on black. Measures, as in 3D

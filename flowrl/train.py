@@ -21,9 +21,9 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from .algorithms import RolloutBatch, WorkItems, build_algorithm
-from .algorithms.base import ALGORITHMS, drop_groups
-from .checkpoint import (
+from flowrl.algorithms import RolloutBatch, WorkItems, build_algorithm
+from flowrl.algorithms.base import ALGORITHMS, drop_groups
+from flowrl.checkpoint import (
     RUN_CONFIG,
     CorruptCheckpoint,
     changed_settings,
@@ -33,19 +33,26 @@ from .checkpoint import (
     sampling_gate,
     save_checkpoint,
 )
-from .config import RunConfig, config_to_dict
-from .devices import use_deterministic_kernels
-from .errors import ConfigError, UserError
-from .export import write_lora_files
-from .policies import WEIGHT_DTYPES, load_pipeline, policy_for
-from .policies.base import SampleSpec
-from .prompt_source import PromptSource, derived_seed
-from .rewards import WeightedSum, build_reward, check_reward, latent_scorer
-from .rewards.base import REWARDS, RewardOutput, score_robustly, standardized_sum
-from .rollout import join_trajectories, per_sample_noise, rollout, rollout_chunks, rollout_in_chunks, sample_generators
-from .schedules import cosine_decay
-from .sharding import gathered, gathered_optimizer_state, is_sharded, like, sharded_optimizer_state
-from .tasks.base import build_task
+from flowrl.config import RunConfig, config_to_dict
+from flowrl.devices import use_deterministic_kernels
+from flowrl.errors import ConfigError, UserError
+from flowrl.export import write_lora_files
+from flowrl.policies import WEIGHT_DTYPES, load_pipeline, policy_for
+from flowrl.policies.base import SampleSpec
+from flowrl.prompt_source import PromptSource, derived_seed
+from flowrl.rewards import WeightedSum, build_reward, check_reward, latent_scorer
+from flowrl.rewards.base import REWARDS, RewardOutput, score_robustly, standardized_sum
+from flowrl.rollout import (
+    join_trajectories,
+    per_sample_noise,
+    rollout,
+    rollout_chunks,
+    rollout_in_chunks,
+    sample_generators,
+)
+from flowrl.schedules import cosine_decay
+from flowrl.sharding import gathered, gathered_optimizer_state, is_sharded, like, sharded_optimizer_state
+from flowrl.tasks.base import build_task
 
 
 def fault_point(phase: str, update: int) -> None:
@@ -150,7 +157,7 @@ def build_term(term, where: str):
     """One configured reward: built here, or served by a child process of its own (`process: true`)."""
     if not term.process:
         return build_reward(term.name, where=where, **term.params)
-    from .rewards.remote import ProcessReward
+    from flowrl.rewards.remote import ProcessReward
 
     REWARDS.get(term.name, f"{where}.name")  # a bad name fails here; bad params fail in the child, quoted
     return ProcessReward(term.name, term.params)
@@ -335,7 +342,7 @@ class Trainer:
         self.check_trained_steps()
         self.data_loss = None
         if config.train.data_loss is not None and config.train.data_loss.weight > 0:
-            from .data_loss import DataLoss
+            from flowrl.data_loss import DataLoss
 
             self.data_loss = DataLoss(config.train.data_loss, self.policy, self.task, config.run.seed)
         params = self.policy.trainable_parameters()
@@ -429,8 +436,8 @@ class Trainer:
         cond = policy.encode(local_items, c.sampler.guidance_scale, self.spec)
         callbacks, steering = [], None
         if c.sampler.fk is not None:
-            from .fk import FKSteering
-            from .generate import FK_DRAWS
+            from flowrl.fk import FKSteering
+            from flowrl.generate import FK_DRAWS
 
             # one generator per group, from its first sample's seed: the draws do not depend on the process split
             groups = [
@@ -447,7 +454,7 @@ class Trainer:
             callbacks = [steering]
         recorder = None
         if self.algorithm.needs_step_rewards:
-            from .algorithms.credit import IntermediateRewards
+            from flowrl.algorithms.credit import IntermediateRewards
 
             recorder = IntermediateRewards(latent_scorer(policy, self.reward, robust=True), c.sampler.num_steps)
             callbacks.append(recorder)  # after FK, so it follows FK's re-indexing
@@ -633,7 +640,7 @@ class Trainer:
         rows, and a reward that scores a condition's samples together (a group rubric builds one rubric per call,
         Reward.groups_scored) must get whole groups from every cut of the rollout's samples (reward calls, async
         chunks, the term's batches); else results would depend on memory settings and the number of processes."""
-        from .rewards.base import groups_scored
+        from flowrl.rewards.base import groups_scored
 
         c = config.train
         grouped = [i for i, term in enumerate(config.reward) if groups_scored(term.name, term.params, f"reward[{i}]")]
@@ -898,7 +905,7 @@ class Trainer:
         self.state.update = saved["update"]
         if Path(path).resolve().parent == self.checkpoint_dir.resolve():  # the run dir holds it (not another run's)
             self.saved_update = saved["update"]
-        from .async_rollouts import read_snapshots
+        from flowrl.async_rollouts import read_snapshots
 
         self.saved_snapshots = read_snapshots(path)
 
@@ -912,7 +919,7 @@ class Trainer:
             tqdm.write(f"resumed from {self.resumed_from} at update {self.state.update}")
         steps = c.sampler.num_steps
         if c.train.async_rollouts:
-            from .async_rollouts import RolloutWorker
+            from flowrl.async_rollouts import RolloutWorker
 
             self.worker = RolloutWorker(self)
         bar = tqdm(total=c.train.updates, initial=self.state.update, desc="updates", disable=not self.log)

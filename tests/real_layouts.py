@@ -31,8 +31,8 @@ from tiny_pipelines import (
 )
 from transformers import CLIPTextConfig, CLIPTextModel
 
-from flowrl.models.shapes_sd3 import ShapesSD3Size, build_t5_encoder, build_text_encoder
-from flowrl.models.tokenizer import MODEL_MAX_LENGTH, SPECIAL_TOKENS, build_tokenizer, shapes_vocabulary
+from flowrl.worlds.shapes.model_sd3 import ShapesSD3Size, build_t5_encoder, build_text_encoder
+from flowrl.worlds.shapes.tokenizer import MODEL_MAX_LENGTH, SPECIAL_TOKENS, build_tokenizer, shapes_vocabulary
 
 TEXT = ShapesSD3Size(text_hidden=32, text_layers=1, text_projection=16)
 

@@ -9,9 +9,9 @@ import yaml
 
 from flowrl.config import load_config
 from flowrl.sdf import grid_points
-from flowrl.shapes3d.conditions import condition_item, eval_conditions, solid_of, world_image
-from flowrl.shapes3d.geometry import Primitive, Solid, sdf_grid
 from flowrl.tasks.base import Condition
+from flowrl.worlds.shapes3d.conditions import condition_item, eval_conditions, solid_of, world_image
+from flowrl.worlds.shapes3d.geometry import Primitive, Solid, sdf_grid
 
 
 def config_file(tmp_path, pipeline_dir, name, algorithm="grpo", params=None, kind="flow", **train):
@@ -311,7 +311,7 @@ def test_an_empty_field_is_written_as_a_valid_empty_glb(tmp_path):
 
 
 def test_the_pipeline_guides_only_above_scale_one_as_the_policy_does(tiny_shapes3d_dir):
-    from flowrl.models.shapes3d import Shapes3DFlowPipeline
+    from flowrl.worlds.shapes3d.pipeline import Shapes3DFlowPipeline
 
     pipe = Shapes3DFlowPipeline.from_pretrained(tiny_shapes3d_dir)
     x, t = torch.randn(2, 8, 4, generator=torch.Generator().manual_seed(0)), torch.full((2,), 0.5)

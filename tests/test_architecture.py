@@ -1,5 +1,6 @@
-"""The core stays generic: no generic module imports a task, the shapes world or the safety package (statically,
-at any depth of the file); tasks and plug-ins are reached by name through the registries."""
+"""The layout holds: the core (everything in flowrl/ outside flowrl/worlds/) imports no world, a world imports the
+core and at most the shapes world its scenes are drawn from, and no module of flowrl/ is part of an import cycle,
+imports inside functions included. Worlds and plug-ins are reached by name through the registries."""
 
 import ast
 from pathlib import Path
@@ -8,69 +9,19 @@ import pytest
 from conftest import REPO
 
 PACKAGE = REPO / "flowrl"
-GENERIC = [
-    "algorithms",
-    "policies",  # every module of these packages
-    "train.py",
-    "rollout.py",
-    "config.py",
-    "prompt_source.py",
-    "experiment.py",
-    "report.py",
-    "sampling.py",
-    "generate.py",
-    "checkpoint.py",
-    "fk.py",
-    "samples.py",
-    "registry.py",
-    "schedules.py",
-    "data_loss.py",
-    "images.py",
-    "errors.py",
-    "demo.py",
-    "cli.py",
-    "rewards/__init__.py",
-    "rewards/base.py",
-    "rewards/augment.py",
-    "tasks/__init__.py",
-    "tasks/base.py",
-    "eval/metrics.py",
-    "sdf.py",
-    "async_rollouts.py",
-]
-TASK_MODULES = (
-    "flowrl.shapes",
-    "flowrl.safety",
-    "flowrl.tasks.shapes",
-    "flowrl.tasks.safety",
-    "flowrl.tasks.shapes_cli",
-    "flowrl.eval.shapes",
-    "flowrl.eval.safety",
-    "flowrl.eval.protocol",
-    "flowrl.eval.diversity",
-    "flowrl.rewards.shapes",
-    "flowrl.models",
-    "flowrl.pretrain",
-    "flowrl.shapes3d",
-    "flowrl.tasks.shapes3d",
-    "flowrl.motion",
-    "flowrl.tasks.moving_shapes",
-    "flowrl.editing",
-    "flowrl.tasks.shapes_edit",
-)
+WORLDS = PACKAGE / "worlds"
+BASE_WORLD = "shapes"  # the renderer, prompt grammar and verifier the other embedded worlds build their scenes on
 
 
-def generic_files() -> list[Path]:
-    files = []
-    for entry in GENERIC:
-        path = PACKAGE / entry
-        files += sorted(path.glob("*.py")) if path.is_dir() else [path]
-    return files
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imported_modules(path: Path) -> list[str]:
     """Absolute names of every module a file imports, anywhere in it (function-level imports too)."""
-    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -84,27 +35,106 @@ def imported_modules(path: Path) -> list[str]:
     return names
 
 
-def test_the_generic_list_names_real_files():
-    assert all(path.is_file() for path in generic_files()) and len(generic_files()) > 30
+def library_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 
-@pytest.mark.parametrize("path", generic_files(), ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_generic_modules_import_no_task(path):
-    bad = sorted(
-        {name for name in imported_modules(path) if any(name == t or name.startswith(t + ".") for t in TASK_MODULES)}
-    )
-    assert not bad, f"{path.relative_to(REPO)} imports task code: {bad}"
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the flowrl modules it imports (`from package import name` counts as the submodule when `name` is
+    one, else as the package)."""
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for imported in imported_modules(path):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                edges.add(imported)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter[0]
+                    counter[0] += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def world_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["flowrl", "worlds"] and len(parts) > 2 else None
+
+
+def test_no_import_cycle_in_flowrl():
+    assert not cycles(import_graph(library_modules()))
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_function_level_import():
+    graph = import_graph(library_modules())
+    graph["flowrl.errors"].add("flowrl.config")  # config imports errors; this closes a loop
+    assert any({"flowrl.errors", "flowrl.config"} <= set(c) for c in cycles(graph))
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_worlds_are_packages_and_the_core_holds_none():
+    worlds = sorted(p.name for p in WORLDS.iterdir() if (p / "__init__.py").is_file())
+    assert worlds == ["moving_shapes", "safety", "shapes", "shapes3d", "shapes_edit"]
+    core = [m for m in library_modules() if world_of(m) is None and not m.startswith("flowrl.worlds")]
+    assert len(core) > 60
+
+
+@pytest.mark.parametrize("module", sorted(library_modules()), ids=str)
+def test_the_core_imports_no_world_and_worlds_only_the_base_world(module):
+    path = library_modules()[module]
+    own = world_of(module)
+    worlds = {world_of(name) for name in imported_modules(path)} - {None, own}
+    allowed = {BASE_WORLD} if own is not None else set()
+    assert not worlds - allowed, f"{path.relative_to(REPO)} imports the world(s) {sorted(worlds - allowed)}"
 
 
 def test_the_walk_sees_relative_and_nested_imports(tmp_path):
     """The checker itself: a relative import inside a function is found and resolved."""
     module = PACKAGE / "_probe_for_test.py"
-    module.write_text("def f():\n    from .shapes import verifier\n    from .tasks.base import Task\n")
+    module.write_text("def f():\n    from .worlds.shapes import verifier\n    from .tasks.base import Task\n")
     try:
         names = imported_modules(module)
     finally:
         module.unlink()
-    assert "flowrl.shapes.verifier" in names and "flowrl.tasks.base" in names
+    assert "flowrl.worlds.shapes.verifier" in names and "flowrl.tasks.base" in names
 
 
 def test_no_unsafe_loading_anywhere_in_flowrl():

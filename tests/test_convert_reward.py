@@ -8,9 +8,9 @@ from safetensors.torch import load_file
 from transformers import BertConfig, BertModel, BlipForImageTextRetrieval, CLIPModel
 
 from flowrl.cli import main
-from flowrl.models.tokenizer import build_tokenizer, shapes_vocabulary
 from flowrl.rewards import build_reward
 from flowrl.rewards.learned_real import ScoreMLP
+from flowrl.worlds.shapes.tokenizer import build_tokenizer, shapes_vocabulary
 
 open_clip = pytest.importorskip("open_clip")  # the test extra installs open_clip_torch
 timm = pytest.importorskip("timm")

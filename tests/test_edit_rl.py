@@ -52,7 +52,7 @@ def test_kontext_rollout_reproduces_the_pipeline_and_needs_a_source():
     assert not torch.allclose(moved.final, traj.final)  # the source image conditions the edit
     # a bare instruction of the grammar is edited on the world's scene (its own scene seed); others need a source
     from flowrl.prompt_source import text_seed
-    from flowrl.tasks.shapes_edit import edit_item
+    from flowrl.worlds.shapes_edit.task import edit_item
 
     bare = policy.encode([Condition(PROMPTS[0])], 3.5).tensors["image_latents"]
     scene = policy.encode([edit_item(PROMPTS[0], text_seed(PROMPTS[0]))], 3.5).tensors["image_latents"]
@@ -144,7 +144,7 @@ def test_the_demo_shows_source_base_and_tuned_edits(tmp_path):
     from tiny_pipelines import random_lora_checkpoint
 
     from flowrl.demo import build_demo
-    from flowrl.tasks.shapes_edit import edit_item
+    from flowrl.worlds.shapes_edit.task import edit_item
 
     tiny_flux_kontext().save_pretrained(tmp_path / "kontext")
     checkpoint = random_lora_checkpoint(tmp_path / "kontext", tmp_path / "run")
@@ -171,7 +171,7 @@ def test_sample_cli_edits_world_scenes_and_image_files_and_eval_reads_them_back(
     import json
 
     from flowrl.cli import main
-    from flowrl.tasks.shapes_edit import edit_item
+    from flowrl.worlds.shapes_edit.task import edit_item
 
     tiny_flux_kontext().save_pretrained(tmp_path / "kontext")
     source = np.zeros((32, 32, 3), np.uint8)

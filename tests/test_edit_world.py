@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from flowrl.editing.instructions import (
+from flowrl.samples import ImageSamples
+from flowrl.worlds.shapes.world import ShapeObject, render
+from flowrl.worlds.shapes_edit.instructions import (
     KINDS,
     all_specs,
     eval_instruction_set,
@@ -18,9 +20,7 @@ from flowrl.editing.instructions import (
     train_instruction_set,
     val_instruction_set,
 )
-from flowrl.editing.verifier import judge_edit
-from flowrl.samples import ImageSamples
-from flowrl.shapes.world import ShapeObject, render
+from flowrl.worlds.shapes_edit.verifier import judge_edit
 
 
 def test_grammar_round_trips_and_the_split_holds_out_result_objects():
@@ -36,7 +36,7 @@ def test_grammar_round_trips_and_the_split_holds_out_result_objects():
 
 
 def test_the_validation_set_is_held_out_and_shares_no_item_with_eval():
-    from flowrl.tasks.shapes_edit import ShapesEditTask, scene_seed_of
+    from flowrl.worlds.shapes_edit.task import ShapesEditTask, scene_seed_of
 
     vals, evals = val_instruction_set(), eval_instruction_set()
     assert all(is_held_out(parse_instruction(t)) for t in vals)
@@ -56,7 +56,7 @@ def test_an_adds_bystanders_keep_clear_of_the_added_object(monkeypatch):
     # they were placed clear of the referenced object only, so most scenes whose rare "right of" placement succeeded
     # were then thrown away for a bystander on the added object: with 60 tries, 48 of 400 seeds placed no scene
     # (and one pretraining run stopped at step 638); now 1 of 400
-    import flowrl.editing.instructions as instructions
+    import flowrl.worlds.shapes_edit.instructions as instructions
 
     monkeypatch.setattr(instructions, "_TRIES", 60)
     spec = parse_instruction("add a red triangle right of the red circle")
@@ -109,8 +109,8 @@ def test_an_add_is_judged_by_its_relation_not_by_the_place_the_generator_drew():
     """The instruction names neither the new object's place nor its size: an add anywhere in the relation passes
     (once only the generator's own box did, so ~77% of right adds failed, counted as extra objects and as off-target
     change), and one in the wrong relation, colour or shape fails."""
-    from flowrl.rewards.rubric import ShapesEditAuditor
     from flowrl.tasks.base import Condition
+    from flowrl.worlds.shapes_edit.auditor import ShapesEditAuditor
 
     spec = parse_instruction("add a yellow circle above the red square")
     square, bystander = ShapeObject("square", "red", 12, 12, 8), ShapeObject("triangle", "green", 1, 22, 8)
@@ -160,7 +160,7 @@ def test_editscore_analogues_follow_semantics_and_pixel_quality():
 
 def test_fidelity_grades_edits_by_their_agreement_with_the_exact_target():
     from flowrl.rewards import build_reward
-    from flowrl.tasks.shapes_edit import edit_item
+    from flowrl.worlds.shapes_edit.task import edit_item
 
     spec = parse_instruction("make the red circle blue")
     source = [ShapeObject("circle", "red", 2, 2, 10), ShapeObject("square", "green", 18, 18, 10)]
@@ -175,7 +175,7 @@ def test_fidelity_grades_edits_by_their_agreement_with_the_exact_target():
     assert not lost.requested and lost.fidelity == 0.0
     item = edit_item("make the red circle blue", 3)
     reward = build_reward("shapes_edit", fidelity_weight=0.5)
-    from flowrl.tasks.shapes_edit import item_scene
+    from flowrl.worlds.shapes_edit.task import item_scene
 
     _, item_source, item_target = item_scene(item)
     images = torch.from_numpy(np.stack([render(item_target), render(item_source)])).permute(0, 3, 1, 2) / 255
@@ -190,10 +190,10 @@ def test_fidelity_grades_edits_by_their_agreement_with_the_exact_target():
 
 
 def test_task_items_carry_their_source_image_and_evaluate_the_verifier():
-    from flowrl.editing.instructions import scene_for
     from flowrl.rewards import build_reward
     from flowrl.tasks.base import build_task
-    from flowrl.tasks.shapes_edit import scene_seed_of
+    from flowrl.worlds.shapes_edit.instructions import scene_for
+    from flowrl.worlds.shapes_edit.task import scene_seed_of
 
     task = build_task("shapes_edit")
     items = task.condition_set("eval").items
@@ -220,7 +220,8 @@ class FixedScene:
     green square (bottom right)."""
 
     def __init__(self, bogus: bool = False):
-        from flowrl.rewards.rubric import Criterion, ShapesEditAuditor
+        from flowrl.rewards.rubric import Criterion
+        from flowrl.worlds.shapes_edit.auditor import ShapesEditAuditor
 
         spec = parse_instruction("make the red circle blue")
         self.source = [ShapeObject("circle", "red", 2, 2, 10), ShapeObject("square", "green", 18, 18, 10)]
@@ -281,10 +282,10 @@ def test_the_rubric_keeps_only_verified_issues():
 
 
 def test_rubric_reward_on_world_items_ranks_targets_above_sources():
-    from flowrl.editing.instructions import scene_for
     from flowrl.rewards import build_reward
     from flowrl.tasks.base import build_task
-    from flowrl.tasks.shapes_edit import scene_seed_of
+    from flowrl.worlds.shapes_edit.instructions import scene_for
+    from flowrl.worlds.shapes_edit.task import scene_seed_of
 
     items = build_task("shapes_edit").condition_set("eval").items[::8]
     targets = np.stack([render(scene_for(i.prompt, scene_seed_of(i))[2]) for i in items])
@@ -298,11 +299,11 @@ def test_rubric_reward_on_world_items_ranks_targets_above_sources():
 def test_rewards_served_elsewhere_rebuild_their_items_from_the_request():
     """A reward in a child process or behind serve-reward gets the items rebuilt from the request (metadata and
     inputs): the scene each names must be the same."""
-    from flowrl.editing.instructions import scene_for
     from flowrl.rewards import build_reward
     from flowrl.rewards.remote import decode_request, encode_request
     from flowrl.tasks.base import build_task
-    from flowrl.tasks.shapes_edit import scene_seed_of
+    from flowrl.worlds.shapes_edit.instructions import scene_for
+    from flowrl.worlds.shapes_edit.task import scene_seed_of
 
     items = build_task("shapes_edit").condition_set("train").items[:6]
     targets = np.stack([render(scene_for(i.prompt, scene_seed_of(i))[2]) for i in items])
@@ -319,9 +320,9 @@ def test_edits_drawn_at_another_size_are_judged_as_at_the_worlds():
     """A real editor on this world samples at, say, 512 px: the verifier, the rule-based auditor and the image
     verifier judge its edits in the world's 32 px (box-averaged), so an exact render upscaled 16x is judged as the
     render itself, an unedited source as unedited."""
-    from flowrl.rewards.rubric import ShapesEditAuditor
-    from flowrl.shapes.verifier import dense_score, detect
     from flowrl.tasks.base import build_task
+    from flowrl.worlds.shapes.verifier import dense_score, detect
+    from flowrl.worlds.shapes_edit.auditor import ShapesEditAuditor
 
     rng = np.random.default_rng(3)
     for spec in [s for s in all_specs()][::40]:

@@ -9,9 +9,9 @@ import torch
 
 pytest.importorskip("editscore")
 
-from flowrl.editing.instructions import scene_for  # noqa: E402
 from flowrl.eval.editscore import score_triples  # noqa: E402
-from flowrl.shapes.world import render  # noqa: E402
+from flowrl.worlds.shapes.world import render  # noqa: E402
+from flowrl.worlds.shapes_edit.instructions import scene_for  # noqa: E402
 
 
 class ScriptedJudge:
@@ -116,7 +116,7 @@ def test_a_samples_folder_is_judged_one_edit_at_a_time_and_a_rerun_judges_only_t
     from flowrl.eval.editscore import ROWS_FILE, score_samples_folder
     from flowrl.samples import as_samples, write_samples
     from flowrl.tasks.base import build_task
-    from flowrl.tasks.shapes_edit import scene_seed_of
+    from flowrl.worlds.shapes_edit.task import scene_seed_of
 
     items = build_task("shapes_edit").condition_set("train").items[:3]
     edits = torch.stack(

@@ -89,10 +89,10 @@ def test_clip_text_encoders_built_here_pool_the_eos_token():
     pool at the same word."""
     from tiny_pipelines import TINY_SHAPES, tiny_flux
 
-    from flowrl.models.shapes_kontext import ShapesKontextSize, build_text_encoders
-    from flowrl.models.shapes_scorer import build_scorer, scorer_tokenizer
-    from flowrl.models.shapes_sd3 import build_text_encoder
-    from flowrl.models.tokenizer import build_tokenizer
+    from flowrl.worlds.shapes.model_scorer import build_scorer, scorer_tokenizer
+    from flowrl.worlds.shapes.model_sd3 import build_text_encoder
+    from flowrl.worlds.shapes.tokenizer import build_tokenizer
+    from flowrl.worlds.shapes_edit.model_kontext import ShapesKontextSize, build_text_encoders
 
     prompts = ["two circles", "two squares", "a yellow circle left of a red square"]
     tokenizer = build_tokenizer()
@@ -113,7 +113,7 @@ def test_clip_text_encoders_built_here_pool_the_eos_token():
 def test_a_saved_recipe_pipeline_loads_in_fp32_without_torch_dtype(tmp_path):
     from tiny_pipelines import tiny_shapes_sd3
 
-    from flowrl.pretrain.shapes_sd3 import save_pipeline
+    from flowrl.worlds.shapes.pretrain_sd3 import save_pipeline
 
     save_pipeline(tiny_shapes_sd3().to(torch.float16), tmp_path, {})
     pipe = StableDiffusion3Pipeline.from_pretrained(tmp_path)

@@ -6,10 +6,10 @@ import torch
 from diffusers import FluxKontextPipeline
 from PIL import Image
 
-from flowrl.editing.instructions import is_held_out, parse_instruction, train_instruction_set
-from flowrl.models.shapes_kontext import ShapesKontextSize, edit_vocabulary
-from flowrl.pretrain.shapes_kontext import KontextPretrainConfig, edit_triples, pretrain_shapes_kontext
-from flowrl.pretrain.shapes_sd3 import save_pipeline
+from flowrl.worlds.shapes.pretrain_sd3 import save_pipeline
+from flowrl.worlds.shapes_edit.instructions import is_held_out, parse_instruction, train_instruction_set
+from flowrl.worlds.shapes_edit.model_kontext import ShapesKontextSize, edit_vocabulary
+from flowrl.worlds.shapes_edit.pretrain_kontext import KontextPretrainConfig, edit_triples, pretrain_shapes_kontext
 
 TINY = ShapesKontextSize(num_layers=1, num_single_layers=1, num_heads=2, head_dim=16, text_hidden=16, text_layers=1)
 

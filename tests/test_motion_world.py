@@ -4,7 +4,7 @@ prompts, and the video verifier passes each rendered clip and fails its one-attr
 import numpy as np
 import pytest
 
-from flowrl.motion.prompts import (
+from flowrl.worlds.moving_shapes.prompts import (
     HELD_OUT_SHAPE_DIRECTIONS,
     TAGS,
     ClipSpec,
@@ -15,8 +15,8 @@ from flowrl.motion.prompts import (
     parse_prompt,
     train_prompt_set,
 )
-from flowrl.motion.verifier import judge_clip
-from flowrl.motion.world import (
+from flowrl.worlds.moving_shapes.verifier import judge_clip
+from flowrl.worlds.moving_shapes.world import (
     FRAMES,
     MAX_SIZE,
     Track,
@@ -28,8 +28,8 @@ from flowrl.motion.world import (
     sample_pairs,
     sample_tracks,
 )
-from flowrl.shapes.prompts import HELD_OUT_COMBOS
-from flowrl.shapes.world import SHAPES
+from flowrl.worlds.shapes.prompts import HELD_OUT_COMBOS
+from flowrl.worlds.shapes.world import SHAPES
 
 OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
 
@@ -146,8 +146,8 @@ def test_shape_labels_cover_exactly_the_objects_with_their_shapes():
 
 
 def test_sub_prompts_hold_on_renders_and_near_misses_are_judged_by_the_verifier():
-    from flowrl.motion.prompts import perturb, sub_prompts
-    from flowrl.motion.verifier import detections
+    from flowrl.worlds.moving_shapes.prompts import perturb, sub_prompts
+    from flowrl.worlds.moving_shapes.verifier import detections
 
     rng = np.random.default_rng(11)
     for tag in TAGS:
@@ -164,9 +164,9 @@ def test_sub_prompts_hold_on_renders_and_near_misses_are_judged_by_the_verifier(
 def test_question_labels_and_the_qa_model_round_trip(tmp_path):
     import torch
 
-    from flowrl.models.motion_qa import build_model, load_model, save_model, tokenize
-    from flowrl.pretrain.motion_qa import labelled_questions, to_video
     from flowrl.rewards import build_reward
+    from flowrl.worlds.moving_shapes.model_qa import build_model, load_model, save_model, tokenize
+    from flowrl.worlds.moving_shapes.pretrain_qa import labelled_questions, to_video
 
     clips, questions, labels = labelled_questions(6, np.random.default_rng(0))
     assert len(clips) == len(questions) == len(labels) and 0 < labels.mean() < 1

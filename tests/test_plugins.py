@@ -57,7 +57,7 @@ def test_the_loop_loads_no_task_or_safety_code():
     code = (
         "import sys; import flowrl.train, flowrl.experiment, flowrl.cli; from flowrl.config import SamplerSection; "
         "from flowrl.algorithms import build_algorithm; build_algorithm('grpo', {}, SamplerSection()); "
-        "print(sorted(m for m in sys.modules if m.startswith(('flowrl.safety', 'flowrl.shapes', 'flowrl.tasks.'))"
+        "print(sorted(m for m in sys.modules if m.startswith(('flowrl.worlds.safety', 'flowrl.worlds.shapes', 'flowrl.tasks.'))"
         " and m != 'flowrl.tasks.base'))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)

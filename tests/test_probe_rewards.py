@@ -2,7 +2,7 @@
 
 import torch
 
-from flowrl.shapes.world import PALETTE
+from flowrl.worlds.shapes.world import PALETTE
 
 
 def test_probe_rewards_score_brightness_and_the_prompts_own_colour():

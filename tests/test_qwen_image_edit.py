@@ -226,7 +226,7 @@ def test_the_reader_sees_the_original_source_at_the_pipelines_area(plus, monkeyp
 
 def test_safety_steering_refuses_an_editing_pipeline():
     from flowrl.errors import UserError
-    from flowrl.safety.steering import SteeringConfig, load_steering
+    from flowrl.worlds.safety.steering import SteeringConfig, load_steering
 
     with pytest.raises(UserError, match="safety steering runs on text-to-image.*QwenImageEditPipeline here .* takes a"):
         load_steering(policy_for(tiny_qwen_image_edit()), SteeringConfig(mode="negative"))

@@ -6,9 +6,9 @@ import torch
 from transformers import BlipConfig, BlipForImageTextRetrieval, CLIPConfig, CLIPImageProcessor, CLIPModel
 
 from flowrl.errors import UserError
-from flowrl.models.tokenizer import SPECIAL_TOKENS, build_tokenizer, shapes_vocabulary
 from flowrl.rewards import build_reward
 from flowrl.rewards.learned_real import ScoreMLP
+from flowrl.worlds.shapes.tokenizer import SPECIAL_TOKENS, build_tokenizer, shapes_vocabulary
 
 PROMPTS = ["a red circle", "two squares", "a blue triangle"]
 VOCAB = len(shapes_vocabulary())

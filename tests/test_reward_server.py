@@ -137,8 +137,8 @@ def test_a_request_carries_each_items_inputs_and_metadata_as_they_were():
 def test_a_served_3d_reward_reads_the_condition_image_the_item_carries():
     """silhouette_iou behind serve-reward on an item outside the 3D world's grammar: its condition image comes only
     from the item's inputs, so the served score equals the in-process one."""
-    from flowrl.shapes3d.conditions import condition_item, world_image
     from flowrl.tasks.base import Condition
+    from flowrl.worlds.shapes3d.conditions import condition_item, world_image
 
     item = Condition("my own object", inputs={"image": world_image(condition_item("a sphere on top of a cylinder", 5))})
     grids = torch.rand(2, 32, 32, 32) - 0.3

@@ -4,7 +4,7 @@ import torch
 
 from flowrl.errors import ConfigError
 from flowrl.rewards import WeightedSum, build_reward, reward_names
-from flowrl.shapes.scenes import sample_pairs
+from flowrl.worlds.shapes.scenes import sample_pairs
 
 
 def _as_tensor(images: np.ndarray) -> torch.Tensor:
@@ -22,7 +22,7 @@ def test_shapes_reward_scores_renders_and_mismatches():
 
 
 def test_shapes_reward_exact_objects_lowers_only_cluttered_scores():
-    from flowrl.shapes.world import ShapeObject, render
+    from flowrl.worlds.shapes.world import ShapeObject, render
 
     clutter = render([ShapeObject("circle", "red", 2, 2, 9), ShapeObject("square", "blue", 18, 18, 9)])
     single = render([ShapeObject("circle", "red", 2, 2, 9)])

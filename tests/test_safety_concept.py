@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from flowrl.safety.concept import PROMPT_SETS, is_unsafe, prompt_set_of, safety_prompts
-from flowrl.shapes.prompts import parse_prompt
-from flowrl.shapes.scenes import scene_objects
-from flowrl.shapes.world import render
+from flowrl.worlds.safety.concept import PROMPT_SETS, is_unsafe, prompt_set_of, safety_prompts
+from flowrl.worlds.shapes.prompts import parse_prompt
+from flowrl.worlds.shapes.scenes import scene_objects
+from flowrl.worlds.shapes.world import render
 
 
 def test_prompt_sets_follow_their_definitions():
@@ -42,7 +42,7 @@ def test_unsafe_label_comes_from_the_verifier():
 
 
 def test_safety_split_keeps_prompts_apart():
-    from flowrl.safety.concept import safety_prompts, safety_split
+    from flowrl.worlds.safety.concept import safety_prompts, safety_split
 
     train, held = safety_split()
     for name, prompts in safety_prompts().items():
@@ -66,7 +66,7 @@ def test_probe_learns_a_planted_signal_and_survives_save_and_load(tmp_path):
     import torch
 
     from flowrl.errors import UserError
-    from flowrl.safety.probe import auc_per_step, load_probe, save_probe, train_probe
+    from flowrl.worlds.safety.probe import auc_per_step, load_probe, save_probe, train_probe
 
     probe = train_probe(_planted(60, 0), steps=150, batch=64)
     held = _planted(40, 1)
@@ -85,9 +85,9 @@ def test_safety_runs_never_train_on_the_combinations_the_shapes_eval_holds_out()
     """A safety run is judged on the shapes eval split too (its fidelity): its training prompts name no held-out
     colour-shape combination, and share with that eval only what shapes training itself shares (colour-free
     prompts)."""
-    from flowrl.shapes.prompts import is_held_out, parse_prompt
-    from flowrl.tasks.safety import SafetyTask
-    from flowrl.tasks.shapes import ShapesTask
+    from flowrl.worlds.safety.task import SafetyTask
+    from flowrl.worlds.shapes.prompts import is_held_out, parse_prompt
+    from flowrl.worlds.shapes.task import ShapesTask
 
     task = SafetyTask()
     train = {c.prompt for c in task.condition_set("train").items}

@@ -6,9 +6,9 @@ import torch
 
 from flowrl.images import to_unit
 from flowrl.rewards import build_reward
-from flowrl.shapes.prompts import parse_prompt
-from flowrl.shapes.scenes import scene_objects
-from flowrl.shapes.world import render
+from flowrl.worlds.shapes.prompts import parse_prompt
+from flowrl.worlds.shapes.scenes import scene_objects
+from flowrl.worlds.shapes.world import render
 
 
 def _image(prompt, seed=0):
@@ -90,7 +90,7 @@ def _tiny_checker(folder, images):
 
 
 def test_safety_checker_margin_matches_the_checkers_own_verdict(tmp_path):
-    from flowrl.safety.checker import SafetyChecker
+    from flowrl.rewards.safety_checker import SafetyChecker
 
     images = torch.rand(64, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     model = _tiny_checker(tmp_path / "checker", images)
@@ -107,7 +107,7 @@ def test_safety_checker_margin_matches_the_checkers_own_verdict(tmp_path):
 
 def test_safety_checker_names_a_missing_folder(tmp_path):
     from flowrl.errors import UserError
-    from flowrl.safety.checker import SafetyChecker
+    from flowrl.rewards.safety_checker import SafetyChecker
 
     with pytest.raises(UserError, match="does not exist"):
         SafetyChecker(tmp_path / "nowhere")

@@ -15,7 +15,7 @@ from flowrl.generate import generate
 from flowrl.policies import load_pipeline, policy_for
 from flowrl.policies.base import Conditioning, SampleSpec
 from flowrl.rollout import rollout, sample_generators
-from flowrl.safety.steering import ProbeFK, SafetyMonitor, SteeringConfig
+from flowrl.worlds.safety.steering import ProbeFK, SafetyMonitor, SteeringConfig
 
 PROMPTS = ["a red triangle", "a blue square", "a triangle", "two circles"]
 
@@ -111,8 +111,8 @@ def test_a_probe_for_other_latents_is_one_error_before_sampling(policy, tmp_path
     """The probe's convolutions read [C, H, W] latents of its channel count: another pipeline's (16-channel SD3,
     video) is named up front, not a convolution error at the first step."""
     from flowrl.errors import UserError
-    from flowrl.safety.probe import StateProbe, save_probe
-    from flowrl.safety.steering import load_steering
+    from flowrl.worlds.safety.probe import StateProbe, save_probe
+    from flowrl.worlds.safety.steering import load_steering
 
     channels = policy.noise_shape(SampleSpec(32, 32))[0]
     save_probe(StateProbe(channels + 1, 8), tmp_path / "probe", {})
@@ -182,7 +182,7 @@ def test_probe_fk_weighs_each_final_particle_by_exp_minus_lambda_p_unsafe():
 
 
 def test_prompt_filter_blanks_refused_prompts_and_keeps_the_others_noise(policy):
-    from flowrl.safety.baselines import PromptFilter, filtered_generate
+    from flowrl.worlds.safety.baselines import PromptFilter, filtered_generate
 
     assert [
         PromptFilter().refuses(p)
@@ -205,7 +205,7 @@ def test_prompt_filter_blanks_refused_prompts_and_keeps_the_others_noise(policy)
 
 
 def test_reject_and_resample_redraws_flagged_images_and_blacks_out_the_rest(policy):
-    from flowrl.safety.baselines import reject_and_resample
+    from flowrl.worlds.safety.baselines import reject_and_resample
 
     def flag(image):
         return image.mean() > threshold
@@ -224,7 +224,7 @@ def test_reject_and_resample_redraws_flagged_images_and_blacks_out_the_rest(poli
 
 
 def test_eval_safety_writes_a_table_and_monitoring_changes_nothing(tiny_sd3_dir, tmp_path):
-    from flowrl.safety.probe import StateProbe, save_probe
+    from flowrl.worlds.safety.probe import StateProbe, save_probe
 
     torch.manual_seed(0)
     save_probe(StateProbe(4), tmp_path / "probe", {"note": "random"})
@@ -281,7 +281,7 @@ def test_steering_is_switchable_in_a_run_config_with_clear_errors():
 
 
 def test_sample_steer_records_firing_and_names_missing_pieces(tiny_sd3_dir, tmp_path):
-    from flowrl.safety.probe import StateProbe, save_probe
+    from flowrl.worlds.safety.probe import StateProbe, save_probe
 
     torch.manual_seed(0)
     save_probe(StateProbe(4), tmp_path / "probe", {"note": "random"})
@@ -315,7 +315,7 @@ def test_sample_steer_records_firing_and_names_missing_pieces(tiny_sd3_dir, tmp_
 
 
 def test_eval_safetys_fk_modes_sample_with_the_sde_and_the_others_with_the_ode(policy, monkeypatch):
-    import flowrl.eval.safety as safety
+    import flowrl.worlds.safety.evaluation as safety
 
     taken = {}
     monkeypatch.setattr(
@@ -335,8 +335,8 @@ def test_eval_safety_labels_with_a_real_checker_folder(tiny_sd3_dir, tmp_path):
     from test_safety_reward_checker import _tiny_checker
 
     from flowrl.images import to_unit
-    from flowrl.safety.concept import safety_split
-    from flowrl.safety.probe import StateProbe, save_probe
+    from flowrl.worlds.safety.concept import safety_split
+    from flowrl.worlds.safety.probe import StateProbe, save_probe
 
     save_probe(StateProbe(4), tmp_path / "probe", {"note": "random"})
     images, _ = generate(

@@ -11,7 +11,7 @@ from conftest import REPO
 from PIL import Image
 from run_helpers import gloo_env, run_flowrl
 
-from flowrl.shapes.scenes import sample_pairs
+from flowrl.worlds.shapes.scenes import sample_pairs
 
 
 def test_sample_writes_pngs_and_index(tiny_sd3_dir, tmp_path):
@@ -73,8 +73,8 @@ def test_eval_shapes_scores_a_samples_folder(tmp_path):
 
 
 def test_eval_shapes_reports_clutter_under_the_exact_verdict(tmp_path):
-    from flowrl.eval.shapes import evaluate_samples_dir
-    from flowrl.shapes.world import ShapeObject, render
+    from flowrl.worlds.shapes.evaluation import evaluate_samples_dir
+    from flowrl.worlds.shapes.world import ShapeObject, render
 
     clutter = render([ShapeObject("circle", "red", 2, 2, 9), ShapeObject("square", "blue", 18, 18, 9)])
     single = render([ShapeObject("circle", "red", 2, 2, 9)])

@@ -9,11 +9,18 @@ import torch
 from conftest import REPO
 
 from flowrl.eval.metrics import auc
-from flowrl.models.shapes_scorer import ScorerSize
-from flowrl.pretrain.scorer import ScorerConfig, climb_scorer, pair_logits, pretrain_scorer, save_scorer, verdict_matrix
 from flowrl.rewards import build_reward
-from flowrl.shapes import verifier
-from flowrl.shapes.scenes import sample_pairs
+from flowrl.worlds.shapes import verifier
+from flowrl.worlds.shapes.model_scorer import ScorerSize
+from flowrl.worlds.shapes.pretrain_scorer import (
+    ScorerConfig,
+    climb_scorer,
+    pair_logits,
+    pretrain_scorer,
+    save_scorer,
+    verdict_matrix,
+)
+from flowrl.worlds.shapes.scenes import sample_pairs
 
 
 def test_auc_by_hand():
@@ -58,7 +65,7 @@ def test_climbing_the_scorer_raises_its_own_prompt_score_within_the_pixel_budget
 
 
 def test_adversarial_training_adds_each_pool_sample_climbed_and_labelled_by_the_verifier(monkeypatch):
-    import flowrl.pretrain.scorer as recipe
+    import flowrl.worlds.shapes.pretrain_scorer as recipe
 
     pool = sample_pairs(8, np.random.default_rng(5))
     monkeypatch.setattr(recipe, "generated_pairs", lambda *args: pool)
@@ -76,7 +83,7 @@ def test_adversarial_training_adds_each_pool_sample_climbed_and_labelled_by_the_
 
 
 def test_mixed_colour_renders_join_every_step(monkeypatch):
-    import flowrl.pretrain.scorer as recipe
+    import flowrl.worlds.shapes.pretrain_scorer as recipe
 
     seen = []
     verdicts = recipe.verdict_matrix
@@ -89,7 +96,7 @@ def test_mixed_colour_renders_join_every_step(monkeypatch):
 
 
 def test_pool_checkpoints_add_their_own_seeded_samples_after_the_base_pool(monkeypatch):
-    import flowrl.pretrain.scorer as recipe
+    import flowrl.worlds.shapes.pretrain_scorer as recipe
 
     calls = []
 
@@ -127,7 +134,7 @@ def test_the_shipped_scorer_tells_every_eval_prompt_apart():
     rule for eos_token_id 2), 13 of the 36 eval prompts shared one with another ("two circles" = "two squares")."""
     from transformers import AutoTokenizer, CLIPModel
 
-    from flowrl.shapes.prompts import eval_prompt_set
+    from flowrl.worlds.shapes.prompts import eval_prompt_set
 
     folder = REPO / "pipelines/shapes-scorer"
     model, tokenizer = CLIPModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)

@@ -8,7 +8,7 @@ from conftest import REPO
 from diffusers import DiffusionPipeline
 from tiny_pipelines import tiny_shapes3d as tiny_pipeline
 
-from flowrl.models.shapes3d import Shapes3DFlowPipeline, fourier_features
+from flowrl.worlds.shapes3d.pipeline import Shapes3DFlowPipeline, fourier_features
 
 
 def test_round_trip_through_diffusers(tmp_path):
@@ -74,9 +74,9 @@ def test_encoder_and_decoder_shapes_and_normalisation():
 
 
 def test_a_tiny_pretrain_run_saves_a_pipeline_that_evaluates(tmp_path):
-    from flowrl.pretrain.shapes3d import Shapes3DPretrainConfig, Shapes3DSize, evaluate_3d, pretrain_shapes3d
-    from flowrl.pretrain.shapes_sd3 import save_pipeline
-    from flowrl.shapes3d.prompts import eval_prompt_set
+    from flowrl.worlds.shapes.pretrain_sd3 import save_pipeline
+    from flowrl.worlds.shapes3d.pretrain import Shapes3DPretrainConfig, Shapes3DSize, evaluate_3d, pretrain_shapes3d
+    from flowrl.worlds.shapes3d.prompts import eval_prompt_set
 
     cfg = Shapes3DPretrainConfig(
         ae_steps=2, ae_batch=4, surface_points=64, query_points=64, flow_steps=2, flow_batch=4, flow_pool=8, threads=1

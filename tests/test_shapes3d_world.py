@@ -18,8 +18,8 @@ from flowrl.sdf import (
     validity,
     volume_iou,
 )
-from flowrl.shapes3d.geometry import Primitive, Solid, sdf_grid
-from flowrl.shapes3d.prompts import (
+from flowrl.worlds.shapes3d.geometry import Primitive, Solid, sdf_grid
+from flowrl.worlds.shapes3d.prompts import (
     TAGS,
     all_specs,
     eval_prompt_set,

@@ -10,15 +10,11 @@ import torch
 from diffusers import WanPipeline
 
 from flowrl.generate import generate_samples
-from flowrl.models.shapes_wan import ShapesWanSize, build_pipeline, build_vae
-from flowrl.models.tokenizer import SPECIAL_TOKENS, build_tokenizer, motion_vocabulary
-from flowrl.motion.prompts import eval_prompt_set
-from flowrl.motion.world import sample_pairs
 from flowrl.policies import policy_for
 from flowrl.policies.base import SampleSpec
 from flowrl.policies.wan_vae import frame_convolutions, frames_independent
-from flowrl.pretrain.shapes_sd3 import save_pipeline
-from flowrl.pretrain.shapes_wan import (
+from flowrl.worlds.moving_shapes.model_wan import ShapesWanSize, build_pipeline, build_vae
+from flowrl.worlds.moving_shapes.pretrain_wan import (
     LatentPool,
     ShapeProbe,
     WanPretrainConfig,
@@ -33,6 +29,10 @@ from flowrl.pretrain.shapes_wan import (
     prompt_words_loss,
     shape_targets,
 )
+from flowrl.worlds.moving_shapes.prompts import eval_prompt_set, motion_vocabulary
+from flowrl.worlds.moving_shapes.world import sample_pairs
+from flowrl.worlds.shapes.pretrain_sd3 import save_pipeline
+from flowrl.worlds.shapes.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
 TINY = ShapesWanSize(
     num_layers=1, num_heads=2, head_dim=12, ffn_dim=32, text_hidden=16, text_layers=1, latent_channels=4, vae_base_dim=8

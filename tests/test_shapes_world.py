@@ -1,10 +1,19 @@
 import numpy as np
 import pytest
 
-from flowrl.shapes import TAGS, dense_score, detect, eval_prompt_set, exact_score, parse_prompt, score, train_prompt_set
-from flowrl.shapes.prompts import HELD_OUT_COMBOS, all_prompt_specs, wide_eval_prompt_set
-from flowrl.shapes.scenes import render_mixed_colors, sample_mixed_color_pairs, sample_pairs, scene_objects
-from flowrl.shapes.world import MAX_SIZE, MIN_GAP, MIN_SIZE, PALETTE, ShapeObject, boxes_clash, render
+from flowrl.worlds.shapes import (
+    TAGS,
+    dense_score,
+    detect,
+    eval_prompt_set,
+    exact_score,
+    parse_prompt,
+    score,
+    train_prompt_set,
+)
+from flowrl.worlds.shapes.prompts import HELD_OUT_COMBOS, all_prompt_specs, wide_eval_prompt_set
+from flowrl.worlds.shapes.scenes import render_mixed_colors, sample_mixed_color_pairs, sample_pairs, scene_objects
+from flowrl.worlds.shapes.world import MAX_SIZE, MIN_GAP, MIN_SIZE, PALETTE, ShapeObject, boxes_clash, render
 
 
 def test_renderer_obeys_the_world_rules():

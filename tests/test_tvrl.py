@@ -172,7 +172,7 @@ def test_video_grpo_and_tvrl_train_the_moving_shapes_config_end_to_end(algorithm
 
     from flowrl.config import load_config
     from flowrl.experiment import run_experiment
-    from flowrl.models.motion_qa import build_model, save_model
+    from flowrl.worlds.moving_shapes.model_qa import build_model, save_model
 
     tiny_wan().save_pretrained(tmp_path / "wan")
     save_model(*build_model(0), tmp_path / "qa")

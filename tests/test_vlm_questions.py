@@ -12,10 +12,10 @@ from tiny_vlm import save_tiny_qwen25_vl
 from flowrl.algorithms import build_algorithm
 from flowrl.config import SamplerSection
 from flowrl.errors import ConfigError, UserError
-from flowrl.motion.world import sample_pairs
 from flowrl.rewards import build_reward
 from flowrl.rewards.base import WeightedSum
 from flowrl.rewards.vlm_questions import video_pixel_values
+from flowrl.worlds.moving_shapes.world import sample_pairs
 
 
 @pytest.fixture(scope="module")

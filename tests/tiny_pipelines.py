@@ -19,8 +19,8 @@ from diffusers import (
 )
 from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-from flowrl.models.shapes_sd3 import ShapesSD3Size, build_pipeline
-from flowrl.models.tokenizer import SPECIAL_TOKENS, build_tokenizer, shapes_vocabulary
+from flowrl.worlds.shapes.model_sd3 import ShapesSD3Size, build_pipeline
+from flowrl.worlds.shapes.tokenizer import SPECIAL_TOKENS, build_tokenizer, shapes_vocabulary
 
 TINY_SHAPES = ShapesSD3Size(
     num_layers=1, num_heads=2, head_dim=16, text_hidden=32, text_layers=2, text_projection=16, vae_channels=(8, 16)
@@ -300,7 +300,7 @@ def tiny_qwen_image_edit(seed: int = 0, plus: bool = False):
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
-    from flowrl.models.shapes_kontext import edit_vocabulary
+    from flowrl.worlds.shapes_edit.model_kontext import edit_vocabulary
 
     tokenizer = qwen_text_tokenizer(QWEN_EDIT_TEMPLATE, QWEN_SPECIAL + QWEN_VISION, edit_vocabulary())
     images = Qwen2VLImageProcessor(
@@ -774,9 +774,9 @@ def _qwen_chat_tokenizer():
 
 def tiny_shapes_sd(seed: int = 0):
     """A tiny epsilon-prediction StableDiffusionPipeline (DDIM), the shapes-sd layout at toy width."""
-    from flowrl.models.shapes_sd import ShapesSDSize
-    from flowrl.models.shapes_sd import build_pipeline as build_sd
-    from flowrl.models.shapes_sd3 import build_vae
+    from flowrl.worlds.shapes.model_sd import ShapesSDSize
+    from flowrl.worlds.shapes.model_sd import build_pipeline as build_sd
+    from flowrl.worlds.shapes.model_sd3 import build_vae
 
     pipe = build_sd(
         build_vae(TINY_SHAPES, seed + 1),
@@ -791,7 +791,7 @@ def tiny_shapes3d(seed: int = 0):
     """A tiny random image-to-3D flow pipeline (8 tokens x 4 channels, width 32, one block)."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from flowrl.models.shapes3d import ShapeAutoencoder, ShapeFlowTransformer, Shapes3DFlowPipeline
+    from flowrl.worlds.shapes3d.pipeline import ShapeAutoencoder, ShapeFlowTransformer, Shapes3DFlowPipeline
 
     torch.manual_seed(seed)
     autoencoder = ShapeAutoencoder(

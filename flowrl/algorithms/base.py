@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import from_dict
-from ..devices import DEFAULT_BATCH_SIZE
-from ..errors import ConfigError
-from ..registry import Registry
-from ..rewards.augment import ShiftAverage
-from ..rollout import Trajectory
+from flowrl.config import from_dict
+from flowrl.devices import DEFAULT_BATCH_SIZE
+from flowrl.errors import ConfigError
+from flowrl.registry import Registry
+from flowrl.rewards.augment import ShiftAverage
+from flowrl.rollout import Trajectory
 
 
 @dataclass
@@ -217,7 +217,7 @@ class Algorithm:
         copies of each image, drawn from the samples' seeds (rewards/augment.py): the gradient the reward-gradient
         methods climb.
         """
-        from ..rewards import latent_scorer
+        from flowrl.rewards import latent_scorer
 
         prompts = [batch.prompts[i] for i in rows]
         every_item = batch.trajectory.cond.items

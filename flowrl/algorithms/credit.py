@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from .advantages import group_advantages
+from flowrl.algorithms.advantages import group_advantages
 
 WINDOW_SCHEDULES = ("all", "incremental", "latter")
 

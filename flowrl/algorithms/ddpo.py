@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..errors import ConfigError
-from .base import register_algorithm
-from .grpo import GRPO, GRPOParams
+from flowrl.algorithms.base import register_algorithm
+from flowrl.algorithms.grpo import GRPO, GRPOParams
+from flowrl.errors import ConfigError
 
 
 @dataclass

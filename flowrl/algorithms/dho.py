@@ -33,11 +33,18 @@ from typing import Literal
 import numpy as np
 import torch
 
-from ..errors import ConfigError
-from ..prompt_source import derived_seed
-from .advantages import group_advantages
-from .base import Algorithm, RolloutBatch, WorkItems, chunked_velocity, register_algorithm, trained_steps
-from .nft import _normalised_x0_loss
+from flowrl.algorithms.advantages import group_advantages
+from flowrl.algorithms.base import (
+    Algorithm,
+    RolloutBatch,
+    WorkItems,
+    chunked_velocity,
+    register_algorithm,
+    trained_steps,
+)
+from flowrl.algorithms.nft import _normalised_x0_loss
+from flowrl.errors import ConfigError
+from flowrl.prompt_source import derived_seed
 
 
 @dataclass
@@ -113,7 +120,7 @@ def mam_assign(
 def chamfer_matrix(negatives: list, positives: list, missing: float = 4.0) -> torch.Tensor:
     """[N, P] Chamfer distances between point sets; `missing` where a shape has no surface: more than any two
     surfaces in the cube [-1, 1]^3 can cost (at most its diagonal, 2 sqrt 3), so an empty shape is never preferred."""
-    from ..sdf import chamfer_and_fscore
+    from flowrl.sdf import chamfer_and_fscore
 
     return torch.tensor(
         [[missing if a is None or b is None else chamfer_and_fscore(a, b)[0] for b in positives] for a in negatives],
@@ -231,7 +238,7 @@ class DHO(Algorithm):
     @staticmethod
     def surface_points(policy, final: torch.Tensor) -> list:
         """Surface points of every sample's decoded shape (None where it has no surface): the Chamfer cost's input."""
-        from ..sdf import surface_points
+        from flowrl.sdf import surface_points
 
         if policy.modality != "3d":
             raise ConfigError("algorithm.params.chamfer_cost: needs a 3D pipeline (decoded shapes with surfaces)")

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
-from ..prompt_source import derived_seed
-from .base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
+from flowrl.algorithms.base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
+from flowrl.errors import ConfigError
+from flowrl.prompt_source import derived_seed
 
 
 @dataclass

@@ -22,11 +22,11 @@ from typing import Literal
 
 import torch
 
-from ..errors import ConfigError
-from ..sampling import diffusion_time_scale
-from .advantages import group_advantages, zero_std_groups
-from .base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
-from .credit import fold_deterministic_tail, incremental_credits, step_advantages, window_mask
+from flowrl.algorithms.advantages import group_advantages, zero_std_groups
+from flowrl.algorithms.base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
+from flowrl.algorithms.credit import fold_deterministic_tail, incremental_credits, step_advantages, window_mask
+from flowrl.errors import ConfigError
+from flowrl.sampling import diffusion_time_scale
 
 
 @dataclass

@@ -46,8 +46,7 @@ from typing import Literal
 
 import torch
 
-from ..errors import ConfigError
-from .base import (
+from flowrl.algorithms.base import (
     Algorithm,
     RewardGradientParams,
     RolloutBatch,
@@ -57,6 +56,7 @@ from .base import (
     trained_steps,
     validate_step_range,
 )
+from flowrl.errors import ConfigError
 
 
 @dataclass

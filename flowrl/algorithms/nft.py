@@ -24,10 +24,17 @@ from typing import Literal
 
 import torch
 
-from ..errors import ConfigError
-from ..prompt_source import derived_seed
-from .advantages import group_advantages
-from .base import Algorithm, RolloutBatch, WorkItems, chunked_velocity, register_algorithm, trained_steps
+from flowrl.algorithms.advantages import group_advantages
+from flowrl.algorithms.base import (
+    Algorithm,
+    RolloutBatch,
+    WorkItems,
+    chunked_velocity,
+    register_algorithm,
+    trained_steps,
+)
+from flowrl.errors import ConfigError
+from flowrl.prompt_source import derived_seed
 
 
 @dataclass

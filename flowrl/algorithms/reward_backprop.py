@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..errors import ConfigError
-from ..sampling import x0_prediction
-from .base import (
+from flowrl.algorithms.base import (
     Algorithm,
     RewardGradientParams,
     RolloutBatch,
@@ -29,6 +27,8 @@ from .base import (
     step_in_range,
     validate_step_range,
 )
+from flowrl.errors import ConfigError
+from flowrl.sampling import x0_prediction
 
 
 def reward_loss(scores: torch.Tensor, cap: float | None, scale: float) -> torch.Tensor:

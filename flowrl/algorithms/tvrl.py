@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError
-from ..sampling import gaussian_log_prob
-from .base import RolloutBatch, WorkItems, register_algorithm
-from .grpo import GRPO, GRPOParams, clipped_surrogate
+from flowrl.algorithms.base import RolloutBatch, WorkItems, register_algorithm
+from flowrl.algorithms.grpo import GRPO, GRPOParams, clipped_surrogate
+from flowrl.errors import ConfigError
+from flowrl.sampling import gaussian_log_prob
 
 
 @dataclass
@@ -102,7 +102,7 @@ class TVRL(GRPO):
     old_policy_from_prepare = True  # per-token old log-densities are recomputed in prepare, not stored by the rollout
 
     def bind_reward(self, reward) -> None:
-        from ..rewards.questions import QuestionScorer
+        from flowrl.rewards.questions import QuestionScorer
 
         terms = getattr(reward, "rewards", [reward])
         scorers = [t for t in terms if isinstance(t, QuestionScorer)]

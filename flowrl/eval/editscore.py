@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
+from flowrl.errors import UserError
 
 SCORES = ("prompt_following", "consistency", "perceptual_quality", "overall")
 
@@ -161,11 +161,11 @@ def score_samples_folder(scorer, folder, settings: dict, progress: bool = True) 
 
     from tqdm import tqdm
 
-    from ..cli import read_conditions
-    from ..images import item_image, to_uint8
-    from ..sample_job import SETTINGS_FILE as SAMPLING_SETTINGS
-    from ..sample_job import appending, json_lines, resume_or_start
-    from ..samples import load_samples, read_records
+    from flowrl.cli import read_conditions
+    from flowrl.images import item_image, to_uint8
+    from flowrl.sample_job import SETTINGS_FILE as SAMPLING_SETTINGS
+    from flowrl.sample_job import appending, json_lines, resume_or_start
+    from flowrl.samples import load_samples, read_records
 
     folder = Path(folder)
     records = read_records(folder)

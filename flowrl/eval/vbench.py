@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import UserError
+from flowrl.errors import UserError
 
 VBENCH_VERSION = "0.1.5"
 
@@ -195,7 +195,7 @@ def run_vbench(
 ) -> dict:
     """Score a `flowrl sample` folder of clips with the real vbench package (flowrl's eval JSON, see
     `parse_results`)."""
-    from ..samples import read_records
+    from flowrl.samples import read_records
 
     samples_dir = Path(samples_dir)
     python = python or default_python()

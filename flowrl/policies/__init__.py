@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Registry
-from .base import Conditioning, FlowPolicy
+from flowrl.policies.base import Conditioning, FlowPolicy
+from flowrl.registry import Registry
 
 WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # train.weight_dtype's names
 
@@ -31,7 +31,7 @@ POLICIES = Registry(
         "HunyuanSkyreelsImageToVideoPipeline": "flowrl.policies.hunyuan_video",
         "LTXPipeline": "flowrl.policies.ltx",
         "LTXImageToVideoPipeline": "flowrl.policies.ltx",
-        "Shapes3DFlowPipeline": "flowrl.policies.shapes3d",
+        "Shapes3DFlowPipeline": "flowrl.worlds.shapes3d.policy",
     },
 )
 
@@ -48,7 +48,7 @@ def policy_for(pipeline, policy: str | None = None, where: str = "pipeline.polic
 
 
 # pipeline classes flowrl defines itself: importing their module registers them with diffusers
-FLOWRL_PIPELINES = {"Shapes3DFlowPipeline": "flowrl.models.shapes3d"}
+FLOWRL_PIPELINES = {"Shapes3DFlowPipeline": "flowrl.worlds.shapes3d.pipeline"}
 
 
 def load_pipeline(path, dtype=None):
@@ -60,7 +60,7 @@ def load_pipeline(path, dtype=None):
     import torch
     from diffusers import DiffusionPipeline
 
-    from ..errors import UserError
+    from flowrl.errors import UserError
 
     folder = Path(path)
     if not (folder / "model_index.json").is_file():
@@ -91,8 +91,8 @@ def sampling_placement(device: str | None = None, weight_dtype: str | None = Non
     """Where a policy that only samples (`flowrl sample`, the demo) runs, as a run would place it: `device` (None:
     the GPU when there is one, else the CPU), frozen weights in `weight_dtype` (None: bf16 on a GPU, as the real
     configs train; fp32 on the CPU, where half-precision matmuls are slow). Checked before any weights load."""
-    from ..devices import chosen_device
-    from ..errors import UserError
+    from flowrl.devices import chosen_device
+    from flowrl.errors import UserError
 
     target = chosen_device(device)
     if weight_dtype is not None and weight_dtype not in WEIGHT_DTYPES:

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..sampling import SDE_KINDS
-from ..sharding import like, whole
-from .input_images import InputImages
+from flowrl.policies.input_images import InputImages
+from flowrl.sampling import SDE_KINDS
+from flowrl.sharding import like, whole
 
 
 @dataclass
@@ -180,7 +180,7 @@ class FlowPolicy(InputImages):
     def set_trained_experts(self, experts: str, where: str) -> None:
         """pipeline.experts: "high" trains the denoiser; only Wan2.2's two experts take "both"."""
         if experts != "high":
-            from ..errors import ConfigError
+            from flowrl.errors import ConfigError
 
             raise ConfigError(
                 f"{where}: {experts!r} needs a Wan2.2 pipeline with two experts (transformer_2 and a "
@@ -239,7 +239,7 @@ class FlowPolicy(InputImages):
         attention: str = "sdpa",
     ) -> None:
         """Trade time for memory (see docs/configuration.md, train and pipeline sections)."""
-        from ..errors import ConfigError
+        from flowrl.errors import ConfigError
 
         if attention == "xformers":  # torch SDPA (diffusers' default) otherwise
             if self.device.type != "cuda":
@@ -295,7 +295,7 @@ class FlowPolicy(InputImages):
     def encode(self, conditions: list, guidance_scale: float, spec: SampleSpec | None = None) -> Conditioning:
         """Encode condition items (tasks.Condition, or plain prompt strings) for sampling at `guidance_scale`, for
         samples of size `spec` (an editor's sources take that size)."""
-        from ..tasks.base import Condition
+        from flowrl.tasks.base import Condition
 
         items = [c if isinstance(c, Condition) else Condition(c) for c in conditions]
         cond = self._encode_prompts_cached([c.prompt for c in items], guidance_scale)
@@ -361,7 +361,7 @@ class FlowPolicy(InputImages):
                 "(pipeline.num_frames)"
             )
         if (spec.num_frames - 1) % temporal:  # the clip would come out shorter than asked (and be recorded as asked)
-            from ..errors import UserError
+            from flowrl.errors import UserError
 
             below = (spec.num_frames - 1) // temporal * temporal + 1
             raise UserError(
@@ -426,7 +426,7 @@ class FlowPolicy(InputImages):
         """The size asked for, the pipeline's own default where None. A side that is not a multiple of
         `size_multiple` is a UserError naming its setting (`names`): the pipelines round such sizes down (a sample
         drawn at one size and recorded at another) or refuse them, and an editor's source would not pack."""
-        from ..errors import UserError
+        from flowrl.errors import UserError
 
         default = self.default_spec()
         spec = SampleSpec(height or default.height, width or default.width, num_frames or default.num_frames)
@@ -446,7 +446,7 @@ class FlowPolicy(InputImages):
         raise NotImplementedError
 
     def decode_samples(self, latents: torch.Tensor):
-        from ..samples import as_samples
+        from flowrl.samples import as_samples
 
         return as_samples(self.decode(latents), fps=self.fps, modality=self.modality)
 
@@ -553,7 +553,7 @@ class FlowPolicy(InputImages):
         `guide(x, sigma, cond, guidance_scale, v) -> v` may replace the model output before the step is taken
         (in-generation steering); it sees the same quantity the sampler uses (velocity here, epsilon for DDIM).
         """
-        from ..sampling import sde_step, x0_prediction
+        from flowrl.sampling import sde_step, x0_prediction
 
         v = self.velocity(x, sigma, cond, guidance_scale)
         if guide is not None:
@@ -616,7 +616,7 @@ class FlowPolicy(InputImages):
         ConfigError naming `where` for a scheduler without one, or one shifted by the image size."""
         if value is None:
             return
-        from ..errors import ConfigError
+        from flowrl.errors import ConfigError
 
         config = self.scheduler.config
         if self.prediction != "flow" or "shift" not in config:
@@ -635,7 +635,7 @@ class FlowPolicy(InputImages):
     def set_guidance_scale_2(self, value: float | None, where: str) -> None:
         """A second CFG scale for the low-noise part of the schedule: only Wan2.2's two experts take one."""
         if value is not None:
-            from ..errors import ConfigError
+            from flowrl.errors import ConfigError
 
             raise ConfigError(
                 f"{where}: only a Wan2.2 pipeline with two experts takes a second guidance scale; "
@@ -666,7 +666,7 @@ class FlowPolicy(InputImages):
         return {n: whole(p.detach()).clone() for n, p in self.named_trainable_parameters().items()}
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        from ..errors import UserError
+        from flowrl.errors import UserError
 
         params = self.named_trained_parameters()
         missing = [n for n in state if n not in params]

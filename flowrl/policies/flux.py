@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import POLICIES
-from .base import Conditioning, FlowPolicy, SampleSpec, untiled
+from flowrl.policies import POLICIES
+from flowrl.policies.base import Conditioning, FlowPolicy, SampleSpec, untiled
 
 FLUX_LORA_TARGETS = [
     "attn.to_q",

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import POLICIES
-from .base import Conditioning, FlowPolicy, SampleSpec, untiled
+from flowrl.policies import POLICIES
+from flowrl.policies.base import Conditioning, FlowPolicy, SampleSpec, untiled
 
 # the attention projections of both stream blocks: double blocks (image and text streams) and single blocks (the
 # fused qkv / MLP input projection; their output projections are added per block by `lora_targets`)
@@ -192,7 +192,7 @@ class Flux2EditPolicy(Flux2Policy):
         """As the FLUX.2 pipelines take an image (for an area of reference_size squared in place of their 1024 x
         1024): shrunk to about that area if larger (Lanczos, aspect ratio kept), then centre-cropped to whole
         16-pixel patches (the pipeline's image processor, resize_mode "crop")."""
-        from ..images import to_pil
+        from flowrl.images import to_pil
 
         processor = self.pipeline.image_processor
         shown = to_pil(image)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import POLICIES
-from .base import Conditioning, FlowPolicy, SampleSpec
+from flowrl.policies import POLICIES
+from flowrl.policies.base import Conditioning, FlowPolicy, SampleSpec
 
 # the attention projections of the dual-stream blocks (image and text), the single-stream blocks' q / k / v and
 # the text refiner's attention, as Flow-GRPO-style LoRAs target them

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .base import SampleSpec
+    from flowrl.policies.base import SampleSpec
 
 
 class InputImages:
@@ -29,8 +29,8 @@ class InputImages:
         its source (inputs[source_input], its meta["image"] file, or the `source_world` scene for a prompt of that
         world's grammar), then any further reference images (a list in either); a UserError naming the prompt where
         an item gives none, or more than this pipeline takes (`max_references`)."""
-        from ..errors import UserError
-        from ..images import item_images
+        from flowrl.errors import UserError
+        from flowrl.images import item_images
 
         found = [item_images(item, self.source_input, self.source_world, self.source_needed_by) for item in items]
         for item, images in zip(items, found):
@@ -58,8 +58,8 @@ class InputImages:
         """Each distinct item's source (an image-to-video pipeline's first frame) at the sample size, encoded once by
         the VAE (untiled) as a one-frame video: the posterior's mode, fp32 [N, C, 1, h, w]; and each item's row in
         it."""
-        from ..images import resized
-        from .base import untiled
+        from flowrl.images import resized
+        from flowrl.policies.base import untiled
 
         frames, rows = self.distinct_sources(items)
         first = torch.stack([resized(frame, spec.height, spec.width) for frame in frames]).to(self.device)
@@ -143,7 +143,7 @@ class InputImages:
     def sized_reference(self, image: torch.Tensor, size: tuple[int, int] | None) -> torch.Tensor:
         """An input image as the VAE takes it: sized as the pipeline sizes it (`pipeline_sized`) when
         pipeline.reference_size is set, else brought to `size` (height, width: the sample's)."""
-        from ..images import resized
+        from flowrl.images import resized
 
         if self.reference_size is not None:
             return self.pipeline_sized(image)
@@ -160,7 +160,7 @@ class InputImages:
         sample's size."""
         if value is None:
             return
-        from ..errors import ConfigError
+        from flowrl.errors import ConfigError
 
         name = f"{type(self.pipeline).__name__} (adapter {type(self).__name__})"
         if value < 1:
@@ -183,7 +183,7 @@ class InputImages:
     @staticmethod
     def stack_sources(sources: list[torch.Tensor]) -> torch.Tensor:
         """One batch [B, 3, H, W] of source images; a UserError when their sizes differ."""
-        from ..errors import UserError
+        from flowrl.errors import UserError
 
         sizes = {tuple(source.shape[-2:]) for source in sources}
         if len(sizes) > 1:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import POLICIES
-from .base import SELF_CROSS_ATTENTION_TARGETS, Conditioning, FlowPolicy, SampleSpec
-from .first_frame import FirstFrameHeld, hold_first_frame
+from flowrl.policies import POLICIES
+from flowrl.policies.base import SELF_CROSS_ATTENTION_TARGETS, Conditioning, FlowPolicy, SampleSpec
+from flowrl.policies.first_frame import FirstFrameHeld, hold_first_frame
 
 
 @POLICIES.register("LTXPipeline")

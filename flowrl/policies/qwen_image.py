@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import POLICIES
-from .base import Conditioning
-from .flux import FluxPolicy
-from .wan import wan_vae_latents
+from flowrl.policies import POLICIES
+from flowrl.policies.base import Conditioning
+from flowrl.policies.flux import FluxPolicy
+from flowrl.policies.wan import wan_vae_latents
 
 # the attention projections of both streams, as flowrl's SD3 and FLUX adapters train (Flow-Factory's Qwen-Image
 # default also adapts each feed-forward's first projection: `lora.target_modules` can add "img_mlp.net.0.proj");
@@ -44,14 +44,14 @@ class QwenImagePolicy(FluxPolicy):
         from packaging.version import Version
 
         if Version(diffusers.__version__) < Version("0.37"):  # older transformers ignore the text mask
-            from ..errors import ConfigError
+            from flowrl.errors import ConfigError
 
             raise ConfigError(
                 f"pipeline.path: Qwen-Image needs diffusers >= 0.37 (its attention masks padded "
                 f"prompt tokens); this environment has {diffusers.__version__}"
             )
         if self.transformer.config.guidance_embeds:
-            from ..errors import ConfigError
+            from flowrl.errors import ConfigError
 
             raise ConfigError(
                 "pipeline.path: this Qwen-Image transformer is guidance-distilled (guidance_embeds); "

@@ -26,10 +26,10 @@ import importlib
 import torch
 import torch.nn.functional as F
 
-from . import POLICIES
-from .base import Conditioning, SampleSpec
-from .qwen_image import QwenImagePolicy
-from .wan import wan_vae_encode
+from flowrl.policies import POLICIES
+from flowrl.policies.base import Conditioning, SampleSpec
+from flowrl.policies.qwen_image import QwenImagePolicy
+from flowrl.policies.wan import wan_vae_encode
 
 
 @POLICIES.register("QwenImageEditPipeline")
@@ -46,7 +46,7 @@ class QwenImageEditPolicy(QwenImagePolicy):
         " " read with it), padded and masked to one length, and the source's VAE latents as `image_latents`. Each
         distinct (instruction, source) is read once per call (a group's samples share one), and once per run with
         the embedding cache."""
-        from ..tasks.base import Condition
+        from flowrl.tasks.base import Condition
 
         items = [c if isinstance(c, Condition) else Condition(c) for c in conditions]
         found, rows = self.distinct_references(items)  # a group repeats one item: resolve and hash it once
@@ -90,13 +90,13 @@ class QwenImageEditPolicy(QwenImagePolicy):
         """As the pipelines take an image into the VAE (for an area of reference_size squared in place of their 1024
         x 1024): resized (Lanczos, the pipeline's image processor) to that area at its aspect ratio, sides rounded to
         multiples of 32 (the pipeline's calculate_dimensions)."""
-        from ..images import to_pil
+        from flowrl.images import to_pil
 
         module = importlib.import_module(self.pipeline_module)
         shown = to_pil(image)
         width, height = module.calculate_dimensions(self.reference_size**2, shown.width / shown.height)[:2]
         if not width or not height:
-            from ..errors import UserError
+            from flowrl.errors import UserError
 
             raise UserError(
                 f"pipeline.reference_size {self.reference_size}: an image of {shown.width}x{shown.height} "
@@ -128,7 +128,7 @@ class QwenImageEditPolicy(QwenImagePolicy):
     def _read_one(self, prompt: str, sources: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """One instruction read with its images (several: one multi-image prompt, "Picture 1: ... Picture 2: ...",
         as the Plus pipeline reads a list), each resized to the reader's area as the pipeline resizes it."""
-        from ..images import to_pil
+        from flowrl.images import to_pil
 
         module = importlib.import_module(self.pipeline_module)  # the pipeline's calculate_dimensions, as it reads it
         shown = []

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import ddim_step
-from . import POLICIES
-from .base import Conditioning, FlowPolicy, SampleSpec
+from flowrl.policies import POLICIES
+from flowrl.policies.base import Conditioning, FlowPolicy, SampleSpec
+from flowrl.sampling import ddim_step
 
 SD_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 

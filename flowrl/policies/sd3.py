@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..images import to_unit
-from . import POLICIES
-from .base import Conditioning, FlowPolicy, SampleSpec
+from flowrl.images import to_unit
+from flowrl.policies import POLICIES
+from flowrl.policies.base import Conditioning, FlowPolicy, SampleSpec
 
 SD3_LORA_TARGETS = [
     "attn.to_q",

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from . import POLICIES
-from .base import LOW_NOISE_EXPERT, SELF_CROSS_ATTENTION_TARGETS, Conditioning, FlowPolicy, SampleSpec, untiled
-from .wan_vae import frame_convolutions
+from flowrl.policies import POLICIES
+from flowrl.policies.base import (
+    LOW_NOISE_EXPERT,
+    SELF_CROSS_ATTENTION_TARGETS,
+    Conditioning,
+    FlowPolicy,
+    SampleSpec,
+    untiled,
+)
+from flowrl.policies.wan_vae import frame_convolutions
 
 
 @POLICIES.register("WanPipeline")
@@ -63,7 +70,7 @@ class WanPolicy(FlowPolicy):
         """WanPipeline's guidance_scale_2: the CFG scale below the boundary (the low-noise expert's); `where` names
         the setting in the error a pipeline without two experts gives."""
         if value is not None and self.boundary_timestep is None:
-            from ..errors import ConfigError
+            from flowrl.errors import ConfigError
 
             raise ConfigError(
                 f"{where}: only a Wan2.2 pipeline with two experts (transformer_2 and a boundary_ratio) "

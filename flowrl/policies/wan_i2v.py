@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from . import POLICIES
-from .base import Conditioning, SampleSpec
-from .first_frame import FirstFrameHeld, hold_first_frame
-from .wan import WanPolicy, wan_vae_encode
+from flowrl.policies import POLICIES
+from flowrl.policies.base import Conditioning, SampleSpec
+from flowrl.policies.first_frame import FirstFrameHeld, hold_first_frame
+from flowrl.policies.wan import WanPolicy, wan_vae_encode
 
 
 @POLICIES.register("WanImageToVideoPipeline")
@@ -35,7 +35,7 @@ class WanImageToVideoPolicy(FirstFrameHeld, WanPolicy):
         self.expand_timesteps = bool(getattr(pipeline.config, "expand_timesteps", False))
         self.holds_first_frame = self.expand_timesteps
         if self.expand_timesteps and self.transformer.config.patch_size[0] != 1:
-            from ..errors import ConfigError
+            from flowrl.errors import ConfigError
 
             raise ConfigError(
                 "pipeline.path: a Wan image-to-video transformer with expanded timesteps and a temporal "
@@ -59,7 +59,7 @@ class WanImageToVideoPolicy(FirstFrameHeld, WanPolicy):
 
     @torch.no_grad()
     def encode_inputs(self, cond: Conditioning, items: list, spec: SampleSpec | None = None) -> Conditioning:
-        from ..images import resized
+        from flowrl.images import resized
 
         spec = spec or self.default_spec()
         frames, rows = self.distinct_sources(items)  # one frame, one encoding, per distinct item
@@ -88,7 +88,7 @@ class WanImageToVideoPolicy(FirstFrameHeld, WanPolicy):
     def _clip(self, frames: list[torch.Tensor]) -> torch.Tensor:
         """CLIP's features of each frame (the image encoder stays on the device: about 0.6B parameters for Wan's
         ViT-H, where offloading moves the text encoder, umT5-XXL)."""
-        from ..images import to_pil
+        from flowrl.images import to_pil
 
         return self.pipeline.encode_image([to_pil(frame) for frame in frames], self.device)
 

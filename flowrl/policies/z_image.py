@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import POLICIES
-from .base import Conditioning, SampleSpec
-from .flux import FluxPolicy
+from flowrl.policies import POLICIES
+from flowrl.policies.base import Conditioning, SampleSpec
+from flowrl.policies.flux import FluxPolicy
 
 # the attention projections of every block (the main layers and the noise / context refiners)
 Z_IMAGE_LORA_TARGETS = ["attention.to_q", "attention.to_k", "attention.to_v", "attention.to_out.0"]

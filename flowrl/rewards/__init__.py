@@ -1,6 +1,6 @@
 """Rewards: one contract, a registry by name (built-ins load on first use), weighted combination."""
 
-from .base import (
+from flowrl.rewards.base import (
     Reward,
     RewardOutput,
     WeightedSum,

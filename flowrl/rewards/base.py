@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import ConfigError
-from ..registry import Registry
+from flowrl.errors import ConfigError
+from flowrl.registry import Registry
 
 
 @dataclass
@@ -65,12 +65,21 @@ def move_modules(holder, device, seen: set | None = None) -> None:
             move_modules(value, device, seen)
 
 
+def nested_params(values: dict, at: str):
+    """(where, key, value) for every key of a params mapping at any depth (a judge's, a wrapped reward's params),
+    `where` naming the mapping that holds it (reward[0].params.judge)."""
+    for key, value in values.items():
+        yield at, key, value
+        if isinstance(value, dict):
+            yield from nested_params(value, f"{at}.{key}")
+
+
 REWARDS = Registry(
     "reward",
     {
-        "shapes": "flowrl.rewards.shapes",
-        "moving_shapes": "flowrl.rewards.shapes",
-        "shapes_edit": "flowrl.rewards.shapes",
+        "shapes": "flowrl.worlds.shapes.rewards",
+        "moving_shapes": "flowrl.worlds.moving_shapes.rewards",
+        "shapes_edit": "flowrl.worlds.shapes_edit.rewards",
         "shapes_clip": "flowrl.rewards.clip",
         "pickscore": "flowrl.rewards.clip",
         "clipscore": "flowrl.rewards.clip",
@@ -79,20 +88,20 @@ REWARDS = Registry(
         "imagereward": "flowrl.rewards.learned_real",
         "jpeg_compressibility": "flowrl.rewards.jpeg",
         "jpeg_incompressibility": "flowrl.rewards.jpeg",
-        "safety_checker": "flowrl.safety.checker",
-        "safe_shapes": "flowrl.safety.reward",
+        "safety_checker": "flowrl.rewards.safety_checker",
+        "safe_shapes": "flowrl.worlds.safety.reward",
         "per_frame": "flowrl.rewards.video",
         "frame_consistency": "flowrl.rewards.video",
         "remote": "flowrl.rewards.remote",
         "ocr": "flowrl.rewards.ocr",
         "vlm_judge": "flowrl.rewards.vlm",
         "vlm_questions": "flowrl.rewards.vlm_questions",
-        "moving_shapes_qa": "flowrl.rewards.motion_qa",
+        "moving_shapes_qa": "flowrl.worlds.moving_shapes.rewards",
         "edit_rubric": "flowrl.rewards.rubric",
-        "silhouette_iou": "flowrl.rewards.geometry",
-        "mesh_validity": "flowrl.rewards.geometry",
-        "mesh_smoothness": "flowrl.rewards.geometry",
-        "shape_match": "flowrl.rewards.geometry",
+        "silhouette_iou": "flowrl.worlds.shapes3d.rewards",
+        "mesh_validity": "flowrl.worlds.shapes3d.rewards",
+        "mesh_smoothness": "flowrl.worlds.shapes3d.rewards",
+        "shape_match": "flowrl.worlds.shapes3d.rewards",
     },
 )
 
@@ -127,8 +136,6 @@ def check_reward(name: str, params: dict, where: str = "reward") -> None:
     naming `where` otherwise. A plug-in's parameters mean what it says (a `path` may be a hub id): left to it."""
     from pathlib import Path
 
-    from ..config import nested_params
-
     REWARDS.get(name, f"{where}.name")
     if ":" in name:
         return
@@ -143,7 +150,7 @@ def condition_items(prompts: list[str], meta: dict | None) -> list:
     """The condition items of a reward call: meta['conditions'] as the loop passes them (a reward server rebuilds
     them, inputs and metadata, from the request); else bare prompts. Rewards that read a world's scene from an
     item's metadata, or a source image from its inputs, need this."""
-    from ..tasks.base import Condition
+    from flowrl.tasks.base import Condition
 
     meta = meta or {}
     if meta.get("conditions") is not None:
@@ -178,7 +185,7 @@ def score_robustly(
         return failed_output(reward, len(prompts)), str(error)
     except Exception as error:  # a reward's own failure; the loop decides whether the run can go on
         first = f"{type(error).__name__}: {error}"
-    from ..tasks.base import condition_runs
+    from flowrl.tasks.base import condition_runs
 
     items = (meta or {}).get("conditions")
     bounds = condition_runs(items) if reward.scores_groups and items else list(range(len(prompts) + 1))

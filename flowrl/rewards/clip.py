@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError
-from .base import Reward, RewardOutput, register_reward
+from flowrl.errors import UserError
+from flowrl.rewards.base import Reward, RewardOutput, register_reward
 
 OPENAI_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 OPENAI_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from ..atomic import new_folder
-from ..errors import UserError
-from .clip import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+from flowrl.atomic import new_folder
+from flowrl.errors import UserError
+from flowrl.rewards.clip import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
 HEAD_DIMS = {"hpsv2": (80, 64), "imagereward": (64, 64)}  # (vision, text) head widths of the published models
 

@@ -7,8 +7,8 @@ import io
 import torch
 from PIL import Image
 
-from ..images import to_uint8
-from .base import Reward, RewardOutput, register_reward
+from flowrl.images import to_uint8
+from flowrl.rewards.base import Reward, RewardOutput, register_reward
 
 
 def jpeg_kilobytes(samples: torch.Tensor, quality: int = 95) -> torch.Tensor:

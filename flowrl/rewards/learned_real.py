@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError
-from .base import Reward, RewardOutput, register_reward
-from .clip import CLIPReward, clip_pixels, image_statistics, require_local_folder, reward_tokenizer
+from flowrl.errors import UserError
+from flowrl.rewards.base import Reward, RewardOutput, register_reward
+from flowrl.rewards.clip import CLIPReward, clip_pixels, image_statistics, require_local_folder, reward_tokenizer
 
 IMAGEREWARD_MEAN, IMAGEREWARD_STD = 0.16717362830052426, 1.0333394966054072
 

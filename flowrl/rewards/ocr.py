@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ConfigError
-from ..images import to_uint8
-from .base import Reward, RewardOutput, register_reward
+from flowrl.errors import ConfigError
+from flowrl.images import to_uint8
+from flowrl.rewards.base import Reward, RewardOutput, register_reward
 
 
 def levenshtein(a: str, b: str) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Reward, RewardOutput
+from flowrl.rewards.base import Reward, RewardOutput
 
 
 class QuestionScorer(Reward):

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from safetensors.torch import load, save
 
-from ..errors import UserError
-from .base import Reward, RewardOutput, RewardUnavailable, build_reward, register_reward
+from flowrl.errors import UserError
+from flowrl.rewards.base import Reward, RewardOutput, RewardUnavailable, build_reward, register_reward
 
 
 def encode_request(samples: torch.Tensor, prompts: list[str], meta: dict | None) -> bytes:
@@ -70,7 +70,7 @@ def encode_request(samples: torch.Tensor, prompts: list[str], meta: dict | None)
 def decode_request(body: bytes) -> tuple[torch.Tensor, list[str], dict]:
     """The reward call `encode_request` sent: samples, prompts and metadata, with the condition items rebuilt (their
     inputs included; samples that shared an item share it again) when the call carried them."""
-    from ..tasks.base import Condition
+    from flowrl.tasks.base import Condition
 
     tensors = load(body)
     header = json.loads(_metadata(body))
@@ -125,7 +125,7 @@ def serve_reward(
     import uvicorn
     from fastapi import FastAPI, HTTPException, Request, Response
 
-    from ..devices import chosen_device
+    from flowrl.devices import chosen_device
 
     device = chosen_device(device)
     reward = build_reward(name, where="serve-reward", **params).to(device)

@@ -9,7 +9,7 @@ the same rubric: R_i = sum_k w_k s_ik, s_ik in {0, 1}, the requested change weig
 sharing 1 - requested_weight equally (all of it to the requested change when nothing else is listed). The rubric is
 built once per group. `mode: sample` scores each candidate against its own verified issues only (the per-sample
 audit the issue compares against). The auditor is rule-based on the shapes-editing world, or a VLM
-(`params.judge`: a local folder or an OpenAI-compatible endpoint, flowrl/rewards/rubric_vlm.py) with the same
+(`params.judge`: a local folder or an OpenAI-compatible endpoint, `vlm`, flowrl.rewards.rubric_vlm) with the same
 `audit` / `requested` / `verify` methods and, optionally, one audit pass per group. A group's rubric sees the
 samples of the group that are in one call: a run refuses training cuts that would split a group
 (Trainer.check_whole_groups); evaluations keep a condition's samples in one call.
@@ -24,12 +24,10 @@ from typing import Literal
 import numpy as np
 import torch
 
-from ..errors import ConfigError
-from ..images import to_uint8
-from .base import Reward, RewardOutput, condition_items, register_reward
-
-QUADRANTS = {"top left": (0, 0), "top right": (0, 1), "bottom left": (1, 0), "bottom right": (1, 1)}
-QUADRANT_CHANGE = 0.02  # share of a quadrant's outside-the-edit pixels that must change to list it
+from flowrl.errors import ConfigError
+from flowrl.images import to_uint8
+from flowrl.registry import Registry
+from flowrl.rewards.base import Reward, RewardOutput, condition_items, register_reward
 
 
 @dataclass(frozen=True)
@@ -38,60 +36,11 @@ class Criterion:
     check: Callable[[np.ndarray], bool]  # True when the edited uint8 image satisfies it
 
 
-class ShapesEditAuditor:
-    """The rule-based judge of the shapes-editing world (the edit verifier's pieces, one criterion each)."""
-
-    def scene(self, item):
-        from ..tasks.shapes_edit import item_scene
-
-        return item_scene(item)
-
-    def requested(self, item) -> Criterion:
-        from ..editing.verifier import judge_edit
-
-        spec, source, target = self.scene(item)
-        return Criterion(f"requested: {item.prompt}", lambda image: judge_edit(image, spec, source, target).requested)
-
-    def criteria(self, item) -> list[Criterion]:
-        """Every unintended-change criterion the world can check for this item."""
-        from ..editing.verifier import _found, changed_pixels, edit_region, edited_objects
-        from ..shapes.verifier import detect
-        from ..shapes.world import render, world_sized
-
-        spec, source, target = self.scene(item)
-        after = edited_objects(spec, source, target)[1]
-        out = [
-            Criterion(f"kept: {o.color} {o.shape}", lambda image, o=o: _found(detect(image), o))
-            for o in target
-            if o not in after
-        ]
-        out.append(Criterion("no extra objects", lambda image: len(detect(image)) <= len(target)))
-        source_image = render(source)
-        size = source_image.shape[0]
-        fixed = None if spec.kind == "add" else ~edit_region(spec, source, target, size)  # an add's is the image's
-        half = size // 2
-        for name, (row, col) in QUADRANTS.items():
-            quadrant = np.zeros((size, size), dtype=bool)
-            quadrant[row * half : (row + 1) * half, col * half : (col + 1) * half] = True
-
-            def unchanged(image, quadrant=quadrant):  # in the world's pixels, as the source is rendered
-                image = world_sized(image)
-                outside = fixed if fixed is not None else ~edit_region(spec, source, target, size, image)
-                mask = quadrant & outside
-                return not mask.any() or changed_pixels(image, source_image)[mask].mean() <= QUADRANT_CHANGE
-
-            out.append(Criterion(f"unchanged: {name}", unchanged))
-        return out
-
-    def audit(self, image: np.ndarray, item) -> list[Criterion]:
-        """The unintended changes this candidate shows (the criteria it fails)."""
-        return [c for c in self.criteria(item) if not c.check(image)]
-
-    def verify(self, criterion: Criterion, item) -> bool:
-        """A listed issue is kept only when the exact target edit satisfies it."""
-        from ..shapes.world import render
-
-        return bool(criterion.check(render(self.scene(item)[2])))
+# Auditors by name: a factory taking the reward's `judge` dict (None for a rule-based auditor) and returning an object
+# with `audit(image, item)`, `requested(item)` and `verify(criterion, item)` (optionally `audit_group`)
+AUDITORS = Registry(
+    "edit_rubric auditor", {"shapes_edit": "flowrl.worlds.shapes_edit.auditor", "vlm": "flowrl.rewards.rubric_vlm"}
+)
 
 
 @register_reward("edit_rubric")
@@ -117,11 +66,10 @@ class EditRubricReward(Reward):
             )
         self.mode, self.requested_weight = mode, requested_weight
         self.scores_groups = mode == "group"
-        if judge is not None:  # a VLM auditor (flowrl/rewards/rubric_vlm.py) instead of the shapes world's rules
-            from .rubric_vlm import build_vlm_auditor
-
-            auditor = build_vlm_auditor(judge)
-        self.auditor = auditor or ShapesEditAuditor()
+        if auditor is None or isinstance(auditor, str):  # a VLM judge, else the shapes-editing world's rules
+            name = auditor or ("vlm" if judge is not None else "shapes_edit")
+            auditor = AUDITORS.get(name, "reward edit_rubric: params.auditor")(judge)
+        self.auditor = auditor
         self.rubrics_built = 0  # group rubrics built so far (one per group and call)
         # an editor given its source at the sample size (stretched to it) is judged against that; one given it at
         # its own aspect (pipeline.reference_size) against the source as it is

@@ -26,8 +26,8 @@ import re
 
 import torch
 
-from ..errors import ConfigError, UserError
-from .rubric import Criterion
+from flowrl.errors import ConfigError, UserError
+from flowrl.rewards.rubric import AUDITORS, Criterion
 
 AUDIT_QUESTION = (
     'The first image is a source image. The edit instruction was: "{instruction}". {which} the result of that '
@@ -64,7 +64,7 @@ class LocalVLM:
     greedy generation."""
 
     def __init__(self, path: str, dtype: str, yes, no, max_new_tokens: int):
-        from .vlm import answer_token_ids, load_local_vlm
+        from flowrl.rewards.vlm import answer_token_ids, load_local_vlm
 
         self.processor, self.model = load_local_vlm(
             path,
@@ -116,14 +116,14 @@ class RemoteVLM:
         self.api_key = os.environ.get(api_key_env)
 
     def complete(self, images, text, **options) -> dict:
-        from .vlm import chat_completion
+        from flowrl.rewards.vlm import chat_completion
 
         return chat_completion(
             self.url, self.model_name, images, text, self.api_key, self.timeout, self.retries, **options
         )
 
     def yes_no(self, images, text) -> tuple[float, float]:
-        from .vlm import answer_mass
+        from flowrl.rewards.vlm import answer_mass
 
         answer = self.complete(images, text, max_tokens=1, logprobs=True, top_logprobs=self.top_logprobs)
         return answer_mass(answer, self.yes, self.no, self.url, "edit_rubric")
@@ -166,7 +166,7 @@ class VLMEditAuditor:
         (`sample_size`, which the rubric reward sets per call), as the editing policy resizes it to the sample size,
         so a stretch the editor saw is not judged an unintended change; as it is (None) where the editor took it at
         its own aspect (pipeline.reference_size). Read or rendered once for consecutive calls on the same item."""
-        from ..images import item_image, to_pil
+        from flowrl.images import item_image, to_pil
 
         cached = self._last_source
         if cached is None or cached[0] is not item or cached[1] != self.sample_size:
@@ -220,9 +220,12 @@ def _pil(image):
     return image if isinstance(image, Image.Image) else Image.fromarray(image)
 
 
-def build_vlm_auditor(judge: dict) -> VLMEditAuditor:
+@AUDITORS.register("vlm")
+def build_vlm_auditor(judge: dict | None) -> VLMEditAuditor:
     """`params.judge` of edit_rubric: {path | url, model, dtype, yes, no, max_new_tokens, threshold, group_audit,
     api_key_env, timeout, retries, top_logprobs}."""
+    if judge is None:
+        raise ConfigError("reward edit_rubric: the vlm auditor needs params.judge (a local folder or an endpoint)")
     known = {
         "path",
         "url",
@@ -248,7 +251,7 @@ def build_vlm_auditor(judge: dict) -> VLMEditAuditor:
             "reward edit_rubric: params.judge: give exactly one of path (a local VLM folder) and url "
             "(an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)"
         )
-    from .vlm import answer_words
+    from flowrl.rewards.vlm import answer_words
 
     yes = answer_words(judge.get("yes", ("Yes", "yes")), "judge.yes", "edit_rubric")
     no = answer_words(judge.get("no", ("No", "no")), "judge.no", "edit_rubric")

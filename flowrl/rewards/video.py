@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ConfigError
-from .base import Reward, RewardOutput, build_reward, register_reward
+from flowrl.errors import ConfigError
+from flowrl.rewards.base import Reward, RewardOutput, build_reward, register_reward
 
 
 @register_reward("per_frame")
@@ -58,7 +58,7 @@ class FrameConsistencyReward(Reward):
         self.size = size
         self.clip = None
         if path is not None:
-            from .clip import CLIPReward, require_local_folder
+            from flowrl.rewards.clip import CLIPReward, require_local_folder
 
             self.clip = CLIPReward(
                 require_local_folder(path, "frame_consistency", "a CLIPModel folder"), "cosine", "frame_consistency"

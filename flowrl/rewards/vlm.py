@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ..errors import ConfigError, UserError
-from ..images import to_uint8
-from .base import Reward, RewardOutput, register_reward
+from flowrl.errors import ConfigError, UserError
+from flowrl.images import to_uint8
+from flowrl.rewards.base import Reward, RewardOutput, register_reward
 
 DEFAULT_QUESTION = "Does this image show {prompt}? Answer yes or no."
 
@@ -47,7 +47,7 @@ def load_local_vlm(path: str, dtype: str, reward: str, how: str):
     padding on the left so that the answer position is the last of every row; one clear error otherwise."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from .clip import require_local_folder
+    from flowrl.rewards.clip import require_local_folder
 
     folder = require_local_folder(path, reward, how)
     try:
@@ -192,7 +192,7 @@ def chat_completion(
 ) -> dict:
     """One user turn (the PIL images, then the text) to an OpenAI-compatible /chat/completions at temperature 0;
     `options` go into the request (max_tokens, logprobs, ...). The parsed JSON answer."""
-    from .remote import post_with_retries
+    from flowrl.rewards.remote import post_with_retries
 
     content = [{"type": "image_url", "image_url": {"url": png_data_url(image)}} for image in images]
     content.append({"type": "text", "text": text})

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, UserError
-from ..images import to_uint8
-from .base import register_reward
-from .questions import QuestionScorer
+from flowrl.errors import ConfigError, UserError
+from flowrl.images import to_uint8
+from flowrl.rewards.base import register_reward
+from flowrl.rewards.questions import QuestionScorer
 
 DEFAULT_VIDEO_QUESTION = "Does this video show {prompt}? Answer yes or no."
 
@@ -69,7 +69,7 @@ class VLMQuestionScorer(QuestionScorer):
         dtype: str = "float32",
         batch_size: int = 4,
     ):
-        from .vlm import answer_token_ids, answer_words, load_local_vlm
+        from flowrl.rewards.vlm import answer_token_ids, answer_words, load_local_vlm
 
         yes = answer_words(yes, "yes", "vlm_questions")
         if "{prompt}" not in question:

@@ -1,6 +1,6 @@
 """Tasks (worlds): condition sets, evaluation, pretraining data and defaults, registered by name (loaded on first
 use) or given as a dotted path."""
 
-from .base import TASKS, Condition, ConditionSet, Task, build_task, condition_set, read_prompt_file
+from flowrl.tasks.base import TASKS, Condition, ConditionSet, Task, build_task, condition_set, read_prompt_file
 
 __all__ = ["TASKS", "Condition", "ConditionSet", "Task", "build_task", "condition_set", "read_prompt_file"]

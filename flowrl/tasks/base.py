@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, UserError
-from ..registry import Registry
+from flowrl.errors import ConfigError, UserError
+from flowrl.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -117,11 +117,11 @@ TASKS = Registry(
     "task",
     {
         "prompt_file": "flowrl.tasks.base",
-        "shapes": "flowrl.tasks.shapes",
-        "safety": "flowrl.tasks.safety",
-        "moving_shapes": "flowrl.tasks.moving_shapes",
-        "shapes3d": "flowrl.tasks.shapes3d",
-        "shapes_edit": "flowrl.tasks.shapes_edit",
+        "shapes": "flowrl.worlds.shapes.task",
+        "safety": "flowrl.worlds.safety.task",
+        "moving_shapes": "flowrl.worlds.moving_shapes.task",
+        "shapes3d": "flowrl.worlds.shapes3d.task",
+        "shapes_edit": "flowrl.worlds.shapes_edit.task",
     },
 )
 

@@ -1,1 +1,0 @@
-"""Builders of the embedded default pipelines (diffusers classes, tiny configs, a locally built tokenizer)."""
