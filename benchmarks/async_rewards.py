@@ -39,11 +39,14 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "async_rewards.json"))
     args = parser.parse_args()
-    shared = ["eval.enabled=false", "train.rollout_microbatch=32", "run.out_dir=/tmp/flowrl_async_bench"]
+    shared = ["eval.enabled=false", "memory.rollout_microbatch=32", "run.out_dir=/tmp/flowrl_async_bench"]
     modes = {
         "sync": [],
-        "async": ["train.async_rewards=true"],
-        "async_process": ["train.async_rewards=true", "reward=[{name: shapes, params: {dense: true}, process: true}]"],
+        "async": ["runtime.async_rewards=true"],
+        "async_process": [
+            "runtime.async_rewards=true",
+            "reward=[{name: shapes, params: {dense: true}, process: true}]",
+        ],
     }
     trainers = {mode: Trainer(load_config(args.config, shared + extra), log=False) for mode, extra in modes.items()}
     for trainer in trainers.values():  # warm-up

@@ -36,7 +36,9 @@ def run_config(config: Path, out_dir: Path, updates: int, extra: list[str]) -> l
         return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(f)]
 
 
-# The defaults issue 14 changed on purpose, set back to their old values (for comparing with older code)
+# Defaults changed on purpose to match the reference implementations, set back to their old values (for comparing
+# with code from before the change): CFG's unconditional branch now gets no gradient in likelihood-ratio methods
+# (Flow-GRPO's script detaches it), and NFT scales its loss by adv_clip_max and trains A = 0 items (DiffusionNFT's)
 OLD_DEFAULTS = ["train.cfg_uncond_grad=true"]
 OLD_NFT_DEFAULTS = ["algorithm.params.scale_by_adv_clip=false", "algorithm.params.drop_zero_advantage=true"]
 
@@ -86,7 +88,7 @@ def main() -> None:
     parser.add_argument(
         "--old-defaults",
         action="store_true",
-        help="train with the defaults issue 14 changed set "
+        help="train with the defaults changed to match the reference implementations set "
         "to their old values (CFG's unconditional gradient kept; NFT's unscaled loss, A = 0 dropped)",
     )
     args = parser.parse_args()

@@ -34,7 +34,7 @@ from flowrl.experiment import evaluate, in_batches, reward_scores, tag_metrics_o
 from flowrl.report import figure  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 
-METHODS = {"grpo": [], "nft": [], "dpo": [], "dho": [], "dho_sync": ["train.async_rollouts=false"]}
+METHODS = {"grpo": [], "nft": [], "dpo": [], "dho": [], "dho_sync": ["runtime.async_rollouts=false"]}
 METRICS = ("iou", "chamfer", "fscore", "valid")
 
 

@@ -2,8 +2,9 @@
 
 Each method runs its shipped config (configs/shapes_<method>.yaml: shapes-sd3 for the flow methods, shapes-sd for
 DDPO, which is defined on DDIM) with the same learned reward (the shapes scorer, `shapes_clip`), training prompts
-and seeds, LoRA, optimizer, learning rate and samples per update (4 prompts x 8) overriding it. Every `--eval-every` updates each method's policy samples the
-eval split (36 prompts x 4, fixed seeds, deterministic sampler, CFG 4.5) and we record the learned reward, the
+and seeds, LoRA, optimizer, learning rate and samples per update (4 prompts x 8) overriding it. Every
+`--eval-every` updates each method's policy samples the eval split (36 prompts x 4, fixed seeds, deterministic
+sampler, CFG 4.5) and we record the learned reward, the
 verifier's accuracy, the RMS pixel distance to the base model's same-seed samples and the within-prompt pixel
 diversity, against updates and against training wall-clock (evaluation time excluded).
 
@@ -48,9 +49,9 @@ def method_config(name: str, updates: int, out: Path, seed: int, extra: list[str
         f"train.updates={updates}",
         "train.groups_per_update=4",
         "train.group_size=8",
-        "train.lr=1.0e-3",
-        "train.lr_schedule=cosine",
-        "train.microbatch_size=32",
+        "optim.lr=1.0e-3",
+        "optim.lr_schedule=cosine",
+        "memory.microbatch_size=32",
         "train.checkpoint_every=0",
         "lora.rank=16",
         "lora.alpha=32",

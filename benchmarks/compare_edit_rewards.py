@@ -15,7 +15,7 @@ off-target pixel change and its ratio to the base's, and the EditScore analogues
 
     python benchmarks/compare_edit_rewards.py                 # 3 rewards x 2 seeds, shipped config
     python benchmarks/compare_edit_rewards.py --rewards verifier --seeds 0 --updates 2 --eval-seeds 2024 --out /tmp/e
-    python benchmarks/compare_edit_rewards.py --checkpoint RUN/checkpoints/update_000150 --out OUT   # judge, no training
+    python benchmarks/compare_edit_rewards.py --checkpoint RUN/checkpoints/update_000150 --out OUT   # judge only
 
 `--checkpoint` judges a trained checkpoint against the base on the same protocol without training (e.g. a run
 chosen on the val split, judged on the eval split), into OUT/checkpoint_eval.json.

@@ -1,4 +1,5 @@
-"""How many eval images tell a gain from noise, and what fewer sampler steps change (issue 20's low-noise eval).
+"""How many eval images tell a gain from noise, and what fewer sampler steps change: the measurement behind the
+low-noise eval (more images per prompt, 10 steps) that time_to_quality and lora_step_gate use.
 
 Samples the shapes eval split (36 held-out prompts) with 16 images per prompt, for the base pipeline and a trained
 checkpoint, at 20 and at 10 Euler steps (CFG 4.5, the runs' protocol otherwise); image k of a prompt has the same seed
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.checkpoint import load_trained_weights  # noqa: E402
-from flowrl.generate import generate_samples  # noqa: E402
+from flowrl.inference import generate_samples  # noqa: E402
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
 from flowrl.tasks.base import interval, tag_metrics  # noqa: E402
 from flowrl.worlds.shapes import parse_prompt, score  # noqa: E402

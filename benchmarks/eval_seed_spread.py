@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.checkpoint import load_trained_weights  # noqa: E402
-from flowrl.cli import sample_spec  # noqa: E402
-from flowrl.generate import generate_samples  # noqa: E402
+from flowrl.cli.arguments import sample_spec  # noqa: E402
+from flowrl.inference import generate_samples  # noqa: E402
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
 from flowrl.tasks.base import build_task  # noqa: E402
 from flowrl.worlds.shapes.model_sd3 import T5_SEQUENCE_LENGTH  # noqa: E402

@@ -3,7 +3,7 @@ prompts, seeds, 10 ODE steps) sampled at several CFG scales, for the untrained s
 checkpoints; the verifier's per-tag accuracy, the share of empty images (nothing the detector finds), and every
 model's gain paired against the base at the eval's CFG 4.5.
 
-The question it answers (issue 20, "is the base what holds RL back"): the base draws nothing for a third of
+The question it answers ("is the base what holds RL back"): the base draws nothing for a third of
 single-object prompts at CFG 4.5; if that emptiness comes from guidance itself, part of the main job's gain is
 RL undoing an artefact of the sampler setting, which a lower CFG would also remove without training.
 

@@ -82,7 +82,8 @@ def main(argv=None) -> dict:
         results[mode] = evaluator.point(verdicts, base)
         for label, r in (("", results[mode]), ("exact ", results[mode]["exact"])):
             print(
-                f"{label + mode:22s} accuracy {r['accuracy']['overall']:.3f}  gain {100 * r['gain']['overall']:+.1f} +- "
+                f"{label + mode:22s} accuracy {r['accuracy']['overall']:.3f}  "
+                f"gain {100 * r['gain']['overall']:+.1f} +- "
                 f"{196 * r['gain']['draw_se']:.1f}  "
                 + "  ".join(f"{t} {v:.2f}" for t, v in r["accuracy"]["tags"].items()),
                 flush=True,

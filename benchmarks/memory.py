@@ -17,22 +17,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {
     "baseline": [],
-    "rollout_microbatch=16": ["train.rollout_microbatch=16"],
-    "decode+reward microbatch=8": ["train.decode_microbatch=8", "train.reward_microbatch=8"],
-    "microbatch_size=8": ["train.microbatch_size=8"],
-    "gradient_checkpointing": ["train.gradient_checkpointing=true"],
-    "weight_dtype=bf16": ["train.weight_dtype=bf16", "train.mixed_precision=bf16"],
-    "offload_text_encoders+cache": ["train.offload_text_encoders=true", "train.embedding_cache=true"],
+    "rollout_microbatch=16": ["memory.rollout_microbatch=16"],
+    "decode+reward microbatch=8": ["memory.decode_microbatch=8", "memory.reward_microbatch=8"],
+    "microbatch_size=8": ["memory.microbatch_size=8"],
+    "gradient_checkpointing": ["memory.gradient_checkpointing=true"],
+    "weight_dtype=bf16": ["memory.weight_dtype=bf16", "memory.mixed_precision=bf16"],
+    "offload_text_encoders+cache": ["memory.offload_text_encoders=true", "memory.embedding_cache=true"],
     "all of the above": [
-        "train.rollout_microbatch=16",
-        "train.decode_microbatch=8",
-        "train.reward_microbatch=8",
-        "train.microbatch_size=8",
-        "train.gradient_checkpointing=true",
-        "train.weight_dtype=bf16",
-        "train.mixed_precision=bf16",
-        "train.offload_text_encoders=true",
-        "train.embedding_cache=true",
+        "memory.rollout_microbatch=16",
+        "memory.decode_microbatch=8",
+        "memory.reward_microbatch=8",
+        "memory.microbatch_size=8",
+        "memory.gradient_checkpointing=true",
+        "memory.weight_dtype=bf16",
+        "memory.mixed_precision=bf16",
+        "memory.offload_text_encoders=true",
+        "memory.embedding_cache=true",
     ],
 }
 
@@ -87,7 +87,8 @@ def main() -> None:
     for name, r in results.items():
         gpu = f" {r['peak_gpu_mib']:.0f} |" if "peak_gpu_mib" in r else ""
         print(
-            f"| {name} | {r['peak_rss_mib']:.0f} | {r['peak_rss_mib'] / base:.2f} | {r['seconds_per_update'][-1]:.1f} |{gpu}"
+            f"| {name} | {r['peak_rss_mib']:.0f} | {r['peak_rss_mib'] / base:.2f} | "
+            f"{r['seconds_per_update'][-1]:.1f} |{gpu}"
         )
 
 

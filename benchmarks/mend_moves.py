@@ -105,8 +105,8 @@ def main():
             f"train.groups_per_update={args.groups}",
             "eval.enabled=false",
             "train.checkpoint_every=0",
-            f"train.lr={args.lr}",
-            "train.lr_schedule=constant",
+            f"optim.lr={args.lr}",
+            "optim.lr_schedule=constant",
             f"algorithm.params.target_states={args.target_states}",
             # the moves studied here are final-sample ones (the config before prediction moves), as measured then
             "algorithm.params.move_space=final",

@@ -10,7 +10,8 @@ prompt-to-sample pairing) from a weak signal. Both score images [B, 3, H, W] and
     python -m flowrl train configs/moving_shapes_grpo.yaml train.updates=40 eval.enabled=false \
         "reward=[{name: 'benchmarks.probe_rewards:PromptColourShare'}]"
 
-(run from the repository root, which puts `benchmarks` on the import path). docs/video.md has the measured runs.
+(run from the repository root, which puts `benchmarks` on the import path). docs/research/video.md has the measured
+runs.
 """
 
 from __future__ import annotations

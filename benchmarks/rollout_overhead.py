@@ -68,7 +68,8 @@ def main():
     base, ours = statistics.median(times["pipeline"]), statistics.median(times["flowrl"])
     print(
         f"pipeline(...) median {base * 1000:.1f} ms; flowrl {args.kind} rollout with log-probs median "
-        f"{ours * 1000:.1f} ms ({args.batch} prompts, {args.steps} steps, CFG {args.guidance}, {args.repeats} runs each)"
+        f"{ours * 1000:.1f} ms ({args.batch} prompts, {args.steps} steps, CFG {args.guidance}, "
+        f"{args.repeats} runs each)"
     )
     print(f"ratio flowrl / pipeline = {ours / base:.3f}")
 

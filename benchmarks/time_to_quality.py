@@ -15,10 +15,11 @@ wide_eval_prompt_set: 105 prompts, the eval split's 36 plus every held-out color
 color_attr and position ones) with about --per-tag images per tag (spread evenly over the tag's prompts, so each
 tag's mean has about the same error; seeds fixed, so every checkpoint and the base draw the same noise), ODE
 --eval-steps steps, CFG 4.5 (a method whose config evaluates at another scale, CFG-free NFT, samples at its own; its
-gain is still against the base at 4.5), the verifier's tag-averaged accuracy, under GenEval's verdict and under the exact one
-(the same images; no objects beyond the named ones); the gain is paired per image (checkpoint minus base, same prompt and seed). Intervals are 95%: 'draw'
-holds the prompts fixed (how far another draw of seeds could move it), 'prompts' makes the prompt the sampling unit.
-Across training seeds the table reports the mean and the seeds' standard error.
+gain is still against the base at 4.5), the verifier's tag-averaged accuracy, under GenEval's verdict and under the
+exact one (the same images; no objects beyond the named ones); the gain is paired per image (checkpoint minus base,
+same prompt and seed). Intervals are 95%: 'draw' holds the prompts fixed (how far another draw of seeds could move
+it), 'prompts' makes the prompt the sampling unit. Across training seeds the table reports the mean and the seeds'
+standard error.
 
     python benchmarks/time_to_quality.py                         # every method x 3 seeds: many hours on 2 cores
     python benchmarks/time_to_quality.py --methods grpo,grpo_anchor --seeds 0   # a part; results accumulate
@@ -45,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from flowrl.config import config_to_dict, load_config  # noqa: E402
 from flowrl.experiment import sampled_as_checkpoint  # noqa: E402
-from flowrl.generate import generate_samples  # noqa: E402
+from flowrl.inference import generate_samples  # noqa: E402
 from flowrl.prompt_source import derived_seed  # noqa: E402
 from flowrl.report import cpu_model, figure  # noqa: E402
 from flowrl.tasks.base import tag_metrics  # noqa: E402
@@ -67,8 +68,8 @@ ANCHOR = [
     "algorithm.params.kl_beta=0.04",
     "algorithm.params.std=global",
     "algorithm.params.clip_range=1.0e-4",
-    "train.lr=3.0e-4",
-    "train.lr_schedule=constant",
+    "optim.lr=3.0e-4",
+    "optim.lr_schedule=constant",
 ]
 # DiffusionNFT at the paper's geneval setting (DiffusionNFT config/nft.py): CFG-free rollouts, training and evaluation
 # (the gain is still against the base at CFG 4.5), every step trained, the reference's C x loss, A = 0 items kept,
@@ -80,8 +81,8 @@ NFT_CFG_FREE = [
     "algorithm.params.timestep_fraction=1.0",
     "algorithm.params.scale_by_adv_clip=true",
     "algorithm.params.drop_zero_advantage=false",
-    "train.lr=3.0e-4",
-    "train.lr_schedule=constant",
+    "optim.lr=3.0e-4",
+    "optim.lr_schedule=constant",
 ]
 # name: (shipped config, overrides); the reward is the verifier's unless the method needs gradients of it
 METHODS = {
@@ -128,7 +129,8 @@ METHODS = {
 # prompts per update (x2 for 8; AMD EPYC, 2 cores); the table reads every method's gain at --minutes of its own clock.
 # Measured here (seed 0): grpo 6.5, grpo_anchor 16.4, fk_incremental 7.6, nft 9.0 s / update, so those runs train
 # 26-30 minutes; the counts stay as run, since the lr schedule spans them and further seeds must match seed 0.
-# runs from before the benchmark recorded its CPU all ran on the project's AMD EPYC machine (docs/benchmarks.md)
+# runs from before the benchmark recorded its CPU all ran on the project's AMD EPYC machine
+# (docs/research/benchmarks.md)
 UNRECORDED_CPU = "AMD EPYC"
 UPDATES = {
     "grpo": 240,
@@ -232,7 +234,8 @@ class LowNoiseEval:
         return self.point(verdicts, self.base.setdefault((pipeline, EVAL_CFG), verdicts))
 
     def point(self, verdicts: tuple[np.ndarray, np.ndarray], base: tuple[np.ndarray, np.ndarray]) -> dict:
-        """Accuracy and paired gain over `base` of `both_verdicts`' (GenEval's, exact) pair, the exact one as `exact`."""
+        """Accuracy and paired gain over `base` of `both_verdicts`' (GenEval's, exact) pair, the exact one as
+        `exact`."""
         (lenient, exact), (base_lenient, base_exact) = verdicts, base
         return {
             "accuracy": self.summary(lenient),

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.config import load_config  # noqa: E402
-from flowrl.generate import generate_samples  # noqa: E402
+from flowrl.inference import generate_samples  # noqa: E402
 from flowrl.policies.base import SampleSpec  # noqa: E402
 from flowrl.rewards import build_reward  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402

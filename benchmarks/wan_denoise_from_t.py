@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
-from flowrl.sampling import shifted_sigmas  # noqa: E402
+from flowrl.sde import shifted_sigmas  # noqa: E402
 from flowrl.worlds.moving_shapes.model_wan import WAN_SEQUENCE_LENGTH  # noqa: E402
 from flowrl.worlds.moving_shapes.pretrain_wan import normalised_latents  # noqa: E402
 from flowrl.worlds.moving_shapes.verifier import judge_clip  # noqa: E402

@@ -24,7 +24,7 @@ from scipy import ndimage
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flowrl.generate import generate_samples  # noqa: E402
+from flowrl.inference import generate_samples  # noqa: E402
 from flowrl.policies import load_pipeline, policy_for  # noqa: E402
 from flowrl.policies.base import SampleSpec  # noqa: E402
 from flowrl.worlds.moving_shapes.model_wan import FRAMES, SIZE, WAN_SEQUENCE_LENGTH  # noqa: E402

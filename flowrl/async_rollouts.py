@@ -2,7 +2,7 @@
 thread, on its own copy of the policy loaded with a snapshot of the trained weights, while the learner trains.
 
 Schedule (deterministic, so a run is reproducible and resumes exactly): the batch of update u is sampled with the
-weights after update v(u) = max(0, u - S), S = train.staleness. Batch u is submitted as soon as weights v(u) exist,
+weights after update v(u) = max(0, u - S), S = runtime.staleness. Batch u is submitted as soon as weights v(u) exist,
 so while the learner trains update u the worker can already sample updates u + 1 .. u + S. With S = 0 every batch
 waits for the newest weights: the same samples, rewards and updates as synchronous training, bit for bit (the worker's
 copy holds the same weights and runs the same code). Algorithms see the learner's current policy in `prepare`
@@ -45,7 +45,7 @@ def snapshot_version(update: int, staleness: int) -> int:
 
 class RolloutWorker:
     def __init__(self, trainer):
-        self.trainer, self.staleness = trainer, trainer.config.train.staleness
+        self.trainer, self.staleness = trainer, trainer.config.runtime.staleness
         self.policy = trainer.policy.sharing_copy()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowrl-rollouts")
         self.pending: dict[int, Future] = {}
@@ -64,9 +64,9 @@ class RolloutWorker:
             missing
         ):  # e.g. a synchronous checkpoint resumed asynchronously, or a larger staleness than it was saved with
             raise UserError(
-                f"train.staleness: resuming at update {update} with staleness {self.staleness} needs the "
+                f"runtime.staleness: resuming at update {update} with staleness {self.staleness} needs the "
                 f"weights of updates {missing}, which the checkpoint does not hold; resume with the "
-                "staleness it was saved with, or train.async_rollouts: false"
+                "staleness it was saved with, or runtime.async_rollouts: false"
             )
         for u in queued:
             self.submit(u)

@@ -1,7 +1,8 @@
 """Checkpoints that resume a run exactly: trained weights (or LoRA), optimizer, EMA, RNG states and the update.
 
 Layout: <run>/checkpoints/update_000010/{trainable,ema}.safetensors, optimizer.pt, state.json, adapter.json,
-run_config.yaml (the run's config, which sampling commands read), and for LoRA runs the adapter as diffusers and peft load it (flowrl/export.py).
+run_config.yaml (the run's config, which sampling commands read), and for LoRA runs the adapter as diffusers and peft
+load it (flowrl/export.py). The Trainer's use of them (save, resume, set aside) is flowrl/run_checkpoints.py's.
 A checkpoint is written to a temporary folder and renamed, so an interruption never leaves a half-written one.
 optimizer.pt holds only tensors and plain values and loads with weights_only=True.
 """
@@ -200,27 +201,26 @@ RESUMABLE_CHANGES = frozenset(
         "run.name",
         "run.out_dir",
         "run.wandb",
-        "run.wandb_project",
         "run.deterministic",
         "pipeline.attention",
         "pipeline.vae_slicing",
         "pipeline.vae_tiling",
         "train.updates",
-        "train.microbatch_size",
-        "train.rollout_microbatch",
-        "train.decode_microbatch",
-        "train.reward_microbatch",
-        "train.async_rewards",
-        "train.async_rollouts",
-        "train.staleness",  # (switched on, a resume needs the checkpoint's snapshots: said)
-        "train.gradient_checkpointing",
-        "train.offload_text_encoders",
-        "train.embedding_cache",
         "train.checkpoint_every",
         "train.keep_checkpoints",
-        "train.threads",
-        "train.collective_timeout_minutes",
         "train.max_failed_reward_share",
+        "memory.microbatch_size",
+        "memory.rollout_microbatch",
+        "memory.decode_microbatch",
+        "memory.reward_microbatch",
+        "memory.gradient_checkpointing",
+        "memory.offload_text_encoders",
+        "memory.embedding_cache",
+        "runtime.async_rewards",
+        "runtime.async_rollouts",
+        "runtime.staleness",  # (switched on, a resume needs the checkpoint's snapshots: said)
+        "runtime.threads",
+        "runtime.collective_timeout_minutes",
         "eval.enabled",
         "eval.every",
     )
@@ -230,8 +230,11 @@ RESUMABLE_CHANGES = frozenset(
 def changed_settings(checkpoint: Path, config: dict) -> list[str]:
     """The settings (`section.field`, or a top-level key such as `reward`) whose values differ between the config a
     checkpoint's run kept (RUN_CONFIG) and `config` (config_to_dict's), beyond RESUMABLE_CHANGES; settings only one
-    of them has (a field added to flowrl since) are not compared; [] when the checkpoint kept no config."""
+    of them has (a field added to flowrl since) are not compared; [] when the checkpoint kept no config. A config
+    saved before the train section was split is read in the current layout (config.upgraded)."""
     import yaml
+
+    from flowrl.config import upgraded
 
     file = Path(checkpoint) / RUN_CONFIG
     try:
@@ -248,7 +251,7 @@ def changed_settings(checkpoint: Path, config: dict) -> list[str]:
             for field, value in (section.items() if isinstance(section, dict) else [(None, section)])
         }
 
-    ours, theirs = flat(yaml.safe_load(yaml.safe_dump(config, sort_keys=False))), flat(saved)
+    ours, theirs = flat(yaml.safe_load(yaml.safe_dump(config, sort_keys=False))), flat(upgraded(saved))
     return sorted(k for k in ours.keys() & theirs.keys() if ours[k] != theirs[k] and k not in RESUMABLE_CHANGES)
 
 
@@ -267,9 +270,12 @@ def run_config_file(checkpoint: str | Path) -> Path | None:
 
 def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
     """What the run a checkpoint belongs to evaluated with, from its config (`run_config_file`): eval steps, guidance
-    and seed, the frozen weights' precision, the pipeline's size, text length, second guidance scale, shift, reference image size, adapter override
-    and memory settings; ({}, None) where no run config is found."""
+    and seed, the frozen weights' precision, the pipeline's size, text length, second guidance scale, shift,
+    reference image size, adapter override and memory settings; ({}, None) where no run config is found. A config
+    saved before the train section was split is read in the current layout (config.upgraded)."""
     import yaml
+
+    from flowrl.config import upgraded
 
     config_file = run_config_file(checkpoint) if checkpoint else None
     if config_file is None:
@@ -280,14 +286,15 @@ def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
         return {}, None
     if not isinstance(config, dict):  # an empty or truncated file: the built-in defaults
         return {}, None
-    ev, pipe, train = config.get("eval") or {}, config.get("pipeline") or {}, config.get("train") or {}
+    config = upgraded(config)
+    ev, pipe, memory = config.get("eval") or {}, config.get("pipeline") or {}, config.get("memory") or {}
     # eval.seed: flowrl sample derives each sample's seed as the run's evaluations do, so the run's eval prompts
     # with its seed redraw its evaluation images; weight_dtype: the frozen weights' precision it sampled in
     settings = {
         "steps": ev.get("num_steps"),
         "guidance": ev.get("guidance_scale"),
         "seed": ev.get("seed"),
-        "weight_dtype": train.get("weight_dtype"),
+        "weight_dtype": memory.get("weight_dtype"),
         "height": pipe.get("height"),
         "width": pipe.get("width"),
         "num_frames": pipe.get("num_frames"),
@@ -297,11 +304,11 @@ def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
         "reference_size": pipe.get("reference_size"),
         # how it fitted in memory (settings that are off stay unsaid): flowrl sample's batch is the run's
         # rollout batch, as its evaluations sampled
-        "batch_size": train.get("rollout_microbatch") or None,
+        "batch_size": memory.get("rollout_microbatch") or None,
         "vae_tiling": pipe.get("vae_tiling") or None,
         "vae_slicing": pipe.get("vae_slicing") or None,
-        "decode_microbatch": train.get("decode_microbatch") or None,
-        "offload_text_encoders": train.get("offload_text_encoders") or None,
+        "decode_microbatch": memory.get("decode_microbatch") or None,
+        "offload_text_encoders": memory.get("offload_text_encoders") or None,
         "policy": pipe.get("policy"),
     }
     return {k: v for k, v in settings.items() if v is not None}, config_file

@@ -1,16 +1,14 @@
 """Typed experiment configs: YAML -> dataclasses, `key=value` overrides, one clear error per bad field.
 
-Every field is checked against its annotation (int, float, str, bool, Literal, X | None, list[X], nested
-dataclass); unknown keys are errors that list the known ones. Algorithm parameters are validated by the
-algorithm's own dataclass (see algorithms/).
+A run's config is a `RunConfig`: one section per concern, each a dataclass whose fields are documented by the
+string under each (docs/guide/configuration.md is generated from them by flowrl/config_docs.py). The training
+loop's own sections (train, optim, memory, runtime) are in flowrl/loop_config.py; reading YAML into dataclasses
+is flowrl/typed_yaml.py's. Algorithm parameters are validated by the algorithm's own dataclass (flowrl/algorithms).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -19,21 +17,58 @@ import yaml
 
 from flowrl.errors import ConfigError
 from flowrl.fk import FKConfig
+from flowrl.loop_config import (
+    MOVED_FROM_TRAIN,
+    DataLossSection,
+    MemorySection,
+    OptimSection,
+    RuntimeSection,
+    TrainSection,
+)
 from flowrl.rewards.base import nested_params
-from flowrl.sampling import SAMPLER_KINDS
+from flowrl.sde import SAMPLER_KINDS
+from flowrl.typed_yaml import apply_overrides, from_dict, merged
+
+__all__ = [
+    "DataLossSection",
+    "MemorySection",
+    "OptimSection",
+    "RunConfig",
+    "RuntimeSection",
+    "TrainSection",
+    "apply_overrides",
+    "config_to_dict",
+    "from_dict",
+    "load_config",
+]
 
 
 @dataclass
 class RunSection:
+    """Where the run's folder is, its seed, and how it resumes and logs."""
+
     name: str = "run"
+    """The run's name; its folder is `out_dir/name`."""
     out_dir: str = "runs"
+    """The folder that holds the run folders."""
     seed: int = 0
-    # deterministic GPU kernels, so two runs (and a resumed one) give the same numbers on a GPU too; slower, and some
-    # ops have no such kernel (PyTorch names them in an error); CPU runs repeat either way
+    """The run's seed (>= 0): every rollout's noise, prompt draw and shuffle derives from it."""
     deterministic: bool = False
-    resume: str | None = None  # a checkpoint dir, or "auto" (the newest in the run dir), or None (also auto)
-    wandb: bool = False  # also log to Weights & Biases (offline unless WANDB_MODE is set; needs `pip install wandb`)
-    wandb_project: str = "flowrl"
+    """Deterministic GPU kernels (`torch.use_deterministic_algorithms`, cuDNN without benchmarking,
+    `CUBLAS_WORKSPACE_CONFIG=:4096:8` unless set), so two runs of one config, and a resumed run, give the same
+    numbers on a GPU as they do on a CPU; slower, and an op without a deterministic kernel stops the run with
+    PyTorch's error naming it. The switches are process-wide: a later run in the same Python process keeps them."""
+    resume: str | None = None
+    """A checkpoint folder (`runs/<name>/checkpoints/update_N`), `auto` (the newest readable checkpoint of the run
+    folder) or null (also auto). Auto resumes only a run of the same settings: a run folder whose checkpoint was
+    trained with others is refused, naming them (how long it trains, memory and runtime settings, logging,
+    checkpoint and eval cadence may change). A checkpoint folder continues on purpose: changed settings are named
+    and apply from there; rewound to an older checkpoint of the run folder, the newer ones are renamed
+    `abandoned_update_N`."""
+    wandb: bool = False
+    """Also log metrics and eval sample grids to Weights & Biases (`pip install -e ".[wandb]"`), in the project
+    `$WANDB_PROJECT` (default `flowrl`); offline into the run folder unless `WANDB_MODE` says otherwise
+    (`wandb sync` uploads later)."""
 
     def validate(self):
         if self.seed < 0:  # seeds derive per-sample generator seeds, which torch takes only non-negative
@@ -47,37 +82,57 @@ class RunSection:
 
 @dataclass
 class TaskSection:
-    """The world the run trains and evaluates in: its sets, evaluation, data and config defaults (flowrl/tasks)."""
+    """The task the run trains and evaluates on (`task.name`: an embedded world's task, `prompt_file` or a dotted
+    path): its condition sets, its evaluation, its pretraining data and its
+    config defaults. A task's defaults are merged under the config (mappings key by key, the config's values win;
+    lists such as `reward` are replaced whole); `task: shapes` is short for `task: {name: shapes}`."""
 
-    name: str = "prompt_file"  # a registered task (shapes, safety, prompt_file) or package.module:Class
+    name: str = "prompt_file"
+    """A registered task (listed below) or `package.module:Class`."""
     params: dict[str, Any] = field(default_factory=dict)
+    """Passed to the task, which checks them (most tasks take none)."""
 
 
 @dataclass
 class PipelineSection:
-    path: str = ""  # a local diffusers pipeline folder
+    """The diffusers pipeline the run fine-tunes, the size it samples at, and pipeline-specific settings."""
+
+    path: str = ""
+    """The local diffusers pipeline folder (required); its class picks the policy adapter."""
     height: int | None = None
+    """Sample height; null: the pipeline's own default. A multiple of the VAE's compression times the denoiser's
+    patch side, else one error naming the field."""
     width: int | None = None
-    num_frames: int | None = None  # video families only
-    max_sequence_length: int | None = None  # text tokens (None: the pipeline's own default)
-    # Wan2.2's two experts: the CFG scale of the low-noise one (WanPipeline's guidance_scale_2), in training and
-    # evaluation; None: one scale (sampler.guidance_scale / eval.guidance_scale) for both
+    """Sample width; null as for `height`."""
+    num_frames: int | None = None
+    """Frames per video (video families only); null: the pipeline's own default."""
+    max_sequence_length: int | None = None
+    """Text tokens per prompt; null: the pipeline's own default."""
     guidance_scale_2: float | None = None
-    # Wan2.2's two experts: which train. high: the high-noise `transformer` (steps below the boundary train nothing);
-    # both: `transformer_2` too, with its own adapter (or full weights), so every step trains
+    """Wan2.2's two experts: the CFG scale wherever the low-noise expert acts (WanPipeline's `guidance_scale_2`), in
+    rollouts and evaluations; null: one scale for both. A config error on any other pipeline."""
     experts: Literal["high", "both"] = "high"
-    # the flow-matching schedule's shift, sigma' = s sigma / (1 + (s - 1) sigma), in place of the pipeline folder's
-    # scheduler config (DanceGRPO samples HunyuanVideo at 5 where the release says 7); None: the folder's. Not for
-    # schedules shifted by the image size (use_dynamic_shifting: FLUX.1-dev, FLUX.2, Qwen-Image)
+    """Wan2.2's two experts: which train. `high`: the high-noise `transformer` (steps below the boundary train
+    nothing; start-up names them); `both`: `transformer_2` too, with its own adapter (or full weights), so every
+    step trains. A config error on any other pipeline."""
     shift: float | None = None
-    # editors with reference images (FLUX.2, Qwen-Image-Edit): each image sized as the pipeline sizes it for an area
-    # of this side squared (1024: the pipelines' own; FLUX.2 shrinks larger images to it, Qwen-Image-Edit brings
-    # every image to it), keeping its aspect ratio; None: every image takes the sample size
+    """The flow-matching schedule's shift, sigma' = s sigma / (1 + (s - 1) sigma), in place of the pipeline folder's
+    scheduler config, in training, evaluation, `flowrl sample` and the demo; null: the folder's. A config error
+    for a schedule shifted by the sample size (`use_dynamic_shifting`: FLUX.1-dev, FLUX.2, Qwen-Image) or a DDIM
+    pipeline."""
     reference_size: int | None = None
-    policy: str | None = None  # adapter override: a pipeline class name or package.module:Class
-    attention: Literal["sdpa", "xformers"] = "sdpa"  # xformers: pip install -e ".[gpu]", CUDA only
-    vae_slicing: bool = False  # decode one sample at a time inside the VAE
-    vae_tiling: bool = False  # decode in overlapping tiles (large images / videos)
+    """Editors with reference images (FLUX.2, Qwen-Image-Edit): each image sized as the pipeline sizes it for an
+    N x N area, keeping its aspect ratio (1024: the pipelines' own); null: every image takes the sample size."""
+    policy: str | None = None
+    """Adapter override: a registered name (a pipeline class, or `Flux2KleinEdit` / `Flux2Edit` for FLUX.2
+    editing) or `package.module:Class`; null: the adapter of the pipeline's class. `flowrl sample`, the demo and
+    `flowrl export` take it from the run."""
+    attention: Literal["sdpa", "xformers"] = "sdpa"
+    """The attention kernel: `sdpa` (torch) or `xformers` (CUDA only, `pip install -e ".[gpu]"`)."""
+    vae_slicing: bool = False
+    """The VAE decodes one sample at a time."""
+    vae_tiling: bool = False
+    """The VAE decodes in overlapping tiles (large images, video)."""
 
     def validate(self):
         if not self.path:
@@ -91,16 +146,25 @@ class PipelineSection:
 
 @dataclass
 class LoraSection:
+    """The LoRA adapter the run trains; `lora: null` trains the full denoising network instead (then there is no
+    reference policy)."""
+
     rank: int = 16
+    """LoRA rank (>= 1)."""
     alpha: float = 32.0
-    target_modules: list[str] | None = None  # None: the family's attention projections
-    # the adapter acts only at noise levels sigma >= this (flow samplers; None: at every step). For an SDE window
-    # that trains only high-noise steps, so the LoRA leaves the low-noise steps it never learned on to the base.
+    """LoRA alpha (> 0)."""
+    target_modules: list[str] | None = None
+    """Module names to adapt; null: the family's attention projections."""
     active_from_sigma: float | None = None
-    # sampling only (the run's evaluations, `flowrl sample`, `flowrl eval`, the demo): the adapter acts at sigma >= this
-    # there, while training rollouts use it as active_from_sigma says. For a LoRA trained at every step whose
-    # low-noise part costs accuracy (the main job: docs/benchmarks.md). None: sample as active_from_sigma.
+    """The adapter acts only at noise levels sigma >= this (flow samplers; null: at every step): for an SDE window
+    that trains only high-noise steps, the low-noise steps keep the base network. Honoured by `flowrl train`,
+    `sample`, `eval` and the demo (the checkpoint's adapter.json stores it); the diffusers LoRA files and `flowrl
+    export` (which warns) apply the adapter at every step. SDE steps below it train nothing: start-up names them in
+    a warning, and stops with a config error when no SDE step is left."""
     sample_from_sigma: float | None = None
+    """Sampling only (the run's evaluations, `flowrl sample`, `flowrl eval`, the demo): the adapter acts at
+    sigma >= this there, while training rollouts use it as `active_from_sigma` says; for a LoRA trained at every
+    step whose low-noise part costs accuracy. Stored in adapter.json; null: sample as `active_from_sigma`."""
 
     def validate(self):
         if self.rank < 1:
@@ -111,15 +175,25 @@ class LoraSection:
 
 @dataclass
 class SamplerSection:
+    """How training rollouts sample: the SDE, its steps and guidance, and which steps are stochastic."""
+
     kind: str = "flow"
+    """One of `ode`, `flow` (Flow-GRPO), `dance` (DanceGRPO), `cps`, `sage`, `ddim` (epsilon-prediction
+    pipelines)."""
     noise_level: float = 0.7
+    """The SDE's noise level (for `ddim`: eta); >= 0."""
     num_steps: int = 10
+    """Sampling steps of a training rollout; >= 1."""
     guidance_scale: float = 4.5
-    sde_window_size: int = 0  # 0: every step is SDE; k > 0: a window of k SDE steps (Flow-GRPO-Fast / MixGRPO)
-    sde_window_range: list[int] = field(default_factory=lambda: [0, 5])  # the window start is drawn from [lo, hi)
-    # FK-steered training rollouts: each prompt group is one set of FK particles, resampled while denoising.
-    # The group is then not an on-policy sample (biased towards the reward); metrics flag it.
+    """Classifier-free guidance scale s in v_u + s (v_c - v_u) (1: none), for every family (Z-Image's pipeline writes
+    it as its guidance_scale + 1)."""
+    sde_window_size: int = 0
+    """0: every step is SDE; k > 0: a window of k SDE steps, the others ODE (Flow-GRPO-Fast, MixGRPO)."""
+    sde_window_range: list[int] = field(default_factory=lambda: [0, 5])
+    """The window's start is drawn from [lo, hi) each update; the window must fit in `num_steps`."""
     fk: FKConfig | None = None
+    """FK-steered training rollouts: each prompt group is one set of FK particles, resampled while denoising. The
+    group is then not an on-policy sample (biased towards the reward); metrics flag it."""
 
     def validate(self):
         if self.kind not in SAMPLER_KINDS:
@@ -149,17 +223,33 @@ class SamplerSection:
 
 @dataclass
 class AlgorithmSection:
+    """The RL method and its parameters. DanceGRPO and Flow-GRPO-Fast are `grpo` with options; `ddpo` needs
+    `sampler.kind: ddim`; `nft`, `refl`, `draft`, `mend` and `dho` train on deterministic rollouts (`sampler.kind:
+    ode`) of flow-matching pipelines; `refl`, `draft` and `mend` backpropagate through the reward and need a
+    differentiable one."""
+
     name: str = "grpo"
+    """A registered algorithm (its parameters are listed below) or `package.module:Class`."""
     params: dict[str, Any] = field(default_factory=dict)
+    """The algorithm's parameters, checked by its own parameter class."""
 
 
 @dataclass
 class RewardTerm:
-    name: str = ""  # a registered reward or package.module:Name
+    """The reward: a list of terms, whose weighted sum is the reward (default: the task's). Each term's fields are
+    below; the registered rewards and their params are listed in docs/guide/rewards.md."""
+
+    name: str = ""
+    """A registered reward or `package.module:Name` (required)."""
     weight: float = 1.0
+    """The term's weight in the sum."""
     params: dict[str, Any] = field(default_factory=dict)
-    batch_size: int = 0  # samples per call of this reward (0: as many as it is given)
-    process: bool = False  # score in a child process of its own (no GIL shared with the rollout; own memory)
+    """Passed to the reward, which checks them."""
+    batch_size: int = 0
+    """Samples per call of this reward (0: as many as it is given): for a large reward model beside small ones."""
+    process: bool = False
+    """Score this reward in a child process of its own (`flowrl serve-reward` on loopback, started and stopped by
+    the run): no GIL shared with the rollout, memory of its own; not differentiable through it."""
 
     def validate(self, where: str):
         if not self.name:
@@ -177,115 +267,36 @@ class RewardTerm:
 
 @dataclass
 class PromptsSection:
-    source: str = "train"  # a condition set of the task, or a prompt file (.txt, or .jsonl with a 'prompt' field)
+    """Where training conditions come from. Each update draws `train.groups_per_update` conditions: a set with tags
+    picks a tag, then a prompt within it (with replacement); a prompt file (or a set without tags) gives distinct
+    prompts within an update."""
 
-
-@dataclass
-class DataLossSection:
-    """Pretraining-data regularization (flowrl/data_loss.py): weight x flow-matching loss on a batch of the task's
-    pretraining data."""
-
-    weight: float = 1.0
-    batch: int = 32
-
-    def validate(self):
-        if self.weight < 0 or self.batch < 1:
-            raise ConfigError(
-                f"train.data_loss: expected weight >= 0 and batch >= 1, got {self.weight} and {self.batch}"
-            )
-
-
-@dataclass
-class TrainSection:
-    updates: int = 40
-    groups_per_update: int = 8  # prompts per update (global, over all processes)
-    group_size: int = 8  # samples per prompt
-    optimizer_steps_per_update: int = 1
-    lr: float = 3e-4
-    lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine: from lr down to 0 at the last update
-    weight_decay: float = 1e-4
-    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    grad_clip: float = 1.0
-    microbatch_size: int = 16  # samples per forward/backward in the update phase
-    rollout_microbatch: int = 0  # samples per rollout call (0: all of a process's samples at once)
-    decode_microbatch: int = 0  # samples per VAE decode (0: all at once)
-    reward_microbatch: int = 0  # samples per reward call (0: all at once)
-    async_rewards: bool = False  # score each rollout chunk in a worker thread while the next chunk samples
-    async_rollouts: bool = False  # sample in a worker thread on a weight snapshot while the learner trains
-    staleness: int = 1  # with async_rollouts: update u's batch is sampled with the weights of update max(0, u - S)
-    gradient_checkpointing: bool = False  # recompute the denoiser's activations in backward (memory for time)
-    offload_text_encoders: bool = False  # keep text encoders on the CPU, on the device only while encoding
-    embedding_cache: bool = False  # encode each distinct prompt once per run (repeated prompts skip the encoders)
-    optimizer: Literal["adamw", "adamw_8bit", "sgd"] = "adamw"  # adamw_8bit: bitsandbytes (CUDA)
-    max_failed_reward_share: float = 0.25  # samples without a finite reward (NaN, inf, raised) beyond this: stop
-    ema_decay: float = 0.0  # 0 disables EMA of the trained weights
-    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
-    weight_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"  # frozen weights (base model, VAE, text encoders)
-    # gradient through CFG's unconditional branch; None: the method's own (`uncond_grad_of`): none for likelihood
-    # ratio methods (Flow-GRPO's SD3 script detaches it), kept where the method differentiates the sampler
-    # (DRaFT, ReFL, MEND: the guided output whole, as AlignProp and DRaFT do)
-    cfg_uncond_grad: bool | None = None
-    normalize_rewards: Literal["none", "batch", "group"] = "none"  # standardize each reward term before weighting
-    checkpoint_every: int = 10
-    keep_checkpoints: int = 2
-    threads: int = 0  # torch CPU threads; 0 keeps torch's default
-    # several processes: how long a collective waits for the others. The main process judges each evaluation's
-    # samples (a VLM reward can take long) and writes checkpoints and reports while the others wait in the next
-    # collective, which may take longer than torch's 10-minute NCCL default
-    collective_timeout_minutes: int = 180
-    data_loss: DataLossSection | None = None  # regularize with the pretraining data's loss (ImageReward's ReFL)
-
-    def validate(self):
-        for name in (
-            "updates",
-            "groups_per_update",
-            "optimizer_steps_per_update",
-            "microbatch_size",
-            "collective_timeout_minutes",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"train.{name}: expected an integer >= 1, got {getattr(self, name)}")
-        if self.staleness < 0:
-            raise ConfigError(
-                f"train.staleness: expected an integer >= 0 (0: rollouts use the newest weights), got {self.staleness}"
-            )
-        for name in ("rollout_microbatch", "decode_microbatch", "reward_microbatch"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"train.{name}: expected an integer >= 0 (0: all at once), got {getattr(self, name)}")
-        if self.group_size < 2:
-            raise ConfigError(
-                f"train.group_size: expected an integer >= 2 (group advantages need it), got {self.group_size}"
-            )
-        if self.lr <= 0:
-            raise ConfigError(f"train.lr: expected a positive number, got {self.lr}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"train.weight_decay: expected a number >= 0, got {self.weight_decay}")
-        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
-            raise ConfigError(f"train.adam_betas: expected two numbers in [0, 1), got {self.adam_betas}")
-        if self.threads < 0:
-            raise ConfigError(f"train.threads: expected an integer >= 0 (0: torch's default), got {self.threads}")
-        if self.grad_clip <= 0:  # 0 would zero every gradient, a negative norm flip its sign
-            raise ConfigError(f"train.grad_clip: expected a positive gradient norm, got {self.grad_clip}")
-        if not 0 <= self.ema_decay < 1:
-            raise ConfigError(f"train.ema_decay: expected a number in [0, 1), got {self.ema_decay}")
-        if self.data_loss is not None:
-            self.data_loss.validate()
-        if self.weight_dtype != "fp32" and self.mixed_precision != self.weight_dtype:
-            raise ConfigError(
-                f"train.weight_dtype: {self.weight_dtype} weights run under autocast; expected "
-                f"train.mixed_precision: {self.weight_dtype}, got {self.mixed_precision!r}"
-            )
+    source: str = "train"
+    """A condition set of the task (`train`, `eval`, ...), or a prompt file: `.txt` with one prompt per line, or
+    `.jsonl` with a `prompt` field per line whose other fields travel with the prompt as metadata (rewards receive
+    them as `meta["conditions"]`)."""
 
 
 @dataclass
 class EvalSection:
-    every: int = 0  # evaluate every N updates (0: only before and after training)
-    prompts: str = "eval"  # a condition set of the task, or a prompt file
+    """The run's evaluations: the eval set sampled with fixed seeds before, during and after training, judged by the
+    task's own evaluation (else the run's reward per tag)."""
+
+    every: int = 0
+    """Evaluate every N updates (0: only before and after training)."""
+    prompts: str = "eval"
+    """The eval conditions: a set of the task or a prompt file, as in `prompts.source`; every item is checked by the
+    task before training (one error naming a prompt it cannot judge)."""
     num_per_prompt: int = 4
+    """Samples per eval prompt (>= 1)."""
     num_steps: int = 20
+    """Sampling steps of an eval sample (>= 1; ODE sampling)."""
     guidance_scale: float = 4.5
+    """CFG scale of eval samples."""
     seed: int = 2024
+    """The eval seed (>= 0, not `run.seed`); eval sample k of prompt p starts from the same noise in every run."""
     enabled: bool = True
+    """Evaluate at all (false: no evaluations, no before / after grid)."""
 
     def validate(self):
         for name in ("num_per_prompt", "num_steps"):
@@ -298,16 +309,34 @@ class EvalSection:
 
 @dataclass
 class RunConfig:
+    """A run's config: one section per concern (a YAML mapping each; `reward` a list of terms)."""
+
     run: RunSection = field(default_factory=RunSection)
+    """The run's folder, seed, resume and logging."""
     task: TaskSection = field(default_factory=TaskSection)
+    """The task the run trains and evaluates on."""
     pipeline: PipelineSection = field(default_factory=PipelineSection)
+    """The diffusers pipeline fine-tuned."""
     lora: LoraSection | None = field(default_factory=LoraSection)
+    """The adapter trained; null: full fine-tuning."""
     sampler: SamplerSection = field(default_factory=SamplerSection)
+    """How training rollouts sample."""
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
+    """The RL method."""
     reward: list[RewardTerm] = field(default_factory=list)
+    """The reward: a weighted sum of terms."""
     prompts: PromptsSection = field(default_factory=PromptsSection)
+    """Where training conditions come from."""
     train: TrainSection = field(default_factory=TrainSection)
+    """What an update is, and checkpoints."""
+    optim: OptimSection = field(default_factory=OptimSection)
+    """The optimizer, its schedule, clipping and EMA."""
+    memory: MemorySection = field(default_factory=MemorySection)
+    """Batch cuts, recomputation, offloading and precision."""
+    runtime: RuntimeSection = field(default_factory=RuntimeSection)
+    """Threads, processes and overlap."""
     eval: EvalSection = field(default_factory=EvalSection)
+    """The run's evaluations."""
 
     def validate(self):
         self.run.validate()
@@ -316,6 +345,9 @@ class RunConfig:
             self.lora.validate()
         self.sampler.validate()
         self.train.validate()
+        self.optim.validate()
+        self.memory.validate()
+        self.runtime.validate()
         self.eval.validate()
         for name in ("active_from_sigma", "sample_from_sigma"):
             gate = getattr(self.lora, name) if self.lora is not None else None
@@ -349,108 +381,39 @@ class RunConfig:
             term.validate(f"reward[{i}]")
 
 
-def _type_name(tp) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+def upgraded(data: dict) -> dict:
+    """A saved run config (config_to_dict's, as a run folder's config.yaml and each checkpoint's run_config.yaml
+    hold it) in the current layout: the fields the `train` section held before it was split moved to their sections;
+    a config already in the current layout is returned as it is.
 
+    Args:
+        data: the saved config, a mapping of sections.
 
-def _convert(value, tp, where: str):
-    """Check / coerce `value` to annotation `tp`; ConfigError naming `where` otherwise."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for option in (a for a in args if a is not type(None)):
-            try:
-                return _convert(value, option, where)
-            except ConfigError as error:
-                errors.append(str(error))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: expected {_type_name(tp)}, got {value!r}")
-    if origin is Literal:
-        if value is False and "no" in args:  # YAML 1.1 reads a bare `no` as false (mixed_precision: no)
-            value = "no"
-        if value not in args:
-            raise ConfigError(f"{where}: expected one of {list(args)}, got {value!r}")
-        return value
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        return [_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return dict(value)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, where)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
-    if tp is float:
-        number = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        elif isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
-            try:
-                number = float(value)
-            except ValueError:
-                pass
-        if number is not None and math.isfinite(number):  # (a range check `x <= 0` lets NaN through)
-            return number
-        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
-    raise ConfigError(f"{where}: unsupported field type {tp}")
-
-
-def from_dict(cls, data, where: str = ""):
-    """Build dataclass `cls` from a mapping, checking every field; `where` prefixes field names in errors."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in data:
-        if key not in names:
-            raise ConfigError(f"{where + '.' if where else ''}{key}: unknown field; known fields: {', '.join(names)}")
-    kwargs = {k: _convert(v, hints[k], f"{where + '.' if where else ''}{k}") for k, v in data.items()}
-    return cls(**kwargs)
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply `a.b.c=value` strings (value parsed as YAML) to a nested mapping."""
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected key=value, e.g. train.lr=1e-4")
-        key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            value = raw
-        node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            if node.get(part) is None:
-                node[part] = {}
-            if not isinstance(node[part], dict):
-                raise ConfigError(f"override {item!r}: {part} is not a section")
-            node = node[part]
-        node[parts[-1]] = value
+    Returns:
+        A new mapping (`data` is not changed)."""
+    train = data.get("train")
+    if not isinstance(train, dict) or not MOVED_FROM_TRAIN.keys() & train.keys():
+        return data
+    data = {**data, "train": {k: v for k, v in train.items() if k not in MOVED_FROM_TRAIN}}
+    for key, section in MOVED_FROM_TRAIN.items():
+        if key in train:
+            data[section] = {**(data.get(section) or {}), key: train[key]}
     return data
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
-    """Read, override and validate a YAML config."""
+    """Read, override and validate a YAML config.
+
+    Args:
+        path: the YAML file.
+        overrides: `section.field=value` strings, each value parsed as YAML, applied in order.
+
+    Returns:
+        The validated RunConfig, the named task's defaults under it.
+
+    Raises:
+        ConfigError: one line naming the first bad field or file.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; expected a YAML file such as configs/shapes_grpo.yaml")
@@ -467,6 +430,13 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
     ):  # `task: shapes` is short for `task: {name: shapes}`; overrides may add params
         data["task"] = {"name": data["task"]}
     data = apply_overrides(data, list(overrides))
+    train = data.get("train")
+    for key in train if isinstance(train, dict) else ():
+        if key in MOVED_FROM_TRAIN:  # a config written before the train section was split by concern
+            raise ConfigError(
+                f"train.{key}: moved to {MOVED_FROM_TRAIN[key]}.{key} (the train section is split into train, "
+                "optim, memory and runtime)"
+            )
     config = from_dict(RunConfig, with_task_defaults(data))
     config.validate()
     return config
@@ -485,15 +455,9 @@ def with_task_defaults(data: dict) -> dict:
         return data
     from flowrl.tasks.base import TASKS
 
-    return _merge(TASKS.get(name, "task.name").defaults, data)
-
-
-def _merge(base: dict, top: dict) -> dict:
-    merged = dict(base)
-    for key, value in top.items():
-        merged[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
-    return merged
+    return merged(TASKS.get(name, "task.name").defaults, data)
 
 
 def config_to_dict(config) -> dict:
+    """`config` (a RunConfig or any section) as plain mappings and lists, as YAML and W&B take it."""
     return dataclasses.asdict(config)

@@ -1,7 +1,7 @@
 """Pretraining-data regularization: a flow-matching loss on (image, prompt) pairs from the data the pipeline was
 pretrained on, added to an algorithm's loss at every optimizer step.
 
-ImageReward's ReFL (Xu et al. 2023) alternates its reward loss with the pretraining loss for this reason: a
+ImageReward's ReFL (Xu et al., arXiv 2304.05977) alternates its reward loss with the pretraining loss for this reason: a
 reward-gradient method climbs whatever its learned reward likes, and the data loss keeps the generator on the
 distribution the reward was fitted to. The data comes from the task (`Task.data_batch`; in the shapes world the
 renderer itself); the policy encodes it into its latent space (`encode_images`). Batches are drawn from

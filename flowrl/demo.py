@@ -14,7 +14,6 @@ import contextlib
 import json
 import shutil
 import tempfile
-from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
@@ -219,7 +218,7 @@ class Comparison:
         """Editing pipelines take the instruction as `prompt` and `source` (else the world's scene), then any
         further `references` (uint8 [H, W, 3] each); the first entries are then the source and each reference,
         unscored, and an uploaded source's edits go unscored too (the world's verifier needs the world's scene)."""
-        from flowrl.generate import generate_samples
+        from flowrl.inference import generate_samples
         from flowrl.tasks.base import Condition
 
         if not 0 <= seed < 2**63:  # seeds are hashed into 63-bit ones (numpy's SeedSequence takes no negatives)
@@ -289,7 +288,6 @@ def build_demo(
     encoders, which then never reach the device)."""
     import gradio as gr
 
-    from flowrl.cli import sample_spec
     from flowrl.policies import load_pipeline, place_for_sampling, policy_for, sampling_placement
     from flowrl.rewards import build_reward, check_reward
 
@@ -317,7 +315,7 @@ def build_demo(
         raise ConfigError(
             f"--reward: {reward} scores {' and '.join(scorer.modalities)}, but the pipeline samples {modality}"
         )
-    spec = sample_spec(Namespace(height=size[0], width=size[1], num_frames=size[2]), policy)
+    spec = policy.sample_spec(size[0], size[1], size[2], ("--height", "--width"))  # as `flowrl sample` sizes them
     folder = Path(tempfile.mkdtemp(prefix="flowrl_demo_"))  # GIFs and meshes are shown from files written here
     atexit.register(shutil.rmtree, folder, ignore_errors=True)  # served while the demo runs; gone when it exits
     compare = Comparison(policy, models, scorer, steps, guidance_scale, spec, folder, precision)

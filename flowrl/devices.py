@@ -7,7 +7,7 @@ import os
 import torch
 
 # samples (or states) per no-grad call where no memory setting bounds it: sampling, evaluation batches, the old
-# velocities NFT, DHO and DPO regress around (a run's train.rollout_microbatch / reward_microbatch replace it)
+# velocities NFT, DHO and DPO regress around (a run's memory.rollout_microbatch / reward_microbatch replace it)
 DEFAULT_BATCH_SIZE = 64
 
 

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import torch
 import yaml
 
+from flowrl.builders import adapter_description
 from flowrl.checkpoint import checkpoint_update, sampling_gate
 from flowrl.config import RunConfig, config_to_dict
 from flowrl.devices import DEFAULT_BATCH_SIZE
 from flowrl.errors import ConfigError
-from flowrl.generate import contiguous_share, generate_samples, particle_sampler, sample_seeds
+from flowrl.inference import contiguous_share, generate_samples, particle_sampler, sample_seeds
 from flowrl.prompt_source import PromptSource
 from flowrl.report import MetricsLog, image_grid, number, plot_rewards, save_json, tile, write_report
-from flowrl.samples import VideoSamples, side_by_side_clips
+from flowrl.run_checkpoints import swap_in_ema, write_config
+from flowrl.sample_io import VideoSamples, side_by_side_clips
 from flowrl.tasks.base import build_task, condition_runs, format_metrics, tag_metrics
-from flowrl.train import Trainer, adapter_description, write_config
+from flowrl.train import Trainer
 
 GRID_PROMPTS = 12
 
@@ -43,37 +46,46 @@ def sampled_as_checkpoint(trainer: Trainer):
 
 
 def evaluate(trainer: Trainer, desc: str, judge: bool = True):
-    """Sample the task's eval set with fixed seeds and measure it: (metrics, samples, condition per sample).
+    """Sample the task's eval set with fixed seeds and measure it.
 
     The task's own evaluation when it has one (e.g. the shapes verifier), else the run's reward per tag. A LoRA
     samples here with its sampling gate (lora.sample_from_sigma), as `flowrl sample` draws from the checkpoint.
     Every process samples a contiguous share of the eval prompts, each with all its samples (so a group rubric sees
     a prompt's samples together, and reward calls take whole prompts); each sample keeps the seed it has in a
-    one-process run, so the split changes no sample's noise (nor an FK-resampling steer's draws: generate.py). With the run's reward, every process also scores its
-    own share (a VLM judge on 8 GPUs scores 8 times as fast). The main process gathers samples (and scores) and
-    judges: it returns (metrics, samples, items), the others (None, None, items). `judge=False` only draws and
-    gathers (metrics None)."""
-    from flowrl.train import RewardFailure
+    one-process run, so the split changes no sample's noise (nor an FK-resampling steer's draws: inference.py). With
+    the run's reward, every process also scores its own share (a VLM judge on 8 GPUs scores 8 times as fast). The
+    main process gathers samples (and scores) and judges.
 
-    c = trainer.config.eval
-    conditions = eval_conditions(trainer.task, c.prompts)
-    k = c.num_per_prompt
+    Args:
+        trainer: the run's Trainer (its policy, in its EMA weights if the caller swapped them in).
+        desc: the progress bar's label (main process).
+        judge: measure the samples; False only draws and gathers them.
+
+    Returns:
+        (metrics, samples, the condition of each sample) on the main process, (None, None, conditions) on the
+        others; metrics None when not judged.
+    """
+    from flowrl.collect import RewardFailure
+
+    evaluation = trainer.config.eval
+    conditions = eval_conditions(trainer.task, evaluation.prompts)
+    k = evaluation.num_per_prompt
     items = [item for item in conditions for _ in range(k)]
-    seeds = sample_seeds(c.seed, len(conditions), k)
+    seeds = sample_seeds(evaluation.seed, len(conditions), k)
     prompts, real = eval_share(len(conditions), trainer.rank, trainer.world)
     mine = [p * k + j for p in prompts for j in range(k)]
     with sampled_as_checkpoint(trainer) as policy:
-        # as many samples per call as a rollout takes (train.rollout_microbatch), or the default where that is unbounded
-        batch = trainer.config.train.rollout_microbatch or DEFAULT_BATCH_SIZE
+        # as many samples per call as a rollout takes (memory.rollout_microbatch), or the default where unbounded
+        batch = trainer.config.memory.rollout_microbatch or DEFAULT_BATCH_SIZE
         steer = trainer.task.eval_steer(policy)
         kind, noise_level = particle_sampler(policy) if steer is not None and steer.particles > 1 else ("ode", 0.0)
         samples, _ = generate_samples(
             policy,
             [items[i] for i in mine],
             1,
-            c.seed,
-            c.num_steps,
-            c.guidance_scale,
+            evaluation.seed,
+            evaluation.num_steps,
+            evaluation.guidance_scale,
             trainer.spec,
             kind,
             noise_level,
@@ -83,7 +95,7 @@ def evaluate(trainer: Trainer, desc: str, judge: bool = True):
             seeds=[seeds[i] for i in mine],
         )
     own = samples.select(list(range(real * k)))
-    reward_batch = trainer.config.train.reward_microbatch or DEFAULT_BATCH_SIZE
+    reward_batch = trainer.config.memory.reward_microbatch or DEFAULT_BATCH_SIZE
     scores, error = None, None
     if judge and not trainer.task.judges_samples():
         try:
@@ -93,7 +105,7 @@ def evaluate(trainer: Trainer, desc: str, judge: bool = True):
             )
         except Exception as failure:  # every process stops together, not one while the others wait to gather
             error = f"{type(failure).__name__}: {failure}"
-    wait = trainer.config.train.collective_timeout_minutes
+    wait = trainer.config.runtime.collective_timeout_minutes
     failed = [(rank, e) for rank, e in enumerate(all_processes(error, trainer.world, wait)) if e is not None]
     if failed:
         raise RewardFailure(f"evaluation: the reward failed on process {failed[0][0]}: {failed[0][1]}")
@@ -228,6 +240,16 @@ def log_samples(log: MetricsLog, samples, update: int, per_prompt: int, prompts:
 
 
 def run_experiment(config: RunConfig) -> Path:
+    """`flowrl train`: train `config` with its run folder around it: the config, metrics.csv (and TensorBoard, W&B),
+    evaluations before, every eval.every updates and after training (eval.json, sample grids), the reward curve,
+    the before / after grid and report.html. A run folder with checkpoints resumes (run.resume).
+
+    Args:
+        config: the run's config.
+
+    Returns:
+        The run folder.
+    """
     if config.eval.enabled:  # fail in seconds, before the model loads, not after training
         eval_conditions(build_task(config.task.name, config.task.params), config.eval.prompts)
     trainer = Trainer(config)
@@ -236,11 +258,12 @@ def run_experiment(config: RunConfig) -> Path:
     if trainer.is_main:
         write_config(config, run_dir)
     evals = json.loads(evals_path.read_text()) if evals_path.is_file() else {}
-    resume_path = trainer.resume_path()
+    resume_path = trainer.checkpoints.resume_path()
     resumed_at = checkpoint_update(resume_path)
     if resumed_at is not None:  # an abandoned attempt's evaluations past the checkpoint go, as its metrics rows do
         evals = {key: value for key, value in evals.items() if int(key) <= resumed_at}
-    wandb = {"project": config.run.wandb_project, "name": config.run.name, "config": config_to_dict(config)}
+    project = os.environ.get("WANDB_PROJECT", "flowrl")
+    wandb = {"project": project, "name": config.run.name, "config": config_to_dict(config)}
     log = (
         MetricsLog(run_dir, wandb=wandb if config.run.wandb else None, resumed_at=resumed_at)
         if trainer.is_main
@@ -265,7 +288,7 @@ def run_experiment(config: RunConfig) -> Path:
         if log is not None:
             log.append(update, metrics)
         if do_eval and config.eval.every and update % config.eval.every == 0 and update < config.train.updates:
-            with trainer.swap_in_ema():
+            with swap_in_ema(trainer.params, trainer.state.ema):
                 result, samples, _ = evaluate(trainer, f"eval {update}")
             if trainer.is_main:
                 evals[str(update)] = result
@@ -274,7 +297,7 @@ def run_experiment(config: RunConfig) -> Path:
 
     trainer.run(on_update, every_process=True)
     if do_eval:
-        with trainer.swap_in_ema():
+        with swap_in_ema(trainer.params, trainer.state.ema):
             result, tuned_samples, items = evaluate(trainer, "eval tuned")
         if not base_evaluated:  # resumed: regenerate the base samples for the grid with the adapter off
             base_samples = _base_samples(trainer)

@@ -1,13 +1,14 @@
 """Checkpoints in the formats people load without flowrl.
 
-A LoRA checkpoint also holds its adapter as diffusers writes it (`pytorch_lora_weights.safetensors`, with the
-LoRA config in the file's metadata so alpha / rank is restored: `pipe.load_lora_weights(checkpoint_dir)` gives
-flowrl's model exactly, except that a LoRA gated to high noise levels (lora.sample_from_sigma / active_from_sigma)
-needs `lora_gate_callback` too: such a checkpoint holds LORA_GATE_FILE saying so) and as peft writes it (`adapter_config.json` + `adapter_model.safetensors`:
-`PeftModel.from_pretrained(pipe.transformer, checkpoint_dir)`). The weights exported are the ones flowrl samples
-with: the EMA when the run keeps one. Wan2.2 with both experts trained (pipeline.experts: both) adds the low-noise
-expert's adapter as `pytorch_lora_weights_transformer_2.safetensors` (`pipe.load_lora_weights(checkpoint_dir,
-weight_name=..., load_into_transformer_2=True)`) and in peft's layout under `transformer_2/`.
+A LoRA checkpoint also holds its adapter as diffusers writes it (`pytorch_lora_weights.safetensors`, with the LoRA
+config in the file's metadata so alpha / rank is restored: `pipe.load_lora_weights(checkpoint_dir)` gives flowrl's model
+exactly, except that a LoRA gated to high noise levels (lora.sample_from_sigma / active_from_sigma) needs
+`lora_gate_callback` too: such a checkpoint holds LORA_GATE_FILE saying so) and as peft writes it (`adapter_config.json`
++ `adapter_model.safetensors`: `PeftModel.from_pretrained(pipe.transformer, checkpoint_dir)`). The weights exported are
+the ones flowrl samples with: the EMA when the run keeps one. Wan2.2 with both experts trained (pipeline.experts: both)
+adds the low-noise expert's adapter as `pytorch_lora_weights_transformer_2.safetensors`
+(`pipe.load_lora_weights(checkpoint_dir, weight_name=..., load_into_transformer_2=True)`) and in peft's layout under
+`transformer_2/`.
 """
 
 from __future__ import annotations
@@ -116,12 +117,12 @@ def stored_dtype(pipeline_dir) -> str:
 
 def export_pipeline(pipeline_dir, checkpoint, out, dtype: str | None = None) -> Path:
     """The pipeline with a checkpoint's weights (EMA when present; a LoRA fused into the base weights), the trained
-    network saved in `dtype` (default: the precision the folder stores its denoiser in, `stored_dtype`: a released
-    bf16 model is written in bf16, not doubled to fp32) with `save_pretrained` so `DiffusionPipeline.from_pretrained(out)`
+    network saved in `dtype` (default: the precision the folder stores its denoiser in, `stored_dtype`: a released bf16
+    model is written in bf16, not doubled to fp32) with `save_pretrained` so `DiffusionPipeline.from_pretrained(out)`
     loads the tuned model without flowrl; the networks training left alone are copied from the folder as stored.
 
-    The pipeline loads in `dtype`, not fp32 then cast: FLUX with T5-XXL needs about 34 GB of host memory in bf16, 67
-    in fp32. The fp32 LoRA's update is added to each half-precision weight in fp32 and rounded once, so for base
+    The pipeline loads in `dtype`, not fp32 then cast: half the host memory of an fp32 load for a bf16
+    model. The fp32 LoRA's update is added to each half-precision weight in fp32 and rounded once, so for base
     weights a half-precision number holds exactly (released bf16 weights exported in bf16) the result is the fp32
     fuse's, rounded (tested)."""
     from flowrl.atomic import new_folder
@@ -160,7 +161,7 @@ def write_export(pipeline_dir, checkpoint, out: Path, dtype: str | None) -> None
             f"warning: {checkpoint} samples with its LoRA only at sigma >= {policy.lora_active_from_sigma} "
             "(lora.active_from_sigma / sample_from_sigma); the exported pipeline applies the tuned weights at every "
             "step (to keep the gate: the checkpoint's LoRA with load_lora_weights and "
-            "flowrl.export.lora_gate_callback, docs/cli.md)",
+            "flowrl.export.lora_gate_callback, docs/guide/cli.md)",
             file=sys.stderr,
         )
     if policy.has_lora:

@@ -11,6 +11,13 @@ resamplings; at a scheduled step the particles of each prompt are resampled (mul
 sample size 1 / sum(w_norm^2) is below ess_threshold * k (ess_threshold 1 resamples at every scheduled step where
 the weights are not all equal), and always at the final step. Works for every policy: it runs as a rollout callback
 on the policy's x0 prediction.
+
+Deviations from the paper's public code:
+- weights are kept in log space with no clamp to [0, 1e10];
+- ESS-adaptive resampling is on by default (threshold 0.5), every second step by default;
+- a steered sample is the first particle of its set after the final resampling;
+- as a training-time sampler (`sampler.fk`) the resampled groups are not importance-corrected: the policy's
+  log-probabilities are those of the resampled paths.
 """
 
 from __future__ import annotations
@@ -26,11 +33,19 @@ POTENTIALS = ("diff", "max", "add", "rt")
 @dataclass
 class FKConfig:
     num_particles: int = 4
+    """Particles per set: a prompt group's samples, so it must equal train.group_size."""
     lam: float = 10.0
+    """lambda of the potentials: the particles' final distribution is p(x0) exp(lambda r(x0))."""
     potential: Literal["diff", "max", "add", "rt"] = "diff"
-    resample_every: int = 2  # steps between scheduled resamplings
-    resample_range: list[int] | None = None  # [start, end] steps (inclusive); None: the whole trajectory
+    """How intermediate rewards make the potential: `diff` (lambda (r_t - r_prev)), `max`, `add` or `rt` (lambda r_t).
+    """
+    resample_every: int = 2
+    """Steps between scheduled resamplings (>= 1)."""
+    resample_range: list[int] | None = None
+    """[start, end] steps (inclusive) where resampling may happen; null: the whole trajectory."""
     ess_threshold: float = 0.5
+    """A scheduled step resamples when the effective sample size is below this share of the particles, in [0, 1] (1: at
+    every scheduled step where the weights are not all equal); the final step always resamples."""
 
     def validate(self, where: str = "fk"):
         from flowrl.errors import ConfigError
@@ -69,7 +84,7 @@ def log_potential(kind: str, lam: float, r_t: torch.Tensor, r_prev: torch.Tensor
 
 def normalized_weights(log_weights: torch.Tensor) -> torch.Tensor:
     """[G, k] log-weights -> each group's normalised weights, a particle whose log-weight is not finite (its reward
-    failed: NaN) weighing 0 (methods.md 3), a group with no valid particle uniform."""
+    failed: NaN) weighing 0 (as the reference code maps NaN weights), a group with no valid particle uniform."""
     valid = torch.isfinite(log_weights)
     lw = torch.where(valid, log_weights.double(), torch.full_like(log_weights, float("-inf"), dtype=torch.float64))
     w = torch.softmax(lw, dim=1)
@@ -159,7 +174,7 @@ class FKSteering:
 
 
 class FKSteer:
-    """FK steering of generation (generate.Steer): each output is the first particle of its own resampled set of
+    """FK steering of generation (inference.Steer): each output is the first particle of its own resampled set of
     `num_particles`, and its record carries that particle's final reward."""
 
     def __init__(self, config: FKConfig, reward):

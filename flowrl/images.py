@@ -49,11 +49,11 @@ def item_images(
     """A condition item's input images, each float [3, H, W] in [0, 1], from, in order: its inputs[key] (one image or
     a list of them: uint8 [H, W, 3] arrays, float tensors [3, H, W] in [0, 1], or PIL images), its meta["image"] (a
     path to an image file, or a list of paths, e.g. from a .jsonl prompt file; resized to `size` when given), or the
-    image the task `world` (by registered name) makes for a prompt of its grammar (its `condition_image(item)`: the
-    policies know no world themselves). Several images are an editor's source followed by further reference images.
-    `needed_by` names the pipeline kind in the error for a prompt that has none; `size` (when given) is checked;
-    `resize_to` (height, width), when given, is the size each is brought to (`resized`: an editor's source at the
-    sample size)."""
+    image the world named `world` makes for a prompt of its grammar, asked of that world's task by its registered
+    name (`condition_image(item)`: the policies know no world themselves; None: no world). Several images are an
+    editor's source followed by further reference images. `needed_by` names the pipeline kind in the error for a
+    prompt that has none; `size` (when given) is checked; `resize_to` (height, width), when given, is the size each
+    is brought to (`resized`: an editor's source at the sample size)."""
     from pathlib import Path
 
     from flowrl.errors import UserError

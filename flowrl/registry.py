@@ -3,7 +3,7 @@
 A name resolves to (1) something registered with `register`, (2) a built-in, whose module is imported on first use
 (so importing flowrl loads no reward model, task or safety code it does not need), or (3) a dotted path
 `package.module:Name` to a user's own class or factory, imported from their package: how flowrl is extended
-without editing it (docs/extending.md).
+without editing it (docs/guide/extending.md).
 """
 
 from __future__ import annotations

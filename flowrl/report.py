@@ -20,7 +20,7 @@ from flowrl.atomic import write_whole
 
 
 def cpu_model() -> str:
-    """The CPU's model name (lscpu), for timings: per-update costs differ ~1.5-2.6x between this project's machines."""
+    """The CPU's model name (lscpu), for timings: per-update costs differ widely between CPU models."""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
         return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
@@ -204,12 +204,14 @@ def write_report(
         for tag in before["tags"]:
             b, a = number(before["tags"][tag]), number(after["tags"].get(tag))
             out.append(
-                f"<tr><td>{html.escape(str(tag))}</td><td>{cell(before, tag)}</td><td>{cell(after, tag)}</td><td>{a - b:+.3f}</td></tr>"
+                f"<tr><td>{html.escape(str(tag))}</td><td>{cell(before, tag)}</td><td>{cell(after, tag)}</td>"
+                f"<td>{a - b:+.3f}</td></tr>"
             )
         b, a = number(before["overall"]), number(after["overall"])
         out.append(
             f"<tr><th>overall</th><th>{cell(before, None)}</th><th>{cell(after, None)}</th><th>{a - b:+.3f}</th>"
-            "</tr></table><p>&plusmn;: 95% interval (1.96 standard errors, the task's conditions as the sampling unit).</p>"
+            "</tr></table><p>&plusmn;: 95% interval (1.96 standard errors, the task's conditions as the sampling "
+            "unit).</p>"
         )
         return "\n".join(out)
 

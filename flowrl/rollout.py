@@ -19,6 +19,8 @@ from flowrl.policies.base import Conditioning, FlowPolicy
 
 @dataclass
 class Trajectory:
+    """What a rollout keeps of a batch: every step's latents and log-probs, and what they were drawn under."""
+
     latents: torch.Tensor  # [T + 1, B, ...] fp32; latents[0] is the initial noise, latents[-1] the sample
     log_probs: torch.Tensor  # [T, B] log pi(latents[i + 1] | latents[i]); 0 on deterministic steps
     sigmas: torch.Tensor  # [T + 1] schedule points: sigmas (flow), DDIM timesteps with -1 for the end (epsilon)
@@ -30,10 +32,12 @@ class Trajectory:
 
     @property
     def final(self) -> torch.Tensor:
+        """The samples' final latents [B, ...]."""
         return self.latents[-1]
 
     @property
     def num_steps(self) -> int:
+        """The number of sampler steps T."""
         return self.log_probs.shape[0]
 
 
@@ -51,6 +55,7 @@ class StepState:
 
 
 def sample_generators(seeds: list[int]) -> list[torch.Generator]:
+    """One CPU generator per sample, seeded with its seed."""
     return [torch.Generator().manual_seed(int(s)) for s in seeds]
 
 

@@ -1,6 +1,6 @@
 """Two gloo processes, one DDP-wrapped module holding a buffer: rank 0 runs two forwards with grad per step (the
 first with the weight unused, as a gated LoRA's adapter-free pass), rank 1 one; each then a backward. With
-`flowrl.train.without_buffer_broadcast` the steps finish and the gradients agree; with DDP's default, rank 0's
+`flowrl.builders.without_buffer_broadcast` the steps finish and the gradients agree; with DDP's default, rank 0's
 extra buffer broadcast pairs with rank 1's gradient all-reduce."""
 
 import datetime
@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from run_helpers import exit_without_teardown  # this script's folder, tests/, is first on sys.path
 
-from flowrl.train import without_buffer_broadcast
+from flowrl.builders import without_buffer_broadcast
 
 
 class Net(torch.nn.Module):

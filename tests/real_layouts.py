@@ -1,7 +1,8 @@
 """Tiny random pipelines with the layouts of the released models flowrl's configs/real/ target, built offline:
 SD3.5-Medium (dual-attention first layer, QK RMS-norm, 16-channel VAE at 8x, shift 3), FLUX.1-dev (guidance
 embedding, 16-channel VAE packed 2x2, dynamic shifting), Wan2.1 (UMT5-style T5, UniPC with flow sigmas),
-SD 1.5 (UNet, 4-channel VAE at 8x, PNDM) and Qwen-Image (Qwen2.5-VL text encoder, Wan-style VAE, exponential shift). Sizes are toy; the classes, configs and code paths are the real ones."""
+SD 1.5 (UNet, 4-channel VAE at 8x, PNDM) and Qwen-Image (Qwen2.5-VL text encoder, Wan-style VAE, exponential shift).
+Sizes are toy; the classes, configs and code paths are the real ones."""
 
 from __future__ import annotations
 

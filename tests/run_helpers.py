@@ -11,7 +11,20 @@ import yaml
 from flowrl.config import load_config
 
 
+def by_section(**fields) -> dict:
+    """Fields of the training loop's sections (train, optim, memory, runtime) as config sections, each field in the
+    section that holds it: by_section(updates=2, lr=1e-3) == {"train": {"updates": 2}, "optim": {"lr": 1e-3}}."""
+    from flowrl.loop_config import MOVED_FROM_TRAIN
+
+    sections = {}
+    for key, value in fields.items():
+        sections.setdefault(MOVED_FROM_TRAIN.get(key, "train"), {})[key] = value
+    return sections
+
+
 def tiny_run_config(path: Path, pipeline_dir: Path, out_dir: Path, name: str, **train) -> Path:
+    """A small run of the shapes task on `pipeline_dir`; `train`: fields of the train, optim, memory or runtime
+    sections, each put in its own section (by_section)."""
     data = {
         "run": {"name": name, "out_dir": str(out_dir), "seed": 0},
         "task": {"name": "shapes"},
@@ -21,18 +34,20 @@ def tiny_run_config(path: Path, pipeline_dir: Path, out_dir: Path, name: str, **
         "algorithm": {"name": "grpo", "params": {"clip_range": 1e-3, "timestep_fraction": 0.5}},
         "reward": [{"name": "jpeg_compressibility"}],
         "prompts": {"source": "train"},
-        "train": {
-            "updates": 3,
-            "groups_per_update": 2,
-            "group_size": 4,
-            "lr": 1e-3,
-            "microbatch_size": 4,
-            "optimizer_steps_per_update": 2,
-            "ema_decay": 0.5,
-            "checkpoint_every": 1,
-            "threads": 1,
-            **train,
-        },
+        **by_section(
+            **{
+                "updates": 3,
+                "groups_per_update": 2,
+                "group_size": 4,
+                "lr": 1e-3,
+                "microbatch_size": 4,
+                "optimizer_steps_per_update": 2,
+                "ema_decay": 0.5,
+                "checkpoint_every": 1,
+                "threads": 1,
+                **train,
+            }
+        ),
         "eval": {"enabled": False},
     }
     path.write_text(yaml.safe_dump(data))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from run_helpers import by_section
 
 from flowrl.config import load_config
 from flowrl.sdf import grid_points
@@ -24,16 +25,18 @@ def config_file(tmp_path, pipeline_dir, name, algorithm="grpo", params=None, kin
         "algorithm": {"name": algorithm, "params": params or {"clip_range": 1e-2, "timestep_fraction": 0.5}},
         "reward": [{"name": "silhouette_iou"}, {"name": "shape_match", "weight": 0.5}],
         "prompts": {"source": "train"},
-        "train": {
-            "updates": 3,
-            "groups_per_update": 2,
-            "group_size": 4,
-            "lr": 1e-2,
-            "microbatch_size": 8,
-            "checkpoint_every": 1,
-            "threads": 1,
-            **train,
-        },
+        **by_section(
+            **{
+                "updates": 3,
+                "groups_per_update": 2,
+                "group_size": 4,
+                "lr": 1e-2,
+                "microbatch_size": 8,
+                "checkpoint_every": 1,
+                "threads": 1,
+                **train,
+            }
+        ),
         "eval": {"enabled": False},
     }
     path = tmp_path / f"{name}.yaml"
@@ -56,9 +59,9 @@ def sphere_field(radius=0.5, resolution=32):
 
 # ---- policy and samples -----------------------------------------------------------------------------------------
 def test_policy_samples_shape_fields_conditioned_on_the_world_render(tiny_shapes3d_dir):
-    from flowrl.generate import generate_samples
+    from flowrl.inference import generate_samples
     from flowrl.policies import load_pipeline, policy_for
-    from flowrl.samples import ShapeSamples
+    from flowrl.sample_io import ShapeSamples
 
     policy = policy_for(load_pipeline(tiny_shapes3d_dir))
     items = eval_conditions()[:2]
@@ -79,7 +82,7 @@ def test_policy_samples_shape_fields_conditioned_on_the_world_render(tiny_shapes
 def test_shape_samples_write_meshes_and_read_back(tmp_path):
     import trimesh
 
-    from flowrl.samples import ShapeSamples, read_samples, write_samples
+    from flowrl.sample_io import ShapeSamples, read_samples, write_samples
 
     fields = torch.from_numpy(np.stack([sphere_field(0.5), sphere_field(0.3)]))
     samples = ShapeSamples(fields)
@@ -124,8 +127,8 @@ def test_geometric_rewards_score_the_truth_high_and_broken_shapes_low():
 
 
 def test_rewards_refuse_other_modalities(tmp_path, tiny_sd3_dir):
+    from flowrl.builders import build_rewards
     from flowrl.errors import ConfigError
-    from flowrl.train import build_rewards
 
     config = load_config(config_file(tmp_path, tiny_sd3_dir, "x"))
     with pytest.raises(ConfigError, match="silhouette_iou scores 3d"):
@@ -287,8 +290,8 @@ def test_resuming_asynchronously_without_the_snapshots_is_one_clear_error(tmp_pa
 
     path = config_file(tmp_path, tiny_shapes3d_dir, "switch", updates=2)
     run(path, ["train.updates=1"])  # a synchronous checkpoint at update 1
-    with pytest.raises(UserError, match="train.staleness"):
-        run(path, ["train.async_rollouts=true", "train.staleness=1"])
+    with pytest.raises(UserError, match="runtime.staleness"):
+        run(path, ["runtime.async_rollouts=true", "runtime.staleness=1"])
 
 
 def test_an_empty_field_is_written_as_a_valid_empty_glb(tmp_path):
@@ -299,7 +302,7 @@ def test_an_empty_field_is_written_as_a_valid_empty_glb(tmp_path):
 
     import trimesh
 
-    from flowrl.samples import ShapeSamples, write_samples
+    from flowrl.sample_io import ShapeSamples, write_samples
 
     write_samples(tmp_path, ShapeSamples(torch.full((1, 32, 32, 32), 0.2)), [{"prompt": "nothing", "seed": 0}])
     data = (tmp_path / "00000.glb").read_bytes()

@@ -19,7 +19,7 @@ def _write(tmp_path, name, text):
 
 
 CONFIG_CASES = [  # (overrides, expected text)
-    (["train.lr=fast"], "train.lr: expected a finite number, got 'fast'"),
+    (["optim.lr=fast"], "optim.lr: expected a finite number, got 'fast'"),
     (["train.updates=2.5"], "train.updates: expected an integer, got 2.5"),
     (["train.group_size=1"], "train.group_size: expected an integer >= 2"),
     (["train.lrr=1"], "train.lrr: unknown field; known fields:"),
@@ -27,15 +27,15 @@ CONFIG_CASES = [  # (overrides, expected text)
     (["sampler.kind=langevin"], "sampler.kind: expected one of"),
     (["sampler.noise_level=-1"], "sampler.noise_level: expected a number >= 0"),
     (["sampler.sde_window_size=9"], "sampler.sde_window_size: a window of 9 steps"),
-    (["train.mixed_precision=fp8"], "train.mixed_precision: expected one of ['no', 'fp16', 'bf16']"),
-    (["train.weight_dtype=bf16"], "train.weight_dtype: bf16 weights run under autocast"),
+    (["memory.mixed_precision=fp8"], "memory.mixed_precision: expected one of ['no', 'fp16', 'bf16']"),
+    (["memory.weight_dtype=bf16"], "memory.weight_dtype: bf16 weights run under autocast"),
     (["reward=[]"], "reward: expected at least one reward term"),
     (["reward=[{name: shapez}]"], "reward[0].name: unknown reward 'shapez'"),
     (["reward=[{name: shapes, params: {dense: true, sharpness: 2}}]"], "reward[0].params:"),
     (["algorithm.name=ppo"], "algorithm.name: unknown algorithm 'ppo'"),
-    (["train.collective_timeout_minutes=0"], "train.collective_timeout_minutes: expected an integer >= 1, got 0"),
+    (["runtime.collective_timeout_minutes=0"], "runtime.collective_timeout_minutes: expected an integer >= 1, got 0"),
     (["run.seed=-1"], "run.seed: expected an integer >= 0, got -1"),
-    (["train.grad_clip=0"], "train.grad_clip: expected a positive gradient norm, got 0"),
+    (["optim.grad_clip=0"], "optim.grad_clip: expected a positive gradient norm, got 0"),
     (["eval.num_steps=0"], "eval.num_steps: expected an integer >= 1, got 0"),
     (["eval.num_per_prompt=0"], "eval.num_per_prompt: expected an integer >= 1, got 0"),
     (["eval.seed=-3"], "eval.seed: expected an integer >= 0, got -3"),
@@ -52,12 +52,12 @@ CONFIG_CASES = [  # (overrides, expected text)
     (["eval.prompts=holdout"], "eval.prompts: 'holdout' is not a set of task 'shapes'"),
     (["pipeline.height=0"], "pipeline.height: expected a positive integer"),
     (["lora.rank=[1]"], "lora.rank: expected an integer"),
-    (["train.rollout_microbatch=-1"], "train.rollout_microbatch: expected an integer >= 0"),
+    (["memory.rollout_microbatch=-1"], "memory.rollout_microbatch: expected an integer >= 0"),
     (
         ["sampler.fk={num_particles: 3}"],
         "sampler.fk.num_particles: the FK particles of a prompt are its training group",
     ),
-    (["train.lr"], "override 'train.lr': expected key=value"),
+    (["optim.lr"], "override 'optim.lr': expected key=value"),
     (["run.name.first=x"], "override 'run.name.first=x': name is not a section"),
     (["train.data_loss={weight: -1}"], "train.data_loss: expected weight >= 0"),
     (["task.params.steering={mode: bogus}"], "task.params: task 'shapes' takes no parameters"),
@@ -230,9 +230,9 @@ def test_two_reward_terms_of_one_name_are_refused(tiny_sd3_dir, tmp_path):
     default, would overwrite each other (the second server's scores used for both under normalize_rewards)."""
     from run_helpers import tiny_run_config
 
+    from flowrl.builders import build_rewards
     from flowrl.config import load_config
     from flowrl.errors import ConfigError
-    from flowrl.train import build_rewards
 
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "twice")
     twice = "reward=[{name: jpeg_compressibility}, {name: jpeg_compressibility, weight: 0.5}]"
@@ -245,10 +245,10 @@ def test_a_policy_without_default_lora_targets_asks_for_them(tiny_sd3_dir, tmp_p
     (an AttributeError on lora_targets before)."""
     from run_helpers import tiny_run_config
 
+    from flowrl.builders import build_policy
     from flowrl.config import load_config
     from flowrl.errors import ConfigError
     from flowrl.policies.sd3 import SD3Policy
-    from flowrl.train import build_policy
 
     monkeypatch.setattr(SD3Policy, "lora_targets", None)
     config = load_config(tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "plugin"))

@@ -16,7 +16,7 @@ SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_every_shipped_config_validates(path):
     from flowrl.algorithms import build_algorithm
-    from flowrl.train import build_rewards
+    from flowrl.builders import build_rewards
 
     config = load_config(path)
     build_algorithm(config.algorithm.name, config.algorithm.params, config.sampler)
@@ -26,25 +26,25 @@ def test_every_shipped_config_validates(path):
 def test_overrides_are_typed(tmp_path):
     config = load_config(
         REPO / "configs/shapes_grpo.yaml",
-        ["train.lr=1e-3", "sampler.kind=dance", "lora=null", "algorithm.params.kl_beta=0.04"],
+        ["optim.lr=1e-3", "sampler.kind=dance", "lora=null", "algorithm.params.kl_beta=0.04"],
     )
-    assert config.train.lr == 1e-3 and config.sampler.kind == "dance" and config.lora is None
+    assert config.optim.lr == 1e-3 and config.sampler.kind == "dance" and config.lora is None
     assert config.algorithm.params["kl_beta"] == 0.04
     # YAML 1.1 reads a bare `no` as false: `mixed_precision: no` still means "no"
-    assert load_config(REPO / "configs/shapes_grpo.yaml", ["train.mixed_precision=no"]).train.mixed_precision == "no"
+    assert load_config(REPO / "configs/shapes_grpo.yaml", ["memory.mixed_precision=no"]).memory.mixed_precision == "no"
 
 
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("train.lr=fast", "train.lr: expected a finite number, got 'fast'"),
-        ("train.lr=nan", "train.lr: expected a finite number, got 'nan'"),  # `lr <= 0` let NaN through
+        ("optim.lr=fast", "optim.lr: expected a finite number, got 'fast'"),
+        ("optim.lr=nan", "optim.lr: expected a finite number, got 'nan'"),  # `lr <= 0` let NaN through
         ("eval.guidance_scale=.inf", "eval.guidance_scale: expected a finite number, got inf"),
         ("train.group_size=1", "train.group_size: expected an integer >= 2"),
         ("sampler.kind=langevin", "sampler.kind: expected one of"),
         ("train.lrr=1", "train.lrr: unknown field"),
         ("train.updates=2.5", "train.updates: expected an integer, got 2.5"),
-        ("train.mixed_precision=fp8", "train.mixed_precision: expected one of ['no', 'fp16', 'bf16']"),
+        ("memory.mixed_precision=fp8", "memory.mixed_precision: expected one of ['no', 'fp16', 'bf16']"),
         ("lora.rank=[1]", "lora.rank: expected an integer"),
         ("sampler.sde_window_size=9", "sampler.sde_window_size"),
         ("task.name=worlds", "task.name: unknown task 'worlds'"),
@@ -57,9 +57,9 @@ def test_overrides_are_typed(tmp_path):
         ("lora.sample_from_sigma=2", "lora.sample_from_sigma: expected a noise level in (0, 1], got 2"),
         # each once crashed after the model loaded (peft, torch's AdamW, set_num_threads) or meant something else
         ("lora.rank=0", "lora.rank: expected an integer >= 1, got 0"),
-        ("train.adam_betas=[0.9]", "train.adam_betas: expected two numbers in [0, 1), got [0.9]"),
-        ("train.threads=-1", "train.threads: expected an integer >= 0"),
-        ("train.weight_decay=-0.1", "train.weight_decay: expected a number >= 0"),
+        ("optim.adam_betas=[0.9]", "optim.adam_betas: expected two numbers in [0, 1), got [0.9]"),
+        ("runtime.threads=-1", "runtime.threads: expected an integer >= 0"),
+        ("optim.weight_decay=-0.1", "optim.weight_decay: expected a number >= 0"),
         ("pipeline.max_sequence_length=0", "pipeline.max_sequence_length: expected a positive integer"),
         ('reward=[{"name":"shapes","batch_size":-1}]', "reward[0].batch_size: expected an integer >= 0"),
         ('sampler.fk={"num_particles":8} sampler.kind=ode', "sampler.fk: FK particles need a stochastic sampler"),
@@ -81,11 +81,11 @@ def _flowrl(*args, cwd=REPO):
 
 def test_cli_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("train:\n  lr: fast\nrun:\n  out_dir: " + str(tmp_path / "runs") + "\n")
+    bad.write_text("optim:\n  lr: fast\nrun:\n  out_dir: " + str(tmp_path / "runs") + "\n")
     result = _flowrl("train", str(bad))
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines() == ["flowrl train: error: train.lr: expected a finite number, got 'fast'"]
+    assert result.stderr.strip().splitlines() == ["flowrl train: error: optim.lr: expected a finite number, got 'fast'"]
     assert not (tmp_path / "runs").exists()
 
 
@@ -219,7 +219,7 @@ def test_a_wrong_reward_folder_or_eval_set_stops_the_run_before_the_model_loads(
     def no_loading(*args, **kwargs):
         raise AssertionError("the pipeline loaded before the error")
 
-    monkeypatch.setattr("flowrl.train.load_pipeline", no_loading)
+    monkeypatch.setattr("flowrl.builders.load_pipeline", no_loading)
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "early", updates=1)
     prompts = REPO / "assets/prompts/eval_prompts.txt"
     (tmp_path / "cats.txt").write_text("a photo of a cat\n")
@@ -241,7 +241,7 @@ def test_a_wrong_reward_folder_or_eval_set_stops_the_run_before_the_model_loads(
 def test_only_flowrls_own_rewards_have_their_paths_checked_early(monkeypatch):
     """A built-in reward's `path` is a local folder, checked before the model loads; a plug-in's parameters mean what
     the plug-in says (a hub id, an output file), so they are left to it."""
-    from flowrl.train import check_reward_terms
+    from flowrl.preflight import check_reward_terms
 
     monkeypatch.syspath_prepend(str(REPO / "tests" / "plugins"))
     plugin = load_config(
@@ -323,3 +323,28 @@ def test_bad_files_and_flags_are_named_before_anything_loads(tmp_path):
         assert result.returncode == 2, (args, result.stderr[-1500:])
         assert message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr[-1500:])
         assert "no run config found" not in result.stdout
+
+
+def test_the_old_train_section_is_told_where_each_field_went_and_old_run_folders_still_read(tmp_path):
+    """The train section was split by concern (train, optim, memory, runtime): a config that sets a moved field under
+    train is told its new place; a run folder saved before the split still gives `flowrl sample --checkpoint` its
+    settings and a resume its comparison, read in the new layout."""
+    import yaml
+
+    from flowrl.checkpoint import RUN_CONFIG, changed_settings, run_sampling_settings
+    from flowrl.config import config_to_dict, upgraded
+
+    with pytest.raises(ConfigError, match=r"train.lr: moved to optim.lr"):
+        load_config(REPO / "configs/shapes_grpo.yaml", ["train.lr=1e-3"])
+    overrides = ["memory.weight_dtype=bf16", "memory.mixed_precision=bf16", "memory.rollout_microbatch=4"]
+    config = config_to_dict(load_config(REPO / "configs/shapes_grpo.yaml", overrides))
+    old = {key: value for key, value in config.items() if key not in ("optim", "memory", "runtime")}
+    old["train"] = {**config["train"], **config["optim"], **config["memory"], **config["runtime"]}
+    assert upgraded(old) == config and upgraded(config) is config
+    checkpoint = tmp_path / "update_000001"
+    checkpoint.mkdir()
+    (checkpoint / RUN_CONFIG).write_text(yaml.safe_dump(old))
+    settings, _ = run_sampling_settings(str(checkpoint))
+    assert settings["weight_dtype"] == "bf16" and settings["batch_size"] == 4
+    assert changed_settings(checkpoint, config) == []
+    assert changed_settings(checkpoint, {**config, "optim": {**config["optim"], "lr": 0.5}}) == ["optim.lr"]

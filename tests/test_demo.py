@@ -55,7 +55,7 @@ def _lora_checkpoint(pipeline_dir, folder, gate=None, step=3):
 def test_the_demo_samples_each_lora_with_its_own_step_gate(tiny_sd3_dir, tmp_path):
     from flowrl.checkpoint import load_trained_weights
     from flowrl.demo import CheckpointSet
-    from flowrl.generate import generate_samples
+    from flowrl.inference import generate_samples
 
     gated = _lora_checkpoint(tiny_sd3_dir, tmp_path, gate=0.5, step=3)
     plain = _lora_checkpoint(tiny_sd3_dir, tmp_path, step=4)
@@ -197,7 +197,7 @@ def test_the_demo_shows_a_full_fine_tune_beside_a_lora(tiny_sd3_dir, tmp_path, l
     layer's weight to base_layer.weight), in either order: each label samples as its checkpoint does alone."""
     from flowrl.checkpoint import load_trained_weights, save_checkpoint
     from flowrl.demo import CheckpointSet
-    from flowrl.generate import generate_samples
+    from flowrl.inference import generate_samples
 
     lora = _lora_checkpoint(tiny_sd3_dir, tmp_path, step=3)
     full_policy = policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16)

@@ -1,4 +1,4 @@
-"""DHO (methods.md section 2): MAM against brute force, TDC's homing, and a training step that brings negatives'
+"""DHO (the module's reading): MAM against brute force, TDC's homing, and a training step that brings negatives'
 predictions towards their targets on states it did not train on."""
 
 import itertools

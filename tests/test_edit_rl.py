@@ -1,5 +1,5 @@
 """Editing pipelines as policies: FluxKontextPipeline's source image as per-sample conditioning (the ODE rollout equals
-the pipeline's own sampling), and edit RL through the one loop on the shapes-editing task (issue 19, part 3)."""
+the pipeline's own sampling), and edit RL through the one loop on the shapes-editing task."""
 
 import numpy as np
 import pytest
@@ -77,15 +77,10 @@ def test_edit_grpo_trains_through_the_loop_and_reports_source_base_tuned(tmp_pat
         # a random editor fails every edit alike; a small compressibility term keeps the groups' rewards apart
         "reward": [{"name": "shapes_edit"}, {"name": "jpeg_compressibility", "weight": 0.01}],
         "prompts": {"source": "train"},
-        "train": {
-            "updates": 2,
-            "groups_per_update": 2,
-            "group_size": 4,
-            "lr": 1e-2,
-            "microbatch_size": 8,
-            "checkpoint_every": 0,
-            "threads": 1,
-        },
+        "train": {"updates": 2, "groups_per_update": 2, "group_size": 4, "checkpoint_every": 0},
+        "optim": {"lr": 1e-2},
+        "memory": {"microbatch_size": 8},
+        "runtime": {"threads": 1},
         "eval": {"prompts": "eval", "num_per_prompt": 1, "num_steps": 3, "guidance_scale": 2.5},
     }
     (tmp_path / "edit.yaml").write_text(yaml.safe_dump(config))
@@ -119,10 +114,10 @@ def test_edit_nft_trains_the_editor_through_the_loop(tmp_path):
         "train.updates=2",
         "train.groups_per_update=2",
         "train.group_size=4",
-        "train.lr=1.0e-2",
-        "train.microbatch_size=8",
+        "optim.lr=1.0e-2",
+        "memory.microbatch_size=8",
         "train.checkpoint_every=0",
-        "train.threads=1",
+        "runtime.threads=1",
         "eval.enabled=false",
         "reward=[{name: shapes_edit}, {name: jpeg_compressibility, weight: 0.01}]",
     ]
@@ -208,7 +203,7 @@ def test_sample_cli_edits_world_scenes_and_image_files_and_eval_reads_them_back(
     assert [r["prompt"] for r in records] == [line["prompt"] for line in lines] and records[0]["scene_seed"] == 5
     # the same edit as sampling the world's item directly: the record's scene seed chose the source
     direct = policy_for(tiny_flux_kontext(), max_sequence_length=16)
-    from flowrl.generate import generate
+    from flowrl.inference import generate
 
     expected, _ = generate(direct, [edit_item("make the red circle blue", 5)], 1, 0, 2, spec=SampleSpec(32, 32))
     written = np.asarray(Image.open(tmp_path / "out" / records[0]["file"]))
@@ -294,12 +289,14 @@ def test_a_group_rubric_refuses_training_cuts_that_split_its_groups(tmp_path):
         "sampler": {"kind": "flow", "num_steps": 2},
         "eval": {"enabled": False},
         "reward": [{"name": "edit_rubric", "params": {"mode": "group"}}],
-        "train": {"groups_per_update": 2, "group_size": 4, "reward_microbatch": 6, "threads": 1},
+        "train": {"groups_per_update": 2, "group_size": 4},
+        "memory": {"reward_microbatch": 6},
+        "runtime": {"threads": 1},
     }
     (tmp_path / "rubric.yaml").write_text(yaml.safe_dump(base))
     with pytest.raises(
         ConfigError,
-        match="train.reward_microbatch: reward edit_rubric scores a group's samples "
+        match="memory.reward_microbatch: reward edit_rubric scores a group's samples "
         "together .* a multiple of train.group_size = 4, got 6",
     ):
         Trainer(load_config(tmp_path / "rubric.yaml"))
@@ -307,10 +304,10 @@ def test_a_group_rubric_refuses_training_cuts_that_split_its_groups(tmp_path):
         Trainer(
             load_config(
                 tmp_path / "rubric.yaml",
-                ["train.reward_microbatch=8", "reward=[{name: edit_rubric, batch_size: 2, params: {mode: group}}]"],
+                ["memory.reward_microbatch=8", "reward=[{name: edit_rubric, batch_size: 2, params: {mode: group}}]"],
             )
         )
-    per_sample = ["train.reward_microbatch=6", "reward=[{name: edit_rubric, params: {mode: sample}}]"]
+    per_sample = ["memory.reward_microbatch=6", "reward=[{name: edit_rubric, params: {mode: sample}}]"]
     assert Trainer(load_config(tmp_path / "rubric.yaml", per_sample)).reward.scores_groups is False
     from flowrl.rewards.base import groups_scored
 

@@ -1,4 +1,4 @@
-"""The shapes-editing world (issue 19, part 1): the instruction grammar and its held-out split, source / target scenes,
+"""The shapes-editing world: the instruction grammar and its held-out split, source / target scenes,
 the edit verifier (rendered targets pass, sources and near-misses fail, off-target change measured), the task and
 the verifier reward."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from flowrl.samples import ImageSamples
+from flowrl.sample_io import ImageSamples
 from flowrl.worlds.shapes.world import ShapeObject, render
 from flowrl.worlds.shapes_edit.instructions import (
     KINDS,

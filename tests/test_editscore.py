@@ -1,4 +1,4 @@
-"""Scripted EditScore (issue 19, part 5): how the package turns raw judge answers into scores under flowrl's
+"""Scripted EditScore: how the package turns raw judge answers into scores under flowrl's
 averaging, and the package's own code end to end on a tiny random Qwen2.5-VL folder built offline, on CPU."""
 
 import json
@@ -75,7 +75,7 @@ def test_editscore_runs_the_package_on_a_tiny_qwen25_vl_through_the_cli(tmp_path
     from tiny_vlm import save_tiny_qwen25_vl
 
     from flowrl.cli import main
-    from flowrl.samples import as_samples, write_samples
+    from flowrl.sample_io import as_samples, write_samples
 
     save_tiny_qwen25_vl(tmp_path / "qwen")
     instruction, scene_seed = "make the red circle blue", 3
@@ -114,7 +114,7 @@ def test_a_samples_folder_is_judged_one_edit_at_a_time_and_a_rerun_judges_only_t
 
     from flowrl.errors import UserError
     from flowrl.eval.editscore import ROWS_FILE, score_samples_folder
-    from flowrl.samples import as_samples, write_samples
+    from flowrl.sample_io import as_samples, write_samples
     from flowrl.tasks.base import build_task
     from flowrl.worlds.shapes_edit.task import scene_seed_of
 
@@ -157,7 +157,7 @@ def test_the_judge_sees_the_source_as_the_editor_was_given_it(reference_size, tm
     from PIL import Image
 
     import flowrl.eval.editscore as editscore
-    from flowrl.samples import as_samples, write_samples
+    from flowrl.sample_io import as_samples, write_samples
 
     source = np.random.default_rng(0).integers(0, 255, (24, 40, 3), dtype=np.uint8)
     Image.fromarray(source).save(tmp_path / "source.png")

@@ -175,7 +175,7 @@ def test_a_process_whose_reward_is_down_logs_the_same_metrics_as_the_others(tiny
             str(path),
             "reward=[{name: test_faults:UnavailableOnProcessOne}]",
             "train.max_failed_reward_share=0.9",
-            "train.collective_timeout_minutes=4",
+            "runtime.collective_timeout_minutes=4",
         ],
         cwd=REPO,
         env=env,
@@ -435,7 +435,8 @@ def test_an_interrupted_pretrain_leaves_the_previous_folder_whole(tmp_path):
     done, the folder holds the new files only."""
     from argparse import Namespace
 
-    from flowrl.cli import TaskCommands, cmd_pretrain
+    from flowrl.cli import TaskCommands
+    from flowrl.cli.pretrain import cmd_pretrain
 
     def recipe(args):
         out = Path(args.out)
@@ -467,7 +468,8 @@ def test_a_pretrain_refuses_to_replace_a_folder_no_recipe_wrote(tmp_path):
     """`--out pipelines` (a typo) would have replaced every shipped pipeline once the recipe finished."""
     from argparse import Namespace
 
-    from flowrl.cli import TaskCommands, cmd_pretrain
+    from flowrl.cli import TaskCommands
+    from flowrl.cli.pretrain import cmd_pretrain
     from flowrl.errors import UserError
 
     trained = []
@@ -540,7 +542,7 @@ class RaisesMidway(Reward):
 
 def test_an_intermediate_reward_that_raises_fails_its_samples_instead_of_the_rollout(tiny_sd3_dir, tmp_path):
     """It once escaped the rollout as the reward's own exception, past the loop's clean stop (RewardFailure)."""
-    from flowrl.train import RewardFailure
+    from flowrl.collect import RewardFailure
 
     trainer = _trainer(tiny_sd3_dir, tmp_path, "RaisesMidway", "algorithm.params={credit: incremental}")
     with pytest.raises(RewardFailure, match="100% of update 0's samples got no finite reward"):

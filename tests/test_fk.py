@@ -185,7 +185,7 @@ def test_fk_steered_samples_do_not_depend_on_their_batch(tiny_sd3_dir):
     """Each output's resampling draws come from its own seed, as its noise does: a batch of one and a batch of
     three give the same steered samples (one generator per sampler call made them depend on the batching)."""
     from flowrl.fk import FKSteer
-    from flowrl.generate import generate_samples
+    from flowrl.inference import generate_samples
     from flowrl.policies import load_pipeline, policy_for
     from flowrl.rewards import Reward, RewardOutput
 
@@ -223,7 +223,8 @@ def test_fk_steered_samples_do_not_depend_on_their_batch(tiny_sd3_dir):
 
 
 def test_a_particle_whose_reward_failed_weighs_nothing_and_its_group_still_resamples():
-    """methods.md: NaN -> 0. One NaN log-weight once made its group's softmax NaN: uniform picks (the best particle
+    """NaN log-weights count as 0 (as the reference code maps them). One NaN log-weight once made its group's
+    softmax NaN: uniform picks (the best particle
     could be dropped and the failed one kept) and a NaN ESS that never triggered a scheduled resampling."""
     from flowrl.fk import effective_sample_size, resample_indices
 

@@ -179,7 +179,7 @@ def test_kl_forms_against_their_formulas(kind):
     std); gaussian: the exact step-Gaussian KL, mean((mu - mu_ref)^2) / (2 std^2)."""
     import math
 
-    from flowrl.sampling import sde_step
+    from flowrl.sde import sde_step
 
     policy = policy_for(tiny_shapes_sd3(), max_sequence_length=16)
     policy.add_lora(4, 8, policy.lora_targets)
@@ -220,8 +220,8 @@ def test_the_unconditional_gradient_rule_defaults_to_the_methods_own():
     set value wins."""
     from conftest import REPO
 
+    from flowrl.builders import uncond_grad_of
     from flowrl.config import load_config
-    from flowrl.train import uncond_grad_of
 
     config = REPO / "configs" / "shapes_grpo.yaml"
     unset = ["train.cfg_uncond_grad=null"]

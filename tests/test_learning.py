@@ -5,7 +5,7 @@ from conftest import REPO
 from run_helpers import tiny_run_config
 
 from flowrl.config import load_config
-from flowrl.generate import generate
+from flowrl.inference import generate
 from flowrl.rewards import build_reward
 from flowrl.train import Trainer
 

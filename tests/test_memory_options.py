@@ -27,13 +27,13 @@ def test_split_work_gives_the_same_rollout_rewards_and_gradients(tiny_sd3_dir, t
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "mem", updates=1)
     _, whole, whole_metrics = _one_update(path)
     options = [
-        "train.rollout_microbatch=3",
-        "train.decode_microbatch=2",
-        "train.reward_microbatch=3",
-        "train.gradient_checkpointing=true",
+        "memory.rollout_microbatch=3",
+        "memory.decode_microbatch=2",
+        "memory.reward_microbatch=3",
+        "memory.gradient_checkpointing=true",
         "pipeline.vae_slicing=true",
-        "train.offload_text_encoders=true",
-        "train.embedding_cache=true",
+        "memory.offload_text_encoders=true",
+        "memory.embedding_cache=true",
     ]
     trainer, split, split_metrics = _one_update(path, options)
     torch.testing.assert_close(split.trajectory.latents, whole.trajectory.latents, atol=1e-5, rtol=1e-5)
@@ -54,7 +54,7 @@ def test_nfts_old_velocities_take_a_rollout_calls_items_at_a_time(tiny_sd3_dir, 
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "nft", updates=1)
     nft = ["algorithm={name: nft, params: {}}", "sampler.kind=ode"]
     whole_trainer, _, whole = _one_update(path, nft)
-    split_trainer, _, split = _one_update(path, nft + ["train.rollout_microbatch=3"])
+    split_trainer, _, split = _one_update(path, nft + ["memory.rollout_microbatch=3"])
     assert (whole_trainer.algorithm.chunk, split_trainer.algorithm.chunk) == (64, 3)
     assert whole["grads"].abs().sum() > 0
     torch.testing.assert_close(split["grads"], whole["grads"], atol=1e-5, rtol=1e-4)
@@ -62,15 +62,15 @@ def test_nfts_old_velocities_take_a_rollout_calls_items_at_a_time(tiny_sd3_dir, 
 
 def test_optimizers_by_name(tiny_sd3_dir, tmp_path):
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "opt", updates=1)
-    trainer = Trainer(load_config(path, ["train.optimizer=sgd"]), log=False)
+    trainer = Trainer(load_config(path, ["optim.optimizer=sgd"]), log=False)
     assert isinstance(trainer.optimizer.optimizer, torch.optim.SGD)
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
-        with pytest.raises(ConfigError, match="train.optimizer: adamw_8bit needs bitsandbytes"):
-            Trainer(load_config(path, ["train.optimizer=adamw_8bit"]), log=False)
-    with pytest.raises(ConfigError, match="train.rollout_microbatch: FK"):
-        Trainer(load_config(path, ["train.rollout_microbatch=2", "sampler.fk={num_particles: 4}"]), log=False)
+        with pytest.raises(ConfigError, match="optim.optimizer: adamw_8bit needs bitsandbytes"):
+            Trainer(load_config(path, ["optim.optimizer=adamw_8bit"]), log=False)
+    with pytest.raises(ConfigError, match="memory.rollout_microbatch: FK"):
+        Trainer(load_config(path, ["memory.rollout_microbatch=2", "sampler.fk={num_particles: 4}"]), log=False)
 
 
 def test_xformers_is_refused_off_cuda(tiny_sd3_dir, tmp_path):
@@ -82,25 +82,25 @@ def test_xformers_is_refused_off_cuda(tiny_sd3_dir, tmp_path):
 
 
 def test_async_scoring_equals_scoring_each_chunk_in_turn(tiny_sd3_dir, tmp_path):
-    """train.async_rewards scores chunk k in a worker thread while chunk k+1 samples: the same trajectories, rewards
+    """runtime.async_rewards scores chunk k in a worker thread while chunk k+1 samples: the same trajectories, rewards
     and reward info as synchronous scoring of the same chunks, exactly."""
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "async", updates=1)
-    chunked = ["train.rollout_microbatch=3", "reward=[{name: shapes, params: {dense: true}}]"]
+    chunked = ["memory.rollout_microbatch=3", "reward=[{name: shapes, params: {dense: true}}]"]
     sync = Trainer(load_config(path, chunked), log=False).collect(0)
-    overlapped = Trainer(load_config(path, chunked + ["train.async_rewards=true"]), log=False).collect(0)
+    overlapped = Trainer(load_config(path, chunked + ["runtime.async_rewards=true"]), log=False).collect(0)
     assert torch.equal(sync[0].trajectory.latents, overlapped[0].trajectory.latents)
     assert torch.equal(sync[0].global_rewards, overlapped[0].global_rewards)
     assert sync[1] == overlapped[1]  # every reward metric, including the verifier's accuracy
-    with pytest.raises(ConfigError, match="train.async_rewards: overlaps"):
-        Trainer(load_config(path, ["train.async_rewards=true"]), log=False)
+    with pytest.raises(ConfigError, match="runtime.async_rewards: overlaps"):
+        Trainer(load_config(path, ["runtime.async_rewards=true"]), log=False)
 
 
 def test_offloaded_text_encoders_are_never_placed_on_the_device(tiny_sd3_dir, tmp_path, monkeypatch):
-    """With train.offload_text_encoders (or --offload-text-encoders) the text encoders take the weight dtype on the
+    """With memory.offload_text_encoders (or --offload-text-encoders) the text encoders take the weight dtype on the
     host and are not moved to the device when the policy is placed: a 24B text encoder beside a 32B denoiser would not
     fit an 80 GB GPU even for the moment before offloading moved it back."""
+    from flowrl.builders import placed_policy
     from flowrl.policies.base import FlowPolicy
-    from flowrl.train import placed_policy
 
     moved = []  # (module class, device) of every move to a device
     original_to = torch.nn.Module.to
@@ -127,9 +127,9 @@ def test_offloaded_text_encoders_are_never_placed_on_the_device(tiny_sd3_dir, tm
             load_config(
                 path,
                 [
-                    f"train.offload_text_encoders={str(offload).lower()}",
-                    "train.weight_dtype=bf16",
-                    "train.mixed_precision=bf16",
+                    f"memory.offload_text_encoders={str(offload).lower()}",
+                    "memory.weight_dtype=bf16",
+                    "memory.mixed_precision=bf16",
                 ],
             ),
             torch.device("cpu"),

@@ -1,5 +1,5 @@
 """Placement and precision: after set-up every pipeline component and reward model is on the accelerator's device,
-frozen weights are in `train.weight_dtype`, trainable ones (LoRA) stay fp32, and training runs."""
+frozen weights are in `memory.weight_dtype`, trainable ones (LoRA) stay fp32, and training runs."""
 
 import math
 
@@ -64,7 +64,7 @@ def test_a_fully_trained_denoiser_keeps_its_fp32_values_under_half_precision_fro
 @pytest.mark.usefixtures("fresh_accelerator_state")
 def test_a_lora_run_loads_its_frozen_weights_in_their_final_dtype(tiny_sd3_dir, tmp_path, monkeypatch):
     """No fp32 copy of a large model in host memory under LoRA; a full fine-tune loads fp32 for its denoiser."""
-    import flowrl.train as train
+    import flowrl.builders as builders
 
     loaded = []
 
@@ -72,8 +72,8 @@ def test_a_lora_run_loads_its_frozen_weights_in_their_final_dtype(tiny_sd3_dir, 
         loaded.append(dtype)
         return load_pipeline(path, dtype)
 
-    load_pipeline = train.load_pipeline
-    monkeypatch.setattr(train, "load_pipeline", recording_load)
+    load_pipeline = builders.load_pipeline
+    monkeypatch.setattr(builders, "load_pipeline", recording_load)
     path = tiny_run_config(
         tmp_path / "c.yaml",
         tiny_sd3_dir,
@@ -84,11 +84,11 @@ def test_a_lora_run_loads_its_frozen_weights_in_their_final_dtype(tiny_sd3_dir, 
         mixed_precision="bf16",
     )
     Trainer(load_config(path), log=False)
-    Trainer(load_config(path, ["lora=null", "train.lr=1.0e-5"]), log=False)
+    Trainer(load_config(path, ["lora=null", "optim.lr=1.0e-5"]), log=False)
     assert loaded == [torch.bfloat16, None]
 
 
 def test_reduced_precision_weights_need_autocast(tiny_sd3_dir, tmp_path):
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "x", weight_dtype="bf16")
-    with pytest.raises(ConfigError, match="train.weight_dtype: bf16 weights run under autocast"):
+    with pytest.raises(ConfigError, match="memory.weight_dtype: bf16 weights run under autocast"):
         load_config(path)

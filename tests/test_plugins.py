@@ -22,7 +22,9 @@ def test_a_plugin_reward_algorithm_and_task_train_from_yaml(tiny_sd3_dir, tmp_pa
         "lora": {"rank": 4, "alpha": 8},
         "sampler": {"kind": "flow", "noise_level": 0.7, "num_steps": 3, "guidance_scale": 2.0},
         "algorithm": {"name": "toy_plugin:Reinforce", "params": {"adv_clip_max": 3.0}},
-        "train": {"updates": 2, "groups_per_update": 2, "group_size": 2, "microbatch_size": 8, "threads": 1},
+        "train": {"updates": 2, "groups_per_update": 2, "group_size": 2},
+        "memory": {"microbatch_size": 8},
+        "runtime": {"threads": 1},
         "eval": {"num_per_prompt": 2, "num_steps": 3},
     }
     path = tmp_path / "plugin.yaml"
@@ -57,7 +59,8 @@ def test_the_loop_loads_no_task_or_safety_code():
     code = (
         "import sys; import flowrl.train, flowrl.experiment, flowrl.cli; from flowrl.config import SamplerSection; "
         "from flowrl.algorithms import build_algorithm; build_algorithm('grpo', {}, SamplerSection()); "
-        "print(sorted(m for m in sys.modules if m.startswith(('flowrl.worlds.safety', 'flowrl.worlds.shapes', 'flowrl.tasks.'))"
+        "print(sorted(m for m in sys.modules if m.startswith("
+        "('flowrl.worlds.safety', 'flowrl.worlds.shapes', 'flowrl.tasks.'))"
         " and m != 'flowrl.tasks.base'))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -68,7 +71,7 @@ def test_the_loop_loads_no_task_or_safety_code():
 def test_a_plugin_task_evaluates_a_samples_folder(tmp_path, monkeypatch):
     import torch
 
-    from flowrl.samples import ImageSamples, write_samples
+    from flowrl.sample_io import ImageSamples, write_samples
 
     images = torch.zeros(3, 3, 8, 8)
     images[0, 0], images[1, 1], images[2, 0] = 1.0, 1.0, 1.0  # red, green, red

@@ -908,8 +908,8 @@ def test_the_runs_evaluation_samples_with_the_sampling_gate_and_training_keeps_i
     from types import SimpleNamespace
 
     import flowrl.experiment as experiment
-    from flowrl.config import EvalSection, LoraSection, TrainSection
-    from flowrl.samples import ImageSamples
+    from flowrl.config import EvalSection, LoraSection, MemorySection, RuntimeSection
+    from flowrl.sample_io import ImageSamples
     from flowrl.tasks.base import build_task
 
     policy = SimpleNamespace(lora_active_from_sigma=None, lora_targets=["attn.to_q"])
@@ -929,7 +929,10 @@ def test_the_runs_evaluation_samples_with_the_sampling_gate_and_training_keeps_i
         is_main=True,
         accelerator=SimpleNamespace(autocast=contextlib.nullcontext),
         config=SimpleNamespace(
-            eval=EvalSection(num_per_prompt=1), train=TrainSection(), lora=LoraSection(sample_from_sigma=0.6)
+            eval=EvalSection(num_per_prompt=1),
+            memory=MemorySection(),
+            runtime=RuntimeSection(),
+            lora=LoraSection(sample_from_sigma=0.6),
         ),
     )
     experiment.evaluate(trainer, None)

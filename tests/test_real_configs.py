@@ -1,7 +1,8 @@
 """The configs in configs/real/ run end to end on tiny random pipelines with the real layouts (SD3.5-Medium, FLUX.1-dev,
 Wan2.1, Wan2.2-A14B, Wan2.1-I2V, Wan2.2-I2V-A14B, HunyuanVideo (and SkyReels-I2V), LTX-Video, SD 1.5, Qwen-Image,
-Z-Image, FLUX.2 [klein] and [dev], and the editors FLUX.1 Kontext-dev and Qwen-Image-Edit-2511): 2 updates with evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers'
-`load_lora_weights` and gives flowrl's model exactly."""
+Z-Image, FLUX.2 [klein] and [dev], and the editors FLUX.1 Kontext-dev and Qwen-Image-Edit-2511): 2 updates with
+evaluation and checkpoints, then the checkpoint's LoRA loads with diffusers' `load_lora_weights` and gives flowrl's
+model exactly."""
 
 import json
 
@@ -59,11 +60,11 @@ SMALL_RUN = [
     "train.updates=2",
     "train.groups_per_update=2",
     "train.group_size=2",
-    "train.microbatch_size=4",
+    "memory.microbatch_size=4",
     "train.checkpoint_every=1",
-    "train.threads=1",
-    "train.mixed_precision=no",
-    "train.weight_dtype=fp32",
+    "runtime.threads=1",
+    "memory.mixed_precision=no",
+    "memory.weight_dtype=fp32",
     "sampler.num_steps=3",
     "eval.num_steps=2",
     "eval.num_per_prompt=1",
@@ -181,8 +182,8 @@ def test_an_image_reward_on_a_video_pipeline_is_named_at_start_up(tmp_path):
             f"pipeline.path={tmp_path / 'wan'}",
             "reward=[{name: jpeg_compressibility}]",
             f"prompts.source={REPO / 'assets' / 'prompts' / 'video_prompts.txt'}",
-            "train.weight_dtype=fp32",
-            "train.mixed_precision=no",
+            "memory.weight_dtype=fp32",
+            "memory.mixed_precision=no",
             "pipeline.max_sequence_length=16",
         ],
     )
@@ -261,7 +262,7 @@ def test_the_arro_edit_configs_edit_files_with_a_vlm_rubric_and_export(name, tmp
         f"prompts.source={edits}",
         f"eval.prompts={edits}",
         *SMALL_RUN,
-        "train.offload_text_encoders=false",
+        "memory.offload_text_encoders=false",
         # the random judge may score every edit alike (no advantage): a small pixel reward keeps one
         f"reward=[{{name: edit_rubric, params: {{mode: group, judge: {{path: {judge}, dtype: float32, "
         "group_audit: true, max_new_tokens: 4}}}, {name: jpeg_compressibility, weight: 0.1}]",
@@ -350,8 +351,8 @@ def test_sde_steps_where_wan22s_frozen_expert_denoises_are_named_at_start_up(tmp
         f"pipeline.path={tmp_path / 'wan22'}",
         "reward=[{name: frame_consistency, params: {size: 8}}]",
         f"prompts.source={REPO / 'assets' / 'prompts' / 'video_prompts.txt'}",
-        "train.weight_dtype=fp32",
-        "train.mixed_precision=no",
+        "memory.weight_dtype=fp32",
+        "memory.mixed_precision=no",
         "pipeline.max_sequence_length=16",
         "pipeline.height=16",
         "pipeline.width=16",

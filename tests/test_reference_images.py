@@ -162,19 +162,15 @@ def test_two_processes_train_rows_with_different_image_layouts_as_one(tmp_path, 
                 "algorithm": {"name": "grpo", "params": {"clip_range": 1e-3}},
                 "reward": [{"name": "jpeg_incompressibility"}],
                 "prompts": {"source": str(prompts)},
-                "train": {
-                    "updates": 1,
-                    "groups_per_update": 8,
-                    "group_size": 2,
-                    "lr": 1e-3,
+                "train": {"updates": 1, "groups_per_update": 8, "group_size": 2, "checkpoint_every": 0},
+                "optim": {"lr": 1e-3, "ema_decay": 0.0},
+                "memory": {  # as the real edit configs train
                     "microbatch_size": 32,
-                    "ema_decay": 0.0,
-                    "checkpoint_every": 0,
-                    "threads": 1,
                     "mixed_precision": "no",
                     "weight_dtype": "fp32",
                     "gradient_checkpointing": True,
-                },  # as the real edit configs train
+                },
+                "runtime": {"threads": 1},
                 "eval": {"enabled": False},
             }
         )

@@ -44,7 +44,7 @@ def test_logged_sample_grids_are_shrunk_to_a_bounded_size():
     import torch
 
     from flowrl.experiment import log_samples
-    from flowrl.samples import ImageSamples
+    from flowrl.sample_io import ImageSamples
 
     logged = []
     log = type("Log", (), {"add_image": lambda self, tag, image, step: logged.append(image)})()

@@ -63,7 +63,7 @@ def test_a_reward_in_its_own_process_scores_and_trains_exactly_as_in_process(tin
     rows = {}
     for name, extra in [
         ("inline", []),
-        ("process_async", ["reward=[{name: jpeg_compressibility, process: true}]", "train.async_rewards=true"]),
+        ("process_async", ["reward=[{name: jpeg_compressibility, process: true}]", "runtime.async_rewards=true"]),
     ]:
         trainer = Trainer(load_config(path, [f"run.name={name}", *extra]), log=False)
         rows[name] = []

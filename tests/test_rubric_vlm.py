@@ -242,7 +242,7 @@ def test_an_editor_given_its_source_at_its_own_aspect_is_judged_against_the_sour
 def test_eval_rewards_binds_a_judge_to_the_samples_reference_size(tmp_path):
     """`flowrl eval rewards` has no policy: what the folder's sampling.json says of it (--reference-size) stands in,
     so an edit judge sees the sources as the editor took them; a folder without it, at the sample size."""
-    from flowrl.cli import sampled_policy_facts
+    from flowrl.cli.eval import sampled_policy_facts
 
     assert sampled_policy_facts(tmp_path).reference_size is None
     (tmp_path / "sampling.json").write_text(json.dumps({"reference_size": 384, "steps": 20}))

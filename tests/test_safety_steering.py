@@ -11,7 +11,7 @@ from run_helpers import run_flowrl
 from test_fk import GaussianMixtureFlow
 
 from flowrl.fk import FKConfig
-from flowrl.generate import generate
+from flowrl.inference import generate
 from flowrl.policies import load_pipeline, policy_for
 from flowrl.policies.base import Conditioning, SampleSpec
 from flowrl.rollout import rollout, sample_generators
@@ -168,7 +168,7 @@ def test_fk_with_the_probe_potential_moves_mass_to_the_safe_mode():
 
 
 def test_probe_fk_weighs_each_final_particle_by_exp_minus_lambda_p_unsafe():
-    """methods.md 5 (iv): potential exp(-lambda p); it was (1 - p)^lambda (log P(safe) as the reward)."""
+    """The potential is exp(-lambda p); it was (1 - p)^lambda (log P(safe) as the reward)."""
     policy, groups, k, lam = GaussianMixtureFlow(), 8, 4, 3.0
     cond = Conditioning({"id": torch.zeros(groups * k, 1)}, {}, ["p"] * (groups * k))
     monitor = SafetyMonitor(policy, _Probe1D(), SteeringConfig(mode="fk"), groups * k)

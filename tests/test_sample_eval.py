@@ -155,7 +155,7 @@ def test_eval_diversity_of_a_samples_folder(tmp_path):
 def test_sample_writes_video_batches_from_a_wan_pipeline(tiny_wan_dir, tmp_path):
     """`flowrl sample` on a text-to-video pipeline: one MP4 (plus a GIF) per sample and samples.jsonl, readable
     back as a video batch with the requested frames."""
-    from flowrl.samples import VideoSamples, read_samples
+    from flowrl.sample_io import VideoSamples, read_samples
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "a red circle moving left", "tag": "motion"}\n{"prompt": "a still square"}\n')
@@ -335,15 +335,15 @@ def test_sample_under_torchrun_shares_the_prompts_and_writes_one_index(tiny_sd3_
 def test_eval_rewards_reads_a_folder_a_batch_at_a_time(tmp_path, monkeypatch):
     import torch
 
-    import flowrl.samples
+    import flowrl.sample_io
     from flowrl.cli import main
-    from flowrl.samples import ImageSamples, write_samples
+    from flowrl.sample_io import ImageSamples, write_samples
 
     images = torch.rand(5, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     write_samples(tmp_path, ImageSamples(images), [{"prompt": f"p{i}", "tag": "ab"[i % 2]} for i in range(5)])
-    loaded, load = [], flowrl.samples.load_samples
+    loaded, load = [], flowrl.sample_io.load_samples
     monkeypatch.setattr(
-        flowrl.samples, "load_samples", lambda folder, records: loaded.append(len(records)) or load(folder, records)
+        flowrl.sample_io, "load_samples", lambda folder, records: loaded.append(len(records)) or load(folder, records)
     )
     assert (
         main(
@@ -472,7 +472,7 @@ def test_the_demo_and_export_take_the_adapter_override_of_the_checkpoints_run(ti
             pass
 
     monkeypatch.setattr(flowrl.demo, "build_demo", lambda *args: built.update(args=args) or Page())
-    monkeypatch.setattr("flowrl.cli.signal.signal", lambda *args: None)
+    monkeypatch.setattr("flowrl.cli.demo.signal.signal", lambda *args: None)
     assert main(["demo", "--pipeline", str(tiny_sd3_dir), "--checkpoint", str(checkpoint)]) == 0
     assert built["args"][-6:-2] == (
         f"{__name__}:MarkedPolicy",
@@ -498,7 +498,7 @@ def test_sample_fits_in_memory_as_the_checkpoints_run_did(tiny_sd3_dir, tmp_path
         yaml.safe_dump(
             {
                 "pipeline": {"vae_tiling": True},
-                "train": {"rollout_microbatch": 2, "decode_microbatch": 1, "offload_text_encoders": True},
+                "memory": {"rollout_microbatch": 2, "decode_microbatch": 1, "offload_text_encoders": True},
             }
         )
     )
@@ -577,7 +577,7 @@ def test_a_copied_checkpoint_still_samples_as_its_run_did(tiny_sd3_dir, tmp_path
     from run_helpers import tiny_run_config, train_and_collect
 
     from flowrl.checkpoint import run_sampling_settings
-    from flowrl.cli import SAMPLING_DEFAULTS, fill_sampling_settings
+    from flowrl.cli.arguments import SAMPLING_DEFAULTS, fill_sampling_settings
 
     config = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "kept", updates=1)
     train_and_collect(config, ["eval.num_steps=3", "eval.guidance_scale=3.5"])

@@ -1,4 +1,4 @@
-"""flowrl.samples: modality dispatch, writing (PNG / MP4 + GIF), reading back, previews."""
+"""flowrl.sample_io: modality dispatch, writing (PNG / MP4 + GIF), reading back, previews."""
 
 import json
 import re
@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from flowrl.errors import UserError
-from flowrl.samples import (
+from flowrl.sample_io import (
     ImageSamples,
     VideoSamples,
     as_samples,
@@ -95,7 +95,7 @@ def test_image_round_trip_exact(tmp_path):
 def test_gif_frames_keep_the_clips_frame_rate_in_centiseconds(fps, count, tmp_path):
     """GIF durations are centiseconds: one rounded duration for every frame played Wan's 16 fps at 16.7 and 24 at
     25. Per-frame durations keep the clip's length to the centisecond, each frame within 1 cs of 1 / fps."""
-    from flowrl.samples import _write_gif, gif_durations
+    from flowrl.sample_io import _write_gif, gif_durations
 
     durations = gif_durations(count, fps)
     assert sum(durations) == 10 * round(100 * count / fps)
@@ -165,7 +165,7 @@ def test_a_sample_jobs_progress_survives_a_cut_line_and_counts_only_the_planned_
 
     import torch
 
-    from flowrl.sample_job import draw_into, plan_key, written_samples
+    from flowrl.resumable_sampling import draw_into, plan_key, written_samples
     from flowrl.tasks.base import Condition
 
     items = [Condition("a", meta={"image": "x.png"}), Condition("b", meta={"image": "y.png"})]
@@ -196,7 +196,7 @@ def test_a_finished_sample_folder_with_non_json_metadata_is_not_drawn_again(tmp_
     import numpy as np
     import torch
 
-    from flowrl.sample_job import draw_samples
+    from flowrl.resumable_sampling import draw_samples
     from flowrl.tasks.base import Condition
 
     class OnePixel:  # a policy stand-in: sample_chunks' calls, one flat image per sample
@@ -209,7 +209,7 @@ def test_a_finished_sample_folder_with_non_json_metadata_is_not_drawn_again(tmp_
             return (3, 4, 4)
 
     calls = []
-    import flowrl.sample_job as job
+    import flowrl.resumable_sampling as job
 
     def chunks(policy, items, *args, seeds, **kwargs):
         calls.append(len(items))

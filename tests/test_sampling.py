@@ -7,7 +7,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from scipy.integrate import quad
 
-from flowrl.sampling import ddim_step, gaussian_log_prob, sde_step, shifted_sigmas
+from flowrl.sde import ddim_step, gaussian_log_prob, sde_step, shifted_sigmas
 
 KINDS = ["flow", "dance", "cps", "sage"]
 
@@ -51,7 +51,7 @@ def test_sage_variance_is_the_integrated_diffusion():
     _, _, std, _ = sde_step("sage", torch.zeros(1, 4), torch.zeros(1, 4), s, s_next, a)
     integral, _ = quad(lambda u: a**2 * u / (1 - u), s_next, s)
     assert float(std) ** 2 == pytest.approx(integral, rel=1e-5)
-    assert float(std) ** 2 == pytest.approx(0.489, abs=1e-3)  # reference/methods.md's worked example
+    assert float(std) ** 2 == pytest.approx(0.489, abs=1e-3)  # the worked example of flowrl.sde's sage docstring
     _, _, std_flow, _ = sde_step("flow", torch.zeros(1, 4), torch.zeros(1, 4), s, s_next, a)
     assert float(std_flow) ** 2 == pytest.approx(0.931, abs=1e-3)
 

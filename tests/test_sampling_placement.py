@@ -8,9 +8,9 @@ import torch
 import yaml
 from tiny_pipelines import tiny_shapes_sd3
 
-from flowrl.cli import fill_sampling_settings
+from flowrl.cli.arguments import fill_sampling_settings
 from flowrl.errors import UserError
-from flowrl.generate import generate_samples
+from flowrl.inference import generate_samples
 from flowrl.policies import place_for_sampling, policy_for, sampling_placement
 
 
@@ -113,7 +113,7 @@ def test_a_runs_checkpoint_samples_with_the_runs_eval_settings_unless_flags_say_
                     "vae_tiling": True,
                 },
                 "eval": {"num_steps": 40, "guidance_scale": 3.5, "seed": 2024},
-                "train": {
+                "memory": {
                     "rollout_microbatch": 4,
                     "decode_microbatch": 2,
                     "offload_text_encoders": False,
@@ -163,7 +163,8 @@ def test_a_runs_checkpoint_samples_with_the_runs_eval_settings_unless_flags_say_
         "policy_where": f"pipeline.policy in {run / 'config.yaml'}",
     }  # a given flag wins
     assert (
-        "--steps 40, --seed 2024, --weight-dtype fp16, --height 48, --width 64, --max-sequence-length 128, --guidance-2 2.5, --shift 5.0, "
+        "--steps 40, --seed 2024, --weight-dtype fp16, --height 48, --width 64, --max-sequence-length 128, "
+        "--guidance-2 2.5, --shift 5.0, "
         "--reference-size 512, --batch-size 4, --vae-tiling, --decode-microbatch 2, --policy Flux2KleinEdit"
         in capsys.readouterr().out
     )  # (settings that are off stay unsaid)
@@ -176,7 +177,7 @@ def test_a_runs_checkpoint_samples_with_the_runs_eval_settings_unless_flags_say_
 
 
 def test_a_smaller_batch_draws_the_same_samples():
-    """Each sample's noise comes from its own seed, so `--batch-size` (and an eval's train.rollout_microbatch) only
+    """Each sample's noise comes from its own seed, so `--batch-size` (and an eval's memory.rollout_microbatch) only
     trades memory for time."""
     policy = policy_for(tiny_shapes_sd3())
     prompts = ["a red circle", "two squares", "a blue triangle"]

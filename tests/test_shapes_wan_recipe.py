@@ -9,10 +9,11 @@ import pytest
 import torch
 from diffusers import WanPipeline
 
-from flowrl.generate import generate_samples
+from flowrl.inference import generate_samples
 from flowrl.policies import policy_for
 from flowrl.policies.base import SampleSpec
 from flowrl.policies.wan_vae import frame_convolutions, frames_independent
+from flowrl.worlds.moving_shapes.card_wan import evaluate_and_write_card
 from flowrl.worlds.moving_shapes.model_wan import ShapesWanSize, build_pipeline, build_vae
 from flowrl.worlds.moving_shapes.pretrain_wan import (
     LatentPool,
@@ -21,7 +22,6 @@ from flowrl.worlds.moving_shapes.pretrain_wan import (
     clips_to_tensor,
     decode_unclamped,
     encode_mean,
-    evaluate_and_write_card,
     inflate_causal_convs,
     normalised_latents,
     object_mask,

@@ -153,7 +153,7 @@ def test_every_method_builds_and_accepts_its_reward(tmp_path):
     """Each entry's config passes the checks a Trainer makes before training: its algorithm builds with its sampler
     and binds its reward (a method that backpropagates through the reward gets a differentiable one)."""
     from flowrl.algorithms.base import build_algorithm
-    from flowrl.train import build_rewards
+    from flowrl.builders import build_rewards
 
     args = ttq.parse_args([])
     for name in ttq.METHODS:

@@ -222,6 +222,7 @@ def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unc
     """A window of low-noise steps under lora.active_from_sigma: every trained item sits where the adapter is off.
     The start-up check stops such a config; past it (a window across the gate gives microbatches like these), the
     loop still runs each backward (DDP counts them) and the adapter's output stays the base's (lora_B zero)."""
+    from flowrl import preflight
     from flowrl.errors import ConfigError
     from flowrl.train import Trainer
 
@@ -233,7 +234,7 @@ def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unc
         "lora.active_from_sigma switches the adapter off",
     ):
         train_and_collect(config, ["lora.active_from_sigma=0.9", *low_window])
-    monkeypatch.setattr(Trainer, "check_trained_steps", lambda self: None)
+    monkeypatch.setattr(preflight, "check_trained_steps", lambda *args: None)
     trained = train_and_collect(config, ["lora.active_from_sigma=0.9", *low_window])
     up = [name for name in trained if "lora_B" in name]
     assert up and all(not trained[name].any() for name in up)
@@ -243,8 +244,6 @@ def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unc
     # a window across the gate: a warning on one process or under DDP, an error under FSDP2, whose gradient reduction
     # a microbatch of untrained steps would skip on its process alone
     monkeypatch.undo()
-    from types import SimpleNamespace
-
     from flowrl.config import load_config
 
     across = Trainer(
@@ -259,9 +258,8 @@ def test_steps_below_the_lora_gate_train_without_error_and_leave_the_adapter_unc
         ),
         log=False,
     )
-    across.accelerator = SimpleNamespace(is_fsdp2=True)
     with pytest.raises(ConfigError, match=r"SDE steps \[1\] sit at sigma < 0.9.*under FSDP2 every SDE step must train"):
-        across.check_trained_steps()
+        preflight.check_trained_steps(across.config, across.algorithm, across.policy, across.spec, fsdp2=True)
 
 
 def test_collectives_wait_as_long_as_the_config_says(tiny_sd3_dir, tmp_path):
@@ -273,7 +271,7 @@ def test_collectives_wait_as_long_as_the_config_says(tiny_sd3_dir, tmp_path):
     from flowrl.train import Trainer
 
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "wait", updates=1)
-    trainer = Trainer(load_config(path, ["train.collective_timeout_minutes=45"]), log=False)
+    trainer = Trainer(load_config(path, ["runtime.collective_timeout_minutes=45"]), log=False)
     assert trainer.accelerator.init_handler.timeout == timedelta(minutes=45)
 
 
@@ -293,7 +291,7 @@ def test_a_resumed_run_ends_with_its_before_after_grid(tiny_sd3_dir, tmp_path, l
     path = tiny_run_config(tmp_path / "r.yaml", tiny_sd3_dir, tmp_path / "runs", "resumed", updates=2)
     if not lora:
         data = yaml.safe_load(path.read_text())
-        data["lora"], data["train"]["lr"] = None, 1e-4
+        data["lora"], data["optim"]["lr"] = None, 1e-4
         path.write_text(yaml.safe_dump(data))
     overrides = [
         "eval.enabled=true",
@@ -420,7 +418,7 @@ def test_resume_restores_the_loss_scale_and_starts_an_ema_from_the_restored_weig
             path,
             [
                 "train.updates=2",
-                "train.ema_decay=0.9",  # continued on purpose with an EMA
+                "optim.ema_decay=0.9",  # continued on purpose with an EMA
                 f"run.resume={tmp_path / 'runs/scale/checkpoints/update_000001'}",
             ],
         ),
@@ -486,7 +484,7 @@ def test_fsdp2_under_bf16_reduces_in_fp32_and_leaves_the_inputs_uncast():
     Left alone: no mixed precision, or no FSDP2."""
     from types import SimpleNamespace
 
-    from flowrl.train import fsdp2_precision
+    from flowrl.builders import fsdp2_precision
 
     def accelerator(mixed_precision, fsdp2=True):
         return SimpleNamespace(
@@ -519,7 +517,7 @@ def test_evaluations_run_in_the_runs_mixed_precision_as_its_rollouts_do(tiny_sd3
 
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "bf16", updates=1)
     trainer = Trainer(
-        load_config(path, ["train.mixed_precision=bf16", "eval.num_per_prompt=1", "eval.num_steps=2"]), log=False
+        load_config(path, ["memory.mixed_precision=bf16", "eval.num_per_prompt=1", "eval.num_steps=2"]), log=False
     )
     seen, forward = [], trainer.policy._forward
 
@@ -573,7 +571,7 @@ def test_a_run_name_holding_another_configs_run_is_refused_and_a_rewind_sets_the
     checkpoints = tmp_path / "runs" / "same" / "checkpoints"
     assert [p.name for p in list_checkpoints(checkpoints)] == ["update_000001", "update_000002", "update_000003"]
     trainer = Trainer(
-        load_config(path, ["train.updates=3", "train.weight_decay=0.5", f"run.resume={checkpoints / 'update_000001'}"]),
+        load_config(path, ["train.updates=3", "optim.weight_decay=0.5", f"run.resume={checkpoints / 'update_000001'}"]),
         log=False,
     )
     trainer.resume()

@@ -1,4 +1,4 @@
-"""TVRL (methods.md section 4) on a tiny WanPipeline: with uniform token weights its loss and gradient are GRPO's,
+"""TVRL on a tiny WanPipeline: with uniform token weights its loss and gradient are GRPO's,
 the on-policy ratio is 1, and a toy scorer that reads one region of one frame puts its credit on the tokens covering
 that region; the token geometry follows Wan's causal VAE."""
 
@@ -139,8 +139,8 @@ def test_tvrl_refuses_stale_asynchronous_rollouts():
     from flowrl.config import load_config
     from flowrl.train import Trainer
 
-    base = ["train.async_rollouts=true", "algorithm.name=tvrl", "train.threads=1"]
-    with pytest.raises(ConfigError, match="train.staleness: algorithm 'tvrl'"):
+    base = ["runtime.async_rollouts=true", "algorithm.name=tvrl", "runtime.threads=1"]
+    with pytest.raises(ConfigError, match="runtime.staleness: algorithm 'tvrl'"):
         Trainer(load_config(REPO / "configs" / "shapes_grpo.yaml", base))
 
 
@@ -182,8 +182,8 @@ def test_video_grpo_and_tvrl_train_the_moving_shapes_config_end_to_end(algorithm
         "train.updates=2",
         "train.groups_per_update=2",
         "train.group_size=2",
-        "train.microbatch_size=4",
-        "train.threads=1",
+        "memory.microbatch_size=4",
+        "runtime.threads=1",
         "train.checkpoint_every=1",
         "sampler.num_steps=3",
         "sampler.sde_window_range=[0, 2]",

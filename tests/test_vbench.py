@@ -14,7 +14,7 @@ from run_helpers import run_flowrl
 
 from flowrl.errors import UserError
 from flowrl.eval import vbench
-from flowrl.samples import VideoSamples, _read_mp4, write_samples
+from flowrl.sample_io import VideoSamples, _read_mp4, write_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -145,18 +145,10 @@ def _config(path, pipeline_dir, out_dir, prompts, name: str) -> str:
         "algorithm": {"name": "grpo", "params": {"clip_range": 1e-3}},
         "reward": [{"name": "per_frame", "params": {"reward": "jpeg_compressibility", "frames": 2}}],
         "prompts": {"source": str(prompts)},
-        "train": {
-            "updates": 2,
-            "groups_per_update": 2,
-            "group_size": 2,
-            "lr": 1e-3,
-            "microbatch_size": 3,
-            "ema_decay": 0.0,
-            "checkpoint_every": 2,
-            "threads": 1,
-            "mixed_precision": "no",
-            "weight_dtype": "fp32",
-        },
+        "train": {"updates": 2, "groups_per_update": 2, "group_size": 2, "checkpoint_every": 2},
+        "optim": {"lr": 1e-3, "ema_decay": 0.0},
+        "memory": {"microbatch_size": 3, "mixed_precision": "no", "weight_dtype": "fp32"},
+        "runtime": {"threads": 1},
         "eval": {"enabled": False},
     }
     path.write_text(yaml.safe_dump(data))

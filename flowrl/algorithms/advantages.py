@@ -1,4 +1,11 @@
-"""Advantage estimators as pure functions of (rewards, group ids)."""
+"""Advantage estimators as pure functions of (rewards, group ids): the group-relative advantage of GRPO as Flow-GRPO
+(arXiv 2505.05470) and DanceGRPO (arXiv 2505.07818) compute it, which DDPO (arXiv 2305.13301), DiffusionNFT
+(arXiv 2509.16117), TVRL and DHO share.
+
+Deviations from the papers' code:
+- One form for every method: DanceGRPO's per-group std (unbiased, + 1e-8) and DDPO's per-prompt buffer of past
+  rewards (+ 1e-6) are both read as Flow-GRPO's population std + 1e-4 over the update's own group.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,16 @@ def group_advantages(
     rewards: torch.Tensor, group_ids: torch.Tensor, std: str = "global", eps: float = 1e-4, clip: float | None = 5.0
 ) -> torch.Tensor:
     """GRPO advantages A_i = (r_i - mean of i's group) / (std + eps), clipped to [-clip, clip].
+
+    Args:
+        rewards: [B] rewards of the gathered batch.
+        group_ids: [B] prompt group of each reward.
+        std: "global" or "group", the std divided by (below).
+        eps: added to the std.
+        clip: the bound of |A| (None: no clipping).
+
+    Returns:
+        [B] float advantages.
 
     std='global' divides by the std of all rewards in the batch (Flow-GRPO's default, `global_std=True`);
     std='group' by the std within each prompt group: Flow-GRPO's per-prompt form (population std + 1e-4,

@@ -1,15 +1,24 @@
 """Per-step credit from intermediate rewards and timestep-window schedules (incremental Feynman-Kac training).
 
+Incremental Feynman-Kac training for DDPO has no arXiv id given by the source and no public code: this is flowrl's
+reading, built on FK steering's incremental potential (Singhal et al., arXiv 2501.06848) and on HRF's timestep
+windows (arXiv 2410.08315). GRPO and DDPO take it as options (grpo.py).
+
 The intermediate reward of a trajectory at state x_j is the reward of the model's one-step prediction,
 r_j = r(D(x0_hat(x_j))) for j < T, and r_T = r(D(x_T)) for the final sample. The credit of step j (x_j -> x_{j+1})
 is what it changed, delta_j = r_{j+1} - r_j (the log of FK's `diff` potential, up to lambda); the credits of a
 trajectory telescope to r_T - r_0, its final reward gain over the first prediction. Per step, credits are
 normalised over the prompt group like GRPO advantages, so early steps are credited for what they decide rather
-than every step sharing the terminal advantage (reference/methods.md section 3, reading (a)).
+than every step sharing the terminal advantage.
 
-Window schedules choose which steps an update may train (reading (b)): `incremental` starts with the earliest
-(high-noise) `size` steps and grows the window to every step by the end of the run; `latter` trains only the last
-`size` (low-noise) steps, the baseline the seed abstract argues harms diversity; `all` trains every step.
+Window schedules choose which steps an update may train: `incremental` starts with the earliest (high-noise)
+`size` steps and grows the window to every step by the end of the run; `latter` trains only the last `size`
+(low-noise) steps, the baseline the method's description argues harms diversity; `all` trains every step.
+
+Deviations from that reading:
+- After an SDE window the deterministic steps' credits go to the window's last step (`fold_deterministic_tail`).
+- FK-resampled training groups (`sampler.fk`) are used as they come, not importance-corrected: biased towards the
+  reward, and flagged in the metrics.
 """
 
 from __future__ import annotations

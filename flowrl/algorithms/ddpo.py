@@ -3,9 +3,14 @@
 The objective is GRPO's clipped surrogate on per-step log-densities; what makes it DDPO is the policy: DDIM steps
 with eta > 0 (`sampler.kind: ddim`, `noise_level` = eta, 1.0 in the paper) are Gaussians
 N(mean_DDIM(eps_theta), std_eta^2) whose log-density `sampling.ddim_step` computes. Advantages are normalised per
-prompt. The paper tracks each prompt's reward statistics over a buffer of recent updates; here every update draws
-a group of samples per prompt, so the group itself is the prompt's statistics (std per group, not per batch).
-The std takes GRPO's + 1e-4 (ddpo-pytorch adds 1e-6): only groups whose rewards spread by ~1e-3 or less differ.
+prompt (std per group, not per batch).
+
+Deviations from the paper's code (ddpo-pytorch):
+- Per-prompt statistics: ddpo-pytorch tracks each prompt's rewards over a buffer of recent updates (falling back
+  to batch statistics below its minimum count); here every update draws a group of samples per prompt, so the
+  group itself is the prompt's statistics.
+- The std takes GRPO's + 1e-4 (ddpo-pytorch adds 1e-6): only groups whose rewards spread by ~1e-3 or less differ.
+- Everything else is GRPO's (grpo.py), including its options and its own deviations.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from flowrl.errors import ConfigError
 @dataclass
 class DDPOParams(GRPOParams):
     std: Literal["global", "group"] = "group"
+    """As grpo's, with the per-group std by default (DDPO's per-prompt statistics)."""
 
 
 @register_algorithm

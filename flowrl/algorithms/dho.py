@@ -1,27 +1,35 @@
-"""DHO (Dynamic Homing Optimization, the Flow3D-Pro seed): give every negative sample its own positive target and
-steer its trajectory home with a remaining-time-aware corrective velocity (methods.md section 2; no public code, so
-this is the reading given there, every choice stated).
+"""DHO (Dynamic Homing Optimization, from Flow3D-Pro): give every negative sample its own positive target and steer
+its trajectory home with a remaining-time-aware corrective velocity.
+
+No arXiv id given by the source, and no public code: this is flowrl's reading of the method's description, built on
+DiffusionNFT (arXiv 2509.16117; forward-process regression with its normalised x0-space loss) and minibatch
+optimal-transport couplings (the Hungarian matching), every choice stated.
 
 Per prompt group of a deterministic (ODE) rollout, with group advantages A:
 1. Split: positives A > 0, negatives A <= 0.
 2. MAM (minimum-cost attractive matching): cost C[n, p] = |x0_n - x0_p|^2 / d (+ noise_cost |eps_n - eps_p|^2 / d)
-   (+ chamfer_cost x the Chamfer distance of the decoded shapes' surface points, 3D pipelines), solved with the Hungarian algorithm so each negative gets a distinct positive. When negatives outnumber
-   positives, `capacity: replicate` repeats every positive ceil(|N| / |P|) times (distinct within a round);
+   (+ chamfer_cost x the Chamfer distance of the decoded shapes' surface points, 3D pipelines), solved with the
+   Hungarian algorithm so each negative gets a distinct positive. When negatives outnumber positives,
+   `capacity: replicate` repeats every positive ceil(|N| / |P|) times (distinct within a round);
    `capacity: lowest` keeps only the |P| lowest-reward negatives.
 3. TDC (time-aware dynamic correction): at a state (x_t, t) of negative n with target x+,
    u = v_old + lambda(t) (v_home - v_old),  v_home = (x_t - x+) / t,
    lambda(t) = 1 for t <= knee, falling linearly to lambda_min at t = 1 (early states get a mild pull). With
    lambda = 1 an Euler path of u from eps_n ends exactly at x+.
    Variants: `dynamic` (the states are those of the corrected path, re-integrated from eps_n with the policy the
-   update starts from, v_old: the seed's reading; under train.async_rollouts that is the learner's current policy,
-   not the older snapshot that drew the batch, and not NFT's EMA old policy either), `trajectory` (the rollout's own states), `forward` (reflow on the MAM coupling:
-   x_t = (1 - t) x+ + t eps_n with target eps_n - x+, no stored path).
+   update starts from, v_old: the description's reading), `trajectory` (the rollout's own states), `forward`
+   (reflow on the MAM coupling: x_t = (1 - t) x+ + t eps_n with target eps_n - x+, no stored path).
 4. Loss: t^2 |v - u|^2 = |x0_pred(v) - x0_pred(u)|^2 in x0 space, normalised like DiffusionNFT by its own
    stop-gradient mean absolute error, plus alpha_pos times the same normalised flow-matching loss on forward-noised
-   positives (fresh noise, target eps - x0_p). Deviation: the positive term uses the same normalisation as the
-   negative one so that alpha_pos weighs like against like.
+   positives (fresh noise, target eps - x0_p).
 No likelihood ratio is involved, so rollouts made by a stale policy need no importance correction (the loop's
-`train.staleness`).
+`runtime.staleness`).
+
+Deviations from that reading:
+- The positive term uses the same normalisation as the negative one, so that alpha_pos weighs like against like.
+- Under `runtime.async_rollouts`, v_old (of the `dynamic` path and of the targets) is the learner's current policy,
+  not the older snapshot that drew the batch (and not NFT's EMA old policy either): staleness is bounded, never
+  corrected.
 """
 
 from __future__ import annotations
@@ -50,16 +58,29 @@ from flowrl.prompt_source import derived_seed
 @dataclass
 class DHOParams:
     variant: Literal["dynamic", "trajectory", "forward"] = "dynamic"
-    lambda_min: float = 0.25  # lambda(1)
-    lambda_knee: float = 0.5  # lambda(t) = 1 for t <= knee
+    """The states regressed: `dynamic` (of the corrected, re-integrated path), `trajectory` (the rollout's), or
+    `forward` (reflow on the matching: x_t = (1 - t) x+ + t eps_n, target eps_n - x+)."""
+    lambda_min: float = 0.25
+    """lambda(t) at t = 1."""
+    lambda_knee: float = 0.5
+    """lambda(t) = 1 for t <= knee, linear to lambda_min at t = 1."""
     capacity: Literal["replicate", "lowest"] = "replicate"
-    noise_cost: float = 0.0  # weight of |eps_n - eps_p|^2 / d in the matching cost
-    chamfer_cost: float = 0.0  # weight of the decoded shapes' Chamfer distance in the matching cost (3D pipelines)
+    """More negatives than positives: `replicate` (each positive takes ceil(N / P)) or `lowest` (only the P
+    lowest-reward negatives)."""
+    noise_cost: float = 0.0
+    """Weight of the initial noises' MSE in the matching cost."""
+    chamfer_cost: float = 0.0
+    """Weight of the decoded shapes' Chamfer distance in the matching cost (3D pipelines only)."""
     alpha_pos: float = 1.0
+    """Weight of the positives' flow-matching term."""
     adv_clip_max: float = 5.0
+    """Advantages are clipped to [-adv_clip_max, adv_clip_max]."""
     std: Literal["global", "group"] = "global"
+    """The std that scales the advantages: `global` or `group`."""
     timestep_fraction: float = 0.5
-    guidance_scale: float | None = None  # the velocity trained and re-integrated (None: the sampler's)
+    """Fraction of the schedule's steps trained, in (0, 1]."""
+    guidance_scale: float | None = None
+    """The velocity trained and re-integrated; null: the sampler's guided one."""
 
     def validate(self):
         if self.variant not in ("dynamic", "trajectory", "forward"):

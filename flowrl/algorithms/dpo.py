@@ -1,16 +1,23 @@
-"""Diffusion-DPO on best-vs-worst pairs within each prompt group (Wallace et al., arXiv 2311.12908), in the flow-matching
-form: the DPO-style baseline of the 3D comparison (issue 18), usable on any flow pipeline.
+"""Diffusion-DPO (Wallace et al., arXiv 2311.12908) on best-vs-worst pairs within each prompt group, in the
+flow-matching form: the DPO-style baseline of the 3D comparison (benchmarks/compare_3d.py), usable on any flow
+pipeline.
 
 Per group of an online rollout, the k-th best sample is paired with the k-th worst (`pairs_per_group` pairs; pairs
 with equal rewards are skipped). At a trained schedule point t both members are noised with one shared noise,
 x_t = (1 - t) x0 + t eps, and the flow-matching errors err(v) = mean |v(x_t) - (eps - x0)|^2 of the policy and the
 frozen reference (the LoRA-disabled base) enter
     L = -log sigmoid(-beta / 2 [(err_w - err_ref_w) - (err_l - err_ref_l)]),
-the loss of diffusers' Diffusion-DPO training script with the epsilon error replaced by the velocity error
-(as Flow-DPO does). beta: the script's 5000 is for SD's 4x64x64 epsilon MSE; the default 1000 here suits
-normalised flow latents (stated, not tuned on an eval). Trained: the conditional velocity (guidance 1, the paper's
-setting; `guidance_scale` trains the guided one). Pairs are formed among the samples a process holds, so
-groups_per_update must be a multiple of the number of processes (checked at start-up: each group whole on one).
+the loss of diffusers' Diffusion-DPO training script with the epsilon error replaced by the velocity error.
+Trained: the conditional velocity (guidance 1, the paper's setting; `guidance_scale` trains the guided one). Pairs
+are formed among the samples a process holds, so groups_per_update must be a multiple of the number of processes
+(checked at start-up: each group whole on one).
+
+Deviations from the paper and diffusers' training script:
+- Online pairs: the winner and loser are the policy's own samples, ranked by the run's reward, not a fixed
+  dataset of human preference pairs.
+- Velocity error instead of epsilon error (as Flow-DPO does), so the method needs a flow-matching pipeline.
+- beta: the script's 5000 is for SD's 4x64x64 epsilon MSE; the default 1000 here suits normalised flow latents
+  (stated, not tuned on an eval).
 """
 
 from __future__ import annotations
@@ -28,9 +35,13 @@ from flowrl.prompt_source import derived_seed
 @dataclass
 class DPOParams:
     beta: float = 1000.0
+    """The preference temperature in -log sigmoid(-beta / 2 [...]) on flow-matching errors (> 0)."""
     pairs_per_group: int = 1
+    """Pairs per group: the best with the worst, the second best with the second worst, ...; ties are skipped."""
     timestep_fraction: float = 0.5
+    """Fraction of the schedule's steps trained, in (0, 1]."""
     guidance_scale: float = 1.0
+    """The velocity trained: 1.0 the conditional one (Diffusion-DPO's); above 1 the guided one."""
 
     def validate(self):
         if self.beta <= 0:
@@ -74,11 +85,11 @@ class DiffusionDPO(Algorithm):
         p, traj = self.params, batch.trajectory
         pairs = best_worst_pairs(batch.rewards, batch.group_ids, p.pairs_per_group)
         winners, losers, steps = [], [], []
-        for w, l in pairs:
+        for winner, loser in pairs:
             for k in trained_steps(
-                torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction, batch.seeds[w]
+                torch.ones(traj.num_steps, dtype=torch.bool), p.timestep_fraction, batch.seeds[winner]
             ).tolist():
-                winners.append(w), losers.append(l), steps.append(k)
+                winners.append(winner), losers.append(loser), steps.append(k)
         items = WorkItems.build(winners, steps)
         self.losers = torch.tensor(losers, dtype=torch.long)
         final = traj.final
@@ -106,7 +117,7 @@ class DiffusionDPO(Algorithm):
                 v_w, v_l = self.velocities(policy, traj, chunk, items.sample[chunk])
                 self.ref_w[chunk] = flow_error(v_w, self.u_w[chunk]).cpu()
                 self.ref_l[chunk] = flow_error(v_l, self.u_l[chunk]).cpu()
-        gaps = [float(batch.rewards[w] - batch.rewards[l]) for w, l in pairs]
+        gaps = [float(batch.rewards[winner] - batch.rewards[loser]) for winner, loser in pairs]
         return items, {"pairs": float(len(pairs)), "pair_reward_gap": sum(gaps) / len(gaps) if gaps else 0.0}
 
     def velocities(self, policy, traj, keys: torch.Tensor, winners: torch.Tensor):

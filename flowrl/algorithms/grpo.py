@@ -1,18 +1,31 @@
-"""SDE-sampled GRPO (Flow-GRPO, arXiv 2505.05470; DanceGRPO, arXiv 2505.07818).
+"""SDE-sampled GRPO: Flow-GRPO (arXiv 2505.05470) and DanceGRPO (arXiv 2505.07818).
 
 Per prompt group, A_i = (r_i - mean_group r) / (std + 1e-4), clipped to +-adv_clip_max. At each trained step j
 of sample i, the current policy's log-density of the stored transition x_j -> x_{j+1} gives
 rho = exp(log pi_theta - log pi_old) and the clipped surrogate max(-A rho, -A clip(rho, 1 - eps, 1 + eps)),
 plus beta * KL(pi_theta || pi_ref) between the two step Gaussians, where the reference is the LoRA-disabled base.
 Two forms of that KL (`kl_form`), both means over elements:
-    gaussian   mean((mu_theta - mu_ref)^2) / (2 std^2)          the exact KL of the step Gaussians (std^2 = std_t^2 |dt|)
-    flow_grpo  mean((mu_theta - mu_ref)^2) / (2 std_t^2)        Flow-GRPO's code: the gaussian form times |dt|
+    gaussian   mean((mu_theta - mu_ref)^2) / (2 std^2)     the exact KL of the step Gaussians (std^2 = std_t^2 |dt|)
+    flow_grpo  mean((mu_theta - mu_ref)^2) / (2 std_t^2)   Flow-GRPO's code: the gaussian form times |dt|
 The default is flow_grpo, so betas copied from Flow-GRPO's configs (0.004-0.04) mean what they meant there; the
-gaussian form is up to ~1/|dt| (~100x at low-noise steps) stronger for the same beta. For CPS and DDIM the two agree. Groups whose rewards are all equal carry no signal and are dropped.
-Each sample trains a `timestep_fraction` of its stochastic steps, chosen by its own seed.
+gaussian form is up to ~1/|dt| (~100x at low-noise steps) stronger for the same beta. For CPS and DDIM the two
+agree. Groups whose rewards are all equal carry no signal and are dropped.
+Each sample trains a `timestep_fraction` of its stochastic steps, chosen by its own seed. The SDE steps
+themselves (every step, or a window of them: Flow-GRPO-Fast's and MixGRPO's, arXiv 2507.21802) are the
+sampler's (`sampler.sde_window_size`), not the algorithm's.
 Options for incremental Feynman-Kac training (credit.py): `credit: incremental` replaces the terminal advantage
 of step j by the group-normalised change of the intermediate reward across that step; `window_schedule` limits the
 trainable steps to an early window growing over the run (`incremental`) or to the last steps (`latter`).
+
+Deviations from the papers' code (flow_grpo, DanceGRPO):
+- Trained steps: `step_order: random` (the default) is DanceGRPO's per-sample permutation; Flow-GRPO trains the
+  first floor(fraction x n) steps in sampling order (`step_order: first`). Both count floor(fraction x n) steps.
+- Zero-std groups are dropped and not topped up: Flow-GRPO re-adds random zero-advantage samples so the batch
+  divides into its minibatches. A process whose groups all tied trains one item of weight 0 instead, so that
+  every process runs the same forward and backward passes.
+- `std: group` divides by the population std + 1e-4 (Flow-GRPO's per-prompt form); DanceGRPO's `--use_group`
+  divides by the unbiased std + 1e-8 (see advantages.group_advantages).
+- `credit: incremental` and `window_schedule` belong to neither paper (credit.py).
 """
 
 from __future__ import annotations
@@ -26,28 +39,43 @@ from flowrl.algorithms.advantages import group_advantages, zero_std_groups
 from flowrl.algorithms.base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
 from flowrl.algorithms.credit import fold_deterministic_tail, incremental_credits, step_advantages, window_mask
 from flowrl.errors import ConfigError
-from flowrl.sampling import diffusion_time_scale
+from flowrl.sde import diffusion_time_scale
 
 
 @dataclass
 class GRPOParams:
     clip_range: float = 1e-4
+    """PPO clip range of the likelihood ratio (> 0)."""
     adv_clip_max: float = 5.0
+    """Advantages are clipped to [-adv_clip_max, adv_clip_max]."""
     std: Literal["global", "group"] = "global"
+    """The std that scales the advantages: `global` (the whole batch's) or `group` (each prompt group's)."""
     kl_beta: float = 0.0
+    """Weight of the KL penalty to the LoRA-free reference policy (0: none)."""
     kl_form: Literal["flow_grpo", "gaussian"] = "flow_grpo"
+    """`flow_grpo` (Flow-GRPO's coded KL: the exact Gaussian form times the step's |dt|) or `gaussian` (the exact KL of
+    the step Gaussians); the two agree for CPS and DDIM."""
     timestep_fraction: float = 1.0
-    # which floor(fraction x n) steps train: "random" (a per-sample seeded subset, DanceGRPO's) or "first" (in
-    # sampling order, Flow-GRPO's: at 0.99 the last, lowest-noise step is the one left out)
+    """Fraction of a sample's stochastic steps trained, in (0, 1]: int(fraction x n) of its n steps (at least 1), as the
+    reference implementations count them (0.99 of 10 is 9)."""
     step_order: Literal["random", "first"] = "random"
-    shared_initial_noise: bool = False  # DanceGRPO: one initial noise per prompt group
-    # DanceGRPO's best-of-N (its video recipe: --bestofn 8 of 24): train only each group's best_of / 2 samples of
-    # highest and best_of / 2 of lowest advantage (advantages from the whole group); 0: every sample
+    """Which steps train: `random` (a per-sample seeded subset, DanceGRPO's) or `first` (in sampling order, Flow-GRPO's:
+    at 0.99 the last, lowest-noise step is the one left out)."""
+    shared_initial_noise: bool = False
+    """DanceGRPO: one initial noise per prompt group (its first sample's)."""
     best_of: int = 0
+    """DanceGRPO's best-of-N: train only each group's best_of / 2 samples of highest and best_of / 2 of lowest advantage
+    (advantages over the whole group; an even number); 0: every sample."""
     drop_zero_std: bool = True
+    """Drop the groups whose rewards have zero std (they carry no signal)."""
     credit: Literal["terminal", "incremental"] = "terminal"
+    """`terminal` (the final reward's advantage credits every step) or `incremental` (step j's credit is the group-
+    normalised change of the intermediate reward across it)."""
     window_schedule: Literal["all", "incremental", "latter"] = "all"
+    """The steps an update may train: `all`, an early window growing over the run (`incremental`) or the last
+    `window_size` steps (`latter`)."""
     window_size: int = 3
+    """The size of the `incremental` and `latter` windows (>= 1)."""
 
     def validate(self):
         if not 0 < self.timestep_fraction <= 1:

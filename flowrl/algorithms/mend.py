@@ -1,6 +1,8 @@
 """MEND: reward post-training of flow models by proximal velocity matching.
 
-No public code exists; this follows the reading in reference/methods.md section 1 (trajectory-shift targets).
+No arXiv id given by the source, and no public code: this is flowrl's reading of the method's description, built
+on its nearest published relatives, DiffusionNFT (arXiv 2509.16117; velocity regression without likelihoods) and
+ReFL (arXiv 2304.05977; a capped reward climbed by its gradient). The reading's steps (trajectory-shift targets):
 1. Cap: per prompt group, kappa = the q-quantile of the group's rewards; the capped reward is min(R, kappa).
    Samples at or above the cap get no move.
 2. Proposals: for a sample below the cap, g = dR(D(x0))/dx0 through the VAE decoder and the reward, normalised to
@@ -14,28 +16,28 @@ No public code exists; this follows the reading in reference/methods.md section 
    (x_{k+1} - x_k) / (t_{k+1} - t_k). Integrating u* from x~_0 = x_0 ends exactly at x_K + delta.
 5. Loss: mean ||v_theta(x~_k) - u*_k||^2 (optionally weighted by t^2, an x0-space loss). No KL, no reference, no
    advantage weights: samples with delta = 0 are anchors that keep their old velocity.
-   Deviation (the default, `target_states: stored`): v_theta regresses at the stored states x_k, not at the
-   shifted x~_k (same targets u*_k). At x~_k the residual at theta_old is v_old(x~_k) - v_old(x_k) + delta: the
-   model's own response to the shifted input, larger than delta, dominates the gradient. At x_k it is exactly
-   delta (still zero for anchors). Measured by benchmarks/mend_moves.py on shapes-sd3: after 20 optimizer steps on
-   one batch the resampled endpoints line up with delta at cosine 0.37 (stored) against 0.11 (shifted), and in
-   100 updates of the comparison benchmark the learned reward rises 2.46 -> 3.30 (stored) where it fell to 2.17
-   (shifted). The price: the new path reaches x0 + delta only to first order. `target_states: shifted` is the
-   reference's exact reading.
-Option (`move_space: prediction`, a further deviation): the move is made on the one-step prediction
-x0_hat_k = x_k - t_k v_old_k at a seeded step k in `step_range` (early steps by default) instead of on the final
-sample. The proposal follows dR(D(x0_hat_k))/dx0_hat_k, its capped gain is measured on the prediction's reward with
-the sample's own headroom (kappa - r, from the final rewards) as the cap, and the one target is
-u*_k = v_old_k - delta / t_k at the stored x_k (which moves x0_hat_k by exactly delta). A move on the final sample
-can only edit what is already drawn; at early steps the prediction still decides the layout. Measured on
-shapes-sd3: ReFL's one-step gradient at late steps lowers eval accuracy and at early steps raises it (README).
-Option (`normalize: batch`): proposals are g / RMS over the process's below-cap samples instead of g / RMS(g) per
-sample. Per-sample scaling gives a sample whose reward is nearly flat (its gradient mostly noise) as large a
-proposal as one whose reward is steep; with prediction moves on shapes-sd3 that drew streaks and lowered eval
-accuracy (0.288 -> 0.226), batch scaling raised it (0.288 -> 0.330), at 100 updates each, one seed.
 Groups where every sample is at the cap (all rewards equal) carry no move and are not trained at all, so such a
 batch gives exactly zero gradient. Anchor rows are kept in every group that has a sample below the cap (decided
 from the gathered rewards, so the split is the same on one process or many).
+
+Deviations from that reading (each measured; the figures are in docs/research/benchmarks.md):
+- `target_states: stored` (the default): v_theta regresses at the stored states x_k, not at the shifted x~_k (same
+  targets u*_k). At x~_k the residual at theta_old is v_old(x~_k) - v_old(x_k) + delta: the model's own response
+  to the shifted input, larger than delta, dominates the gradient. At x_k it is exactly delta (still zero for
+  anchors); benchmarks/mend_moves.py shows the resampled endpoints following delta more closely, and the learned
+  reward rises in the comparison benchmark where it fell with shifted states. The price: the new path reaches
+  x0 + delta only to first order. `target_states: shifted` is the exact reading.
+- `move_space: prediction` (an option): the move is made on the one-step prediction x0_hat_k = x_k - t_k v_old_k
+  at a seeded step k in `step_range` (early steps by default) instead of on the final sample. The proposal follows
+  dR(D(x0_hat_k))/dx0_hat_k, its capped gain is measured on the prediction's reward with the sample's own
+  headroom (kappa - r, from the final rewards) as the cap, and the one target is u*_k = v_old_k - delta / t_k at
+  the stored x_k (which moves x0_hat_k by exactly delta). A move on the final sample can only edit what is already
+  drawn; at early steps the prediction still decides the layout (on shapes-sd3, ReFL's one-step gradient lowers
+  eval accuracy at late steps and raises it at early ones).
+- `normalize: batch` (an option): proposals are g / RMS over the process's below-cap samples instead of g / RMS(g)
+  per sample. Per-sample scaling gives a sample whose reward is nearly flat (its gradient mostly noise) as large a
+  proposal as one whose reward is steep; with prediction moves on shapes-sd3 that drew streaks and lowered eval
+  accuracy, where batch scaling raised it.
 """
 
 from __future__ import annotations
@@ -61,16 +63,26 @@ from flowrl.errors import ConfigError
 
 @dataclass
 class MENDParams(RewardGradientParams):
-    quantile: float = 0.75  # q: the group's cap is its q-quantile reward
-    price: float = 100.0  # lambda of the quadratic displacement price (per element MSE, rewards in group-std units)
-    step_max: float = 0.2  # eta_max: the largest proposal, in latent RMS units
-    num_step_sizes: int = 4  # M
+    quantile: float = 0.75
+    """q: the group's cap is its q-quantile reward."""
+    price: float = 100.0
+    """lambda of the quadratic displacement price (per-element MSE, rewards in group-std units)."""
+    step_max: float = 0.2
+    """eta_max: the largest proposal, in latent RMS units."""
+    num_step_sizes: int = 4
+    """M: proposal step sizes tried per sample."""
     timestep_fraction: float = 0.5
+    """Fraction of the schedule's steps trained, in (0, 1]."""
     time_weight: Literal["uniform", "t2"] = "uniform"
-    target_states: Literal["stored", "shifted"] = "stored"  # where v_theta regresses onto u*: x_k or x~_k (above)
-    move_space: Literal["final", "prediction"] = "final"  # move the final sample, or an early one-step prediction
-    step_range: list[float] = field(default_factory=lambda: [0.0, 0.4])  # prediction moves: fraction range of k
-    normalize: Literal["sample", "batch"] = "sample"  # proposal scale: per-sample unit RMS, or one RMS per batch
+    """The loss's weight over time: `uniform` or `t2`."""
+    target_states: Literal["stored", "shifted"] = "stored"
+    """Where v_theta regresses onto u*: `stored` (the rollout's x_k) or `shifted` (x~_k)."""
+    move_space: Literal["final", "prediction"] = "final"
+    """Move the final sample (`final`) or an early one-step prediction (`prediction`)."""
+    step_range: list[float] = field(default_factory=lambda: [0.0, 0.4])
+    """For prediction moves: the fraction range of the schedule k is drawn from."""
+    normalize: Literal["sample", "batch"] = "sample"
+    """The proposal's scale: per-sample unit RMS (`sample`) or one RMS per batch (`batch`)."""
 
     def validate(self):
         super().validate()

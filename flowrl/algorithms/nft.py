@@ -12,9 +12,16 @@ with C = adv_clip_max as in the reference code (`scale_by_adv_clip: false` drops
 act C times more strongly relative to the loss). At v = v_old the gradient is C (2r - 1) grad L(v+):
 advantage-weighted flow matching on the policy's own samples. Like the reference, items with A = 0 (r = 1/2) are
 trained too (their gradient vanishes only at v = v_old); `drop_zero_advantage: true` skips them.
-The old policy is the one that made the rollout (the paper's EMA old policy with decay 0); an optional KL term
-pulls v towards the LoRA-disabled reference. The velocity trained is the guided one at `guidance_scale` (None: the
-sampler's; 1.0: the paper's CFG-free setting).
+An optional KL term pulls v towards the LoRA-disabled reference. The velocity trained is the guided one at
+`guidance_scale` (None: the sampler's; 1.0: the paper's CFG-free setting).
+
+Deviations from the paper's code (NVlabs/DiffusionNFT):
+- The old policy is the one that made the rollout (the paper's EMA old policy with decay 0): no separate "old"
+  adapter updated by a soft copy after each epoch.
+- Rollouts come from flowrl's Euler ODE sampler (`sampler.kind: ode`), not the reference's deterministic `dpm2`
+  solver.
+- Defaults: `kl_beta` 0 (the reference's 1e-4 is available) and `timestep_fraction` 0.5 (the reference trains
+  nearly every step).
 """
 
 from __future__ import annotations
@@ -40,13 +47,22 @@ from flowrl.prompt_source import derived_seed
 @dataclass
 class NFTParams:
     beta: float = 1.0
+    """The mix of the implicit policies, v+ = beta v + (1 - beta) v_old and v- = (1 + beta) v_old - beta v (> 0)."""
     adv_clip_max: float = 5.0
+    """Advantages are clipped to [-adv_clip_max, adv_clip_max]."""
     std: Literal["global", "group"] = "global"
+    """The std that scales the advantages: `global` or `group`."""
     timestep_fraction: float = 0.5
+    """Fraction of the schedule's steps trained, in (0, 1]."""
     kl_beta: float = 0.0
+    """Weight of a KL penalty: the velocity MSE to the LoRA-free reference (0: none)."""
     guidance_scale: float | None = None
-    scale_by_adv_clip: bool = True  # the reference's C x loss
-    drop_zero_advantage: bool = False  # the reference keeps A = 0 items
+    """The velocity trained: null trains the sampler's guided velocity; 1.0 the CFG-free one of the paper's CFG-free
+    setting."""
+    scale_by_adv_clip: bool = True
+    """Multiply the loss by adv_clip_max, as the reference code does."""
+    drop_zero_advantage: bool = False
+    """Skip the items with advantage 0 (the reference code keeps them)."""
 
     def validate(self):
         if self.beta <= 0:

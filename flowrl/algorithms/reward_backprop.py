@@ -9,6 +9,17 @@ Both maximise a differentiable reward R(D(x0)) by its gradient; they differ in w
   uniformly from 1..K (AlignProp's randomised truncation). DRaFT-1 on a flow model equals ReFL at the last step.
 Both take `reward_shift` / `reward_shift_copies` (base.RewardGradientParams): the reward they climb is averaged
 over shifted copies of each image, which keeps its content gradient and blunts pixel-position adversarial ones.
+
+Deviations from the papers and their code (THUDM/ImageReward's ReFL, DRaFT, AlignProp):
+- Flow-model port: the one-step prediction is x0_hat = x_k - t_k v(x_k) (ReFL takes the epsilon scheduler's
+  `pred_original_sample`), and DRaFT re-runs Euler steps of the velocity instead of DDIM steps.
+- The loss is -R unless `cap` is set (ReFL's own loss is ReLU(2 - R) on ImageReward: `cap: 2`). ReFL's step range
+  [0.7, 1.0) is a little wider than its k in 30..39 of 40 (see ReFLParams).
+- The starting states come from the stored ODE rollout (sampled without gradient), so neither method runs a
+  sampler of its own; DRaFT-LV's re-noised variants are not implemented.
+- ReFL's paper alternates the reward loss with a pretraining loss; here that is `train.data_loss`
+  (flowrl.data_loss), added at every optimizer step rather than alternated, and off by default (ReFL's public
+  script uses the reward loss alone).
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from flowrl.algorithms.base import (
     validate_step_range,
 )
 from flowrl.errors import ConfigError
-from flowrl.sampling import x0_prediction
+from flowrl.sde import x0_prediction
 
 
 def reward_loss(scores: torch.Tensor, cap: float | None, scale: float) -> torch.Tensor:
@@ -38,11 +49,13 @@ def reward_loss(scores: torch.Tensor, cap: float | None, scale: float) -> torch.
 
 @dataclass
 class ReFLParams(RewardGradientParams):
-    # fraction of the schedule k is drawn from (ReFL draws k in 30..39 of 40: [0.75, 1.0); this range is a little
-    # wider, so on 40 steps k = 28, 29 occur too)
     step_range: list[float] = field(default_factory=lambda: [0.7, 1.0])
+    """The fraction of the schedule the one trained step k is drawn from (ReFL's own range, 30..39 of 40 steps, is
+    [0.75, 1.0); this one is a little wider)."""
     cap: float | None = None
+    """Set for ReFL's ReLU(cap - R) loss; null: -R."""
     loss_scale: float = 1.0
+    """Multiplies the loss."""
 
     def validate(self):
         super().validate()
@@ -52,10 +65,15 @@ class ReFLParams(RewardGradientParams):
 @dataclass
 class DRaFTParams(RewardGradientParams):
     k: int = 1
+    """The last K steps are re-run with gradient (>= 1)."""
     random_k: bool = False
+    """AlignProp-style random truncation: K drawn in 1..K per update."""
     cap: float | None = None
+    """Set for a ReLU(cap - R) loss; null: -R."""
     loss_scale: float = 1.0
+    """Multiplies the loss."""
     checkpointing: bool = True
+    """Gradient checkpointing through the re-run steps."""
 
     def validate(self):
         super().validate()
@@ -125,6 +143,6 @@ class DRaFT(_RewardBackprop):
             scores.append((rows, score.detach()))
         out = torch.zeros(len(items), device=traj.final.device)
         reward = torch.zeros(len(items))
-        out = out.index_put((torch.cat([r for r, _ in losses]),), torch.cat([l for _, l in losses]))
+        out = out.index_put((torch.cat([r for r, _ in losses]),), torch.cat([loss for _, loss in losses]))
         reward[torch.cat([r for r, _ in scores])] = torch.cat([s for _, s in scores]).float().cpu()
         return out, {"reward_of_sample": reward}

@@ -1,4 +1,8 @@
-"""TVRL: token-level credit for video flow RL from a frozen, differentiable question scorer (methods.md section 4).
+"""TVRL (Token-Level Video Reinforcement Learning): token-level credit for video flow RL from a frozen,
+differentiable question scorer.
+
+No arXiv id given by the source, and no public code: this is flowrl's reading of the method's description, on
+top of GRPO (grpo.py: Flow-GRPO, arXiv 2505.05470; DanceGRPO, arXiv 2505.07818).
 
 GRPO's group-relative advantage A from R = mean_q p(yes | video, q), with each trained step's log-density split into
 per-token terms and reweighted by where the scorer looks:
@@ -11,7 +15,13 @@ per-token terms and reweighted by where the scorer looks:
    `token_ratio: true` instead clips per token: sum_k w_k max(-A rho_{t,k}, -A clip(rho_{t,k})) / sum_k w_k.
 With w = 1 both are GRPO's loss (to float rounding: the mean of per-token means is the mean over elements).
 The old per-token log-densities are recomputed in `prepare` (no gradient, the rollout's policy): one extra forward
-per trained step. Deviation: no public code exists; this follows the reading in methods.md.
+per trained step.
+
+Deviations from that reading:
+- The credit maps weigh the prompt's questions uniformly (per-question weights, e.g. by per-question advantages,
+  are not implemented) and are computed once per rollout.
+- `token_ratio: true` (per-token ratios and clipping) is an option beside the description's one reweighted ratio.
+- No KL term and terminal credit only: TVRLParams.validate refuses GRPO's `kl_beta` and `credit: incremental`.
 """
 
 from __future__ import annotations
@@ -23,16 +33,21 @@ import torch
 from flowrl.algorithms.base import RolloutBatch, WorkItems, register_algorithm
 from flowrl.algorithms.grpo import GRPO, GRPOParams, clipped_surrogate
 from flowrl.errors import ConfigError
-from flowrl.sampling import gaussian_log_prob
+from flowrl.sde import gaussian_log_prob
 
 
 @dataclass
 class TVRLParams(GRPOParams):
-    gamma: float = 0.5  # smoothing towards uniform: w <- (1 - gamma) + gamma w
+    gamma: float = 0.5
+    """Smoothing towards uniform credit, w <- (1 - gamma) + gamma w, in [0, 1]."""
     w_min: float = 0.2
+    """Lower clip of the token weights (renormalised to mean 1 after clipping), in (0, 1]."""
     w_max: float = 5.0
-    token_ratio: bool = False  # per-token ratios and clipping instead of one ratio of the reweighted log-density
-    credit_batch: int = 8  # samples per scorer backward when computing credit maps
+    """Upper clip of the token weights (>= 1)."""
+    token_ratio: bool = False
+    """Per-token ratios and clipping instead of one ratio of the reweighted log-density."""
+    credit_batch: int = 8
+    """Samples per scorer backward when computing the credit maps (>= 1)."""
 
     def validate(self):
         super().validate()

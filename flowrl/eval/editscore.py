@@ -161,11 +161,10 @@ def score_samples_folder(scorer, folder, settings: dict, progress: bool = True) 
 
     from tqdm import tqdm
 
-    from flowrl.cli import read_conditions
     from flowrl.images import item_image, to_uint8
-    from flowrl.sample_job import SETTINGS_FILE as SAMPLING_SETTINGS
-    from flowrl.sample_job import appending, json_lines, resume_or_start
-    from flowrl.samples import load_samples, read_records
+    from flowrl.resumable_sampling import SETTINGS_FILE as SAMPLING_SETTINGS
+    from flowrl.resumable_sampling import appending, json_lines, resume_or_start
+    from flowrl.sample_io import load_samples, read_conditions, read_records
 
     folder = Path(folder)
     records = read_records(folder)

@@ -5,8 +5,7 @@ for VBench-2.0 result files, its five category means.
 `vbench` pins transformers 4.33, numpy < 2 and timm <= 1.0.12, which flowrl cannot share, so it never runs in
 flowrl's interpreter: `make_environment` creates a virtual environment beside (not inside) flowrl's, and
 `vbench_runner.py` (stdlib + vbench only) is executed there. The aggregation follows VBench's
-`scripts/cal_final_score.py` + `scripts/constant.py` and VBench-2.0's `scripts/cal_final_score.py` (formulas
-restated in shared/reference/eval_pipelines.md 1.1-1.2).
+`scripts/cal_final_score.py` + `scripts/constant.py` and VBench-2.0's `scripts/cal_final_score.py`.
 """
 
 from __future__ import annotations
@@ -195,7 +194,7 @@ def run_vbench(
 ) -> dict:
     """Score a `flowrl sample` folder of clips with the real vbench package (flowrl's eval JSON, see
     `parse_results`)."""
-    from flowrl.samples import read_records
+    from flowrl.sample_io import read_records
 
     samples_dir = Path(samples_dir)
     python = python or default_python()

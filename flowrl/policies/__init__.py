@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-
 from flowrl.policies.base import Conditioning, FlowPolicy
+from flowrl.policies.placement import WEIGHT_DTYPES, place_for_sampling, sampling_placement
 from flowrl.registry import Registry
-
-WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # train.weight_dtype's names
 
 # pipeline class name -> adapter module; a config's `pipeline.policy: package.module:Class` overrides the choice
 POLICIES = Registry(
@@ -85,38 +82,6 @@ def load_pipeline(path, dtype=None):
     pipe = DiffusionPipeline.from_pretrained(folder, dtype=dtype or torch.float32, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe
-
-
-def sampling_placement(device: str | None = None, weight_dtype: str | None = None) -> tuple[torch.device, torch.dtype]:
-    """Where a policy that only samples (`flowrl sample`, the demo) runs, as a run would place it: `device` (None:
-    the GPU when there is one, else the CPU), frozen weights in `weight_dtype` (None: bf16 on a GPU, as the real
-    configs train; fp32 on the CPU, where half-precision matmuls are slow). Checked before any weights load."""
-    from flowrl.devices import chosen_device
-    from flowrl.errors import UserError
-
-    target = chosen_device(device)
-    if weight_dtype is not None and weight_dtype not in WEIGHT_DTYPES:
-        raise UserError(f"--weight-dtype: expected one of {list(WEIGHT_DTYPES)}, got {weight_dtype!r}")
-    return target, WEIGHT_DTYPES[weight_dtype or ("bf16" if target.type == "cuda" else "fp32")]
-
-
-def place_for_sampling(
-    policy: FlowPolicy, placement: tuple[torch.device, torch.dtype], text_encoders_on_host: bool = False
-):
-    """Place the policy (after any checkpoint or adapter is loaded; the text encoders left on the host where they are
-    to be offloaded) and return what to sample under: a new autocast context per call, since half-precision weights
-    run under autocast, as in a run."""
-    import functools
-
-    device, dtype = placement
-    for name, param in policy.named_trained_parameters().items():
-        # place() keeps trainable weights fp32: so does every adapter (the demo holds one per checkpoint, all but
-        # the active one frozen by peft; both Wan2.2 experts' when both trained), while the frozen weights take the
-        # sampling dtype
-        if "lora_" in name:
-            param.requires_grad_(True)
-    policy.place(device, dtype, text_encoders_on_host)
-    return functools.partial(torch.autocast, device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 __all__ = [

@@ -31,7 +31,7 @@ class FirstFrameHeld:
     def step(
         self, kind, x, sigma, sigma_next, cond, guidance_scale, noise_level, noise=None, prev_sample=None, guide=None
     ):
-        from flowrl.sampling import gaussian_log_prob
+        from flowrl.sde import gaussian_log_prob
 
         out = super().step(kind, x, sigma, sigma_next, cond, guidance_scale, noise_level, noise, prev_sample, guide)
         if not self.holds_first_frame or prev_sample is not None:

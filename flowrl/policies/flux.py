@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from flowrl.policies import POLICIES
-from flowrl.policies.base import Conditioning, FlowPolicy, SampleSpec, untiled
+from flowrl.policies.base import Conditioning, FlowPolicy, SampleSpec
+from flowrl.policies.input_images import untiled
 
 FLUX_LORA_TARGETS = [
     "attn.to_q",
@@ -99,8 +100,9 @@ class FluxPolicy(FlowPolicy):
 class FluxKontextPolicy(FluxPolicy):
     """FluxKontextPipeline adapter (instruction-based editing): the source image is per-sample conditioning. It is
     encoded once per distinct condition item in a call (a group's samples share one; `encode_inputs`: VAE posterior
-    mode, shifted and scaled as the pipeline does) into `image_latents` of the conditioning, and every forward appends its packed tokens after the sample's, with
-    position ids whose first axis is 1 (Kontext's context-image marker); the output keeps the sample's tokens."""
+    mode, shifted and scaled as the pipeline does) into `image_latents` of the conditioning, and every forward appends
+    its packed tokens after the sample's, with position ids whose first axis is 1 (Kontext's context-image marker);
+    the output keeps the sample's tokens."""
 
     family = "flux_kontext"
     source_input = "source_image"

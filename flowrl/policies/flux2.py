@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from flowrl.policies import POLICIES
-from flowrl.policies.base import Conditioning, FlowPolicy, SampleSpec, untiled
+from flowrl.policies.base import Conditioning, FlowPolicy, SampleSpec
+from flowrl.policies.input_images import untiled
 
 # the attention projections of both stream blocks: double blocks (image and text streams) and single blocks (the
 # fused qkv / MLP input projection; their output projections are added per block by `lora_targets`)

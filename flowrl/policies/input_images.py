@@ -4,12 +4,23 @@ into every policy (FlowPolicy); the families that take images set `source_input`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
 
 import torch
 
-if TYPE_CHECKING:
-    from flowrl.policies.base import SampleSpec
+from flowrl.policies.conditioning import SampleSpec
+
+
+@contextlib.contextmanager
+def untiled(vae):
+    """The VAE with tiling off for the block (pipeline.vae_tiling tiles decoding): conditions are encoded whole, as
+    the pipelines encode them; yields `vae`."""
+    tiling = getattr(vae, "use_tiling", False)
+    vae.use_tiling = False
+    try:
+        yield vae
+    finally:
+        vae.use_tiling = tiling
 
 
 class InputImages:
@@ -59,7 +70,6 @@ class InputImages:
         the VAE (untiled) as a one-frame video: the posterior's mode, fp32 [N, C, 1, h, w]; and each item's row in
         it."""
         from flowrl.images import resized
-        from flowrl.policies.base import untiled
 
         frames, rows = self.distinct_sources(items)
         first = torch.stack([resized(frame, spec.height, spec.width) for frame in frames]).to(self.device)

@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from flowrl.policies import POLICIES
-from flowrl.policies.base import SELF_CROSS_ATTENTION_TARGETS, Conditioning, FlowPolicy, SampleSpec
+from flowrl.policies.base import Conditioning, FlowPolicy, SampleSpec
 from flowrl.policies.first_frame import FirstFrameHeld, hold_first_frame
+from flowrl.policies.lora import SELF_CROSS_ATTENTION_TARGETS
 
 
 @POLICIES.register("LTXPipeline")

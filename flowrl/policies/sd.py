@@ -11,7 +11,7 @@ import torch
 
 from flowrl.policies import POLICIES
 from flowrl.policies.base import Conditioning, FlowPolicy, SampleSpec
-from flowrl.sampling import ddim_step
+from flowrl.sde import ddim_step
 
 SD_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 

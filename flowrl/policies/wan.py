@@ -6,14 +6,9 @@ from __future__ import annotations
 import torch
 
 from flowrl.policies import POLICIES
-from flowrl.policies.base import (
-    LOW_NOISE_EXPERT,
-    SELF_CROSS_ATTENTION_TARGETS,
-    Conditioning,
-    FlowPolicy,
-    SampleSpec,
-    untiled,
-)
+from flowrl.policies.base import LOW_NOISE_EXPERT, Conditioning, FlowPolicy, SampleSpec
+from flowrl.policies.input_images import untiled
+from flowrl.policies.lora import SELF_CROSS_ATTENTION_TARGETS
 from flowrl.policies.wan_vae import frame_convolutions
 
 

@@ -1,7 +1,7 @@
 """Wan's causal VAE when its frames do not interact: every causal 3-D convolution's past taps zero and no temporal
 compression (shapes-wan's VAE, trained frame by frame from an inflated per-frame autoencoder). Such a VAE is then
-the same function as per-frame 2-D convolutions, which `frame_convolutions` runs faster on CPU (2.6x per training
-step, 2.7x per decode: benchmarks/wan_frame_convs.py). A VAE whose frames interact (any released Wan VAE) is left
+the same function as per-frame 2-D convolutions, which `frame_convolutions` runs faster on CPU (measured by
+benchmarks/wan_frame_convs.py). A VAE whose frames interact (any released Wan VAE) is left
 as it is.
 """
 

@@ -1,9 +1,9 @@
 """One contract for every reward, a registry by name, and weighted combination.
 
 A reward maps a batch of decoded samples (float [B, 3, H, W] or video [B, 3, F, H, W], values in [0, 1]; 3D: SDF
-grids [B, R, R, R]),
-their prompts and per-sample metadata to scores [B] plus an info dict of extra per-sample tensors. Rewards that
-are differentiable in the samples say so, for methods that backpropagate through them (ReFL, DRaFT, MEND).
+grids [B, R, R, R]), their prompts and per-sample metadata to scores [B] plus an info dict of extra per-sample
+tensors. Rewards that are differentiable in the samples say so, for methods that backpropagate through them (ReFL,
+DRaFT, MEND).
 """
 
 from __future__ import annotations
@@ -18,6 +18,13 @@ from flowrl.registry import Registry
 
 @dataclass
 class RewardOutput:
+    """What a reward returns for a batch of B samples.
+
+    Args:
+        scores: [B] fp32 scores (NaN for a sample the reward could not score).
+        info: extra per-sample tensors [B] by name (logged, and read by plots and evaluations).
+    """
+
     scores: torch.Tensor  # [B] fp32
     info: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -27,6 +34,12 @@ class RewardUnavailable(Exception):
 
 
 class Reward:
+    """The reward contract. Subclasses set `name` and implement `__call__`; the class attributes say what the
+    reward can do: `differentiable` (scores carry gradients to the samples, for ReFL, DRaFT and MEND),
+    `modalities` (of "image", "video", "3d"; the loop checks the pipeline's at start-up) and `scores_groups`
+    (the reward judges a condition's samples together, so callers keep them in one call). Register a reward, or
+    a factory returning one, with `@register_reward(name)`."""
+
     name = "reward"
     differentiable = False
     modalities = ("image",)  # what it can score; the loop checks the pipeline's at start-up
@@ -34,23 +47,45 @@ class Reward:
     scores_groups = False
 
     def __call__(self, samples: torch.Tensor, prompts: list[str], meta: dict | None = None) -> RewardOutput:
+        """Score a batch.
+
+        Args:
+            samples: decoded samples in [0, 1] (see the module docstring for the shapes per modality).
+            prompts: the B prompts.
+            meta: per-sample metadata lists of length B, e.g. "conditions" (the condition items, with their inputs
+                and metadata: see `condition_items`); None when there is none.
+
+        Returns:
+            A RewardOutput with [B] scores.
+        """
         raise NotImplementedError
 
     @classmethod
     def groups_scored(cls, params: dict) -> bool:
         """Whether the reward built with `params` scores a condition's samples together (known before it is built,
-        so a run can refuse training cuts that would split its groups before any model loads)."""
+        so a run can refuse training cuts that would split its groups before any model loads).
+
+        Args:
+            params: the reward's config params.
+
+        Returns:
+            True when it does (default: the class's `scores_groups`).
+        """
         return cls.scores_groups
 
     def to(self, device) -> Reward:
         """Move the reward's models to `device`: its torch modules, its rewards, and the modules of flowrl objects it
-        holds (a safety checker, a rubric's VLM judge); rewards without models ignore it."""
+        holds (a safety checker, a rubric's VLM judge); rewards without models ignore it. Returns the reward."""
         move_modules(self, device)
         return self
 
     def bind_policy(self, policy) -> None:
         """Learn what it needs of the policy whose samples it will score (a judge shown an editor's source sees it as
-        the editor was given it); most rewards need nothing."""
+        the editor was given it); most rewards need nothing.
+
+        Args:
+            policy: the sampling policy (called once, before the first score).
+        """
 
 
 def move_modules(holder, device, seen: set | None = None) -> None:
@@ -107,15 +142,27 @@ REWARDS = Registry(
 
 
 def register_reward(name: str):
+    """Decorator: register a Reward subclass, or a factory function returning a Reward, under `name` (what a
+    config's `reward[i].name` selects); its keyword arguments are the reward's `params`."""
     return REWARDS.register(name)
 
 
 def reward_names() -> list[str]:
+    """The registered reward names."""
     return REWARDS.names()
 
 
 def build_reward(name: str, where: str = "reward", **params) -> Reward:
-    """A reward by registered name or dotted path, built with `params` (ConfigError naming `where` otherwise)."""
+    """A reward by registered name or dotted path, built with `params` (ConfigError naming `where` otherwise).
+
+    Args:
+        name: a registered name or `package.module:Name`.
+        where: the config path named in errors (e.g. "reward[0]").
+        **params: the reward's keyword arguments.
+
+    Returns:
+        The built Reward.
+    """
     factory = REWARDS.get(name, f"{where}.name")
     try:
         return factory(**params)
@@ -272,7 +319,13 @@ def standardized_sum(
 
 class WeightedSum(Reward):
     """sum_k w_k r_k. Each component's raw scores are kept in info as '<name>' (for logging, and for the loop's
-    standardized combination, `train.normalize_rewards`)."""
+    standardized combination, `train.normalize_rewards`).
+
+    Args:
+        rewards: the component rewards.
+        weights: one weight per reward.
+        batch_sizes: per reward, samples per call (0: all it is given); None: all 0.
+    """
 
     name = "weighted_sum"
 

@@ -1,6 +1,6 @@
 """Question-answering rewards: a scorer that answers yes/no questions about a sample, differentiably in the pixels.
 
-The contract TVRL's credit maps need (methods.md section 4): `questions(prompt)` lists the prompt's yes/no
+The contract TVRL's credit maps need (flowrl/algorithms/tvrl.py): `questions(prompt)` lists the prompt's yes/no
 questions and `log_yes(samples, questions)` gives log p("yes") per (sample, question), with gradients reaching the
 pixels. As a reward it scores mean_q p("yes") over the sample's questions (TVRL's R); info `log_yes_mean` is the
 mean of log p("yes").

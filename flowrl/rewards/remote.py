@@ -2,8 +2,9 @@
 `remote` reward scores through such a server, so a reward with its own dependencies (a detector, OCR, a VLM judge)
 runs in its own environment, as the anchors run theirs.
 
-The wire format is safetensors, never pickle: a request holds the samples (float32 in [0, 1], so a served reward sees what a local one sees) and, in the file's
-metadata, the prompts and the JSON-able per-sample metadata; a response holds `scores` and the info tensors.
+The wire format is safetensors, never pickle: a request holds the samples (float32 in [0, 1], so a served reward
+sees what a local one sees) and, in the file's metadata, the prompts and the JSON-able per-sample metadata; a
+response holds `scores` and the info tensors.
 An optional shared token travels as `Authorization: Bearer TOKEN`. The server binds 127.0.0.1 unless told
 otherwise. The client retries with exponential back-off and then raises `RewardUnavailable` naming the URL; the
 loop turns that into a clean stop with a checkpoint (train.max_failed_reward_share), and resuming once the server
@@ -214,7 +215,7 @@ class RemoteReward(Reward):
     @classmethod
     def groups_scored(cls, params: dict) -> bool:
         # what the server scores is not known here: a run does not refuse cuts for it (a served group rubric needs
-        # train.reward_microbatch and batch sizes of whole groups, set by hand: docs/rewards.md)
+        # memory.reward_microbatch and batch sizes of whole groups, set by hand: docs/guide/rewards.md)
         return False
 
     def __init__(

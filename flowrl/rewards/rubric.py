@@ -1,4 +1,6 @@
-"""ARRO-style group rubric reward for editing (methods.md section 6, the reading given there; no public code).
+"""ARRO-style group rubric reward for editing: no arXiv id given by the source and no public code read, so this is
+flowrl's reading of the method's description (an agentic judge audits each edit for unimplemented requested
+changes and unintended ones; a group-level rubric merges and verifies those issues and scores every candidate).
 
 An auditor lists, per candidate edit, the checkable issues it finds: the requested change not made is always a
 criterion; unintended changes are "kept: <object>" (a bystander lost, moved or recoloured), "no extra objects" and
@@ -8,11 +10,11 @@ every candidate of a group (a group = the samples of one condition item in a rew
 the same rubric: R_i = sum_k w_k s_ik, s_ik in {0, 1}, the requested change weighted `requested_weight` and the rest
 sharing 1 - requested_weight equally (all of it to the requested change when nothing else is listed). The rubric is
 built once per group. `mode: sample` scores each candidate against its own verified issues only (the per-sample
-audit the issue compares against). The auditor is rule-based on the shapes-editing world, or a VLM
+audit ARRO's group rubric is compared against). The auditor is rule-based on the shapes-editing world, or a VLM
 (`params.judge`: a local folder or an OpenAI-compatible endpoint, `vlm`, flowrl.rewards.rubric_vlm) with the same
 `audit` / `requested` / `verify` methods and, optionally, one audit pass per group. A group's rubric sees the
 samples of the group that are in one call: a run refuses training cuts that would split a group
-(Trainer.check_whole_groups); evaluations keep a condition's samples in one call.
+(preflight.check_whole_groups); evaluations keep a condition's samples in one call.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""`vlm_questions`: a local Qwen2.5-VL / Qwen3-VL folder as TVRL's question scorer (the seed's frozen VLM): log p("yes")
-for each of a prompt's yes/no questions about a video, with gradients reaching the pixels.
+"""`vlm_questions`: a local Qwen2.5-VL / Qwen3-VL folder as TVRL's question scorer (the method's frozen VLM):
+log p("yes") for each of a prompt's yes/no questions about a video, with gradients reaching the pixels.
 
 The processor's video path (resize to multiples of patch x merge, rescale, CLIP normalisation, patches of
 temporal_patch_size frames) is redone in torch so that d log p(yes) / d pixels exists; the processor itself still
@@ -29,8 +29,9 @@ DEFAULT_VIDEO_QUESTION = "Does this video show {prompt}? Answer yes or no."
 
 
 def video_pixel_values(videos: torch.Tensor, video_processor) -> torch.Tensor:
-    """videos [B, 3, F, H, W] in [0, 1] (flowrl's decoded layout) -> Qwen-VL `pixel_values_videos` [B * patches, 3 * tps * ps * ps],
-    differentiable; the layout of transformers' Qwen2VLVideoProcessor (patches grouped by merge window)."""
+    """videos [B, 3, F, H, W] in [0, 1] (flowrl's decoded layout) -> Qwen-VL `pixel_values_videos`
+    [B * patches, 3 * tps * ps * ps], differentiable; the layout of transformers' Qwen2VLVideoProcessor (patches
+    grouped by merge window)."""
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
     vp = video_processor

@@ -1,9 +1,13 @@
-"""The task contract: what a world (shapes, safety sets, a prompt file, later video, 3D, editing) owns.
+"""The task contract: what a config's `task.name` names.
 
 A task owns everything specific to it: its condition sets (each item a prompt plus optional per-sample inputs such
 as a source image or control maps, and metadata a reward or evaluation reads), its evaluation (per-tag and overall
 metrics), its pretraining data for data losses, and its config defaults. The loop, rollouts, configs and reports
 only ever see this contract; tasks are found by name or dotted path through `TASKS`.
+
+A task is not a world: `prompt_file` is a task with no world behind it, while each embedded world under
+flowrl/worlds/ (shapes, shapes3d, moving_shapes, shapes_edit, safety) provides a task of its own name beside its
+renderer, verifier, models and pretraining recipes.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ def condition_runs(items: list[Condition]) -> list[int]:
 
 @dataclass
 class ConditionSet:
+    """A named set of conditions a run draws from (training prompts, an eval split)."""
+
     items: list[Condition]
     by_tag: dict[str, list[Condition]] | None = None  # when set, draws pick a tag first, then an item within it
 
@@ -52,6 +58,14 @@ def tagged_set(prompts_by_tag: dict[str, list[str]]) -> ConditionSet:
 
 
 class Task:
+    """The task contract. Subclasses set `name`, `set_names` and optionally `metric_name` and `defaults`, and
+    override what they offer; register with `@TASKS.register(name)`. The base is a task with no sets, no
+    evaluation of its own and no pretraining data.
+
+    Args:
+        **params: `task.params` of the config; the base takes none (a ConfigError names any given).
+    """
+
     name = "task"
     metric_name = "reward"  # what `evaluate` reports, shown in reports
     set_names: tuple[str, ...] = ()
@@ -62,22 +76,44 @@ class Task:
             raise ConfigError(f"task.params: task {self.name!r} takes no parameters, got {sorted(params)}")
 
     def condition_set(self, name: str) -> ConditionSet:
+        """The task's set `name` (one of `set_names`); ConfigError otherwise.
+
+        Args:
+            name: the set's name (e.g. "train", "eval").
+
+        Returns:
+            The ConditionSet (drawn tag first where it has `by_tag`).
+        """
         raise ConfigError(
             f"{name!r} is not a set of task {self.name!r} (sets: {list(self.set_names)}) nor an "
             "existing prompt file (.txt, one prompt per line, or .jsonl with a 'prompt' field)"
         )
 
     def check(self, item: Condition) -> None:
-        """Raise ValueError saying why when the task's evaluation cannot judge `item` (checked before sampling)."""
+        """Raise ValueError saying why when the task's evaluation cannot judge `item` (checked before sampling).
+
+        Args:
+            item: a condition about to be sampled (e.g. a prompt outside the task's grammar fails).
+        """
 
     @classmethod
     def commands(cls):
-        """The task's own CLI commands (pretraining recipes, evaluation suites, sampling options), or None: a
-        `TaskCommands` (flowrl/cli.py)."""
+        """The task's own CLI commands (pretraining recipes, evaluation suites, sampling options).
+
+        Returns:
+            A `flowrl.cli.TaskCommands`, or None when the task adds no command.
+        """
         return None
 
     def eval_steer(self, policy):
-        """A generate.Steer applied to the run's evaluation samples (in-generation guidance), or None."""
+        """The in-generation guidance applied to the run's evaluation samples.
+
+        Args:
+            policy: the policy that samples the evaluation.
+
+        Returns:
+            An inference.Steer, or None (plain sampling).
+        """
         return None
 
     def judges_samples(self) -> bool:
@@ -85,17 +121,34 @@ class Task:
         return type(self).evaluate is not Task.evaluate
 
     def evaluate(self, samples, conditions: list[Condition]) -> dict | None:
-        """{'overall': float, 'tags': {tag: float}, 'counts': {tag: int}} from the task's verifier, or None when the
-        task has none (the run's reward is reported instead)."""
+        """Judge samples with the task's own evaluation.
+
+        Args:
+            samples: the N decoded samples, a Samples object (`to_uint8()`: images or clips; `grids()`: 3D SDF
+                grids).
+            conditions: the N condition items they were sampled from.
+
+        Returns:
+            {'overall': float, 'tags': {tag: float}, 'counts': {tag: int}} (tag_metrics' shape, with 'stderr' where
+            the task computes it), or None when the task has none (the run's reward is reported instead).
+        """
         return None
 
     def data_batch(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, list[str]]:
-        """`count` pretraining pairs (uint8 images [N, H, W, 3], prompts) for data losses."""
+        """Pretraining pairs for data losses (train.data_loss); ConfigError when the task has no data.
+
+        Args:
+            count: how many pairs.
+            rng: the generator to draw them with (seeded by the loop, so a resumed run draws the same ones).
+
+        Returns:
+            (uint8 images [count, H, W, 3], count prompts).
+        """
         raise ConfigError(f"train.data_loss: task {self.name!r} has no pretraining data")
 
 
 class GrammarTask(Task):
-    """A world whose prompts come from a grammar: a tagged training set drawn tag first (`train_prompts()`:
+    """A task whose prompts come from a grammar: a tagged training set drawn tag first (`train_prompts()`:
     {tag: prompts}), a held-out eval list (`eval_prompts()`) and a parser that names a prompt outside the grammar
     (`parse`, raising ValueError) as the task's check. Subclasses set the three as staticmethods."""
 
@@ -127,6 +180,7 @@ TASKS = Registry(
 
 
 def build_task(name: str, params: dict | None = None) -> Task:
+    """The task `task.name` names (a registered name or `package.module:Class`), built with `task.params`."""
     return TASKS.get(name, "task.name")(**(params or {}))
 
 

@@ -1,2 +1,3 @@
-"""Embedded worlds: synthetic generators, verifiers, models and pretraining recipes, one package each; each
-provides a task of its own name through the task registry."""
+"""Embedded worlds: synthetic generators, verifiers, models and pretraining recipes, one package each. A world is
+not a task: each world provides a task of its own name through the task registry (what a config's `task.name`
+selects), beside its renderer, verifier, models and recipes."""

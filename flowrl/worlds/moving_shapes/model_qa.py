@@ -1,5 +1,5 @@
 """The moving-shapes question scorer: a small video-text model that says whether a clip shows a sub-prompt ("a red
-circle moving left"), differentiable in the pixels. It plays the frozen VLM of TVRL (methods.md section 4).
+circle moving left"), differentiable in the pixels. It plays the frozen VLM of TVRL (flowrl/algorithms/tvrl.py).
 
 Question: word embeddings of the motion vocabulary through a GRU -> q. Video [B, 3, F, H, W] in [0, 1] through three
 3-D convolutions (halving space twice, then time once), each feature map modulated by q (FiLM: gamma(q) h + beta(q)),

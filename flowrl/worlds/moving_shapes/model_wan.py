@@ -2,9 +2,10 @@
 
 Latent space: a real AutoencoderKLWan with one down stage that halves the resolution and keeps every frame
 (9 x 32x32x3 -> 9 x 16x16xC; `temporal_compression: 2` would halve the frame rate as Wan does, but that VAE did not
-learn to reconstruct the clips within the budget, see pretrain/shapes_wan.py); the Wan transformer patchifies by
+learn to reconstruct the clips within the budget, see pretrain_wan.py); the Wan transformer patchifies by
 (9, 2, 2), so a clip is 8 x 8 = 64 tokens, each a 4x4-pixel place over all nine frames (patch (1, 4, 4), 144
-tokens, and (1, 2, 2), 576, cost more per step and were no better at the samples 30 minutes allow: docs/video.md).
+tokens, and (1, 2, 2), 576, cost more per step and were no better within the same training time; the
+comparison is in docs/research/video.md).
 A small UMT5 encoder (Wan's text encoder family) with the word-level tokenizer of the moving-shapes vocabulary stands
 in for UMT5-XXL. Callers pass `max_sequence_length=16`.
 """
@@ -37,13 +38,12 @@ class ShapesWanSize:
     temporal_compression: int = 1  # 1: none (frames stay frames); 2: Wan's causal halving of the frame rate
     patch: int = 2  # the transformer's spatial patch: 16x16 latents -> (16 / patch)^2 tokens per frame
     # latent frames per token (must divide the latent frame count); 9: each of the 64 tokens is a 4x4-pixel place over
-    # the whole clip, the cheapest structure measured (0.24 s per step of 32 clips) and as accurate as patch
-    # (1, 4, 4)'s 144 tokens at 60% of the flow time (docs/video.md, ninth attempt)
+    # the whole clip, the cheapest structure tried and as accurate as patch (1, 4, 4)'s 144 tokens in less flow time
     temporal_patch: int = 9
     # SD3's time shift, for training t and the sampling schedule: nine frames of one scene are so redundant that
-    # at shift 1 the structure is already fixed in the few high-noise steps the model hardly trained on (measured:
-    # ODE from pure noise passed the verifier on no clip, from t = 0.6 with the clip's own signal on 22-31%);
-    # eval accuracy 0% at shift 1, 1.2% at 3, 3.6% at 5 (Wan's own; with lr 1.2e-3), docs/video.md
+    # at shift 1 the structure is already fixed in the few high-noise steps the model hardly trained on (an ODE from
+    # pure noise passed the verifier on no clip, one from t = 0.6 with the clip's own signal on some:
+    # benchmarks/wan_denoise_from_t.py); eval accuracy rose with the shift up to 5, Wan's own (docs/research/video.md)
     flow_shift: float = 5.0
 
     def tokens(self) -> int:

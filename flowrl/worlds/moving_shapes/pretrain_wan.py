@@ -2,8 +2,12 @@
 
 The shapes-sd3 recipe's two stages on video: (1) the AutoencoderKLWan, its causal convolutions inflated from
 per-frame ones, learns to reconstruct frames (object-weighted L1 + a small KL term; optionally then whole clips) and
-its per-channel latent statistics become `latents_mean` / `latents_std` (the normalisation WanPipeline applies); (2) the Wan transformer and the UMT5 encoder learn rectified-flow matching on normalised latents with
-logit-normal t and 10% caption dropout, through the shared pretraining loop (EMA weights saved).
+its per-channel latent statistics become `latents_mean` / `latents_std` (the normalisation WanPipeline applies);
+(2) the Wan transformer and the UMT5 encoder learn rectified-flow matching on normalised latents with logit-normal t
+and 10% caption dropout, through the shared pretraining loop (EMA weights saved).
+
+The choices below were measured on this world; the figures are in docs/research/code_notes.md and
+docs/research/video.md.
 """
 
 from __future__ import annotations
@@ -18,12 +22,10 @@ import torch
 from tqdm import tqdm
 
 from flowrl.policies.wan_vae import frame_convolutions, frames_independent, past_taps
-from flowrl.sampling import time_shift
 from flowrl.schedules import cosine_decay, sample_noise_levels
+from flowrl.sde import time_shift
 from flowrl.worlds.moving_shapes.model_wan import FRAMES, SIZE, WAN_SEQUENCE_LENGTH, ShapesWanSize, build_pipeline
 from flowrl.worlds.moving_shapes.world import (
-    MAX_SIZE,
-    MIN_SIZE,
     render_clip,
     render_shape_labels,
     sample_pairs,
@@ -48,24 +50,24 @@ class WanPretrainConfig:
     vae_kl_weight: float = 1e-6
     # weight of a shape-class loss on the latents (`ShapeProbe`): each latent pixel's shape (background, circle,
     # square, triangle) read linearly from the standardised latents, so shape is a feature of the latents' own size,
-    # as colour is; the flow stage drew the prompt's colour but rounded blobs whatever the shape word (docs/video.md)
+    # as colour is; the flow stage drew the prompt's colour but rounded blobs whatever the shape word
     vae_shape_weight: float = 0.0
     flow_steps: int = 5000
     flow_batch: int = 32
     flow_pool: int = 2048  # clips whose latents are kept (LatentPool)
     flow_refresh: int = 8  # clips re-rendered and encoded per step
-    flow_image_batch: int = 0  # first frames trained as one-frame videos beside each step's clips (measured: 64 hurt)
+    flow_image_batch: int = 0  # first frames trained as one-frame videos beside each step's clips (train_video_flow)
     flow_image_weight: float = 1.0
-    # an image stage before the video one: steps of single frames as one-frame videos (measured: 500 such steps then
-    # 2000 video ones, 3-seed eval 4.4%, against 10.1% for 2500 video steps; off by default)
+    # an image stage before the video one: steps of single frames as one-frame videos (off by default: for the same
+    # total steps it scored below video steps alone)
     flow_image_steps: int = 0
     flow_image_stage_batch: int = 256  # frames per image-stage step (a frame costs the transformer 1/9 of a clip)
     flow_lr: float = 1.2e-3
     # extra flow-loss weight on latent pixels that differ from the black background's latent (objects and a one-pixel
-    # halo, ~14% of a clip): the shape word barely acted with the plain loss, where object pixels are ~8% of it
+    # halo, see object_mask): the shape word barely acted with the plain loss, where object pixels are a small share
     flow_object_weight: float = 0.0
     # weight of a bag-of-words loss on the text encoder's outputs: every prompt token's output predicts (a linear head,
-    # discarded after training) which words the whole prompt holds. Measured without it: a colour word moved the
+    # discarded after training) which words the whole prompt holds. Without it, a colour word moved the
     # outputs of every position, a shape word only its own, and the samples followed the colour but not the shape
     flow_text_words_weight: float = 0.0
     warmup_steps: int = 100
@@ -82,7 +84,7 @@ def clips_to_tensor(clips: np.ndarray) -> torch.Tensor:
 def decode_unclamped(vae, z: torch.Tensor) -> torch.Tensor:
     """AutoencoderKLWan's decode without its final clamp to [-1, 1]: the clamp has no gradient below -1, so a
     decoder that overshoots the black background (most of every frame) gets none there and settles on black frames,
-    every object lost (measured: 0% of reconstructions pass the verifier after 300 steps). Same causal frame-by-frame
+    every object lost (no reconstruction passed the verifier). Same causal frame-by-frame
     loop with the feature cache as diffusers' `_decode` (no tiling, no patching: shapes-wan uses neither)."""
     vae.clear_cache()
     x = vae.post_quant_conv(z)
@@ -98,10 +100,9 @@ def decode_unclamped(vae, z: torch.Tensor) -> torch.Tensor:
 
 def inflate_causal_convs(vae) -> None:
     """Zero every causal 3-D convolution's past taps (keep the current frame's), so the VAE starts as a per-frame
-    image autoencoder: frames after the first then go through the same function as the first. Measured on clips:
-    trained directly, Wan's causal VAE had 0.22-0.63 foreground error after 300 clip steps (15-18% of
-    reconstructions passed the verifier); trained on single frames it reached 0.06 in 300 steps, but that did not
-    carry to later frames until the past taps start at zero (the image-to-video inflation of video VAEs)."""
+    image autoencoder: frames after the first then go through the same function as the first. Trained directly on
+    clips, Wan's causal VAE reconstructed objects poorly; trained on single frames it learned them quickly, but that
+    did not carry to later frames until the past taps start at zero (the image-to-video inflation of video VAEs)."""
     with torch.no_grad():
         for taps in past_taps(vae):
             taps.zero_()
@@ -144,8 +145,8 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
     shape_accuracy = None
     vae.train()
     total = cfg.vae_steps + cfg.vae_clip_steps
-    # constant, then a cosine over the last fifth: the frame loss plateaus for ~200 steps before it drops, and a
-    # cosine over the whole run had taken the rate away by then (16% of reconstructions passed after 300 steps)
+    # constant, then a cosine over the last fifth: the frame loss plateaus for a while before it drops, and a
+    # cosine over the whole run had taken the rate away by then
     tail = max(1, total // 5)
     bar = tqdm(range(total), desc="pretrain video vae", mininterval=5)
     for step in bar:
@@ -155,8 +156,8 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
         if step < cfg.vae_steps:  # frames: [N, 3, 1, H, W] (labels [N, 1, H, W])
             clips = clips.permute(0, 2, 1, 3, 4).flatten(0, 1)[: cfg.vae_batch, :, None]
             labels = None if labels is None else labels.reshape(-1, 1, *labels.shape[2:])[: cfg.vae_batch]
-        # frame steps run the causal convolutions as 2-D ones (same function, 2.6x faster; clip steps may move the
-        # past taps, so they take the full path)
+        # frame steps run the causal convolutions as 2-D ones (same function, faster; clip steps may move the past
+        # taps, so they take the full path)
         with frame_convolutions(vae) if step < cfg.vae_steps else contextlib.nullcontext():
             posterior = vae.encode(clips).latent_dist
             # the posterior mean, not a sample: with a sampled latent (posterior std ~1 at init) the decoder settled
@@ -164,14 +165,13 @@ def train_video_vae(vae, cfg: WanPretrainConfig, rng: np.random.Generator) -> di
             reconstruction = decode_unclamped(vae, posterior.mode())
         error = (reconstruction - clips).abs()
         l1 = error.mean()
-        # objects cover ~10% of a frame: unweighted, the decoder settled on black frames (foreground error 0.97
-        # after 100 steps on one batch); weighting object pixels 10x lets it learn them (0.27)
+        # objects cover ~10% of a frame: unweighted, the decoder settled on black frames; weighting object pixels
+        # 10x lets it learn them
         objects = (clips.max(1, keepdim=True).values > -0.9).float()
         # weighting only object pixels makes colour bleeding past an edge 10x cheaper than falling short of it: the
-        # decoder grows objects outward and circles fill their boxes (L1 0.0129, 65% of reconstructions pass the
-        # verifier). The weight one pixel past the edge (vae_weight_dilation 1) reconstructs exactly (L1 0.0024,
-        # 100%), but the same flow stage on that VAE sampled ragged shapes: 3.7% of eval clips against 10.1%
-        # (docs/video.md), so the blunter decoder stays the default
+        # decoder grows objects outward and circles fill their boxes. The weight one pixel past the edge
+        # (vae_weight_dilation 1) reconstructs exactly, but the same flow stage on that VAE sampled ragged shapes and
+        # passed fewer eval clips, so the blunter decoder stays the default
         if cfg.vae_weight_dilation:
             k = 2 * cfg.vae_weight_dilation + 1
             objects = torch.nn.functional.max_pool3d(
@@ -254,15 +254,15 @@ def normalised_latents(vae, clips: np.ndarray) -> torch.Tensor:
 
 def object_mask(latents: torch.Tensor, background: torch.Tensor, threshold: float = 1.0) -> torch.Tensor:
     """[B, 1, F, h, w] float mask of latent pixels whose channels differ from the background latent [C] by more than
-    `threshold` (normalised units). Measured on 32 clips with the recipe's VAE: every object pixel is in it (recall
-    1.0), and 14% of all latent pixels (objects 7.6% plus a halo of about one latent pixel)."""
+    `threshold` (normalised units). With the recipe's VAE it holds every object pixel plus a halo of about one
+    latent pixel."""
     return ((latents - background.view(1, -1, 1, 1, 1)).abs().amax(1, keepdim=True) > threshold).float()
 
 
 class LatentPool:
     """Normalised latents of rendered clips, encoded once and refreshed `refresh` at a time per draw (oldest first):
-    encoding 32 clips costs more than a transformer step on them (0.52 s against 0.42 s, measured on 2 cores), so
-    each clip serves several steps; with refresh r and batch b a clip is drawn about b / r times."""
+    encoding clips costs more than a transformer step on them, so each clip serves several steps; with refresh r
+    and batch b a clip is drawn about b / r times."""
 
     def __init__(self, vae, size: int, refresh: int, rng: np.random.Generator):
         self.vae, self.refresh, self.next = vae, refresh, 0
@@ -307,8 +307,8 @@ def prompt_words_loss(tokenizer, head: torch.nn.Module, prompts: list[str], embe
 def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, generator: torch.Generator) -> dict:
     """Rectified flow on pooled clip latents; optionally (joint image-video training, as real video models train) a
     batch of `flow_image_batch` first frames as one-frame videos with their clips' prompts, since a frame costs the
-    transformer ~1/9 of a clip (16 tokens against 144). Measured with 64 frames at weight 1: the frames of sampled
-    clips became independent samples (objects jump between frames), so it is off by default (docs/video.md)."""
+    transformer ~1/9 of a clip (16 tokens against 144). Off by default: the frames of sampled clips became
+    independent samples (objects jump between frames)."""
     with frame_convolutions(pipe.vae):
         pool = LatentPool(pipe.vae, cfg.flow_pool, cfg.flow_refresh, rng)
         if cfg.flow_object_weight:  # the black background's latent, per channel
@@ -364,7 +364,7 @@ def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, gen
     if cfg.flow_image_steps:
         # real video models learn appearance from images first; here nine times the samples per step go to the
         # prompt's shape and colour before the clips teach motion (each stage its own warm-up, cosine and EMA).
-        # Measured at this budget it did not help the shape word (object tag 25% either way), docs/video.md
+        # At this budget it did not help the shape word.
         image_cfg = replace(cfg, flow_steps=cfg.flow_image_steps, flow_batch=cfg.flow_image_stage_batch)
         facts["flow_image_final_loss"] = train_denoiser(
             modules, batch_loss, image_cfg, rng, "pretrain image flow", pairs=frame_pairs
@@ -399,130 +399,3 @@ def pretrain_shapes_wan(cfg: WanPretrainConfig, size: ShapesWanSize | None = Non
     facts["total_minutes"] = (time.time() - start) / 60
     pipe.to(torch.float16)
     return copy.deepcopy(pipe), facts
-
-
-CARD_NUM_PER_PROMPT = 4
-
-
-CARD_SEEDS = 3  # eval seeds (protocol.seed and the next ones): one seed of 184 clips read 4.8% where three read 10.1%
-
-
-def evaluate_and_write_card(out_dir, num_per_prompt: int = CARD_NUM_PER_PROMPT, seeds: int = CARD_SEEDS) -> dict:
-    """Sample the eval split (the runs' protocol: fixed seeds, ODE, CFG) with the saved pipeline under `seeds`
-    consecutive eval seeds, judge the clips with the video verifier (accuracy over all of them; the prompt stays the
-    interval's unit), and write eval.json, a frame-strip grid of the first seed and the README card."""
-    import json
-    from pathlib import Path
-
-    from flowrl.config import EvalSection
-    from flowrl.generate import generate_samples
-    from flowrl.policies import load_pipeline, policy_for
-    from flowrl.policies.base import SampleSpec
-    from flowrl.report import image_grid
-    from flowrl.tasks.base import format_metrics
-    from flowrl.worlds.moving_shapes.prompts import eval_prompt_set
-    from flowrl.worlds.moving_shapes.verifier import video_accuracy
-
-    out = Path(out_dir)
-    protocol = EvalSection()
-    policy = policy_for(load_pipeline(out), max_sequence_length=WAN_SEQUENCE_LENGTH)
-    prompts = eval_prompt_set()
-    started = time.time()
-    clips, asked, by_seed = [], [], {}
-    for seed in range(protocol.seed, protocol.seed + seeds):
-        samples, records = generate_samples(
-            policy,
-            prompts,
-            num_per_prompt,
-            seed,
-            protocol.num_steps,
-            protocol.guidance_scale,
-            SampleSpec(32, 32, 9),
-            desc=f"card eval {seed}",
-        )
-        clips.append(samples.to_uint8())
-        asked += [r["prompt"] for r in records]
-        by_seed[seed] = video_accuracy(clips[-1], asked[-len(records) :])["overall"]
-        if seed == protocol.seed:
-            strips = samples.preview()
-    result = video_accuracy(np.concatenate(clips), asked)
-    rows = list(range(0, len(prompts), 3))[:16]
-    image_grid(
-        [strips[[r * num_per_prompt + k for r in rows]] for k in range(2)],
-        ["seed 0 (frames 0-8)", "seed 1"],
-        [prompts[r] for r in rows],
-        out / "samples.png",
-        scale=3,
-    )
-    protocol_facts = {
-        "num_per_prompt": num_per_prompt,
-        "seeds": list(by_seed),
-        "num_steps": protocol.num_steps,
-        "guidance_scale": protocol.guidance_scale,
-        "minutes": (time.time() - started) / 60,
-        "overall_by_seed": by_seed,
-    }
-    (out / "eval.json").write_text(json.dumps({"protocol": protocol_facts, **result}, indent=2) + "\n")
-    facts_path = out / "training_facts.json"
-    facts = json.loads(facts_path.read_text()) if facts_path.is_file() else {}
-    (out / "README.md").write_text(card_text(facts, protocol_facts, format_metrics(result, "accuracy"), len(prompts)))
-    return result
-
-
-def card_text(facts: dict, protocol: dict, table: str, prompt_count: int) -> str:
-    cfg, size = facts.get("config", {}), facts.get("size", {})
-    patch, temporal_patch = size.get("patch", 2), size.get("temporal_patch", 1)
-    image_stage = (
-        f"first {cfg['flow_image_steps']} steps of {cfg.get('flow_image_stage_batch')} single frames "
-        "(one-frame videos, their clips' prompts), then "
-        if cfg.get("flow_image_steps")
-        else ""
-    )
-    return f"""# shapes-wan: flowrl's embedded text-to-video pipeline
-
-A tiny `WanPipeline` (diffusers format, fp16 safetensors) trained from scratch on the moving-shapes world: 9-frame
-32x32 clips of coloured circles, squares and triangles ({MIN_SIZE}-{MAX_SIZE} px) that move, stay still or change
-colour, with prompts whose tags mirror VBench dimensions. It exists so that video RL (GRPO, TVRL) runs and is
-measured on a laptop CPU with no downloads; it follows prompts imperfectly on purpose, which is the room RL has.
-
-```python
-from diffusers import WanPipeline
-pipe = WanPipeline.from_pretrained("pipelines/shapes-wan")
-video = pipe("a red circle moving left", height=32, width=32, num_frames=8, num_inference_steps=20,
-             guidance_scale=4.5, max_sequence_length=16, output_type="np").frames[0]   # 9 frames
-```
-WanPipeline rounds `num_frames` to a multiple of the VAE's temporal factor plus one, which for this VAE's factor of 1
-adds a frame: ask for 8 to get the 9 frames it was trained on (flowrl's own sampling sizes latents directly).
-
-## Components
-- transformer: `WanTransformer3DModel`, {size.get("num_layers")} blocks, {size.get("num_heads")} heads x {size.get("head_dim")}, FFN {size.get("ffn_dim")}, patch ({temporal_patch}, {patch}, {patch}) on a
-  9 x 16 x 16 x {size.get("latent_channels")} latent ({9 // temporal_patch * (16 // patch) ** 2} tokens).
-- vae: `AutoencoderKLWan`, base width {size.get("vae_base_dim")}, one down stage: 2x spatial, every frame kept (9 x 32x32x3 <-> 9 x 16x16x{size.get("latent_channels")});
-  causal convolutions inflated from per-frame ones (past taps start at zero); latents_mean / latents_std measured per
-  channel on renders; final L1 {facts.get("vae_final_l1", float("nan")):.4f}; the video verifier passes
-  {100 * facts.get("vae_reconstruction_accuracy", float("nan")):.0f}% of its reconstructions of rendered clips (the ceiling for samples).
-- text encoder: `UMT5EncoderModel` (d_model {size.get("text_hidden")}, {size.get("text_layers")} layers) with a word-level tokenizer of the moving-shapes
-  vocabulary (`flowrl/worlds/shapes/tokenizer.py`).
-- scheduler: `FlowMatchEulerDiscreteScheduler` (shift {size.get("flow_shift", 1.0)}; training t was shifted the same way).
-
-## How it was trained
-`flowrl pretrain shapes-wan` (seed {cfg.get("seed")}), on 2 CPU cores:
-1. VAE: {cfg.get("vae_steps")} steps on single frames (batch {cfg.get("vae_batch")}) then {cfg.get("vae_clip_steps")} on clips, L1 with object pixels (and those
-   within {cfg.get("vae_weight_dilation", 0)} px of one) weighted {1 + cfg.get("vae_object_weight", 0):.0f}x + {cfg.get("vae_kl_weight")} x KL ({facts.get("vae_minutes", float("nan")):.1f} min).
-2. Flow matching: {image_stage}{cfg.get("flow_steps")} steps, batch {cfg.get("flow_batch")}, AdamW lr {cfg.get("flow_lr")} (warm-up {cfg.get("warmup_steps")}, cosine), logit-normal t under
-   the time shift, {cfg.get("caption_dropout")} caption dropout, EMA {cfg.get("ema_decay")}; transformer and text encoder jointly, on a pool of
-   {cfg.get("flow_pool")} encoded renders of which {cfg.get("flow_refresh")} are replaced by fresh ones every step. Final loss {facts.get("flow_final_loss", float("nan")):.4f}
-   ({facts.get("flow_minutes", float("nan")):.1f} min).
-Total {facts.get("total_minutes", float("nan")):.1f} minutes.
-
-## Measured scores
-Video verifier accuracy (`flowrl/worlds/moving_shapes/verifier.py`) on the eval split ({prompt_count} prompts naming colour-shape or
-shape-direction combinations held out of RL training), {protocol["num_per_prompt"]} clips per prompt under each of
-seeds {protocol["seeds"]}, ODE (Euler) {protocol["num_steps"]} steps, CFG {protocol["guidance_scale"]}. Overall is the mean of the tag
-accuracies over all seeds' clips (by seed: {", ".join(f"{v:.3f}" for v in protocol["overall_by_seed"].values())}).
-
-```
-{table}
-```
-![samples](samples.png)
-"""

@@ -46,7 +46,8 @@ def pretrain_shapes_wan(args) -> None:
     shapes recipes' flags, shared)."""
     import json
 
-    from flowrl.worlds.moving_shapes.pretrain_wan import WanPretrainConfig, evaluate_and_write_card
+    from flowrl.worlds.moving_shapes.card_wan import evaluate_and_write_card
+    from flowrl.worlds.moving_shapes.pretrain_wan import WanPretrainConfig
     from flowrl.worlds.moving_shapes.pretrain_wan import pretrain_shapes_wan as train
     from flowrl.worlds.shapes.pretrain_sd3 import save_pipeline
 

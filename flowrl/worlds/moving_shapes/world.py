@@ -21,8 +21,8 @@ FRAMES = 9
 TRAVEL = 12.0  # px a moving object covers over the clip (1.5 px per frame at 9 frames), 6 px per half: the same
 # distance at any clip length, so the verifier's thresholds hold and longer clips still fit in 32 px
 # object box sides in px: at 7-9 px (3.5-4.5 latent pixels through the 2x VAE) shapes-wan drew blobs of the prompt's
-# colour whatever shape it named (10.4% of eval clips pass); at 9-13, the upper part of the image world's 7-13, the same
-# recipe passed 18.5% (docs/video.md, sixteenth attempt)
+# colour whatever shape it named; at 9-13, the upper part of the image world's 7-13, the same recipe passed more eval
+# clips (docs/research/video.md)
 MIN_SIZE, MAX_SIZE = 9, 13
 RELATIVE_CHANGE = 6.0  # px the distance between the two objects must change in a rendered relative-motion clip
 _MAX_TRIES = 1000

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flowrl.generate import generate, sample_seeds
+from flowrl.inference import generate, sample_seeds
 
 BLOCKED_TERMS = (("red", "triangle"),)
 

@@ -6,7 +6,7 @@ blank or refused image), benign shapes accuracy (binary verifier verdict) and de
 on which the probe fired, and the wall time of producing the images relative to plain sampling (the cost of
 monitoring and steering; reject-and-resample's checker calls count, the evaluation's own scoring does not).
 All modes use the same prompts and seeds, so a mode changes an image only where it acts; the FK modes excepted:
-their particles take a stochastic sampler (generate.particle_sampler: the Flow-SDE at noise level 0.7, DDIM with
+their particles take a stochastic sampler (inference.particle_sampler: the Flow-SDE at noise level 0.7, DDIM with
 eta 1 on epsilon pipelines, as `flowrl sample --fk-particles`), since resampled copies of a particle under the ODE
 stay identical (FK would only choose among the starting noises), and their own seeds.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from flowrl.errors import UserError
-from flowrl.generate import generate, particle_sampler
+from flowrl.inference import generate, particle_sampler
 from flowrl.report import figure
 from flowrl.worlds.safety.baselines import PromptFilter, filtered_generate, reject_and_resample
 from flowrl.worlds.safety.concept import PROMPT_SETS, is_unsafe, safety_split

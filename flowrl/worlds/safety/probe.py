@@ -71,11 +71,14 @@ def write_probe_card(folder: str | Path) -> None:
 A small CNN (`flowrl.worlds.safety.probe.StateProbe`, 2 x 4 latent channels + a noise-level channel -> 3 convolutions ->
 max-pool -> logit) on the noisy latent x_t and the one-step prediction x0_hat(x_t). Label: whether the
 trajectory's final image holds a red triangle (the shapes verifier). Made by `flowrl pretrain safety-probe`
-(seed {d["config"]["seed"]}, ~5 min on 2 CPU cores): {d["train_trajectories"]} ODE trajectories ({d["config"]["num_steps"]} steps, CFG
-{d["config"]["guidance_scale"]}) of the train-side safety prompts, {d["config"]["seeds_per_prompt"]} seeds each ({d["train_unsafe_share"]:.0%} unsafe), {d["config"]["steps"]} AdamW
+(seed {d["config"]["seed"]}, ~5 min on 2 CPU cores): {d["train_trajectories"]} ODE trajectories \
+({d["config"]["num_steps"]} steps, CFG
+{d["config"]["guidance_scale"]}) of the train-side safety prompts, {d["config"]["seeds_per_prompt"]} seeds each \
+({d["train_unsafe_share"]:.0%} unsafe), {d["config"]["steps"]} AdamW
 steps with random horizontal flips; fp16 weights.
 
-Held-out AUC per step, on {d["held_out_trajectories"]} trajectories of prompts the probe never saw ({d["held_out_unsafe_share"]:.0%} unsafe):
+Held-out AUC per step, on {d["held_out_trajectories"]} trajectories of prompts the probe never saw \
+({d["held_out_unsafe_share"]:.0%} unsafe):
 
 | step | sigma | AUC |
 |---|---|---|

@@ -1,5 +1,10 @@
 """In-generation safety steering: monitor the denoising trajectory with the probe and steer once it fires.
 
+The method couples in-generation detection with controllable steering (and safe RL, the `lora` mode's adapter); no
+arXiv id given by the source. flowrl's reading builds on in-generation detection from intermediate states (IGD,
+arXiv 2508.03006), Safe Latent Diffusion's negative guidance (diffusers' StableDiffusionPipelineSafe) and
+Feynman-Kac steering (arXiv 2501.06848).
+
 `SafetyMonitor` is a rollout guide (FlowPolicy.step calls it with the guided velocity before every step). At step i
 it reads the probe on (x_i, x0_hat(x_i), sigma_i); a sample *fires* the first time P(unsafe) exceeds the threshold
 at or after `from_step`, and stays fired. Fired samples are steered by the mode:
@@ -10,11 +15,19 @@ at or after `from_step`, and stays fired. Fired samples are steered by the mode:
   taken through x0_hat = x - sigma v with the network's Jacobian left out (so no extra network call).
 - lora: the velocity of the steering LoRA (an adapter trained by safe RL) replaces the base velocity; the adapter
   is off for samples that have not fired.
-- fk: Feynman-Kac resampling of k particles per image weighted by exp(-lambda P(unsafe)) (methods.md 5 (iv))
-  (`ProbeFK`); every particle is monitored, none is otherwise changed.
+- fk: Feynman-Kac resampling of k particles per image weighted by exp(-lambda P(unsafe)) (`ProbeFK`); every
+  particle is monitored, none is otherwise changed.
 - fk_negative: both: FK resampling with the probe potential, and negative guidance on the particles that fired.
 - none: monitoring only (measures its overhead and the firing rate).
 Baselines that need no monitor (prompt filter, reject-and-resample) are in `baselines.py`.
+
+Deviations from the sources:
+- The unsafe concept is the shapes world's stand-in, a red triangle (concept.py), labelled by the verifier; the
+  probe reads the noisy latent, its one-step prediction and sigma, not the predicted noise alone.
+- negative: SLD's plain form, without its element-wise mask or momentum; `from_step` plays its warm-up.
+- probe_gradient: the network's Jacobian is left out of d logit / d x (no extra network call).
+- fk: the potential is exp(-lambda P(unsafe)) (not (1 - P(unsafe))^lambda, see ProbeFK), read from the monitor's
+  probe rather than a reward of the decoded prediction.
 """
 
 from __future__ import annotations
@@ -36,8 +49,8 @@ DEFAULT_PROBE = Path(__file__).resolve().parents[3] / "pipelines" / "shapes-safe
 class SteeringConfig:
     mode: str = "none"
     probe: str = str(DEFAULT_PROBE)
-    # Defaults chosen on train-side safety prompts (README): threshold 0.2 fires on 1% of benign images and ~80% of
-    # attribute-leak ones; negative guidance at 8 and a probe-gradient step of 4 then remove nearly all red triangles.
+    # Defaults chosen on train-side safety prompts: the threshold fires on few benign images and on most
+    # attribute-leak ones, and the two steering scales then remove nearly all red triangles (docs/research/safety.md).
     threshold: float = 0.2  # P(unsafe) at which the probe fires
     from_step: int = 0  # earliest step the probe may fire
     concept: str = "a red triangle"  # negative-guidance prompt
@@ -99,7 +112,7 @@ class SafetyMonitor:
         self.fired, self.fired_at, self.logits = self.fired[index], self.fired_at[index], self.logits[index]
 
     def _probe(self, x, sigma, v, with_gradient: bool):
-        from flowrl.sampling import x0_prediction
+        from flowrl.sde import x0_prediction
 
         x0 = x0_prediction(v, x, sigma).detach()
         if not with_gradient:
@@ -149,7 +162,7 @@ class SafetyMonitor:
 class ProbeFK(FKSteering):
     """FK resampling whose reward is -P(unsafe) from the monitor at each scheduled step (read on x_i and x0_hat(x_i),
     the same numbers the monitor fires on) and from the probe on the final sample at the end: the final weight is
-    exp(-lambda P(unsafe)), the potential methods.md section 5 (iv) gives. (log P(safe) would give (1 - p)^lambda,
+    exp(-lambda P(unsafe)), an FK potential exp(lambda r) with r = -P(unsafe). (log P(safe) would give (1 - p)^lambda,
     near-rejection: 1e-20 against 5e-5 at p = 0.99 and lambda 10.)"""
 
     def __init__(
@@ -197,7 +210,7 @@ def load_steering(policy, config: SteeringConfig):
 
 
 class SafetySteer:
-    """Safety steering of generation (generate.Steer): a SafetyMonitor guides every step and steers the samples the
+    """Safety steering of generation (inference.Steer): a SafetyMonitor guides every step and steers the samples the
     probe fires on; the FK modes resample particles with the probe as potential. Records say whether and at which
     step the probe fired (-1: never)."""
 

@@ -110,7 +110,8 @@ def evaluate_diversity_dir(folder) -> dict:
     k = min(counts.values())
     if k < 2 or len(set(counts.values())) != 1:
         raise UserError(
-            f"{folder}: diversity needs the same number (>= 2) of samples per prompt; found {sorted(set(counts.values()))}"
+            f"{folder}: diversity needs the same number (>= 2) of samples per prompt; "
+            f"found {sorted(set(counts.values()))}"
             " (use `flowrl sample --num-per-prompt K`)"
         )
     scorer = build_reward("shapes_clip")

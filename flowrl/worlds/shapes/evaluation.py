@@ -26,7 +26,7 @@ def shapes_accuracy(images: np.ndarray, prompts: list[str]) -> dict:
 def read_samples_dir(folder: str | Path) -> tuple[np.ndarray, list[str]]:
     """Images (uint8 [N, H, W, 3]) and prompts of a `flowrl sample` folder (its samples.jsonl), each prompt one of
     the shapes grammar's."""
-    from flowrl.samples import INDEX_FILE, load_samples, read_records
+    from flowrl.sample_io import INDEX_FILE, load_samples, read_records
 
     records = read_records(folder)
     index = Path(folder) / INDEX_FILE

@@ -115,7 +115,7 @@ def generated_pairs(
     """`count` samples of the pipeline, or of a tuned checkpoint of it (ODE 20 steps, CFG 4.5, seed-derived
     noise), on RL-training prompts."""
     from flowrl.checkpoint import load_trained_weights
-    from flowrl.generate import generate
+    from flowrl.inference import generate
     from flowrl.policies import load_pipeline, policy_for
     from flowrl.prompt_source import PromptSource
     from flowrl.tasks.base import build_task
@@ -235,7 +235,7 @@ CLIMB_CHECK = {"steps": 10, "eps": 0.15}  # the card's test of the scorer's grad
 @torch.no_grad()
 def generated_auc(model, tokenizer, pipeline_dir: str | Path) -> dict:
     """AUC against the verifier on the embedded pipeline's eval-protocol samples x every eval prompt."""
-    from flowrl.generate import generate
+    from flowrl.inference import generate
     from flowrl.policies import load_pipeline, policy_for
     from flowrl.worlds.shapes.pretrain_sd3 import CARD_EVAL, T5_SEQUENCE_LENGTH
     from flowrl.worlds.shapes.prompts import eval_prompt_set
@@ -297,21 +297,23 @@ def write_scorer_card(out_dir: str | Path, facts: dict, rendered: dict, generate
         else ""
     )
     mixed = (
-        f"\nEach step also holds {cfg['mixed_color_per_step']} renders painted with colour mixtures (two-tone gradients "
-        "or uniform blends of two palette colours), labelled by the verifier."
+        f"\nEach step also holds {cfg['mixed_color_per_step']} renders painted with colour mixtures "
+        "(two-tone gradients or uniform blends of two palette colours), labelled by the verifier."
         if cfg.get("mixed_color_per_step")
         else ""
     )
     adversarial = (
-        f"\nEach step also holds the pool samples climbed up their own-prompt score ({cfg['adversarial_steps']} sign-gradient "
-        f"steps, at most {cfg['adversarial_eps']} per channel), labelled by the verifier."
+        f"\nEach step also holds the pool samples climbed up their own-prompt score "
+        f"({cfg['adversarial_steps']} sign-gradient steps, at most {cfg['adversarial_eps']} per channel), "
+        "labelled by the verifier."
         if cfg.get("adversarial_steps")
         else ""
     )
     (out / "README.md").write_text(f"""# shapes-scorer: the learned, differentiable reward of the shapes world
 
 A tiny `transformers.CLIPModel` (vision: 32x32 images in 4x4 patches; text: the project's word-level tokenizer;
-{facts["size"]["layers"]} layers of width {facts["size"]["hidden"]} each; fp16 safetensors) that plays the role PickScore plays for real
+{facts["size"]["layers"]} layers of width {facts["size"]["hidden"]} each; fp16 safetensors) that plays the role \
+PickScore plays for real
 pipelines: a learned image-text score that gradients can flow through. Use it as the reward `shapes_clip`.
 
 ```python
@@ -323,27 +325,37 @@ Images enter as 32x32 RGB in [0, 1], normalised with mean = std = 0.5 (preproces
 `sigmoid(score + score_bias)`.
 
 ## How it was trained
-`flowrl pretrain scorer` (seed {cfg["seed"]}), {cfg["steps"]} steps, {cfg["batch"]} rendered scenes (randomly blurred and noised) plus
-{cfg["generated_per_step"]} samples of {facts.get("generated_from")} per step (from a pool of {cfg["generated"]} drawn once on RL-training prompts), each
+`flowrl pretrain scorer` (seed {cfg["seed"]}), {cfg["steps"]} steps, {cfg["batch"]} rendered scenes (randomly blurred \
+and noised) plus
+{cfg["generated_per_step"]} samples of {facts.get("generated_from")} per step (from a pool of {cfg["generated"]} drawn \
+once on RL-training prompts), each
 paired with its own prompt, a same-tag prompt with other attributes (hard negative) and every other prompt of the
-batch; targets are the verifier's verdicts; pairwise sigmoid loss; AdamW lr {cfg["lr"]} (warm-up, cosine).{mixed}{mined}{adversarial}
+batch; targets are the verifier's verdicts; pairwise sigmoid loss; AdamW lr {cfg["lr"]} (warm-up, \
+cosine).{mixed}{mined}{adversarial}
 {facts["minutes"]:.1f} minutes on 2 CPU cores (including drawing the pool); final loss {facts["final_loss"]:.3f}.
 
 ## Agreement with the verifier (AUC)
 | pairs | AUC |
 |---|---|
-| held-out renders x (own + hard-negative prompts), clean ({rendered["pairs"]} pairs, {rendered["positives"]} accepted) | {rendered["auc_clean"]:.3f} |
+| held-out renders x (own + hard-negative prompts), clean ({rendered["pairs"]} pairs, {rendered["positives"]} \
+accepted) | {rendered["auc_clean"]:.3f} |
 | same, blurred / noised | {rendered["auc_degraded"]:.3f} |
 | own prompt vs its hard negative only | {rendered["auc_own_vs_hard_negative"]:.3f} |
-| renders painted with colour mixtures x their own prompt (accepted share {rendered["mixed_colors_accepted"]:.2f}) | {rendered["auc_mixed_colors_own_prompt"]:.3f} |
-| shapes-sd3 samples (eval protocol, {generated["images"]} images) x all 36 eval prompts | {generated["auc_all_pairs"]:.3f} |
-| shapes-sd3 samples x their own prompt (accepted share {generated["own_prompt_positive_rate"]:.2f}) | {generated["auc_own_prompt"]:.3f} |
+| renders painted with colour mixtures x their own prompt (accepted share {rendered["mixed_colors_accepted"]:.2f}) | \
+{rendered["auc_mixed_colors_own_prompt"]:.3f} |
+| shapes-sd3 samples (eval protocol, {generated["images"]} images) x all 36 eval prompts | \
+{generated["auc_all_pairs"]:.3f} |
+| shapes-sd3 samples x their own prompt (accepted share {generated["own_prompt_positive_rate"]:.2f}) | \
+{generated["auc_own_prompt"]:.3f} |
 
 The last row is the one that matters for RL: how well the scorer ranks a generator's own attempts at a prompt.
 
 ## Does climbing its gradient do what the prompt asks?
-Each of those {generated["images"]} samples is pushed up its own-prompt score by {generated["climb"]["steps"]} sign-gradient steps in pixel
+Each of those {generated["images"]} samples is pushed up its own-prompt score by {generated["climb"]["steps"]} \
+sign-gradient steps in pixel
 space (at most {generated["climb"]["eps"]} per channel), as ReFL / DRaFT / MEND push samples through the generator. The
-scorer's predicted acceptance goes {generated["climb"]["predicted_accept_before"]:.2f} -> {generated["climb"]["predicted_accept_after"]:.2f}; the verifier's goes {generated["own_prompt_positive_rate"]:.2f} -> {generated["climb"]["verifier_accept_after"]:.2f}.
+scorer's predicted acceptance goes {generated["climb"]["predicted_accept_before"]:.2f} -> \
+{generated["climb"]["predicted_accept_after"]:.2f}; the verifier's goes {generated["own_prompt_positive_rate"]:.2f} -> \
+{generated["climb"]["verifier_accept_after"]:.2f}.
 A scorer whose gradient followed the prompt would not promise acceptance that the verifier does not grant.
 """)

@@ -83,19 +83,23 @@ image = pipe("a red circle left of a blue square", height=32, width=32, num_infe
 
 ## Components
 - unet: `UNet2DConditionModel`, channels {size.get("channels")}, cross-attention at 8x8, on a 16x16x4 latent.
-- text encoder: `CLIPTextModel` (hidden {size.get("text_hidden")}, {size.get("text_layers")} layers) with the project's word-level tokenizer.
+- text encoder: `CLIPTextModel` (hidden {size.get("text_hidden")}, {size.get("text_layers")} layers) with the \
+project's word-level tokenizer.
 - vae: the `AutoencoderKL` of {facts.get("vae_from")} (shared latent space; SD pipelines apply no latent shift).
 - scheduler: `DDIMScheduler` (scaled-linear betas 0.00085..0.012, 1000 training steps, epsilon prediction).
 
 ## How it was trained
-`flowrl pretrain shapes-sd` (seed {cfg.get("seed")}), on 2 CPU cores: {cfg.get("flow_steps")} steps, batch {cfg.get("flow_batch")} fresh renders,
-DDPM noise-prediction loss with t uniform, AdamW lr {cfg.get("flow_lr")} (warm-up {cfg.get("warmup_steps")}, cosine), {cfg.get("caption_dropout")} caption
+`flowrl pretrain shapes-sd` (seed {cfg.get("seed")}), on 2 CPU cores: {cfg.get("flow_steps")} steps, batch \
+{cfg.get("flow_batch")} fresh renders,
+DDPM noise-prediction loss with t uniform, AdamW lr {cfg.get("flow_lr")} (warm-up {cfg.get("warmup_steps")}, cosine), \
+{cfg.get("caption_dropout")} caption
 dropout, EMA {cfg.get("ema_decay")} (saved weights are the EMA); UNet and text encoder train jointly. Final loss
 {facts.get("unet_final_loss", float("nan")):.4f}; {facts.get("total_minutes", float("nan")):.1f} minutes.
 
 ## Measured scores
 Shapes verifier accuracy on the eval split (36 prompts, colour-shape combinations held out of RL training),
-{CARD_EVAL["num_per_prompt"]} images per prompt, seed {CARD_EVAL["seed"]}, deterministic DDIM {CARD_EVAL["num_steps"]} steps, CFG {CARD_EVAL["guidance_scale"]}; overall = mean of the six tags.
+{CARD_EVAL["num_per_prompt"]} images per prompt, seed {CARD_EVAL["seed"]}, deterministic DDIM {CARD_EVAL["num_steps"]} \
+steps, CFG {CARD_EVAL["guidance_scale"]}; overall = mean of the six tags.
 
 ```
 {table}

@@ -39,7 +39,7 @@ class PretrainConfig:
     threads: int = 2
     # how the noise level t is drawn: "logit_normal" (SD3's, weighted to the middle of the path) or "uniform"
     # (rectified flow's original, 1.5x the weight on t > 0.7, where layouts and object counts are decided; it made a
-    # worse base here, 0.165 on the card, docs/benchmarks.md)
+    # worse base here, docs/research/benchmarks.md)
     t_sampling: str = "logit_normal"
 
 
@@ -84,8 +84,9 @@ def encode_captions(pipe, prompts: list[str]):
 
 
 def train_denoiser(modules, batch_loss, cfg, rng: np.random.Generator, desc: str, pairs=sample_pairs) -> float:
-    """The shared pretraining loop: fresh renders each step (`pairs(n, rng)`: the shapes world's by default), caption dropout for CFG, AdamW with warm-up and cosine
-    decay, gradient clipping, and an EMA of the weights that replaces them at the end. Returns the last loss.
+    """The shared pretraining loop: fresh renders each step (`pairs(n, rng)`: the shapes world's by default), caption
+    dropout for CFG, AdamW with warm-up and cosine decay, gradient clipping, and an EMA of the weights that replaces
+    them at the end. Returns the last loss.
 
     `batch_loss(images, prompts)` maps what `pairs` gives (a uint8 batch of renders by default; latents from
     shapes-wan's LatentPool) and its (possibly dropped) captions to a scalar loss.
@@ -194,7 +195,7 @@ def evaluate_and_write_card(out_dir, card_text=None) -> dict:
     import json
     from pathlib import Path
 
-    from flowrl.generate import generate
+    from flowrl.inference import generate
     from flowrl.policies import load_pipeline, policy_for
     from flowrl.report import image_grid
     from flowrl.tasks.base import format_metrics
@@ -243,25 +244,34 @@ image = pipe("a red circle left of a blue square", height=32, width=32, num_infe
 Pass `max_sequence_length=16`: the T5 branch was trained on 16 tokens (the pipeline's default is 256).
 
 ## Components
-- transformer: `SD3Transformer2DModel`, {size.get("num_layers")} joint blocks, {size.get("num_heads")} heads x {size.get("head_dim")}, patch 2 on a 16x16x4 latent (64 image tokens).
+- transformer: `SD3Transformer2DModel`, {size.get("num_layers")} joint blocks, {size.get("num_heads")} heads x \
+{size.get("head_dim")}, patch 2 on a 16x16x4 latent (64 image tokens).
 - vae: `AutoencoderKL`, blocks {size.get("vae_channels")}, 4 latent channels, downsampling 2 (32x32x3 <-> 16x16x4);
-  scaling_factor {facts.get("latent_scale", float("nan")):.4f}, shift_factor {facts.get("latent_shift", float("nan")):.4f} measured on renders.
-- text encoders: two `CLIPTextModelWithProjection` (hidden {size.get("text_hidden")}, {size.get("text_layers")} layers) and a 2-layer `T5EncoderModel`,
+  scaling_factor {facts.get("latent_scale", float("nan")):.4f}, shift_factor \
+{facts.get("latent_shift", float("nan")):.4f} measured on renders.
+- text encoders: two `CLIPTextModelWithProjection` (hidden {size.get("text_hidden")}, {size.get("text_layers")} \
+layers) and a 2-layer `T5EncoderModel`,
   all with a word-level tokenizer built locally from the shapes vocabulary (`flowrl/worlds/shapes/tokenizer.py`).
 - scheduler: `FlowMatchEulerDiscreteScheduler` (shift 1).
 
 ## How it was trained
 `flowrl pretrain shapes` (seed {cfg.get("seed")}), on 2 CPU cores:
-1. VAE: {cfg.get("vae_steps")} steps, batch {cfg.get("vae_batch")}, L1 reconstruction + {cfg.get("vae_kl_weight")} x KL; final L1 {facts.get("vae_final_l1", float("nan")):.4f}
+1. VAE: {cfg.get("vae_steps")} steps, batch {cfg.get("vae_batch")}, L1 reconstruction + {cfg.get("vae_kl_weight")} x \
+KL; final L1 {facts.get("vae_final_l1", float("nan")):.4f}
    ({facts.get("vae_minutes", float("nan")):.1f} min).
-2. Flow matching: {cfg.get("flow_steps")} steps, batch {cfg.get("flow_batch")}, AdamW lr {cfg.get("flow_lr")} (warm-up {cfg.get("warmup_steps")}, cosine),
-   logit-normal t, {cfg.get("caption_dropout")} caption dropout for CFG, EMA {cfg.get("ema_decay")} (saved weights are the EMA);
-   the transformer and all three text encoders train jointly on freshly rendered scenes. Final loss {facts.get("flow_final_loss", float("nan")):.4f}.
+2. Flow matching: {cfg.get("flow_steps")} steps, batch {cfg.get("flow_batch")}, AdamW lr {cfg.get("flow_lr")} (warm-up \
+{cfg.get("warmup_steps")}, cosine),
+   logit-normal t, {cfg.get("caption_dropout")} caption dropout for CFG, EMA {cfg.get("ema_decay")} (saved weights are \
+the EMA);
+   the transformer and all three text encoders train jointly on freshly rendered scenes. Final loss \
+{facts.get("flow_final_loss", float("nan")):.4f}.
 Total {facts.get("total_minutes", float("nan")):.1f} minutes.
 
 ## Measured scores
-Shapes verifier accuracy on the eval split (`flowrl/worlds/shapes/prompts.py`: 36 prompts, colour-shape combinations held
-out of RL training), {CARD_EVAL["num_per_prompt"]} images per prompt, seed {CARD_EVAL["seed"]}, ODE (Euler) {CARD_EVAL["num_steps"]} steps, CFG {CARD_EVAL["guidance_scale"]}.
+Shapes verifier accuracy on the eval split (`flowrl/worlds/shapes/prompts.py`: 36 prompts, colour-shape combinations \
+held
+out of RL training), {CARD_EVAL["num_per_prompt"]} images per prompt, seed {CARD_EVAL["seed"]}, ODE (Euler) \
+{CARD_EVAL["num_steps"]} steps, CFG {CARD_EVAL["guidance_scale"]}.
 Overall is the mean of the six tag accuracies, as in GenEval.
 
 ```

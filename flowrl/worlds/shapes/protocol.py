@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from flowrl.config import EvalSection
-from flowrl.generate import generate
 from flowrl.images import to_unit
+from flowrl.inference import generate
 from flowrl.worlds.shapes.diversity import (
     feature_distance,
     free_attribute_spread,

@@ -8,8 +8,8 @@
 - `Shapes3DFlowPipeline`: a diffusers `DiffusionPipeline` (image -> tokens -> SDF grid -> meshes).
 
 All three are diffusers `ModelMixin` / `ConfigMixin` / `DiffusionPipeline` subclasses, saved in diffusers format.
-`import flowrl.worlds.shapes3d.pipeline` registers the pipeline class with diffusers, so `DiffusionPipeline.from_pretrained`
-loads the folder (diffusers looks pipeline classes up in its own namespace).
+`import flowrl.worlds.shapes3d.pipeline` registers the pipeline class with diffusers, so
+`DiffusionPipeline.from_pretrained` loads the folder (diffusers looks pipeline classes up in its own namespace).
 """
 
 from __future__ import annotations

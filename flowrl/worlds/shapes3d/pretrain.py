@@ -142,8 +142,9 @@ def flow_pool(ae: ShapeAutoencoder, cfg, rng, generator):
 
 
 def train_flow(transformer: ShapeFlowTransformer, latents, images, cfg, rng, generator) -> dict:
-    """Rectified flow on the pool through the shared pretraining loop (shapes_sd3.train_denoiser): its caption
-    dropout turns a dropped condition into "", which becomes the all-zero image (the unconditional branch)."""
+    """Rectified flow on the pool through the shared pretraining loop (pretrain_sd3.train_denoiser of the shapes
+    world): its caption dropout turns a dropped condition into "", which becomes the all-zero image (the
+    unconditional branch)."""
 
     def pairs(count, rng):
         index = torch.from_numpy(rng.integers(len(latents), size=count))

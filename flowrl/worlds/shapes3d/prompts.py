@@ -6,7 +6,7 @@ Tags: `single` ("a tall box"), `stacked` ("a sphere on top of a cylinder"), `sid
 (y x0.5), wide (x and z x1.4), small (all x0.7); none keeps the base size. Stacked parts touch; side-by-side parts
 stand on the same floor a small gap apart. Held out of training: the stacked prompts that name a sphere on top of a
 cone, every prompt with a cylinder next to a cone or a flat sphere, and the tower prompts whose top is a sphere (three
-training towers hold a sphere on top of a cone lower down: the contact itself is not held out, docs/3d.md).
+training towers hold a sphere on top of a cone lower down: the contact itself is not held out, docs/research/3d.md).
 """
 
 from __future__ import annotations

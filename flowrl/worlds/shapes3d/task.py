@@ -106,17 +106,24 @@ out.meshes[0].export("shape.glb")
 ```
 
 ## Components
-- autoencoder: `ShapeAutoencoder` ({size.get("num_tokens")} latent tokens x {size.get("latent_channels")} channels; width {size.get("ae_width")}, {size.get("ae_decoder_layers")} decoder blocks): {cfg.get("surface_points")} surface
-  points in, an SDF queried at any point out; final L1 {facts.get("ae_final_l1", float("nan")):.4f} (truncated SDF), sign right at
+- autoencoder: `ShapeAutoencoder` ({size.get("num_tokens")} latent tokens x {size.get("latent_channels")} channels; \
+width {size.get("ae_width")}, {size.get("ae_decoder_layers")} decoder blocks): {cfg.get("surface_points")} surface
+  points in, an SDF queried at any point out; final L1 {facts.get("ae_final_l1", float("nan")):.4f} (truncated SDF), \
+sign right at
   {100 * facts.get("ae_sign_accuracy", float("nan")):.1f}% of query points.
-- transformer: `ShapeFlowTransformer` ({size.get("layers")} blocks, width {size.get("width")}, adaLN on t, cross-attention to the image's 4x4 patches).
+- transformer: `ShapeFlowTransformer` ({size.get("layers")} blocks, width {size.get("width")}, adaLN on t, \
+cross-attention to the image's 4x4 patches).
 - scheduler: `FlowMatchEulerDiscreteScheduler` (shift 1); CFG against the all-zero image.
 
 ## How it was trained
-`flowrl pretrain shapes3d` (seed {cfg.get("seed")}), on 2 CPU cores: autoencoder {cfg.get("ae_steps")} steps of {cfg.get("ae_batch")} solids
-({facts.get("ae_minutes", float("nan")):.1f} min); a pool of {cfg.get("flow_pool")} encoded training solids with their renders
-({facts.get("pool_minutes", float("nan")):.1f} min); flow matching {cfg.get("flow_steps")} steps of {cfg.get("flow_batch")}, logit-normal t, 10% unconditional, EMA
-{cfg.get("ema_decay")} ({facts.get("flow_minutes", float("nan")):.1f} min). Total {facts.get("total_minutes", float("nan")):.1f} minutes.
+`flowrl pretrain shapes3d` (seed {cfg.get("seed")}), on 2 CPU cores: autoencoder {cfg.get("ae_steps")} steps of \
+{cfg.get("ae_batch")} solids
+({facts.get("ae_minutes", float("nan")):.1f} min); a pool of {cfg.get("flow_pool")} encoded training solids with their \
+renders
+({facts.get("pool_minutes", float("nan")):.1f} min); flow matching {cfg.get("flow_steps")} steps of \
+{cfg.get("flow_batch")}, logit-normal t, 10% unconditional, EMA
+{cfg.get("ema_decay")} ({facts.get("flow_minutes", float("nan")):.1f} min). Total \
+{facts.get("total_minutes", float("nan")):.1f} minutes.
 
 ## Measured scores
 The eval split's held-out combinations, 4 solids per prompt (seed 2024), 20 Euler steps, CFG 3, SDF on a 32^3 grid:

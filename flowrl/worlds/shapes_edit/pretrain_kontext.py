@@ -5,8 +5,8 @@ Each step draws fresh (source, instruction, target) triples: a kind uniformly, o
 holds the eval ones out), and a new scene for it; the exact target is rendered. Rectified flow on the target's
 latents (x_t = (1-t) x0 + t eps, target eps - x0, logit-normal t) with the source's latents as Kontext's clean
 context tokens; the FLUX transformer and both text encoders train jointly, the VAE (shapes-sd3's) stays frozen. No
-caption dropout: the editor is sampled without CFG. EMA weights are saved (the shared loop of
-shapes_sd3.train_denoiser).
+caption dropout: the editor is sampled without CFG. EMA weights are saved (the shared loop, the shapes world's
+pretrain_sd3.train_denoiser).
 """
 
 from __future__ import annotations
@@ -39,16 +39,15 @@ DEFAULT_VAE = "pipelines/shapes-sd3"
 @dataclass
 class KontextPretrainConfig:
     seed: int = 0
-    flow_steps: int = 2000  # 0.75-0.93 s per step on 2 cores: 25-31 minutes
+    flow_steps: int = 2000  # the card records the run's wall time
     flow_batch: int = 64
     flow_lr: float = 1e-3
     warmup_steps: int = 200
     caption_dropout: float = 0.0
     # the held-out instructions in pretraining too, the image world's protocol (its base is pretrained on every
     # prompt; the eval split is held out of RL only). Off, every eval edit draws a colour-shape pair the editor never
-    # produced, and edit GRPO left recolour and add at 0-2% held out. Measured with it on: held-out base 0.245 ->
-    # 0.300, but edit GRPO then learnt nothing in 150 updates (0.300 -> 0.276), so the shipped editor keeps it off
-    # (docs/editing.md)
+    # produced, and edit GRPO left recolour and add near zero held out. On, the base edits the held-out instructions
+    # better, but edit GRPO then learnt nothing on them, so the shipped editor keeps it off (docs/research/editing.md)
     pretrain_held_out: bool = False
     ema_decay: float = 0.998  # a horizon of ~500 steps: a third of this short run
     threads: int = 2
@@ -126,7 +125,7 @@ def evaluate_editor(
 ) -> tuple[dict, np.ndarray, list]:
     """Edit success on the shapes_edit task's eval items (held-out result combinations; what RL runs report), with
     requested / preserved / off-target beside it; returns (result, edited images, their items)."""
-    from flowrl.generate import generate_samples
+    from flowrl.inference import generate_samples
     from flowrl.policies import load_pipeline, policy_for
     from flowrl.policies.base import SampleSpec
     from flowrl.tasks.base import build_task
@@ -197,23 +196,29 @@ edited = pipe(image=source, prompt="make the red circle blue", height=32, width=
 its preferred ~1 MP resolutions); the text encoders were trained on 16 tokens. No guidance embedding and no CFG.
 
 ## Components
-- transformer: `FluxTransformer2DModel`, {size.get("num_layers")} dual-stream + {size.get("num_single_layers")} single-stream blocks, {size.get("num_heads")} heads x {size.get("head_dim")}, no guidance
+- transformer: `FluxTransformer2DModel`, {size.get("num_layers")} dual-stream + {size.get("num_single_layers")} \
+single-stream blocks, {size.get("num_heads")} heads x {size.get("head_dim")}, no guidance
   embedding; 64 image tokens (16x16x4 latents packed 2x2) plus 64 context tokens of the source.
 - vae: shapes-sd3's `AutoencoderKL` (32x32x3 <-> 16x16x4), frozen.
-- text encoders: `CLIPTextModel` (hidden {size.get("text_hidden")}, pooled) and `T5EncoderModel` (d_model {2 * size.get("text_hidden", 0)}), {size.get("text_layers")} layers each,
+- text encoders: `CLIPTextModel` (hidden {size.get("text_hidden")}, pooled) and `T5EncoderModel` (d_model \
+{2 * size.get("text_hidden", 0)}), {size.get("text_layers")} layers each,
   with a word-level tokenizer of the editing vocabulary (`flowrl/worlds/shapes_edit/model_kontext.py`).
 - scheduler: `FlowMatchEulerDiscreteScheduler` with FLUX's resolution-dependent shift.
 
 ## How it was trained
-`flowrl pretrain shapes-kontext` (seed {cfg.get("seed")}), on 2 CPU cores: {cfg.get("flow_steps")} steps of {cfg.get("flow_batch")} fresh (source,
+`flowrl pretrain shapes-kontext` (seed {cfg.get("seed")}), on 2 CPU cores: {cfg.get("flow_steps")} steps of \
+{cfg.get("flow_batch")} fresh (source,
 instruction, target) triples of {pretrained_on} (kind drawn uniformly), rectified flow on the target
-with the source as context, AdamW lr {cfg.get("flow_lr")} (warm-up {cfg.get("warmup_steps")}, cosine), logit-normal t, EMA {cfg.get("ema_decay")}; the
-transformer and both text encoders train jointly. Final loss {facts.get("flow_final_loss", float("nan")):.4f}. Total {facts.get("total_minutes", float("nan")):.1f} minutes.
+with the source as context, AdamW lr {cfg.get("flow_lr")} (warm-up {cfg.get("warmup_steps")}, cosine), logit-normal t, \
+EMA {cfg.get("ema_decay")}; the
+transformer and both text encoders train jointly. Final loss {facts.get("flow_final_loss", float("nan")):.4f}. Total \
+{facts.get("total_minutes", float("nan")):.1f} minutes.
 
 ## Measured scores
 Edit success (the edit verifier: the requested change made and nothing else changed) on the `shapes_edit` task's
 eval items: instructions held out of RL training (their resulting object is a colour-shape combination RL
-never trains on{held_out_note}), 16 scenes per kind, {CARD_EVAL["num_per_item"]} edits per item (seed {CARD_EVAL["seed"]}), ODE (Euler) {CARD_EVAL["num_steps"]} steps. Intervals are 95%:
+never trains on{held_out_note}), 16 scenes per kind, {CARD_EVAL["num_per_item"]} edits per item (seed \
+{CARD_EVAL["seed"]}), ODE (Euler) {CARD_EVAL["num_steps"]} steps. Intervals are 95%:
 `95% +-` with the scene as the sampling unit (other scenes), `draw +-` with the scenes fixed (another draw of
 seeds). Overall is the mean over the five kinds.
 

@@ -377,3 +377,33 @@ def load_samples(folder, records: list[dict]) -> Samples:
         fps = records[0].get("fps", 8)
         return VideoSamples(frames.reshape(b, f, *frames.shape[1:]), fps=fps)
     return ImageSamples(to_unit(pixels))
+
+
+# fields a samples.jsonl line gives the sample itself (its seed, files, size, resume key and a steer's per-sample
+# record), not its condition
+SAMPLE_FIELDS = (
+    "prompt",
+    "seed",
+    "file",
+    "extra_files",
+    "modality",
+    "height",
+    "width",
+    "fps",
+    "plan",
+    "fk_reward",
+    "probe_fired_at",
+)
+
+
+def read_conditions(folder: str, records: list[dict]) -> list:
+    """The condition item of every sample record: its prompt, and the record's other fields but the sample's own
+    (seed, files, size) as metadata, so the samples of one prompt-file line share one condition."""
+    from flowrl.tasks.base import Condition
+
+    items = []
+    for number, record in enumerate(records, start=1):
+        if not isinstance(record.get("prompt"), str):
+            raise UserError(f"{Path(folder) / 'samples.jsonl'} line {number}: expected a 'prompt' string")
+        items.append(Condition(record["prompt"], meta={k: v for k, v in record.items() if k not in SAMPLE_FIELDS}))
+    return items

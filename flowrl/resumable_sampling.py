@@ -16,8 +16,8 @@ from pathlib import Path
 
 from flowrl.atomic import write_whole
 from flowrl.errors import UserError
-from flowrl.generate import contiguous_share, sample_chunks, sample_seeds
-from flowrl.samples import INDEX_FILE, index_line
+from flowrl.inference import contiguous_share, sample_chunks, sample_seeds
+from flowrl.sample_io import INDEX_FILE, index_line
 
 SETTINGS_FILE = "sampling.json"
 PROGRESS_GLOB = ".progress-*.jsonl"
@@ -28,7 +28,7 @@ def draw_samples(
 ) -> Path:
     """Draw num_per_prompt samples of every condition into `folder` (what is not there yet, this process's share
     of it; `state`: accelerate's PartialState) and, on the main process, write the index once all are there.
-    `sampling`: generate.sample_chunks's settings (steps, guidance, spec, kind, noise, batch size, steer)."""
+    `sampling`: inference.sample_chunks's settings (steps, guidance, spec, kind, noise, batch size, steer)."""
     items = [item for item in conditions for _ in range(num_per_prompt)]
     seeds = sample_seeds(seed, len(conditions), num_per_prompt)
     planned = [plan_key(item, s) for item, s in zip(items, seeds)]
@@ -169,11 +169,11 @@ def written_samples(folder: Path, planned: list[str]) -> dict[int, dict]:
 
 
 def draw_into(folder: Path, chunks, indices: list[int], items: list, rank: int, fps: int, modality: str) -> None:
-    """Write what `chunks` (generate.sample_chunks over the condition `items` of the samples `indices`, in order)
+    """Write what `chunks` (inference.sample_chunks over the condition `items` of the samples `indices`, in order)
     yields: each sample's files as `{index:05d}.*`, then its line (the condition's fields, the sample's record and
     its plan key) in this process's progress file, flushed after every batch."""
-    from flowrl.samples import as_samples
-    from flowrl.train import fault_point
+    from flowrl.faults import fault_point
+    from flowrl.sample_io import as_samples
 
     position = batches = 0
     with appending(folder / f".progress-{rank}.jsonl") as progress:

@@ -12,10 +12,10 @@ Step kinds (one signature, `sde_step`):
   dance  DanceGRPO (arXiv 2505.07818): the same drift with a constant std_t = eta (= noise_level).
   cps    Coefficients-preserving sampling (arXiv 2509.05952): std = sigma_next sin(a pi / 2),
          mean = (1 - sigma_next) x0_hat + sqrt(sigma_next^2 - std^2) eps_hat.
-  sage   SAGE-GRPO (arXiv 2603.21872) as read in reference/methods.md: the Flow-GRPO mean with the exactly
+  sage   SAGE-GRPO (arXiv 2603.21872), flowrl's reading of its summary: the Flow-GRPO mean with the exactly
          integrated step variance a^2 [log((1 - sigma_next) / (1 - sigma)) - (sigma - sigma_next)];
          the first step (sigma = 1, where that integral diverges) keeps the Flow-GRPO variance. The sampler
-         only: the per-timestep loss weight methods.md pairs with it (approximate, ~ the step std) is not applied.
+         only: the paper's per-timestep loss weight (approximately the step std) is not applied.
 
 Every log-prob is the exact Gaussian density of the stored next sample; `reduce="mean"` averages it over all
 non-batch elements (as the anchors do, hence their tiny PPO clip ranges), `reduce="none"` keeps the per-element
@@ -148,7 +148,7 @@ def diffusion_time_scale(kind: str, sigma, sigma_next) -> torch.Tensor:
     For flow and dance, whose step variance is std_t^2 |dt|, dividing a squared mean gap by the step variance and
     multiplying by this gives Flow-GRPO's coded KL, mean((mu - mu_ref)^2) / (2 std_t^2): the per-unit-time form,
     whose published betas (0.004-0.04) assume it. sage's step variance is the exact integral, below the Euler one
-    at high noise (0.489 against 0.931 on the 0.95 -> 0.85 step, methods.md section 0), so the same beta weighs its
+    at high noise (0.489 against 0.931 on the 0.95 -> 0.85 step), so the same beta weighs its
     KL up to ~1.9x more there and about alike at low noise: a beta tuned for flow does not carry over one to one.
     CPS (whose coded std_dev_t is the step std) and DDIM keep the exact Gaussian KL.
     """

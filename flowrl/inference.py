@@ -30,9 +30,12 @@ class Steer:
     particles = 1
 
     def start(self, policy, cond, num_outputs: int, num_steps: int, generator: torch.Generator):
+        """(rollout callbacks, guide) for a chunk of `num_outputs` outputs under `cond` (`particles` rows each) over
+        `num_steps`; `generator`: one per output, for the steer's own draws."""
         return [], None
 
     def record(self, n: int) -> dict:
+        """Fields added to the record of the chunk's output `n`."""
         return {}
 
 
@@ -52,6 +55,7 @@ def contiguous_share(count: int, rank: int, world: int) -> range:
 
 
 def sample_seeds(seed: int, num_prompts: int, num_per_prompt: int) -> list[int]:
+    """The seed of sample k of prompt p, prompt-major: derived_seed(seed, p, k)."""
     return [derived_seed(seed, p, k) for p in range(num_prompts) for k in range(num_per_prompt)]
 
 
@@ -72,11 +76,11 @@ def generate_samples(
     sde_window: tuple[int, int] | None = None,
     guide=None,
 ):
-    """A typed sample batch (flowrl.samples) for every prompt (or condition item) x num_per_prompt, and one record
+    """A typed sample batch (flowrl.sample_io) for every prompt (or condition item) x num_per_prompt, and one record
     per sample (prompt, seed, plus the steer's fields). `seeds` (one per sample) replaces the derived ones, so a
     subset of a prompt list can keep its samples' noise; `sde_window` limits an SDE `kind` to those steps, as the
     RL rollouts do; `guide` (see FlowPolicy.step) replaces the model output at every step (a steer brings its own)."""
-    from flowrl.samples import as_samples
+    from flowrl.sample_io import as_samples
 
     outputs, records = [], []
     for chunk, chunk_records in sample_chunks(
@@ -155,7 +159,7 @@ def sample_chunks(
             callbacks=callbacks,
             guide=step_guide,
         )
-        decoded = policy.decode_in_chunks(traj.final[::k]).cpu()  # train.decode_microbatch at a time
+        decoded = policy.decode_in_chunks(traj.final[::k]).cpu()  # memory.decode_microbatch at a time
         records = [
             {"prompt": cond.prompts[n * k], "seed": s, **(steer.record(n) if steer is not None else {})}
             for n, s in enumerate(chunk_seeds)

@@ -1,0 +1,41 @@
+"""`flowrl serve-reward NAME`: serve a registered reward over HTTP (for the `remote` reward)."""
+
+from __future__ import annotations
+
+import os
+
+from flowrl.cli.arguments import check_port, json_object
+from flowrl.errors import UserError
+
+
+def add_parser(sub) -> None:
+    """The `serve-reward` subcommand: the reward, its parameters, where to listen and the bearer token."""
+    serve = sub.add_parser("serve-reward", help="serve a registered reward over HTTP (for the `remote` reward)")
+    serve.add_argument("name", help="a registered reward or package.module:Name")
+    serve.add_argument("--params", default="{}", help="the reward's parameters as JSON")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument(
+        "--device",
+        default=None,
+        help="where the reward's models run (default: the GPU of LOCAL_RANK when there is one, else cpu)",
+    )
+    serve.add_argument(
+        "--token",
+        default=os.environ.get("FLOWRL_REWARD_TOKEN"),
+        help="require `Authorization: Bearer TOKEN` on every request (default: $FLOWRL_REWARD_TOKEN, "
+        "which keeps it out of the process list)",
+    )
+
+
+def cmd_serve_reward(args) -> None:
+    """Serve the reward `args.name` on `args.host`:`args.port` until interrupted."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise UserError('serve-reward needs fastapi and uvicorn: pip install -e ".[serve]"') from None
+    from flowrl.rewards.remote import serve_reward
+
+    check_port(args.port)
+    serve_reward(args.name, json_object(args.params, "--params"), args.host, args.port, args.token, args.device)
