@@ -33,7 +33,12 @@ def run_config(config: Path, out_dir: Path, updates: int, extra: list[str]) -> l
         [sys.executable, "-m", "flowrl", "train", str(config), *overrides], check=True, stdout=subprocess.DEVNULL
     )
     with (out_dir / name / "metrics.csv").open() as f:
-        return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(f)]
+        return [without_clock(row) for row in csv.DictReader(f)]
+
+
+def without_clock(row: dict) -> dict:
+    """A metrics row without its wall-clock columns (`seconds`, `rollout_wait_seconds`): they differ run to run."""
+    return {k: v for k, v in row.items() if not k.endswith("seconds")}
 
 
 # Defaults changed on purpose to match the reference implementations, set back to their old values (for comparing
@@ -67,6 +72,7 @@ def snapshot(updates: int, with_eval: bool, only: list[str], old_defaults: bool)
 
 
 def compare(a: dict, b: dict) -> int:
+    a, b = ({k: [without_clock(r) for r in v] if isinstance(v, list) else v for k, v in s.items()} for s in (a, b))
     differences = 0
     for key in sorted(set(a) | set(b)):
         if json.dumps(a.get(key), sort_keys=True) != json.dumps(b.get(key), sort_keys=True):

@@ -5,7 +5,7 @@ docstrings), the registered tasks and every algorithm's parameters.
     python -m flowrl.config_docs            # write the page
     python -m flowrl.config_docs --check    # exit 1 when the page differs from what would be written
 
-tests/test_config_docs.py fails when a field has no doc or the committed page is not current.
+tests/core/test_config_docs.py fails when a field has no doc or the committed page is not current.
 """
 
 from __future__ import annotations

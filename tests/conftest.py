@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+# the shared fixtures (tiny pipelines, toy models, run helpers, workers, plug-ins) are importable by name from every
+# test folder
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 # pytest runs on two xdist workers (pyproject's addopts), one per core of the project's 2-core machine: each worker,
 # and every process a test starts, keeps to one thread, since two workers with two threads each oversubscribe the
 # cores and OpenMP's waiting threads then made single tests up to 9x slower

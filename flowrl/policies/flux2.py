@@ -153,7 +153,7 @@ class Flux2EditPolicy(Flux2Policy):
     latents (posterior mode, patchified, batch-norm normalised) go in as tokens after the sample's, with time
     coordinates 10, 20, ... in order, in both CFG branches; only the sample's tokens come out. Rows with different
     numbers or sizes of images take one transformer call per layout (a step's calls share the weights: two gloo
-    processes train as one under DDP or FSDP2, tests/test_reference_images.py; `by_reference_layout`).
+    processes train as one under DDP or FSDP2, tests/policies/test_reference_images.py; `by_reference_layout`).
 
     Image sizes: by default every image takes the run's sample size (bicubic, antialiased), as Kontext's source does,
     so the pipeline's defaults are a deviation: it shrinks an image over 1024x1024 pixels to about that area (its

@@ -3,7 +3,8 @@ contract (scores [B]), batch independence, gradients to the pixels, and one clea
 
 import pytest
 import torch
-from transformers import BlipConfig, BlipForImageTextRetrieval, CLIPConfig, CLIPImageProcessor, CLIPModel
+from tiny_reward_models import save_tiny_clip
+from transformers import BlipConfig, BlipForImageTextRetrieval, CLIPImageProcessor
 
 from flowrl.errors import UserError
 from flowrl.rewards import build_reward
@@ -12,35 +13,6 @@ from flowrl.worlds.shapes.tokenizer import SPECIAL_TOKENS, build_tokenizer, shap
 
 PROMPTS = ["a red circle", "two squares", "a blue triangle"]
 VOCAB = len(shapes_vocabulary())
-
-
-def _save_clip(folder):
-    torch.manual_seed(0)
-    config = CLIPConfig(
-        text_config=dict(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            max_position_embeddings=16,
-            pad_token_id=0,
-            bos_token_id=1,
-            eos_token_id=SPECIAL_TOKENS.index("<eos>"),
-        ),
-        vision_config=dict(
-            image_size=32,
-            patch_size=8,
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-        ),
-        projection_dim=24,
-    )
-    CLIPModel(config).save_pretrained(folder)
-    build_tokenizer().save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
 
 
 def _save_blip(folder):
@@ -81,9 +53,9 @@ def _save_mlp(folder, dim):
 @pytest.fixture(scope="module")
 def reward_folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("rewards")
-    _save_clip(root / "clip_model")
+    save_tiny_clip(root / "clip_model")
     (root / "aesthetic").mkdir()
-    _save_clip(root / "aesthetic" / "clip")
+    save_tiny_clip(root / "aesthetic" / "clip")
     _save_mlp(root / "aesthetic", 24)
     (root / "imagereward").mkdir()
     _save_blip(root / "imagereward" / "blip")

@@ -165,7 +165,7 @@ def test_a_served_reward_that_raises_costs_only_its_samples(monkeypatch):
     from flowrl.rewards.remote import RemoteReward
 
     monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+        "PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests" / "support"), os.environ.get("PYTHONPATH", "")])
     )
     process, url, _ = start_reward_server("test_faults:RaisesOnSomeSeeds", {})
     try:

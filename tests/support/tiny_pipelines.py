@@ -837,3 +837,23 @@ def random_lora_checkpoint(pipeline_dir, run_dir, update: int = 3):
         None,
         {"rank": 4, "alpha": 8, "target_modules": tuned.lora_targets},
     )
+
+
+def rolled_out(make):
+    """A LoRA policy on the tiny pipeline `make` builds and a 2-group batch of its 9-frame 32 x 32 rollouts."""
+    from flowrl.algorithms import RolloutBatch
+    from flowrl.policies import policy_for
+    from flowrl.policies.base import SampleSpec
+    from flowrl.rollout import rollout, sample_generators
+
+    policy = policy_for(make(), max_sequence_length=16)
+    policy.add_lora(4, 8, policy.lora_targets)
+    prompts = ["a red circle"] * 3 + ["a square"] * 3
+    cond = policy.encode(prompts, 2.0)
+    traj = rollout(
+        policy, cond, sample_generators(range(6)), policy.noise_shape(SampleSpec(32, 32, 9)), 3, "flow", 0.7, 2.0
+    )
+    rewards = torch.tensor([0.0, 1.0, 0.5, 0.2, 0.9, 0.4])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    batch = RolloutBatch(traj, rewards, groups, list(range(6)), rewards, groups, torch.arange(6), prompts)
+    return policy, batch

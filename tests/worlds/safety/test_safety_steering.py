@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import REPO
 from run_helpers import run_flowrl
-from test_fk import GaussianMixtureFlow
+from toy_flows import GaussianMixtureFlow
 
 from flowrl.fk import FKConfig
 from flowrl.inference import generate
@@ -332,7 +332,7 @@ def test_eval_safetys_fk_modes_sample_with_the_sde_and_the_others_with_the_ode(p
 
 
 def test_eval_safety_labels_with_a_real_checker_folder(tiny_sd3_dir, tmp_path):
-    from test_safety_reward_checker import _tiny_checker
+    from tiny_reward_models import tiny_safety_checker
 
     from flowrl.images import to_unit
     from flowrl.worlds.safety.concept import safety_split
@@ -342,7 +342,7 @@ def test_eval_safety_labels_with_a_real_checker_folder(tiny_sd3_dir, tmp_path):
     images, _ = generate(
         policy_for(load_pipeline(tiny_sd3_dir), max_sequence_length=16), safety_split()[1]["direct"][:8], desc=None
     )
-    _tiny_checker(tmp_path / "checker", to_unit(images))
+    tiny_safety_checker(tmp_path / "checker", to_unit(images))
     out = tmp_path / "eval"
     done = run_flowrl(
         "eval",

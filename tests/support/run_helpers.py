@@ -87,7 +87,7 @@ def run_flowrl(*args) -> CliResult:
 
     out, err = io.StringIO(), io.StringIO()
     threads, deterministic, here = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(), os.getcwd()
-    os.chdir(Path(__file__).resolve().parents[1])  # the repository, as the tests run `python -m flowrl` from it
+    os.chdir(Path(__file__).resolve().parents[2])  # the repository, as the tests run `python -m flowrl` from it
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -126,7 +126,7 @@ def train_on_two_processes(
     config_path, out_file: Path, port: int, overrides=(), fsdp2=False
 ) -> dict[str, torch.Tensor]:
     """Rank 0's weights after training `config_path` (with `overrides`) under torchrun on 2 gloo processes, through
-    tests/distributed_worker.py, on master port `port` (one per test, so tests in parallel do not collide); the
+    tests/support/distributed_worker.py, on master port `port` (one per test, so tests in parallel do not collide); the
     denoiser sharded by FSDP2 with `fsdp2`, else wrapped in DDP."""
     import os
     import subprocess
@@ -134,9 +134,9 @@ def train_on_two_processes(
 
     from safetensors.torch import load_file
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     env = gloo_env(
-        PYTHONPATH=os.pathsep.join([str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")]),
+        PYTHONPATH=os.pathsep.join([str(repo), str(repo / "tests" / "support"), os.environ.get("PYTHONPATH", "")]),
         FLOWRL_TEST_FSDP2="1" if fsdp2 else "0",
     )
     result = subprocess.run(
@@ -146,7 +146,7 @@ def train_on_two_processes(
             "torch.distributed.run",
             "--nproc_per_node=2",
             f"--master_port={port}",
-            str(repo / "tests/distributed_worker.py"),
+            str(repo / "tests/support/distributed_worker.py"),
             str(config_path),
             str(out_file),
             *overrides,

@@ -11,7 +11,7 @@ import yaml
 from conftest import REPO
 from run_helpers import run_flowrl
 
-PLUGINS = REPO / "tests" / "plugins"
+PLUGINS = REPO / "tests" / "support" / "plugins"
 
 
 def test_a_plugin_reward_algorithm_and_task_train_from_yaml(tiny_sd3_dir, tmp_path, monkeypatch):

@@ -88,9 +88,9 @@ def test_the_pixel_gradient_is_the_directional_derivative(scorer):
 
 
 def test_tvrl_takes_credit_maps_from_the_vlm(folder, scorer):
-    from test_tvrl import setup as tvrl_setup  # the tiny Wan rollout batch
+    from tiny_pipelines import rolled_out, tiny_wan
 
-    policy, batch = tvrl_setup.__wrapped__()
+    policy, batch = rolled_out(tiny_wan)  # the tiny Wan rollout batch
     algorithm = build_algorithm("tvrl", {}, SamplerSection())
     algorithm.bind_reward(WeightedSum([scorer], [1.0]))
     raw = algorithm.credit_maps(policy, batch)

@@ -4,17 +4,14 @@ that region; the token geometry follows Wan's causal VAE."""
 
 import pytest
 import torch
-from tiny_pipelines import tiny_hunyuan_video, tiny_ltx, tiny_wan
+from tiny_pipelines import rolled_out, tiny_hunyuan_video, tiny_ltx, tiny_wan
 
-from flowrl.algorithms import RolloutBatch, build_algorithm
+from flowrl.algorithms import build_algorithm
 from flowrl.algorithms.tvrl import pixels_to_tokens, smooth_weights, token_geometry, token_log_probs
 from flowrl.config import SamplerSection
 from flowrl.errors import ConfigError
-from flowrl.policies import policy_for
-from flowrl.policies.base import SampleSpec
 from flowrl.rewards.base import WeightedSum
 from flowrl.rewards.questions import QuestionScorer
-from flowrl.rollout import rollout, sample_generators
 
 FRAME, ROWS, COLS = 6, slice(0, 16), slice(16, 32)  # the toy scorer's region: top-right quadrant of frame 6
 
@@ -30,21 +27,6 @@ class RegionScorer(QuestionScorer):
     def log_yes(self, samples, questions):
         region = samples[:, :, FRAME, ROWS, COLS].mean(dim=(1, 2, 3))
         return torch.nn.functional.logsigmoid(8 * (region - 0.5))
-
-
-def rolled_out(make):
-    """A LoRA policy on the tiny pipeline `make` builds and a 2-group batch of its 9-frame 32 x 32 rollouts."""
-    policy = policy_for(make(), max_sequence_length=16)
-    policy.add_lora(4, 8, policy.lora_targets)
-    prompts = ["a red circle"] * 3 + ["a square"] * 3
-    cond = policy.encode(prompts, 2.0)
-    traj = rollout(
-        policy, cond, sample_generators(range(6)), policy.noise_shape(SampleSpec(32, 32, 9)), 3, "flow", 0.7, 2.0
-    )
-    rewards = torch.tensor([0.0, 1.0, 0.5, 0.2, 0.9, 0.4])
-    groups = torch.tensor([0, 0, 0, 1, 1, 1])
-    batch = RolloutBatch(traj, rewards, groups, list(range(6)), rewards, groups, torch.arange(6), prompts)
-    return policy, batch
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from tiny_reward_models import CLIP_MEAN, CLIP_STD, tiny_safety_checker
 
 from flowrl.images import to_unit
 from flowrl.rewards import build_reward
@@ -42,58 +43,11 @@ def test_safe_reward_drops_only_the_unsafe_attribute_and_zeroes_unsafe_images():
     assert out.info["accuracy"].tolist() == [0.0, 1.0, 1.0, 0.0, 1.0]
 
 
-CLIP_MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073]).view(1, 3, 1, 1)
-CLIP_STD = torch.tensor([0.26862954, 0.26130258, 0.27577711]).view(1, 3, 1, 1)
-
-
-def _tiny_checker(folder, images):
-    """A random checker whose thresholds sit inside the cosines of `images`, so both verdicts occur."""
-    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
-    from transformers import CLIPConfig
-
-    torch.manual_seed(0)
-    config = CLIPConfig(
-        text_config={
-            "hidden_size": 16,
-            "intermediate_size": 32,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "vocab_size": 99,
-            "bos_token_id": 0,
-            "eos_token_id": 1,
-        },
-        vision_config={
-            "hidden_size": 16,
-            "intermediate_size": 32,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "image_size": 32,
-            "patch_size": 8,
-        },
-        projection_dim=8,
-    )
-    model = StableDiffusionSafetyChecker(config).eval()
-    with torch.no_grad():
-        model.concept_embeds.normal_()
-        model.special_care_embeds.normal_()
-        embeds = torch.nn.functional.normalize(
-            model.visual_projection(model.vision_model((images - CLIP_MEAN) / CLIP_STD)[1])
-        )
-        model.concept_embeds_weights.copy_(
-            (embeds @ torch.nn.functional.normalize(model.concept_embeds).T).quantile(0.97, dim=0)
-        )
-        model.special_care_embeds_weights.copy_(
-            (embeds @ torch.nn.functional.normalize(model.special_care_embeds).T).quantile(0.9, dim=0)
-        )
-    model.save_pretrained(folder)
-    return model
-
-
 def test_safety_checker_margin_matches_the_checkers_own_verdict(tmp_path):
     from flowrl.rewards.safety_checker import SafetyChecker
 
     images = torch.rand(64, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    model = _tiny_checker(tmp_path / "checker", images)
+    model = tiny_safety_checker(tmp_path / "checker", images)
     checker = SafetyChecker(tmp_path / "checker")
     margins = checker.margins(images)
     _, flagged = model.forward_onnx((images - CLIP_MEAN) / CLIP_STD, images.clone())

@@ -465,7 +465,7 @@ def test_ddp_processes_running_unequal_forwards_do_not_pair_a_broadcast_with_a_r
             "torch.distributed.run",
             "--nproc_per_node=2",
             "--master_port=29731",
-            str(REPO / "tests" / "ddp_buffers_worker.py"),
+            str(REPO / "tests" / "support" / "ddp_buffers_worker.py"),
         ],
         cwd=REPO,
         capture_output=True,

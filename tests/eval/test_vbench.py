@@ -16,7 +16,7 @@ from flowrl.errors import UserError
 from flowrl.eval import vbench
 from flowrl.sample_io import VideoSamples, _read_mp4, write_samples
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # subject consistency, background consistency and motion smoothness missing: each a raw 0 (VBench's

@@ -243,7 +243,7 @@ def test_only_flowrls_own_rewards_have_their_paths_checked_early(monkeypatch):
     the plug-in says (a hub id, an output file), so they are left to it."""
     from flowrl.preflight import check_reward_terms
 
-    monkeypatch.syspath_prepend(str(REPO / "tests" / "plugins"))
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "support" / "plugins"))
     plugin = load_config(
         REPO / "configs/shapes_grpo.yaml",
         ["reward=[{name: 'toy_plugin:Redness', params: {path: some-org/some-model}}]"],

@@ -101,10 +101,10 @@ def assert_checkpoint_loads_in_diffusers(pipeline_dir, checkpoint, velocity):
 
 @pytest.fixture(scope="module")
 def clip_folder(tmp_path_factory):
-    from test_real_rewards import _save_clip
+    from tiny_reward_models import save_tiny_clip
 
     folder = tmp_path_factory.mktemp("pickscore")
-    _save_clip(folder)
+    save_tiny_clip(folder)
     return folder
 
 

@@ -7,7 +7,7 @@ import datetime
 
 import torch
 import torch.distributed as dist
-from run_helpers import exit_without_teardown  # this script's folder, tests/, is first on sys.path
+from run_helpers import exit_without_teardown  # this script's folder, tests/support/, is first on sys.path
 
 from flowrl.builders import without_buffer_broadcast
 
