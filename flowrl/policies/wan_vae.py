@@ -45,7 +45,8 @@ def _frame_conv(conv, x: torch.Tensor, cache_x=None) -> torch.Tensor:
 @contextlib.contextmanager
 def frame_convolutions(vae):
     """While the VAE is frame-independent (`frames_independent`), run its causal 3-D convolutions as per-frame 2-D
-    ones: the same function (tests/worlds/moving_shapes/test_shapes_wan_recipe.py), faster (benchmarks/wan_frame_convs.py).
+    ones: the same function (tests/worlds/moving_shapes/test_shapes_wan_recipe.py), faster
+    (benchmarks/wan_frame_convs.py).
     Past taps get zero gradients through it, so AdamW without weight decay keeps them zero.
     Outside the context, and for a VAE whose frames interact, nothing changes."""
     if not frames_independent(vae):

@@ -105,7 +105,9 @@ def test_a_process_whose_every_group_failed_skips_the_update_with_the_others(tin
         ema_decay=0.0,
     )
     reward = f"reward=[{{name: test_faults:NaNForSomeSeeds, params: {{modulus: {modulus}}}}}]"
-    env = gloo_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "support"), os.environ.get("PYTHONPATH", "")]))
+    env = gloo_env(
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "support"), os.environ.get("PYTHONPATH", "")])
+    )
     result = subprocess.run(
         [
             sys.executable,
@@ -161,7 +163,9 @@ def test_a_process_whose_reward_is_down_logs_the_same_metrics_as_the_others(tiny
         checkpoint_every=0,
         ema_decay=0.0,
     )
-    env = gloo_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "support"), os.environ.get("PYTHONPATH", "")]))
+    env = gloo_env(
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "support"), os.environ.get("PYTHONPATH", "")])
+    )
     result = subprocess.run(
         [
             sys.executable,
