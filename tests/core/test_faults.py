@@ -14,52 +14,9 @@ from flowrl.rewards import Reward, RewardOutput
 from flowrl.train import Trainer
 
 
-class NaNForSomeSeeds(Reward):
-    """Brightness, but NaN for every sample whose seed is divisible by `modulus`."""
-
-    name = "nan_for_some"
-
-    def __init__(self, modulus: int = 5):
-        super().__init__()
-        self.modulus = modulus
-
-    def __call__(self, samples, prompts, meta=None):
-        scores = samples.flatten(1).mean(1)
-        bad = torch.tensor([s % self.modulus == 0 for s in meta["seeds"]], device=scores.device)
-        return RewardOutput(torch.where(bad, torch.full_like(scores, float("nan")), scores))
-
-
-class RaisesOnSomeSeeds(Reward):
-    """Brightness, but a call that includes a sample whose seed is divisible by 7 raises."""
-
-    name = "raises_on_some"
-
-    def __call__(self, samples, prompts, meta=None):
-        if any(s % 7 == 0 for s in meta["seeds"]):
-            raise RuntimeError("cannot score this one")
-        return RewardOutput(samples.flatten(1).mean(1))
-
-
-class UnavailableOnProcessOne(Reward):
-    """Brightness with a scorer's own info key (as PickScore's `cosine`), unavailable on process 1 (RANK 1): there
-    every sample fails, and the process's scores hold none of the scorer's keys."""
-
-    name = "unavailable_on_one"
-
-    def __call__(self, samples, prompts, meta=None):
-        import os
-
-        from flowrl.rewards.base import RewardUnavailable
-
-        if os.environ.get("RANK") == "1":
-            raise RewardUnavailable("the judge is down for this process")
-        scores = samples.flatten(1).mean(1)
-        return RewardOutput(scores, {"darkness": 1 - scores})
-
-
 def _trainer(tiny_sd3_dir, tmp_path, reward, *overrides, updates=2):
     path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "faults", updates=updates)
-    return Trainer(load_config(path, [f"reward=[{{name: test_faults:{reward}}}]", *overrides]), log=False)
+    return Trainer(load_config(path, [f"reward=[{{name: toy_rewards:{reward}}}]", *overrides]), log=False)
 
 
 def test_failed_samples_skip_their_groups_and_the_run_goes_on(tiny_sd3_dir, tmp_path):
@@ -104,7 +61,7 @@ def test_a_process_whose_every_group_failed_skips_the_update_with_the_others(tin
         checkpoint_every=0,
         ema_decay=0.0,
     )
-    reward = f"reward=[{{name: test_faults:NaNForSomeSeeds, params: {{modulus: {modulus}}}}}]"
+    reward = f"reward=[{{name: toy_rewards:NaNForSomeSeeds, params: {{modulus: {modulus}}}}}]"
     env = gloo_env(
         PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "support"), os.environ.get("PYTHONPATH", "")])
     )
@@ -177,7 +134,7 @@ def test_a_process_whose_reward_is_down_logs_the_same_metrics_as_the_others(tiny
             "flowrl",
             "train",
             str(path),
-            "reward=[{name: test_faults:UnavailableOnProcessOne}]",
+            "reward=[{name: toy_rewards:UnavailableOnProcessOne}]",
             "train.max_failed_reward_share=0.9",
             "runtime.collective_timeout_minutes=4",
         ],
@@ -227,7 +184,7 @@ def test_under_fsdp2_failed_groups_that_leave_unequal_shares_skip_the_update(tin
             "algorithm={name: nft, params: {}}",
             "sampler.kind=ode",
             "train.max_failed_reward_share=0.9",
-            f"reward=[{{name: test_faults:NaNForSomeSeeds, params: {{modulus: {modulus}}}}}]",
+            f"reward=[{{name: toy_rewards:NaNForSomeSeeds, params: {{modulus: {modulus}}}}}]",
         ],
         fsdp2=True,
     )
@@ -248,7 +205,7 @@ def test_a_raising_reward_is_scored_sample_by_sample_and_too_many_failures_stop_
     strict = _trainer(tiny_sd3_dir, tmp_path / "strict", "NaNForSomeSeeds", "train.max_failed_reward_share=0.0")
     with pytest.raises(
         UserError,
-        match="reward test_faults:NaNForSomeSeeds: .* no finite reward.*stopped with a checkpoint at update 0",
+        match="reward toy_rewards:NaNForSomeSeeds: .* no finite reward.*stopped with a checkpoint at update 0",
     ):
         strict.run()
     assert (strict.checkpoint_dir / "update_000000" / "state.json").is_file()
@@ -376,7 +333,7 @@ def test_a_reward_failing_in_an_evaluation_stops_the_run_with_one_clear_error(ti
     config = load_config(
         path,
         [
-            "reward=[{name: test_faults:RaisesOnSomeSeeds}]",
+            "reward=[{name: toy_rewards:RaisesOnSomeSeeds}]",
             "task.name=prompt_file",
             f"prompts.source={prompts}",
             "eval.enabled=true",
@@ -501,19 +458,6 @@ def test_a_recipe_reusing_shapes_sd3s_vae_names_a_missing_one(recipe, tmp_path, 
     assert f"--card-only: {tmp_path / 'missing'} holds no trained {recipe} output" in err and "Traceback" not in err
 
 
-class NaNMidway(Reward):
-    """Brightness, but NaN for the first sample of a call on intermediate x0 predictions (calls without seeds)."""
-
-    name = "nan_midway"
-
-    def __call__(self, samples, prompts, meta=None):
-        scores = samples.flatten(1).mean(1)
-        if "seeds" not in (meta or {}):
-            scores = scores.clone()
-            scores[0] = float("nan")
-        return RewardOutput(scores)
-
-
 def test_a_failed_intermediate_reward_skips_its_group_under_incremental_credit(tiny_sd3_dir, tmp_path):
     """One NaN step reward once made the global std of its step NaN: every sample's advantage at that step NaN."""
     trainer = _trainer(
@@ -530,18 +474,6 @@ def test_a_failed_intermediate_reward_skips_its_group_under_incremental_credit(t
     items, _ = trainer.algorithm.prepare(batch, trainer.policy)
     losses, _ = trainer.algorithm.loss(trainer.policy, batch, items)
     assert len(losses) and torch.isfinite(losses).all()
-
-
-class RaisesMidway(Reward):
-    """Brightness on final samples; raises on intermediate x0 predictions (calls without seeds), as a served judge
-    that went down mid-rollout would."""
-
-    name = "raises_midway"
-
-    def __call__(self, samples, prompts, meta=None):
-        if "seeds" not in (meta or {}):
-            raise RuntimeError("the judge is down")
-        return RewardOutput(samples.flatten(1).mean(1))
 
 
 def test_an_intermediate_reward_that_raises_fails_its_samples_instead_of_the_rollout(tiny_sd3_dir, tmp_path):

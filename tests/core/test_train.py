@@ -73,7 +73,7 @@ def test_fsdp2_trains_checkpoints_and_resumes_as_one_process(tiny_sd3_dir, tmp_p
     config = tiny_run_config(
         tmp_path / "f.yaml", tiny_sd3_dir, tmp_path / "runs", "fsdp", updates=4, keep_checkpoints=4
     )
-    smooth = "reward=[{name: test_faults:NaNForSomeSeeds, params: {modulus: 1000000007}}]"  # no seed is a multiple
+    smooth = "reward=[{name: toy_rewards:NaNForSomeSeeds, params: {modulus: 1000000007}}]"  # no seed is a multiple
     single = train_and_collect(config, ["run.name=single", smooth])
     train_on_two_processes(config, tmp_path / "half.safetensors", 29536, ["train.updates=2", smooth], fsdp2=True)
     for name in ["trainable", "ema"]:  # whole tensors, as one process writes them

@@ -167,7 +167,7 @@ def test_a_served_reward_that_raises_costs_only_its_samples(monkeypatch):
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests" / "support"), os.environ.get("PYTHONPATH", "")])
     )
-    process, url, _ = start_reward_server("test_faults:RaisesOnSomeSeeds", {})
+    process, url, _ = start_reward_server("toy_rewards:RaisesOnSomeSeeds", {})
     try:
         samples = torch.rand(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
         out, error = score_robustly(RemoteReward(url, retries=0), samples, ["a"] * 4, {"seeds": [7, 1, 2, 3]})
