@@ -12,6 +12,7 @@ share a batch does, and with it the last bits of float rounding (and an FK steer
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from flowrl.atomic import write_whole
@@ -35,7 +36,10 @@ def draw_samples(
     main = state.is_main_process
     if main:  # a new (or empty) folder starts; one with sampling.json resumes
         check_sample_folder(folder)
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # what the check cannot foresee: a read-only or special file system, a race
+            raise UserError(f"--out {folder} cannot be created: {error.strerror} ({error.filename})") from None
         resume_or_start(
             folder / SETTINGS_FILE,
             settings,
@@ -96,6 +100,12 @@ def check_sample_folder(folder: Path) -> None:
     in it), so that starting over never deletes or overwrites files it did not write."""
     if folder.exists() and not folder.is_dir():
         raise UserError(f"--out {folder} is a file; pick a folder")
+    if not folder.exists():  # said now, not as a traceback once the pipeline has loaded
+        existing = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+        if not existing.is_dir():
+            raise UserError(f"--out {folder} cannot be created: {existing} is a file; pick a folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UserError(f"--out {folder} cannot be created: {existing} is not writable; pick a folder")
     if folder.is_dir() and any(folder.iterdir()) and not (folder / SETTINGS_FILE).is_file():
         raise UserError(
             f"--out {folder} is not empty and holds no {SETTINGS_FILE} (not a flowrl sample folder, or "

@@ -183,6 +183,18 @@ FILE_CASES = {
         ],
         "has no model_index.json",
     ),
+    "sample: --out under a file": (
+        lambda t: [
+            "sample",
+            "--pipeline",
+            "p",
+            "--prompts",
+            _write(t, "p.txt", "a cat\n"),
+            "--out",
+            str(Path(_write(t, "taken", "a file\n")) / "o"),
+        ],
+        "cannot be created",
+    ),
     "sample: pipeline newer than diffusers": (
         lambda t: [
             "sample",
@@ -255,3 +267,20 @@ def test_a_policy_without_default_lora_targets_asks_for_them(tiny_sd3_dir, tmp_p
     with pytest.raises(ConfigError, match="lora.target_modules: SD3Policy names no default LoRA targets"):
         build_policy(config)
     assert build_policy(load_config(tmp_path / "c.yaml", ["lora.target_modules=[attn.to_q]"])).has_lora
+
+
+def test_a_sample_folder_the_file_system_refuses_is_one_error(tmp_path, monkeypatch):
+    """What the early check cannot foresee (a read-only file system; root passes every access check) is still one
+    error naming --out, not a traceback after the pipeline has loaded."""
+    from types import SimpleNamespace
+
+    from flowrl.errors import UserError
+    from flowrl.resumable_sampling import draw_samples
+    from flowrl.tasks.base import Condition
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    with pytest.raises(UserError, match=r"--out .*o cannot be created: Read-only file system"):
+        draw_samples(None, [Condition("a cat")], 1, 0, tmp_path / "o", {}, SimpleNamespace(is_main_process=True))
