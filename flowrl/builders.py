@@ -12,6 +12,7 @@ from flowrl.errors import ConfigError
 from flowrl.loop_config import OptimSection
 from flowrl.policies import WEIGHT_DTYPES, load_pipeline, policy_for
 from flowrl.policies.base import SampleSpec
+from flowrl.policies.lora import widest_lora_rank
 from flowrl.preflight import check_reward_modalities
 from flowrl.rewards import WeightedSum, build_reward
 from flowrl.rewards.base import REWARDS
@@ -46,6 +47,12 @@ def build_policy(config: RunConfig):
             raise ConfigError(
                 f"lora.target_modules: {type(policy).__name__} names no default LoRA targets; list the "
                 "denoiser's module names to adapt (e.g. [attn.to_q, attn.to_k, attn.to_v])"
+            )
+        widest = widest_lora_rank(policy, targets)  # 0: no linear or convolution layer named; peft says what fits
+        if widest and config.lora.rank > widest:
+            raise ConfigError(
+                f"lora.rank: expected at most {widest} (the widest adapted layer's smaller side; a larger rank is a "
+                f"full-rank adapter everywhere), got {config.lora.rank}"
             )
         policy.add_lora(config.lora.rank, config.lora.alpha, targets)
         policy.lora_active_from_sigma = config.lora.active_from_sigma

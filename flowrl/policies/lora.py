@@ -37,6 +37,23 @@ def add_lora(policy, rank: int, alpha: float, target_modules: list[str], init: s
         param.data = param.data.float()  # a checkpoint's weights load exactly into a half-precision base
 
 
+def widest_lora_rank(policy, target_modules: list[str]) -> int:
+    """The largest rank a LoRA on `target_modules` can use: the largest min(in, out) among the trained networks'
+    linear and convolution layers those names select (peft's rule for a list of names: a module's full name or its
+    dotted suffix); 0 when they select no such layer (peft says what fits). A rank above it is a full-rank adapter on
+    every layer, in memory that a large model cannot hold."""
+    widest = 0
+    for module in policy.trained_modules().values():
+        for name, layer in module.named_modules():
+            if not any(name == target or name.endswith("." + target) for target in target_modules):
+                continue
+            if isinstance(layer, torch.nn.Linear):
+                widest = max(widest, min(layer.in_features, layer.out_features))
+            elif isinstance(layer, torch.nn.modules.conv._ConvNd):
+                widest = max(widest, min(layer.in_channels, layer.out_channels))
+    return widest
+
+
 def has_lora(module: torch.nn.Module) -> bool:
     """Whether peft has added an adapter to `module`."""
     return bool(getattr(module, "_hf_peft_config_loaded", False))

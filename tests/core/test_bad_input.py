@@ -25,6 +25,7 @@ CONFIG_CASES = [  # (overrides, expected text)
     (["train.lrr=1"], "train.lrr: unknown field; known fields:"),
     (["trian.lr=1"], "trian: unknown field"),
     (["sampler.kind=langevin"], "sampler.kind: expected one of"),
+    (["lora.rank=100000"], "lora.rank: expected at most"),  # larger than any adapted layer: refused before peft
     (["sampler.noise_level=-1"], "sampler.noise_level: expected a number >= 0"),
     (["sampler.sde_window_size=9"], "sampler.sde_window_size: a window of 9 steps"),
     (["memory.mixed_precision=fp8"], "memory.mixed_precision: expected one of ['no', 'fp16', 'bf16']"),
