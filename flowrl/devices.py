@@ -59,3 +59,13 @@ def job_processes():
     from accelerate import PartialState
 
     return PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(minutes=JOB_TIMEOUT_MINUTES))
+
+
+def end_processes() -> None:
+    """Destroy the process group a command run under torchrun / accelerate launch made, as accelerate's
+    `end_training` does: left to interpreter exit, gloo's and NCCL's threads can be torn down out of order, and a rank
+    that finished its work then aborts ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -21,6 +21,12 @@ def add_parser(sub) -> None:
         help="where the reward's models run (default: the GPU of LOCAL_RANK when there is one, else cpu)",
     )
     serve.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=None,
+        help="refuse request bodies larger than this (default: 256; a batch of 64 512x512 images is 200 MB in fp32)",
+    )
+    serve.add_argument(
         "--token",
         default=os.environ.get("FLOWRL_REWARD_TOKEN"),
         help="require `Authorization: Bearer TOKEN` on every request (default: $FLOWRL_REWARD_TOKEN, "
@@ -38,4 +44,9 @@ def cmd_serve_reward(args) -> None:
     from flowrl.rewards.remote import serve_reward
 
     check_port(args.port)
-    serve_reward(args.name, json_object(args.params, "--params"), args.host, args.port, args.token, args.device)
+    if args.max_body_mb is not None and not args.max_body_mb > 0:
+        raise UserError(f"--max-body-mb: expected a positive number of MB, got {args.max_body_mb}")
+    limit = {} if args.max_body_mb is None else {"max_body_mb": args.max_body_mb}
+    serve_reward(
+        args.name, json_object(args.params, "--params"), args.host, args.port, args.token, args.device, **limit
+    )

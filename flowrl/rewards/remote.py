@@ -113,29 +113,35 @@ def _metadata(body: bytes) -> str:
 REWARD_RAISED = 422  # the served reward raised on the request's samples (not an outage: no retry)
 
 
-def serve_reward(
-    name: str,
-    params: dict,
-    host: str = "127.0.0.1",
-    port: int = 8765,
-    token: str | None = None,
-    device: str | None = None,
-):
-    """Serve reward `name` (built with `params`) until interrupted, its models on `device` (None: the GPU of this
-    process's LOCAL_RANK, as a run's `process: true` child inherits it, when there is one; else the CPU)."""
-    import uvicorn
+MAX_BODY_MB = 256.0  # the largest request body a reward server reads by default
+
+
+def reward_app(reward, name: str, device, token: str | None = None, max_body_mb: float = MAX_BODY_MB):
+    """The FastAPI app that serves `reward` (already built and on `device`): GET /health, POST /score. A body that is
+    not a request of flowrl's client is answered 400 naming the problem, one over `max_body_mb` 413 (read no further),
+    a reward that raises on the samples 422."""
     from fastapi import FastAPI, HTTPException, Request, Response
 
-    from flowrl.devices import chosen_device
-
-    device = chosen_device(device)
-    reward = build_reward(name, where="serve-reward", **params).to(device)
-    print(f"serving reward {name} at http://{host}:{port} (POST /score, GET /health)", flush=True)  # once it is built
     app = FastAPI(title=f"flowrl reward {name}")
+    limit = int(max_body_mb * 2**20)
 
     def check(request: Request) -> None:
         if token is not None and request.headers.get("authorization") != f"Bearer {token}":
             raise HTTPException(status_code=401, detail="missing or wrong token")
+
+    async def bounded_body(request: Request) -> bytes:
+        too_large = HTTPException(
+            status_code=413, detail=f"request body over {max_body_mb:g} MB (serve-reward --max-body-mb)"
+        )
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_large
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+        return bytes(body)
 
     @app.get("/health")
     def health(request: Request) -> dict:
@@ -145,7 +151,19 @@ def serve_reward(
     @app.post("/score")
     async def score(request: Request) -> Response:
         check(request)
-        samples, prompts, meta = decode_request(await request.body())
+        body = await bounded_body(request)
+        if not body:
+            raise HTTPException(
+                status_code=400, detail="empty body; expected the safetensors request of flowrl's client"
+            )
+        try:
+            samples, prompts, meta = decode_request(body)
+        except Exception as error:  # any body the decoder cannot read is the client's error, said as such
+            raise HTTPException(
+                status_code=400,
+                detail=f"malformed request ({type(error).__name__}: {str(error)[:200]}); expected the safetensors "
+                "request of flowrl's client (a `samples` tensor and `prompts` / `meta` in its metadata)",
+            ) from None
         try:
             with torch.no_grad():  # the samples on the reward's device, as a run hands them to its rewards
                 out = reward(samples.to(device), prompts, meta)
@@ -158,7 +176,29 @@ def serve_reward(
         }
         return Response(content=save(tensors), media_type="application/octet-stream")
 
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    return app
+
+
+def serve_reward(
+    name: str,
+    params: dict,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    token: str | None = None,
+    device: str | None = None,
+    max_body_mb: float = MAX_BODY_MB,
+):
+    """Serve reward `name` (built with `params`) until interrupted, its models on `device` (None: the GPU of this
+    process's LOCAL_RANK, as a run's `process: true` child inherits it, when there is one; else the CPU); request
+    bodies over `max_body_mb` are refused."""
+    import uvicorn
+
+    from flowrl.devices import chosen_device
+
+    device = chosen_device(device)
+    reward = build_reward(name, where="serve-reward", **params).to(device)
+    print(f"serving reward {name} at http://{host}:{port} (POST /score, GET /health)", flush=True)  # once it is built
+    uvicorn.run(reward_app(reward, name, device, token, max_body_mb), host=host, port=port, log_level="warning")
 
 
 def post_with_retries(

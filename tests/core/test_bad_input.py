@@ -196,6 +196,10 @@ FILE_CASES = {
         ],
         "cannot be created",
     ),
+    "serve-reward: no body limit": (
+        lambda t: ["serve-reward", "jpeg_compressibility", "--max-body-mb", "0"],
+        "--max-body-mb: expected a positive number of MB",
+    ),
     "sample: pipeline newer than diffusers": (
         lambda t: [
             "sample",

@@ -205,3 +205,27 @@ def test_a_server_dying_mid_answer_is_retried_as_an_outage(monkeypatch):
     monkeypatch.setattr(urllib.request, "urlopen", lambda request, timeout: Answer())
     assert post_with_retries("http://x", "/score", b"", "application/octet-stream", None, 1.0, 2, 0.0) == b"whole"
     assert len(calls) == 2
+
+
+def test_the_server_answers_malformed_requests_with_400_and_refuses_large_bodies():
+    """An empty body, plain text and JSON are the client's errors (400 naming what was expected, no traceback in the
+    server's log); a body over the limit is refused with 413 before it is read whole; a real request still scores."""
+    from fastapi.testclient import TestClient
+
+    from flowrl.rewards import build_reward
+    from flowrl.rewards.remote import encode_request, reward_app
+
+    app = reward_app(build_reward("jpeg_compressibility"), "jpeg_compressibility", torch.device("cpu"), max_body_mb=1)
+    client = TestClient(app, raise_server_exceptions=False)
+    for body, content_type in [
+        (b"", "application/octet-stream"),
+        (b"hello", "text/plain"),
+        (b'{"samples": [1, 2]}', "application/json"),
+    ]:
+        answer = client.post("/score", content=body, headers={"Content-Type": content_type})
+        assert answer.status_code == 400, (body, answer.status_code, answer.text)
+        assert "expected the safetensors request of flowrl's client" in answer.json()["detail"]
+    assert client.post("/score", content=b"x" * (2 * 2**20)).status_code == 413
+    samples = torch.rand(2, 3, 16, 16)
+    good = client.post("/score", content=encode_request(samples, ["a", "b"], {}))
+    assert good.status_code == 200
