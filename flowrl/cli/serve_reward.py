@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
         "--max-body-mb",
         type=float,
         default=None,
-        help="refuse request bodies larger than this (default: 256; a batch of 64 512x512 images is 200 MB in fp32)",
+        help="refuse request bodies larger than this (default: 256; 64 images of 512x512 are 192 MB in fp32)",
     )
     serve.add_argument(
         "--token",
