@@ -27,6 +27,39 @@ def test_group_advantages_by_hand():
     assert zero_std_groups(rewards, groups).tolist() == [False, False, True, True]
 
 
+def test_group_advantages_with_unequal_group_spreads_and_a_clamp_that_bites():
+    """Population std per group (not the unbiased one, not the variance), eps added to it, then the clamp."""
+    import math
+
+    rewards = torch.tensor([0.0, 2.0, 4.0, 10.0, 10.0, 40.0])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    first, second = math.sqrt(8 / 3), math.sqrt(200.0)  # population stds: (4 + 0 + 4) / 3 and (100 + 100 + 400) / 3
+    by_group = torch.tensor([-2 / (first + 1e-4), 0.0, 2 / (first + 1e-4), -10 / (second + 1e-4)])
+    by_group = torch.cat([by_group, torch.tensor([-10 / (second + 1e-4), 20 / (second + 1e-4)])])
+    torch.testing.assert_close(group_advantages(rewards, groups, "group", clip=None), by_group)
+    clamped = group_advantages(rewards, groups, "group", clip=1.0)  # 1.22 and 1.41 are cut to 1
+    torch.testing.assert_close(clamped, by_group.clamp(-1.0, 1.0))
+    assert clamped[2] == 1.0 and clamped[5] == 1.0 and clamped[3] > -1.0
+    spread = math.sqrt(1094 / 6)  # every reward about the batch mean 11: 121 + 81 + 49 + 1 + 1 + 841
+    centred = torch.tensor([-2.0, 0.0, 2.0, -10.0, -10.0, 20.0])
+    torch.testing.assert_close(group_advantages(rewards, groups, "global", clip=None), centred / (spread + 1e-4))
+
+
+def test_the_clipped_surrogate_has_no_gradient_where_it_clips():
+    """clip_range 0.2: with A > 0 a ratio above 1.2 is clipped (no gradient) and one below 0.8 is not; with A < 0 the
+    reverse; inside the range the gradient is -A."""
+    from flowrl.algorithms.grpo import clipped_surrogate
+
+    ratio = torch.tensor([0.5, 0.9, 1.1, 1.5], requires_grad=True)
+    clipped_surrogate(ratio, torch.tensor(1.0), 0.2).sum().backward()
+    assert ratio.grad.tolist() == [-1.0, -1.0, -1.0, 0.0]
+    ratio.grad = None
+    clipped_surrogate(ratio, torch.tensor(-1.0), 0.2).sum().backward()
+    assert ratio.grad.tolist() == [0.0, 1.0, 1.0, 1.0]
+    values = clipped_surrogate(ratio.detach(), torch.tensor(1.0), 0.2)
+    torch.testing.assert_close(values, torch.tensor([-0.5, -0.9, -1.1, -1.2]))
+
+
 def test_trained_steps_are_a_seeded_subset():
     mask = torch.tensor([True] * 8 + [False, False])
     chosen = trained_steps(mask, 0.5, seed=3)
