@@ -115,6 +115,36 @@ def test_ddim_log_prob_matches_torch_normal():
     torch.testing.assert_close(det, math.sqrt(0.7) * x0 + math.sqrt(0.3) * eps)
 
 
+def test_ddim_at_eta_one_half_is_diffusers_ddim_step():
+    """eta = 0.5, where eta and eta^2 part (at eta = 1 they agree): the stochastic DDIM step equals DDIMScheduler.step
+    with the same noise, its std and its mean."""
+    from diffusers import DDIMScheduler
+
+    scheduler = DDIMScheduler(num_train_timesteps=1000, clip_sample=False)
+    scheduler.set_timesteps(10)
+    t = int(scheduler.timesteps[3])
+    a_t, a_prev = scheduler.alphas_cumprod[t], scheduler.alphas_cumprod[t - 100]
+    g = torch.Generator().manual_seed(5)
+    x, eps, noise = (torch.randn(2, 4, 6, 6, generator=g) for _ in range(3))
+    prev, mean, std, _ = ddim_step(eps, x, float(a_t), float(a_prev), eta=0.5, noise=noise)
+    theirs = scheduler.step(eps, t, x, eta=0.5, variance_noise=noise).prev_sample
+    torch.testing.assert_close(prev, theirs, atol=1e-5, rtol=1e-5)
+    variance = (1 - a_prev) / (1 - a_t) * (1 - a_t / a_prev)
+    assert float(std.flatten()[0]) == pytest.approx(0.5 * math.sqrt(float(variance)), rel=1e-5)
+
+
+def test_cps_step_std_and_mean_by_hand():
+    """CPS at noise level 0.7 from sigma 0.6 to 0.4: std = 0.4 sin(0.35 pi), mean = 0.6 x0_hat + sqrt(0.4^2 - std^2)
+    eps_hat, with x0_hat = x - 0.6 v and eps_hat = x + 0.4 v."""
+    g = torch.Generator().manual_seed(6)
+    x, v = torch.randn(2, 3, 4, 4, generator=g), torch.randn(2, 3, 4, 4, generator=g)
+    _, mean, std, _ = sde_step("cps", v, x, 0.6, 0.4, 0.7, noise=torch.zeros_like(x))
+    expected_std = 0.4 * math.sin(0.7 * math.pi / 2)
+    assert float(std.flatten()[0]) == pytest.approx(expected_std, rel=1e-6)
+    expected_mean = 0.6 * (x - 0.6 * v) + math.sqrt(0.4**2 - expected_std**2) * (x + 0.4 * v)
+    torch.testing.assert_close(mean, expected_mean)
+
+
 def test_gaussian_log_prob_rejects_unknown_reduction():
     with pytest.raises(ValueError):
         gaussian_log_prob(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 1), reduce="sum")
