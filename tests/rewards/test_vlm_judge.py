@@ -148,3 +148,13 @@ def test_answer_words_as_yaml_reads_them_are_named(tmp_path):
     letters.write_text(json.dumps({"prompt": "a red circle", "questions": "Is it red?"}) + "\n")
     with pytest.raises(UserError, match="line 1: expected"):
         VLMQuestionScorer.read_questions(str(letters))
+
+
+def test_the_yes_share_normalises_over_both_words_when_both_are_likely():
+    """P(yes) / (P(yes) + P(no)) where both hold mass (0.45 and 0.35: 0.5625, not 0.45); no mass on either is NaN,
+    a failed sample rather than a score."""
+    from flowrl.rewards.vlm import yes_share
+
+    shares = yes_share(torch.tensor([0.45, 0.2, 0.0]), torch.tensor([0.35, 0.6, 0.0]))
+    torch.testing.assert_close(shares[:2], torch.tensor([0.5625, 0.25]))
+    assert torch.isnan(shares[2])
