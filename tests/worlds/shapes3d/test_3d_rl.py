@@ -322,3 +322,26 @@ def test_the_pipeline_guides_only_above_scale_one_as_the_policy_does(tiny_shapes
     with torch.no_grad():
         torch.testing.assert_close(pipe.velocity(x, t, image, 0.5), pipe.velocity(x, t, image, 1.0))
         assert not torch.allclose(pipe.velocity(x, t, image, 2.0), pipe.velocity(x, t, image, 1.0))
+
+
+def test_dpo_loss_after_some_steps_by_hand():
+    """Away from the reference (after a few steps): winner error 1 against 2 at the reference, loser error 4 against
+    2, so the margin (err_w - ref_w) - (err_l - ref_l) is -3 and the loss -log sigmoid(-beta / 2 x -3), at beta 0.1
+    log(1 + exp(-0.15)); the winner's velocity is pushed toward its target, the loser's away from its own."""
+    import math
+    from types import SimpleNamespace
+
+    from flowrl.algorithms import WorkItems, build_algorithm
+    from flowrl.config import SamplerSection
+
+    dpo = build_algorithm("dpo", {"beta": 0.1}, SamplerSection(kind="ode"))
+    v_w = torch.ones(1, 4, requires_grad=True)
+    v_l = torch.full((1, 4), 2.0, requires_grad=True)
+    dpo.velocities = lambda policy, traj, keys, winners: (v_w, v_l)
+    dpo.u_w, dpo.u_l = torch.zeros(1, 4), torch.zeros(1, 4)
+    dpo.ref_w, dpo.ref_l = torch.tensor([2.0]), torch.tensor([2.0])
+    losses, info = dpo.loss(None, SimpleNamespace(trajectory=None), WorkItems.build([0], [0]))
+    assert float(losses[0]) == pytest.approx(math.log(1 + math.exp(-0.15)), rel=1e-6)
+    assert float(info["dpo_margin"][0]) == pytest.approx(-3.0) and float(info["implicit_accuracy"][0]) == 1.0
+    losses.sum().backward()
+    assert (v_w.grad > 0).all() and (v_l.grad < 0).all()  # descent lowers the winner's error, raises the loser's
