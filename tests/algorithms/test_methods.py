@@ -189,6 +189,19 @@ def test_nft_loss_matches_a_hand_computation():
     )
 
 
+def test_nft_loss_by_hand_where_the_positive_and_negative_losses_differ():
+    """L+ != L- (the test above has them equal, which hides r and 1 - r swapped, or a wrong v-)."""
+    x0, x_t = torch.tensor([[1.0, -1.0]]), torch.tensor([[0.5, 0.5]])
+    t, r, beta = torch.tensor([0.5]), torch.tensor([0.75]), 0.5
+    v, v_old = torch.tensor([[0.0, 2.0]]), torch.tensor([[0.0, 1.0]])
+    # v+ = 0.5 v + 0.5 v_old = [0, 1.5];  x0+ = x_t - 0.5 v+ = [0.5, -0.25];  error [-0.5, 0.75]
+    loss_pos = ((0.5**2 + 0.75**2) / 2) / ((0.5 + 0.75) / 2)  # 0.65
+    # v- = 1.5 v_old - 0.5 v = [0, 0.5];  x0- = [0.5, 0.25];  error [-0.5, 1.25]
+    loss_neg = ((0.5**2 + 1.25**2) / 2) / ((0.5 + 1.25) / 2)  # 1.0357
+    expected = (0.75 * loss_pos + 0.25 * loss_neg) / 0.5
+    torch.testing.assert_close(nft_loss(v, v_old, x_t, x0, t, r, beta), torch.tensor([expected]))
+
+
 def test_nft_gradient_at_the_old_policy_is_advantage_weighted_flow_matching():
     torch.manual_seed(2)
     x0, x_t, v_old = torch.randn(3, 5), torch.randn(3, 5), torch.randn(3, 5)
