@@ -198,3 +198,10 @@ def test_video_grpo_and_tvrl_train_the_moving_shapes_config_end_to_end(algorithm
 
     with Image.open(gifs[0]) as gif:
         assert gif.size == (2 * 32 + 2, 32) and gif.n_frames > 1
+
+
+def test_smoothing_at_gamma_other_than_one_half_with_a_clamp_that_bites():
+    """gamma 0.8 on credit [0, 1, 3]: (1 - 0.8) + 0.8 w = [0.2, 1.0, 2.6], clamped to [0.5, 2] = [0.5, 1.0, 2.0],
+    renormalised to mean 1 (divided by 3.5 / 3). At gamma 0.5, 1 - gamma and gamma coincide and hide a swap."""
+    weights = smooth_weights(torch.tensor([[0.0, 1.0, 3.0]]), 0.8, 0.5, 2.0)
+    torch.testing.assert_close(weights, torch.tensor([[0.5, 1.0, 2.0]]) * 3 / 3.5)
