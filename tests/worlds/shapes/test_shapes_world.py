@@ -148,3 +148,16 @@ def test_shipped_prompt_files_match_the_split():
     assert (REPO / "assets/shapes/eval_prompts.txt").read_text().splitlines() == eval_prompt_set()
     shipped_train = (REPO / "assets/shapes/train_prompts.txt").read_text().splitlines()
     assert shipped_train == [p for tag in TAGS for p in train_prompt_set()[tag]]
+
+
+def test_dense_credit_by_hand():
+    """The dense score is the share of the prompt's constraints met, counted by hand: colour (shape present, the
+    coloured object present), counting (some present, 1 - |n - k| / k, exactly k) and position (two phrases of two
+    constraints each, then the relation)."""
+    red_circle = render([ShapeObject("circle", "red", 4, 4, 11)])
+    assert dense_score(red_circle, "a blue circle") == pytest.approx(1 / 2)
+    two = render([ShapeObject("circle", "red", 2, 2, 9), ShapeObject("circle", "blue", 18, 18, 9)])
+    assert dense_score(two, "three circles") == pytest.approx((1 + 2 / 3 + 0) / 3)
+    pair = render([ShapeObject("square", "green", 2, 10, 9), ShapeObject("triangle", "blue", 20, 10, 9)])
+    assert dense_score(pair, "a green square right of a blue triangle") == pytest.approx(4 / 5)
+    assert dense_score(pair, "a green square right of a blue triangle", exact_objects=True) == pytest.approx(5 / 6)
