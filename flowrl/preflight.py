@@ -139,6 +139,12 @@ def check_before_loading(config: RunConfig, algorithm, world: int) -> None:
             "batches sampled with older weights would go uncorrected; set runtime.staleness: 0 or "
             "runtime.async_rollouts: false"
         )
+    if runtime.async_rollouts and runtime.staleness and algorithm.targets_from_rollout:
+        raise ConfigError(
+            f"runtime.staleness: algorithm {name!r} regresses onto the velocities of the policy that drew the batch, "
+            "which under staleness is an older snapshot than the learner; set runtime.staleness: 0 or "
+            "runtime.async_rollouts: false"
+        )
     if algorithm.needs_reference and config.lora is None:
         raise ConfigError(
             f"lora: algorithm {name!r} compares against the frozen base (the LoRA-disabled policy); set a lora section"

@@ -243,6 +243,9 @@ class Algorithm:
     # methods whose likelihood ratio takes its old log-densities from the policy in `prepare`, not from the rollout:
     # a batch sampled with older weights (runtime.async_rollouts with staleness > 0) would go uncorrected
     old_policy_from_prepare = False
+    # methods whose regression targets are the velocities of the policy that drew the rollout (read off its stored
+    # steps): under staleness > 0 they would pull the learner back toward that older snapshot
+    targets_from_rollout = False
     reward = None  # set by the loop (`bind_reward`) for methods that call the reward during the update
 
     def check_sampler(self, sampler) -> None:

@@ -160,6 +160,7 @@ class MEND(Algorithm):
     name = "mend"
     Params = MENDParams
     needs_ode_rollout = True
+    targets_from_rollout = True  # v_old is the velocity of the policy that drew the batch (refused under staleness)
     needs_reward_gradient = True
     needs_raw_rewards = True  # caps and gains from the batch's rewards against its proposals' R(x0 + delta)
 

@@ -3,7 +3,7 @@
 No likelihoods and no SDE: samples come from any sampler (here the ODE rollout). Each sample's group advantage
 becomes an optimality weight r = clip(A / adv_clip_max / 2 + 0.5, 0, 1). At a trained timestep t the final sample
 x0 is re-noised with fresh noise, x_t = (1 - t) x0 + t eps, and two implicit policies are built from the current
-velocity v and the rollout policy's v_old:
+velocity v and the old policy's v_old (the learner as the update starts, evaluated in `prepare`):
     v+ = beta v + (1 - beta) v_old          (positive: should reconstruct good samples)
     v- = (1 + beta) v_old - beta v          (negative: should reconstruct bad ones)
 with x0-space losses normalised by their own (stop-gradient) mean absolute error,
@@ -16,8 +16,10 @@ An optional KL term pulls v towards the LoRA-disabled reference. The velocity tr
 `guidance_scale` (None: the sampler's; 1.0: the paper's CFG-free setting).
 
 Deviations from the paper's code (NVlabs/DiffusionNFT):
-- The old policy is the one that made the rollout (the paper's EMA old policy with decay 0): no separate "old"
-  adapter updated by a soft copy after each epoch.
+- The old policy is the learner as the update starts (the paper's EMA old policy with decay 0): no separate "old"
+  adapter updated by a soft copy after each epoch. It is the policy that drew the rollout unless
+  `runtime.async_rollouts` samples with older weights (`runtime.staleness` > 0): then the rollout's policy is an
+  older snapshot, which NFT needs no correction for (no likelihoods), while v_old stays the learner's.
 - Rollouts come from flowrl's Euler ODE sampler (`sampler.kind: ode`), not the reference's deterministic `dpm2`
   solver.
 - Defaults: `kl_beta` 0 (the reference's 1e-4 is available) and `timestep_fraction` 0.5 (the reference trains

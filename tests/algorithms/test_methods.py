@@ -397,3 +397,17 @@ def test_method_and_pipeline_combinations_that_would_train_on_nonsense_are_refus
             ),
             log=False,
         )
+
+
+def test_mend_refuses_stale_asynchronous_rollouts():
+    """MEND regresses onto the velocities of the policy that drew the batch: under staleness those are an older
+    snapshot's, and the anchors would pull the learner back toward it."""
+    from conftest import REPO
+
+    from flowrl.config import load_config
+    from flowrl.errors import ConfigError
+    from flowrl.train import Trainer
+
+    stale = ["runtime.async_rollouts=true", "runtime.staleness=1", "runtime.threads=1"]
+    with pytest.raises(ConfigError, match="runtime.staleness: algorithm 'mend' regresses onto the velocities"):
+        Trainer(load_config(REPO / "configs" / "shapes_mend.yaml", stale))
