@@ -28,6 +28,7 @@ import torch
 
 from flowrl.errors import ConfigError, UserError
 from flowrl.rewards.rubric import AUDITORS, Criterion
+from flowrl.rewards.vlm import generation_prompt
 
 AUDIT_QUESTION = (
     'The first image is a source image. The edit instruction was: "{instruction}". {which} the result of that '
@@ -78,7 +79,7 @@ class LocalVLM:
 
     def inputs(self, images, text):
         chat = [{"role": "user", "content": [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]}]
-        prompt = self.processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        prompt = generation_prompt(self.processor, chat)
         device = next(self.model.parameters()).device
         return self.processor(text=[prompt], images=list(images), return_tensors="pt").to(device)
 

@@ -36,6 +36,18 @@ def png_data_url(image) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
+def generation_prompt(processor, chat: list[dict]) -> str:
+    """`chat` as the model's input text, ready for its answer. The template's own switch turns thinking off
+    (`enable_thinking=False`, as Qwen3's templates read it; a template without it ignores it), and a think block that
+    a template opens regardless is closed empty, so the first token scored or generated is the answer, not the
+    opening of a thought."""
+    text = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, enable_thinking=False)
+    opened = text.rfind("<think>")
+    if opened > text.rfind("</think>") and not text[opened + len("<think>") :].strip():
+        text = text[:opened] + "<think>\n\n</think>\n\n"
+    return text
+
+
 def yes_share(p_yes: torch.Tensor, p_no: torch.Tensor) -> torch.Tensor:
     """P(yes) / (P(yes) + P(no)); NaN where the judge put no mass on either."""
     total = p_yes + p_no
@@ -153,10 +165,7 @@ class VLMJudge(Reward):
         yes, no = [], []
         for start in range(0, len(prompts), self.batch_size):
             part = range(start, min(start + self.batch_size, len(prompts)))
-            texts = [
-                self.processor.apply_chat_template(self.chat(prompts[i]), add_generation_prompt=True, tokenize=False)
-                for i in part
-            ]
+            texts = [generation_prompt(self.processor, self.chat(prompts[i])) for i in part]
             inputs = self.processor(text=texts, images=[images[i] for i in part], return_tensors="pt", padding=True).to(
                 device
             )

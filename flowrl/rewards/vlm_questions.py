@@ -24,6 +24,7 @@ from flowrl.errors import ConfigError, UserError
 from flowrl.images import to_uint8
 from flowrl.rewards.base import register_reward
 from flowrl.rewards.questions import QuestionScorer
+from flowrl.rewards.vlm import generation_prompt
 
 DEFAULT_VIDEO_QUESTION = "Does this video show {prompt}? Answer yes or no."
 
@@ -128,7 +129,7 @@ class VLMQuestionScorer(QuestionScorer):
             chats = [
                 [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": q}]}] for q in questions[part]
             ]
-            texts = [self.processor.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+            texts = [generation_prompt(self.processor, c) for c in chats]
             # the processor counts the video tokens and builds the grid from the uint8 frames; the pixel values
             # the model sees are flowrl's differentiable ones, the same layout
             frames = [torch.from_numpy(v).permute(0, 3, 1, 2) for v in to_uint8(videos.detach().cpu())]

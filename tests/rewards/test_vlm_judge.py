@@ -158,3 +158,31 @@ def test_the_yes_share_normalises_over_both_words_when_both_are_likely():
     shares = yes_share(torch.tensor([0.45, 0.2, 0.0]), torch.tensor([0.35, 0.6, 0.0]))
     torch.testing.assert_close(shares[:2], torch.tensor([0.5625, 0.25]))
     assert torch.isnan(shares[2])
+
+
+SWITCHED = (  # opens a think block unless told enable_thinking=false, as Qwen3's templates do
+    "{% for m in messages %}<|user|>{{ m['content'][0]['text'] }}\n{% endfor %}{% if add_generation_prompt %}"
+    "<|assistant|>{% if enable_thinking is not defined or enable_thinking %}<think>\n{% endif %}{% endif %}"
+)
+ALWAYS = (  # opens one whatever it is told
+    "{% for m in messages %}<|user|>{{ m['content'][0]['text'] }}\n{% endfor %}{% if add_generation_prompt %}"
+    "<|assistant|><think>\n{% endif %}"
+)
+
+
+def test_the_judge_scores_the_answer_not_the_opening_of_a_thought(judge_folder):
+    """The first token the judges read must be the answer: thinking is switched off through the template's own
+    switch, a block opened regardless is closed empty, and a template without thinking is left as it was."""
+    from transformers import AutoProcessor
+
+    from flowrl.rewards.vlm import generation_prompt
+
+    processor = AutoProcessor.from_pretrained(judge_folder)
+    chat = [{"role": "user", "content": [{"type": "text", "text": "is it red?"}]}]
+    plain = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert generation_prompt(processor, chat) == plain
+    processor.chat_template = SWITCHED
+    assert "<think>" in processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert generation_prompt(processor, chat) == "<|user|>is it red?\n<|assistant|>"
+    processor.chat_template = ALWAYS
+    assert generation_prompt(processor, chat) == "<|user|>is it red?\n<|assistant|><think>\n\n</think>\n\n"
