@@ -48,6 +48,10 @@ class TVRLParams(GRPOParams):
     """Per-token ratios and clipping instead of one ratio of the reweighted log-density."""
     credit_batch: int = 8
     """Samples per scorer backward when computing the credit maps (>= 1)."""
+    max_scored_frames: int = 16
+    """Frames of a clip the question scorers see when the credit maps are computed, evenly spaced, first and last
+    included (>= 2); a longer clip's other frames get no credit of their own. Bounds the scorers' memory on long
+    videos."""
 
     def validate(self):
         super().validate()
@@ -58,6 +62,10 @@ class TVRLParams(GRPOParams):
             )
         if self.credit_batch < 1:
             raise ConfigError(f"algorithm.params.credit_batch: expected an integer >= 1, got {self.credit_batch}")
+        if self.max_scored_frames < 2:
+            raise ConfigError(
+                f"algorithm.params.max_scored_frames: expected an integer >= 2, got {self.max_scored_frames}"
+            )
         if self.kl_beta or self.credit != "terminal":
             raise ConfigError(
                 "algorithm.params: tvrl keeps GRPO's terminal credit without a KL term (kl_beta: 0, credit: terminal)"
@@ -110,6 +118,13 @@ def smooth_weights(raw: torch.Tensor, gamma: float, w_min: float, w_max: float) 
     return w / w.mean(1, keepdim=True)
 
 
+def scored_frames(num_frames: int, most: int) -> torch.Tensor | None:
+    """Indices of at most `most` evenly spaced frames of a clip, first and last included (None: all of them)."""
+    if num_frames <= most:
+        return None
+    return torch.linspace(0, num_frames - 1, most).round().long()
+
+
 @register_algorithm
 class TVRL(GRPO):
     name = "tvrl"
@@ -120,17 +135,22 @@ class TVRL(GRPO):
         from flowrl.rewards.questions import QuestionScorer
 
         terms = getattr(reward, "rewards", [reward])
-        scorers = [t for t in terms if isinstance(t, QuestionScorer)]
+        weights = getattr(reward, "weights", [1.0] * len(terms))
+        scorers = [(term, abs(float(w))) for term, w in zip(terms, weights) if isinstance(term, QuestionScorer)]
         if not scorers:
             raise ConfigError(
                 "reward: algorithm 'tvrl' takes its credit maps from a question-answering reward "
                 "(e.g. moving_shapes_qa); none of the configured rewards answers questions"
             )
-        self.scorer = scorers[0]
+        total = sum(w for _, w in scorers)
+        # every question reward credits tokens, weighted as the reward weighs it (equally when all weigh 0)
+        self.scorers = [(s, w / total if total > 0 else 1 / len(scorers)) for s, w in scorers]
         self.reward = reward
 
     def credit_maps(self, policy, batch: RolloutBatch) -> torch.Tensor:
-        """Raw per-token credit [B, K], mean 1 per sample (before smoothing)."""
+        """Raw per-token credit [B, K], mean 1 per sample (before smoothing): per question reward the mean over its
+        valid questions of |d log p(yes) / d pixels| pooled per token (each map mean 1), then the rewards' weighted
+        mean."""
         temporal, spatial, patch = token_geometry(policy)
         final = batch.trajectory.final
         maps = []
@@ -139,16 +159,21 @@ class TVRL(GRPO):
             with torch.no_grad():
                 video = policy.decode(final[rows]).float()
             video.requires_grad_(True)
-            with torch.enable_grad():
-                log_yes, valid = self.scorer.question_log_yes(video, batch.prompts[rows])
-                per_question = []
-                for q in range(log_yes.shape[1]):
-                    (grad,) = torch.autograd.grad(log_yes[:, q].sum(), video, retain_graph=q + 1 < log_yes.shape[1])
-                    m = pixels_to_tokens(grad.abs().mean(1), final.shape[2], temporal, spatial, patch).flatten(1)
-                    per_question.append(m / m.mean(1, keepdim=True).clamp(min=1e-20))
-            stacked = torch.stack(per_question, 1)  # [b, Q, K]
-            mask = valid.float().unsqueeze(-1)
-            maps.append(((stacked * mask).sum(1) / mask.sum(1).clamp(min=1)).detach().cpu())
+            frames = scored_frames(video.shape[2], self.params.max_scored_frames)
+            combined = 0
+            for scorer, weight in self.scorers:
+                with torch.enable_grad():
+                    seen = video if frames is None else video[:, :, frames]
+                    log_yes, valid = scorer.question_log_yes(seen, batch.prompts[rows])
+                    per_question = []
+                    for q in range(log_yes.shape[1]):
+                        (grad,) = torch.autograd.grad(log_yes[:, q].sum(), video, retain_graph=q + 1 < log_yes.shape[1])
+                        m = pixels_to_tokens(grad.abs().mean(1), final.shape[2], temporal, spatial, patch).flatten(1)
+                        per_question.append(m / m.mean(1, keepdim=True).clamp(min=1e-20))
+                stacked = torch.stack(per_question, 1)  # [b, Q, K]
+                mask = valid.float().unsqueeze(-1)
+                combined = combined + weight * ((stacked * mask).sum(1) / mask.sum(1).clamp(min=1)).detach().cpu()
+            maps.append(combined)
         return torch.cat(maps)
 
     def prepare(self, batch: RolloutBatch, policy=None):

@@ -205,3 +205,44 @@ def test_smoothing_at_gamma_other_than_one_half_with_a_clamp_that_bites():
     renormalised to mean 1 (divided by 3.5 / 3). At gamma 0.5, 1 - gamma and gamma coincide and hide a swap."""
     weights = smooth_weights(torch.tensor([[0.0, 1.0, 3.0]]), 0.8, 0.5, 2.0)
     torch.testing.assert_close(weights, torch.tensor([[0.5, 1.0, 2.0]]) * 3 / 3.5)
+
+
+class LeftColumnScorer(RegionScorer):
+    """Reads the left half of frame 2 instead (another question reward); records how many frames it was shown."""
+
+    name = "left"
+    seen_frames: list[int] = []
+
+    def log_yes(self, samples, questions):
+        self.seen_frames.append(samples.shape[2])
+        region = samples[:, :, 2, :, :16].mean(dim=(1, 2, 3))
+        return torch.nn.functional.logsigmoid(8 * (region - 0.5))
+
+
+def test_credit_combines_every_question_reward_by_its_weight(setup):
+    """Two question rewards weighted 1 and 3: the credit is the weighted mean of each one's own maps (the first alone
+    once took all the credit)."""
+    policy, batch = setup
+
+    def credit(rewards, weights):
+        algorithm = build_algorithm("tvrl", {}, SamplerSection())
+        algorithm.bind_reward(WeightedSum(rewards, weights))
+        return algorithm.credit_maps(policy, batch)
+
+    region, left = credit([RegionScorer()], [1.0]), credit([LeftColumnScorer()], [1.0])
+    assert not torch.allclose(region, left)
+    torch.testing.assert_close(credit([RegionScorer(), LeftColumnScorer()], [1.0, 3.0]), (region + 3 * left) / 4)
+
+
+def test_the_scorers_see_at_most_max_scored_frames_evenly_spaced(setup):
+    policy, batch = setup
+    LeftColumnScorer.seen_frames.clear()
+    for most, expected in [(16, 9), (4, 4)]:  # the tiny clips have 9 frames
+        algorithm = build_algorithm("tvrl", {"max_scored_frames": most}, SamplerSection())
+        algorithm.bind_reward(WeightedSum([LeftColumnScorer()], [1.0]))
+        algorithm.credit_maps(policy, batch)
+        assert set(LeftColumnScorer.seen_frames) == {expected}
+        LeftColumnScorer.seen_frames.clear()
+    from flowrl.algorithms.tvrl import scored_frames
+
+    assert scored_frames(9, 16) is None and scored_frames(81, 5).tolist() == [0, 20, 40, 60, 80]
