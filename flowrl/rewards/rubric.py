@@ -5,7 +5,8 @@ changes and unintended ones; a group-level rubric merges and verifies those issu
 An auditor lists, per candidate edit, the checkable issues it finds: the requested change not made is always a
 criterion; unintended changes are "kept: <object>" (a bystander lost, moved or recoloured), "no extra objects" and
 "unchanged: <quadrant>" (pixels outside the edited region changed there). The group rubric merges the issues of
-every candidate of a group (a group = the samples of one condition item in a reward call), keeps only verified ones
+every candidate of a group (a group = the samples of one condition item in a reward call; paraphrases of one issue,
+which a VLM's audits of different candidates give, are merged by `issue_key`), keeps only verified ones
 (criteria the exact target edit satisfies: a judge's spurious claim is dropped), and scores every candidate against
 the same rubric: R_i = sum_k w_k s_ik, s_ik in {0, 1}, the requested change weighted `requested_weight` and the rest
 sharing 1 - requested_weight equally (all of it to the requested change when nothing else is listed). The rubric is
@@ -19,6 +20,7 @@ samples of the group that are in one call: a run refuses training cuts that woul
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -36,6 +38,20 @@ from flowrl.rewards.base import Reward, RewardOutput, condition_items, register_
 class Criterion:
     name: str  # what is checked, e.g. "requested: make the red circle blue", "kept: green square"
     check: Callable[[np.ndarray], bool]  # True when the edited uint8 image satisfies it
+
+
+# words that say an issue's status, not what it is about: "green square kept" and "the green square is still there"
+# name one criterion
+STATUS_WORDS = frozenset(
+    "a an the is are was were be been being still there kept keep keeps remains remain remained present stays stay "
+    "stayed intact preserved unchanged".split()
+)
+
+
+def issue_key(name: str) -> frozenset[str]:
+    """What an issue is about, for merging the paraphrases that candidates' audits give of one issue: its words,
+    lower-cased, without punctuation, order and status words."""
+    return frozenset(re.findall(r"[a-z0-9]+", name.lower())) - STATUS_WORDS
 
 
 # Auditors by name: a factory taking the reward's `judge` dict (None for a rule-based auditor) and returning an object
@@ -84,8 +100,9 @@ class EditRubricReward(Reward):
         """[(criterion, weight)]: the requested change plus the verified, de-duplicated issues."""
         seen, kept = set(), []
         for issue in issues:
-            if issue.name not in seen and self.auditor.verify(issue, item):
-                seen.add(issue.name)
+            key = issue_key(issue.name)
+            if key not in seen and self.auditor.verify(issue, item):
+                seen.add(key)
                 kept.append(issue)
         first = self.requested_weight if kept else 1.0
         return [(self.auditor.requested(item), first)] + [(c, (1 - first) / len(kept)) for c in kept]

@@ -249,3 +249,26 @@ def test_eval_rewards_binds_a_judge_to_the_samples_reference_size(tmp_path):
     reward = build_reward("edit_rubric", mode="group")
     reward.bind_policy(sampled_policy_facts(tmp_path))
     assert reward.sources_at_sample_size is False
+
+
+def test_paraphrases_of_one_issue_make_one_criterion():
+    """Candidates' audits that name one issue in other words ("green square kept", "The green square is still
+    there.") build one criterion beside the requested change, not two; a different issue stays its own."""
+    from types import SimpleNamespace
+
+    from flowrl.rewards.rubric import Criterion, EditRubricReward, issue_key
+
+    class Auditor:
+        def requested(self, item):
+            return Criterion("requested: " + item.prompt, lambda image: True)
+
+        def verify(self, criterion, item):
+            return True
+
+    reward = EditRubricReward(auditor=Auditor())
+    item = SimpleNamespace(prompt="make the circle red")
+    issues = [Criterion(name, lambda image: True) for name in ("green square kept", "The green square is still there.")]
+    assert len(reward.rubric(item, issues)) == 2
+    other = issues + [Criterion("blue triangle kept", lambda image: True)]
+    assert len(reward.rubric(item, other)) == 3
+    assert issue_key("no extra objects") != issue_key("extra objects")
