@@ -133,16 +133,9 @@ def check_before_loading(config: RunConfig, algorithm, world: int) -> None:
         )
     if runtime.async_rollouts and world > 1:
         raise ConfigError("runtime.async_rollouts: runs on one process; set it to false under accelerate / torchrun")
-    if runtime.async_rollouts and runtime.staleness and algorithm.old_policy_from_prepare:
+    if runtime.async_rollouts and runtime.staleness and algorithm.refuses_stale_rollouts:
         raise ConfigError(
-            f"runtime.staleness: algorithm {name!r} takes its ratio's old log-densities from the current policy, so "
-            "batches sampled with older weights would go uncorrected; set runtime.staleness: 0 or "
-            "runtime.async_rollouts: false"
-        )
-    if runtime.async_rollouts and runtime.staleness and algorithm.targets_from_rollout:
-        raise ConfigError(
-            f"runtime.staleness: algorithm {name!r} regresses onto the velocities of the policy that drew the batch, "
-            "which under staleness is an older snapshot than the learner; set runtime.staleness: 0 or "
+            f"runtime.staleness: algorithm {name!r} {algorithm.refuses_stale_rollouts}; set runtime.staleness: 0 or "
             "runtime.async_rollouts: false"
         )
     if algorithm.needs_reference and config.lora is None:

@@ -240,12 +240,9 @@ class Algorithm:
     needs_step_rewards = False  # methods that credit steps by intermediate rewards (credit.IntermediateRewards)
     needs_reference = False  # methods whose loss compares against the frozen base (the LoRA-disabled policy)
     needs_whole_groups = False  # methods that pair or match samples within a group among the rows one process holds
-    # methods whose likelihood ratio takes its old log-densities from the policy in `prepare`, not from the rollout:
-    # a batch sampled with older weights (runtime.async_rollouts with staleness > 0) would go uncorrected
-    old_policy_from_prepare = False
-    # methods whose regression targets are the velocities of the policy that drew the rollout (read off its stored
-    # steps): under staleness > 0 they would pull the learner back toward that older snapshot
-    targets_from_rollout = False
+    # why the method cannot train on a batch sampled with older weights (runtime.async_rollouts with staleness > 0),
+    # completing "algorithm X ..." in the refusal; None: it can
+    refuses_stale_rollouts: str | None = None
     reward = None  # set by the loop (`bind_reward`) for methods that call the reward during the update
 
     def check_sampler(self, sampler) -> None:

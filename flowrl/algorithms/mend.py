@@ -160,7 +160,11 @@ class MEND(Algorithm):
     name = "mend"
     Params = MENDParams
     needs_ode_rollout = True
-    targets_from_rollout = True  # v_old is the velocity of the policy that drew the batch (refused under staleness)
+    # v_old is read off the stored steps: the velocity of the policy that drew the batch
+    refuses_stale_rollouts = (
+        "regresses onto the velocities of the policy that drew the batch, which under staleness is an older snapshot "
+        "than the learner"
+    )
     needs_reward_gradient = True
     needs_raw_rewards = True  # caps and gains from the batch's rewards against its proposals' R(x0 + delta)
 

@@ -129,7 +129,11 @@ def scored_frames(num_frames: int, most: int) -> torch.Tensor | None:
 class TVRL(GRPO):
     name = "tvrl"
     Params = TVRLParams
-    old_policy_from_prepare = True  # per-token old log-densities are recomputed in prepare, not stored by the rollout
+    # per-token old log-densities are recomputed in prepare, not stored by the rollout
+    refuses_stale_rollouts = (
+        "takes its ratio's old log-densities from the current policy, so batches sampled with older weights would go "
+        "uncorrected"
+    )
 
     def bind_reward(self, reward) -> None:
         from flowrl.rewards.questions import QuestionScorer
