@@ -39,13 +39,17 @@ def add_lora(policy, rank: int, alpha: float, target_modules: list[str], init: s
 
 def widest_lora_rank(policy, target_modules: list[str]) -> int:
     """The largest rank a LoRA on `target_modules` can use: the largest min(in, out) among the trained networks'
-    linear and convolution layers those names select (peft's rule for a list of names: a module's full name or its
-    dotted suffix); 0 when they select no such layer (peft says what fits). A rank above it is a full-rank adapter on
-    every layer, in memory that a large model cannot hold."""
+    linear and convolution layers those names select (by peft's own matching); 0 when they select no such layer (peft
+    says what fits). A rank above it is a full-rank adapter on every layer, in memory that a large model cannot
+    hold."""
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    targets = LoraConfig(target_modules=target_modules)
     widest = 0
     for module in policy.trained_modules().values():
         for name, layer in module.named_modules():
-            if not any(name == target or name.endswith("." + target) for target in target_modules):
+            if not check_target_module_exists(targets, name):
                 continue
             if isinstance(layer, torch.nn.Linear):
                 widest = max(widest, min(layer.in_features, layer.out_features))
