@@ -19,14 +19,23 @@ Per prompt group of a deterministic (ODE) rollout, with group advantages A:
    Variants: `dynamic` (the states are those of the corrected path, re-integrated from eps_n with the policy the
    update starts from, v_old: the description's reading), `trajectory` (the rollout's own states), `forward`
    (reflow on the MAM coupling: x_t = (1 - t) x+ + t eps_n with target eps_n - x+, no stored path).
-4. Loss: t^2 |v - u|^2 = |x0_pred(v) - x0_pred(u)|^2 in x0 space, normalised like DiffusionNFT by its own
-   stop-gradient mean absolute error, plus alpha_pos times the same normalised flow-matching loss on forward-noised
-   positives (fresh noise, target eps - x0_p).
+4. Loss, weighted by how much better the positive is: a matched pair (n, p) weighs w = (A_p - A_n) / 2 (1 for a
+   pair one std either side of the mean) and trains t^2 |v - u|^2 = |x0_pred(v) - x0_pred(u)|^2 in x0 space, divided
+   by one batch-level scale, the stop-gradient mean |x0| of the batch's samples; pairs whose rewards differ by less
+   than `min_reward_gap` are dropped. Plus alpha_pos times A_p times DiffusionNFT's normalised flow-matching loss on
+   forward-noised positives (fresh noise, target eps - x0_p), for positives that beat a negative of their group by
+   the gap.
+   Why not DiffusionNFT's per-item normalisation (each item's error divided by its own stop-gradient mean |error|):
+   at the first step of an update v = v_old, so the error is lambda t (v_old - v_home), and that normaliser cancels
+   both lambda(t) and the homing distance from the gradient, leaving the advantage only its sign: a group whose
+   rewards differ by float noise would be pulled as hard as a clearly separated one. With the batch-level scale the
+   gradient grows with lambda, with the homing distance and with the advantage gap.
 No likelihood ratio is involved, so rollouts made by a stale policy need no importance correction (the loop's
 `runtime.staleness`).
 
 Deviations from that reading:
-- The positive term uses the same normalisation as the negative one, so that alpha_pos weighs like against like.
+- The advantage weights, the batch-level scale and the reward-gap threshold (step 4) are flowrl's: the reading
+  trains every matched pair alike.
 - Under `runtime.async_rollouts`, v_old (of the `dynamic` path and of the targets) is the learner's current policy,
   not the older snapshot that drew the batch (and not NFT's EMA old policy either): staleness is bounded, never
   corrected.
@@ -75,6 +84,8 @@ class DHOParams:
     """Weight of the positives' flow-matching term."""
     adv_clip_max: float = 5.0
     """Advantages are clipped to [-adv_clip_max, adv_clip_max]."""
+    min_reward_gap: float = 1e-4
+    """Pairs whose rewards differ by less than this (reward units) are ties: not trained."""
     std: Literal["global", "group"] = "global"
     """The std that scales the advantages: `global` or `group`."""
     timestep_fraction: float = 0.5
@@ -98,6 +109,8 @@ class DHOParams:
             raise ConfigError(
                 f"algorithm.params.timestep_fraction: expected a number in (0, 1], got {self.timestep_fraction}"
             )
+        if self.min_reward_gap < 0:
+            raise ConfigError(f"algorithm.params.min_reward_gap: expected a number >= 0, got {self.min_reward_gap}")
         if self.noise_cost < 0 or self.chamfer_cost < 0:
             raise ConfigError("algorithm.params.noise_cost / chamfer_cost: expected numbers >= 0")
 
@@ -188,7 +201,8 @@ class DHO(Algorithm):
         advantages = group_advantages(batch.global_rewards, batch.global_group_ids, p.std, clip=p.adv_clip_max)
         local = advantages[batch.local_index]
         noise, final, sigmas = traj.latents[0], traj.final, traj.sigmas
-        negatives, targets, positives = [], [], []
+        rewards = batch.rewards.float()
+        negatives, targets, positives, pairs_tied = [], [], [], 0
         points = self.surface_points(policy, final) if p.chamfer_cost > 0 else None
         for pos, neg in split_groups(local, batch.group_ids):
             extra = (
@@ -199,9 +213,13 @@ class DHO(Algorithm):
             kept, matched = mam_assign(
                 final[neg], final[pos], noise[neg], noise[pos], p.noise_cost, p.capacity, batch.rewards[neg], extra
             )
-            negatives += [neg[i] for i in kept]
-            targets += [pos[j] for j in matched]
-            positives += pos
+            for n, m in zip((neg[i] for i in kept), (pos[j] for j in matched)):
+                if rewards[m] - rewards[n] >= p.min_reward_gap:
+                    negatives.append(n), targets.append(m)
+                else:
+                    pairs_tied += 1
+            if neg:
+                positives += [i for i in pos if rewards[i] - rewards[neg].min() >= p.min_reward_gap]
         x_plus = final[targets] if targets else final[:0]
         states, path_targets = self.negative_paths(policy, traj, negatives, x_plus)
         samples, steps, keys_state, kinds = [], [], [], []
@@ -217,6 +235,12 @@ class DHO(Algorithm):
                 samples.append(i), steps.append(k), keys_state.append(-1), kinds.append(1)
         items = WorkItems.build(samples, steps)
         self.is_positive = torch.tensor(kinds, dtype=torch.bool)
+        pair_weight = [(local[targets[row]] - local[n]).item() / 2 for row, n in enumerate(negatives)]
+        self.weight = torch.tensor(
+            [local[i].item() if positive else pair_weight[row] for i, row, positive in zip(samples, keys_state, kinds)],
+            dtype=torch.float32,
+        )
+        self.scale = final.abs().mean().clamp(min=1e-5).item()
         t = sigmas[items.step].to(final.device) if len(items) else sigmas[:0]
         self.t = t
         x_t = torch.zeros((len(items), *final.shape[1:]), device=final.device)
@@ -250,6 +274,8 @@ class DHO(Algorithm):
         metrics = {
             "negatives_matched": float(len(negatives)),
             "positives": float(len(positives)),
+            "pairs_tied": float(pairs_tied),
+            "pair_weight": float(np.mean(pair_weight)) if pair_weight else 0.0,
             "homing_distance": (final[negatives] - x_plus).pow(2).flatten(1).mean(1).mean().item()
             if negatives
             else 0.0,
@@ -305,8 +331,11 @@ class DHO(Algorithm):
         x_t, t, target = self.x_t[items.key], self.t[items.key], self.target[items.key]
         v = policy.velocity(x_t, t, traj.cond.select(items.sample), self.guidance(traj))
         shaped = t.reshape(-1, *[1] * (x_t.ndim - 1))
-        # t^2 |v - u|^2 is the x0-space error |(x_t - t v) - (x_t - t u)|^2, normalised as in DiffusionNFT
-        losses = _normalised_x0_loss(x_t - shaped * v, x_t - shaped * target)
-        positive = self.is_positive[items.key].to(losses.device)
-        losses = torch.where(positive, p.alpha_pos * losses, losses)
+        weight = self.weight[items.key].to(v.device)
+        positive = self.is_positive[items.key].to(v.device)
+        x0_pred, x0_target = x_t - shaped * v, x_t - shaped * target
+        # negatives: t^2 |v - u|^2 is the x0-space error |(x_t - t v) - (x_t - t u)|^2, over the batch's latent scale
+        homing = (x0_pred - x0_target).pow(2).flatten(1).mean(1) / self.scale
+        forward = p.alpha_pos * _normalised_x0_loss(x0_pred, x0_target)
+        losses = weight * torch.where(positive, forward, homing)
         return losses, {"positive_item": positive.float()}

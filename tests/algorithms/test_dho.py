@@ -163,6 +163,68 @@ def test_positive_items_regress_forward_noised_positives():
     torch.testing.assert_close(algorithm.x_t[positive], (1 - t) * x0 + t * noise)
 
 
+class _OffsetVelocity:
+    """The wrapped policy, whose velocity gets a zero offset once `offset` is set: the loss's gradient with respect
+    to v at v = v_old (the first optimiser step of an update)."""
+
+    def __init__(self, policy):
+        self.policy, self.offset = policy, None
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def velocity(self, x, t, cond, guidance_scale):
+        v = self.policy.velocity(x, t, cond, guidance_scale).detach()
+        return v if self.offset is None else v + self.offset
+
+
+def _negative_gradients(rewards, **params):
+    """Per-item gradient norms of the negatives' loss with respect to v at v = v_old, and the items' groups."""
+    policy = _OffsetVelocity(_policy())
+    batch = _ode_batch(policy, rewards=rewards)
+    algorithm = build_algorithm(
+        "dho", {"variant": "trajectory", "timestep_fraction": 1.0, "alpha_pos": 0.0, **params}, ODE
+    )
+    items, _ = algorithm.prepare(batch, policy)
+    negative = items.subset(torch.nonzero(~algorithm.is_positive).flatten())
+    policy.offset = torch.zeros(len(negative), *batch.trajectory.final.shape[1:], requires_grad=True)
+    losses, _ = algorithm.loss(policy, batch, negative)
+    losses.sum().backward()
+    return policy.offset.grad.flatten(1).norm(dim=1), batch.group_ids[negative.sample], algorithm.t[negative.key]
+
+
+REWARDS = torch.tensor([0.9, 0.1, 0.2, 0.8, 0.3, 0.7, 0.6, 0.0])
+
+
+def test_the_pull_grows_with_lambda():
+    """At v = v_old the error is lambda t (v_old - v_home): the gradient must scale with lambda(t), which a loss
+    normalised by each item's own error cancels."""
+    full, _, t = _negative_gradients(REWARDS, lambda_min=1.0, lambda_knee=0.0)
+    ramped, _, t_ramped = _negative_gradients(REWARDS, lambda_min=0.25, lambda_knee=0.0)
+    torch.testing.assert_close(t, t_ramped)
+    torch.testing.assert_close(ramped / full, 1 - 0.75 * t, rtol=1e-4, atol=1e-6)
+
+
+def test_the_pull_grows_with_the_advantage_gap():
+    """Halving one group's reward spread halves its pairs' pull relative to the other group's (global std)."""
+    halved = REWARDS.clone()
+    halved[4:] = 0.5 * (REWARDS[4:] - REWARDS[4:].mean()) + REWARDS[4:].mean()
+    ratios = []
+    for rewards in (REWARDS, halved):
+        norms, groups, _ = _negative_gradients(rewards, std="global")
+        ratios.append(norms[groups == 1].mean() / norms[groups == 0].mean())
+    torch.testing.assert_close(ratios[1], ratios[0] / 2, rtol=1e-4, atol=0)
+
+
+def test_pairs_closer_than_the_reward_gap_are_not_trained():
+    rewards = torch.tensor([0.9, 0.1, 0.2, 0.8, 0.5, 0.5 + 1e-6, 0.5 - 1e-6, 0.5])
+    policy = _policy()
+    algorithm = build_algorithm("dho", {"variant": "forward", "min_reward_gap": 1e-3}, ODE)
+    items, metrics = algorithm.prepare(_ode_batch(policy, rewards=rewards), policy)
+    assert set(items.sample.tolist()) <= {0, 1, 2, 3}
+    assert metrics["negatives_matched"] == 2 and metrics["positives"] == 2 and metrics["pairs_tied"] >= 2
+
+
 def test_bad_params_are_named():
     with pytest.raises(ConfigError, match="variant"):
         build_algorithm("dho", {"variant": "reflow"}, ODE)
