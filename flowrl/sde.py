@@ -12,11 +12,13 @@ Step kinds (one signature, `sde_step`):
   dance  DanceGRPO (arXiv 2505.07818): the same drift with a constant std_t = eta (= noise_level).
   cps    Coefficients-preserving sampling (arXiv 2509.05952): std = sigma_next sin(a pi / 2),
          mean = (1 - sigma_next) x0_hat + sqrt(sigma_next^2 - std^2) eps_hat.
-  sage   SAGE-GRPO (arXiv 2603.21872), flowrl's reading of its summary: the Flow-GRPO mean with the exactly
-         integrated step variance a^2 [log((1 - sigma_next) / (1 - sigma)) - (sigma - sigma_next)];
-         the first step (sigma = 1, where that integral diverges) keeps the Flow-GRPO variance. The sampler
-         only: the paper's per-timestep loss weight (approximately the step std) is not applied.
-
+  sage   SAGE-GRPO (arXiv 2603.21872): the step variance integrated exactly over the step,
+         V = a^2 [log((1 - sigma_next) / (1 - sigma)) - (sigma - sigma_next)], and the drift's score term scaled
+         by that same variance: mean = x + v dt - V / (2 sigma) (x + (1 - sigma) v). (Flow-GRPO's mean is this with
+         V = std_t^2 |dt|; pairing the smaller V with the Euler one's score term leaves samples too narrow.)
+         At sigma = 1, where the integral diverges, sigma is clamped to 1 - 3e-3 inside the log, as SAGE-GRPO's
+         released code does. The sampler only: the paper's per-timestep gradient-norm equaliser and its dual
+         trust region are not applied.
 Every log-prob is the exact Gaussian density of the stored next sample; `reduce="mean"` averages it over all
 non-batch elements (as the anchors do, hence their tiny PPO clip ranges), `reduce="none"` keeps the per-element
 map for token-level credit. The anchors' CPS log-prob drops the constants and the 1/(2 std^2) factor; here every
@@ -31,6 +33,7 @@ import torch
 
 SDE_KINDS = ("ode", "flow", "dance", "cps", "sage")
 SAMPLER_KINDS = SDE_KINDS + ("ddim",)  # ddim: epsilon-prediction pipelines
+SAGE_MAX_SIGMA = 1 - 3e-3  # sage's first step: the integrated variance diverges at sigma = 1
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -103,15 +106,15 @@ def sde_step(
         mean = (1 - s_next) * x0_hat + torch.sqrt((s_next**2 - std**2).clamp(min=0)) * eps_hat
     else:
         if kind == "dance":
-            std_t = torch.full_like(s, a)
-        else:  # flow and sage share the Flow-GRPO drift
-            denominator = torch.where(s >= 1, 1 - s_next, 1 - s)
-            std_t = a * torch.sqrt(s / denominator)
-        mean = x + (v + std_t**2 / (2 * s) * (x + (1 - s) * v)) * dt
-        std = std_t * torch.sqrt(-dt)
-        if kind == "sage":
-            exact = a**2 * (torch.log((1 - s_next) / (1 - s).clamp(min=1e-12)) + dt)
-            std = torch.where(s >= 1, std, torch.sqrt(exact.clamp(min=0)))
+            variance = a**2 * -dt
+        elif kind == "flow":
+            std_t = a * torch.sqrt(s / torch.where(s >= 1, 1 - s_next, 1 - s))
+            variance = std_t**2 * -dt
+        else:  # sage: the diffusion a^2 s / (1 - s) integrated over [sigma_next, sigma]
+            variance = (a**2 * (torch.log((1 - s_next) / (1 - s.clamp(max=SAGE_MAX_SIGMA))) + dt)).clamp(min=0)
+        # x + v dt and half the variance times the score of x0_hat = x - s v, which is -(x + (1 - s) v) / s
+        mean = x + v * dt - variance / (2 * s) * (x + (1 - s) * v)
+        std = variance.sqrt()
     return _gaussian_transition(mean, std, noise, prev_sample, reduce, generator)
 
 
@@ -148,8 +151,8 @@ def diffusion_time_scale(kind: str, sigma, sigma_next) -> torch.Tensor:
     For flow and dance, whose step variance is std_t^2 |dt|, dividing a squared mean gap by the step variance and
     multiplying by this gives Flow-GRPO's coded KL, mean((mu - mu_ref)^2) / (2 std_t^2): the per-unit-time form,
     whose published betas (0.004-0.04) assume it. sage's step variance is the exact integral, below the Euler one
-    at high noise (0.489 against 0.931 on the 0.95 -> 0.85 step), so the same beta weighs its
-    KL up to ~1.9x more there and about alike at low noise: a beta tuned for flow does not carry over one to one.
+    at high noise (0.489 against 0.931 on the 0.95 -> 0.85 step) but above it on a first step from sigma = 1, so
+    the same beta weighs its KL differently along the path: a beta tuned for flow does not carry over one to one.
     CPS (whose coded std_dev_t is the step std) and DDIM keep the exact Gaussian KL.
     """
     if kind in ("flow", "dance", "sage"):
