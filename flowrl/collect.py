@@ -255,6 +255,7 @@ def gathered_batch(accelerator, config: RunConfig, reward, update: int, draw: Dr
         torch.arange(mine.start, mine.stop),
         draw.local_prompts,
         progress=update / config.train.updates,
+        reward_info={k: v.detach().cpu() for k, v in scored.info.items()},
     )
     if recorder is not None:
         batch.step_rewards = recorder.rewards

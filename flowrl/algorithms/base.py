@@ -36,6 +36,7 @@ class RolloutBatch:
     progress: float = 0.0  # update / total updates (for schedules over the run)
     step_rewards: torch.Tensor | None = None  # [B_local, T + 1] intermediate rewards, when the algorithm asks
     global_step_rewards: torch.Tensor | None = None  # [B_global, T + 1]
+    reward_info: dict | None = None  # this process's per-sample reward components (e.g. "accuracy"), [B_local] each
 
 
 def drop_groups(batch: RolloutBatch, dropped: torch.Tensor) -> RolloutBatch:
@@ -74,6 +75,7 @@ def drop_groups(batch: RolloutBatch, dropped: torch.Tensor) -> RolloutBatch:
         batch.progress,
         batch.step_rewards[rows] if batch.step_rewards is not None else None,
         batch.global_step_rewards[keep_global] if batch.global_step_rewards is not None else None,
+        {k: v[rows.to(v.device)] for k, v in batch.reward_info.items()} if batch.reward_info is not None else None,
     )
 
 

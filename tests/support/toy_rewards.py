@@ -83,3 +83,21 @@ class RaisesMidway(Reward):
         if "seeds" not in (meta or {}):
             raise RuntimeError("the judge is down")
         return RewardOutput(samples.flatten(1).mean(1))
+
+
+class BrightnessForCircles(Reward):
+    """Brightness for prompts that name a circle, 0.5 for every other prompt (groups of known zero spread), with a
+    binary `accuracy`: brightness above `bar`."""
+
+    name = "brightness_for_circles"
+
+    def __init__(self, bar: float = 0.5):
+        super().__init__()
+        self.bar = bar
+
+    def __call__(self, samples, prompts, meta=None):
+        brightness = samples.flatten(1).mean(1)
+        circle = torch.tensor(["circle" in p for p in prompts], device=brightness.device)
+        return RewardOutput(
+            torch.where(circle, brightness, torch.full_like(brightness, 0.5)), {"accuracy": (brightness > self.bar)}
+        )
