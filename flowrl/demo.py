@@ -1,6 +1,8 @@
-"""`flowrl demo`: a Gradio page that generates one prompt and seed with the base model and every checkpoint,
-side by side, each sample labelled with its reward (3D pipelines: the meshes in gr.Model3D viewers and turntable
-renders; editing pipelines: source | base edit | tuned edit, the source uploaded or the editing world's scene).
+"""`flowrl demo`: a Gradio page that generates one prompt with the base model and every checkpoint, for several
+seeds at once: a grid with one labelled column per model and one row per seed, each sample shown pixel-exact (small
+images upscaled by a whole factor, never smoothed) with its reward under it; example prompts from the run's task;
+steps and guidance set on the page (3D pipelines: the first seed's meshes in gr.Model3D viewers and turntable
+renders in the grid; editing pipelines: a source column first, the source uploaded or the editing world's scene).
 
 LoRA checkpoints become named peft adapters on one network (switched per image, so memory grows by the adapters
 only), each sampled with its own step gate as `flowrl sample` applies it (checkpoint.sampling_gate); full-weight
@@ -139,6 +141,77 @@ DEFAULT_PROMPT = {
 }
 
 
+def example_prompts(checkpoint: str | None, kind: str, count: int = 8) -> list[str]:
+    """Prompts to offer on the page: `count` from the eval set (else the first set) of the task the checkpoint's
+    run trained on, spread over the set; the page kind's default prompt where no run config names a task."""
+    import yaml
+
+    from flowrl.checkpoint import run_config_file
+    from flowrl.config import upgraded
+    from flowrl.tasks.base import build_task
+
+    fallback = [DEFAULT_PROMPT.get(kind, "a red circle left of a blue square")]
+    config_file = run_config_file(checkpoint) if checkpoint else None
+    try:
+        config = upgraded(yaml.safe_load(config_file.read_text())) if config_file else {}
+        task = build_task(config["task"]["name"], config["task"].get("params") or {})
+        name = "eval" if "eval" in task.set_names else task.set_names[0]
+        prompts = list(dict.fromkeys(item.prompt for item in task.condition_set(name).items))
+    except (OSError, yaml.YAMLError, KeyError, TypeError, IndexError, UserError):
+        return fallback
+    if not prompts:
+        return fallback
+    step = max(1, len(prompts) // count)
+    return prompts[::step][:count]
+
+
+def data_uri(shown) -> str:
+    """An image (uint8 [H, W, 3] array) as a PNG data URI, or a file (a GIF) as its own."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    if isinstance(shown, np.ndarray):
+        buffer = io.BytesIO()
+        Image.fromarray(shown).save(buffer, format="PNG")
+        payload, kind = buffer.getvalue(), "png"
+    else:
+        payload, kind = Path(shown).read_bytes(), Path(shown).suffix.lstrip(".").lower()
+    return f"data:image/{kind};base64," + base64.b64encode(payload).decode()
+
+
+def comparison_grid(rows: list[tuple[int, list[dict]]], reward: str) -> str:
+    """The grid: a header of model labels, one row per (seed, entries), each cell the sample at its own pixel size
+    (already upscaled by a whole factor; `image-rendering: pixelated` keeps the browser from smoothing it) and its
+    reward under it."""
+    import html
+
+    labels = [e["label"] for e in rows[0][1]] if rows else []
+    head = "".join(f'<th class="model">{html.escape(label)}</th>' for label in labels)
+    body = []
+    for seed, entries in rows:
+        cells = []
+        for e in entries:
+            image = e["shown"]
+            size = f' width="{image.shape[1]}" height="{image.shape[0]}"' if isinstance(image, np.ndarray) else ""
+            caption = (
+                "input"
+                if e.get("input")
+                else f"{html.escape(reward)}: " + ("-" if e["score"] is None else f"{e['score']:.3f}")
+            )
+            cells.append(
+                f'<td><img src="{data_uri(image)}"{size} alt="{html.escape(e["label"])}, seed {seed}" '
+                f'style="image-rendering: pixelated; display: block"><div class="reward">{caption}</div></td>'
+            )
+        body.append(f'<tr><th class="seed">seed {seed}</th>{"".join(cells)}</tr>')
+    style = (
+        "<style>#comparison table{border-collapse:collapse} #comparison td,#comparison th{padding:6px;"
+        "text-align:center;vertical-align:top} #comparison .reward{font-family:monospace;margin-top:4px}</style>"
+    )
+    return f"{style}<table><tr><th></th>{head}</tr>{''.join(body)}</table>"
+
+
 def page_kind(policy) -> str:
     """What the page shows: "edit" for editing pipelines, else the policy's modality (image-to-video pages are
     "video", with a first-frame upload)."""
@@ -213,16 +286,28 @@ class Comparison:
         self.precision = precision  # a new context per generation (autocast for half-precision weights)
 
     def __call__(
-        self, prompt: str, seed: int, progress=None, source: np.ndarray | None = None, references=()
+        self,
+        prompt: str,
+        seed: int,
+        progress=None,
+        source: np.ndarray | None = None,
+        references=(),
+        steps: int | None = None,
+        guidance_scale: float | None = None,
     ) -> list[dict]:
         """Editing pipelines take the instruction as `prompt` and `source` (else the world's scene), then any
         further `references` (uint8 [H, W, 3] each); the first entries are then the source and each reference,
-        unscored, and an uploaded source's edits go unscored too (the world's verifier needs the world's scene)."""
+        unscored (`input`: True), and an uploaded source's edits go unscored too (the world's verifier needs the
+        world's scene). `steps` and `guidance_scale` default to the page's."""
         from flowrl.inference import generate_samples
         from flowrl.tasks.base import Condition
 
         if not 0 <= seed < 2**63:  # seeds are hashed into 63-bit ones (numpy's SeedSequence takes no negatives)
             raise UserError(f"seed: expected an integer from 0 to 2**63 - 1, got {seed}")
+        steps = self.steps if steps is None else int(steps)
+        guidance_scale = self.guidance_scale if guidance_scale is None else float(guidance_scale)
+        if steps < 1:
+            raise UserError(f"steps: expected a whole number >= 1, got {steps}")
 
         modality = self.policy.modality
         out = []
@@ -232,14 +317,14 @@ class Comparison:
             given = condition.inputs[self.policy.source_input]
             for number, image in enumerate(given if isinstance(given, list) else [given]):
                 label = "source" if number == 0 else f"reference {number}"
-                out.append({"label": label, "score": None, "shown": upscale(image)})
+                out.append({"label": label, "score": None, "shown": upscale(image), "input": True})
         for number, label in enumerate(self.models.labels):
             if progress is not None:
                 progress(number / len(self.models.labels), desc=f"generating with {label}")
             self.models.activate(label)
             with self.precision():
                 samples, _ = generate_samples(
-                    self.policy, [condition], 1, seed, self.steps, self.guidance_scale, self.spec, desc=None
+                    self.policy, [condition], 1, seed, steps, guidance_scale, self.spec, desc=None
                 )
             with torch.no_grad():  # the reward sees what the file would hold (uint8 for pixels), the page a preview
                 decoded = samples.decoded() if modality == "3d" else torch.round(samples.decoded() * 255) / 255
@@ -320,44 +405,50 @@ def build_demo(
     atexit.register(shutil.rmtree, folder, ignore_errors=True)  # served while the demo runs; gone when it exits
     compare = Comparison(policy, models, scorer, steps, guidance_scale, spec, folder, precision)
 
-    def run(prompt: str, seed: float, source=None, references=None, progress=gr.Progress()):  # editing pages
+    examples = example_prompts(checkpoints[0] if checkpoints else None, kind)
+
+    def run(prompt, seed, count, steps_shown, guidance, source=None, references=None, progress=gr.Progress()):
         prompt = (prompt or "").strip()
         if not prompt:
             raise gr.Error("Enter a prompt.")
+        rows = []
         try:
-            entries = compare(prompt, int(seed), progress, source, uploaded_images(references or []))
+            first, count = int(seed), int(count)
+            for number, row_seed in enumerate(range(first, first + count)):
+                if progress is not None:
+                    progress(number / count, desc=f"seed {row_seed}")
+                entries = compare(
+                    prompt, row_seed, None, source, uploaded_images(references or []), steps_shown, guidance
+                )
+                rows.append((row_seed, entries))
         except UserError as error:
             raise gr.Error(str(error)) from None
 
-        def shown(score):
-            return "-" if score is None else f"{score:.3f}"
+        def mean(label):
+            scores = [e["score"] for _, entries in rows for e in entries if e["label"] == label]
+            return "-" if None in scores else f"{np.mean(scores):.3f}"
 
-        inputs = {e["label"] for e in entries if e["score"] is None and e["label"] not in models.labels}
-        gallery = [
-            (e["shown"], e["label"] if e["label"] in inputs else f"{e['label']} | {reward} {shown(e['score'])}")
-            for e in entries
-        ]
-        table = (
-            "| model | "
-            + reward
-            + " |\n|---|---|\n"
-            + "\n".join(f"| {e['label']} | {shown(e['score'])} |" for e in entries if e["label"] not in inputs)
+        table = f"| model | {reward} (mean over {count} seed{'s' * (count > 1)}) |\n|---|---|\n" + "\n".join(
+            f"| {label} | {mean(label)} |" for label in models.labels
         )
-        return [gallery, table, *[e["mesh"] for e in entries if "mesh" in e]]
+        return [comparison_grid(rows, reward), table, *[e["mesh"] for e in rows[0][1] if "mesh" in e]]
 
     with gr.Blocks(title="flowrl: base vs tuned") as demo:
         what = "shape" if modality == "3d" else "image"
         gr.Markdown(
-            f"## flowrl: base and fine-tuned side by side\nPipeline `{pipeline_dir}`; {steps} steps, "
-            f"CFG {guidance_scale}; the caption under each {what} is its `{reward}` reward."
+            f"## flowrl: base and fine-tuned side by side\nPipeline `{pipeline_dir}`: one column per model, one row "
+            f"per seed; under each {what} its `{reward}` reward."
         )
         with gr.Row():
             prompt = gr.Textbox(
-                label="instruction" if kind == "edit" else "prompt",
-                value=DEFAULT_PROMPT.get(kind, "a red circle left of a blue square"),
-                elem_id="prompt",
+                label="instruction" if kind == "edit" else "prompt", value=examples[0], elem_id="prompt", scale=3
             )
-            seed = gr.Number(label="seed", value=0, precision=0, elem_id="seed")
+            seed = gr.Number(label="first seed", value=0, precision=0, minimum=0, elem_id="seed")
+            count = gr.Slider(1, 8, value=3, step=1, label="seeds", elem_id="seeds")
+        with gr.Row():
+            steps_shown = gr.Slider(1, max(100, steps), value=steps, step=1, label="steps", elem_id="steps")
+            guidance = gr.Number(label="guidance (CFG)", value=guidance_scale, minimum=0, elem_id="guidance")
+        gr.Examples([[e] for e in examples], inputs=[prompt], label="example prompts from the task")
         sources = []
         if policy.source_input:  # an uploaded source, or (left empty) the editing world's scene for the instruction
             label = (
@@ -378,17 +469,14 @@ def build_demo(
         button = gr.Button("Generate", variant="primary", elem_id="generate")
         scores = gr.Markdown(elem_id="scores")
         meshes = []
-        if modality == "3d":  # base and tuned meshes side by side, each turnable
+        if modality == "3d":  # the first seed's base and tuned meshes side by side, each turnable
             with gr.Row():
                 meshes = [
                     gr.Model3D(label=label, height=300, elem_id=f"mesh{i}") for i, label in enumerate(models.labels)
                 ]
-        gallery = gr.Gallery(
-            label="turntable views" if modality == "3d" else "samples",
-            columns=len(models.labels) + bool(sources),
-            height=340,
-            object_fit="contain",
-            elem_id="gallery",
+        grid = gr.HTML(elem_id="comparison")
+        button.click(
+            run, inputs=[prompt, seed, count, steps_shown, guidance, *sources], outputs=[grid, scores, *meshes]
         )
-        button.click(run, inputs=[prompt, seed, *sources], outputs=[gallery, scores, *meshes])
+    demo.generate = run  # what Generate calls, for scripts and tests that skip the browser
     return demo

@@ -1,5 +1,6 @@
 """The Gradio comparison demo, end to end in a real headless Chromium (Debian's chromium + chromedriver, driven by
-selenium): type a prompt, press Generate, and see the base and the checkpoint side by side with their rewards.
+selenium): pick an example prompt from the task, set the steps, guidance and seeds, press Generate, and see a grid
+with a labelled column per model and a row per seed, each image pixel-exact with its reward under it.
 
 Without a browser on the machine the test is skipped locally and fails in CI (CI=true), where .ci/run installs it.
 """
@@ -85,6 +86,7 @@ def test_the_demo_samples_each_lora_with_its_own_step_gate(tiny_sd3_dir, tmp_pat
 def demo_url(tiny_sd3_dir, tmp_path):
     _require_browser()
     checkpoint = _lora_checkpoint(tiny_sd3_dir, tmp_path)
+    (tmp_path / "tuned" / "config.yaml").write_text("task: {name: shapes}\n")  # the run's config: its task's prompts
     port = _free_port()
     scratch = tmp_path / "scratch"  # the server's temporary files
     scratch.mkdir()
@@ -143,24 +145,37 @@ def test_demo_generates_base_and_checkpoint_side_by_side_in_a_real_browser(demo_
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
+        from flowrl.demo import example_prompts
+
         driver.get(demo_url)
         wait = WebDriverWait(driver, 120)
-        box = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#prompt textarea"))
-        box.clear()
-        box.send_keys("a red circle")
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#prompt textarea"))
+        examples = example_prompts(str(tmp_path / "tuned" / "checkpoints" / "update_000003"), "image")
+        assert len(examples) == 8 and examples[0] != "a red circle left of a blue square"  # the task's eval prompts
+        example = driver.find_element(By.XPATH, f"//*[normalize-space(text())={examples[1]!r}]")
+        example.click()  # an example fills the prompt box
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#prompt textarea").get_attribute("value") == examples[1])
+        for control, value in (("#steps", "3"), ("#guidance", "2.5")):
+            field = driver.find_element(By.CSS_SELECTOR, f"{control} input[type=number]")
+            field.clear()
+            field.send_keys(value)
         driver.find_element(By.CSS_SELECTOR, "#generate").click()
-        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#gallery img")) >= 2)
-        text = wait.until(
-            lambda d: (
-                d.find_element(By.ID, "gallery").text
-                if "tuned/update_000003" in d.find_element(By.ID, "gallery").text
-                else False
+        # 2 models x 3 seeds (the default)
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#comparison td img")) == 6)
+        columns = [th.text for th in driver.find_elements(By.CSS_SELECTOR, "#comparison th.model")]
+        assert columns == ["base", "tuned/update_000003"]
+        rows = [th.text for th in driver.find_elements(By.CSS_SELECTOR, "#comparison th.seed")]
+        assert rows == ["seed 0", "seed 1", "seed 2"]
+        captions = [c.text for c in driver.find_elements(By.CSS_SELECTOR, "#comparison td .reward")]
+        assert len(captions) == 6 and all(c.startswith("shapes: ") for c in captions)
+        for image in driver.find_elements(By.CSS_SELECTOR, "#comparison td img"):
+            natural, shown = (
+                driver.execute_script(f"return arguments[0].{k}", image) for k in ("naturalWidth", "width")
             )
-        )
-        assert "base | shapes" in text
-        assert "tuned/update_000003 | shapes" in text
-        table = driver.find_element(By.ID, "scores").text  # the rewards, readable above the images
-        assert "base" in table and "tuned/update_000003" in table
+            assert natural == shown and natural % 32 == 0 and natural >= 192  # whole-factor upscale, shown 1:1
+            assert driver.execute_script("return getComputedStyle(arguments[0]).imageRendering", image) == "pixelated"
+        table = driver.find_element(By.ID, "scores").text  # the mean rewards, readable above the grid
+        assert "base" in table and "tuned/update_000003" in table and "3 seeds" in table
         screenshot = tmp_path / "demo.png"
         driver.save_screenshot(str(screenshot))
         assert screenshot.stat().st_size > 10_000
@@ -172,23 +187,30 @@ def test_demo_generates_base_and_checkpoint_side_by_side_in_a_real_browser(demo_
 
 
 def test_the_demo_shows_a_video_pipeline_as_animated_clips(tmp_path):
-    """A Wan pipeline's samples come back as GIF files (gallery items that play), scored by a video reward."""
+    """A Wan pipeline's samples come back as animated GIFs in the grid, scored by a video reward."""
+    import base64
+    import io
+    import re
+
     from PIL import Image
     from tiny_pipelines import tiny_wan
 
     from flowrl.demo import build_demo
 
+    def generated(demo, prompt):
+        return demo.generate(prompt, 0, 1, 2, 1.0, progress=lambda *args, **kwargs: None)
+
     tiny_wan().save_pretrained(tmp_path / "wan")
-    demo = build_demo(str(tmp_path / "wan"), [], reward="moving_shapes", steps=2, size=(32, 32, 9))
-    handler = next(iter(demo.fns.values())).fn
-    gallery, table = handler("a red circle moving left", 0, progress=lambda *args, **kwargs: None)
-    ((path, caption),) = gallery
-    with Image.open(path) as gif:
-        assert gif.format == "GIF" and gif.n_frames == 9
-    assert caption.startswith("base | moving_shapes") and "| base |" in table
+    grid, table = generated(
+        build_demo(str(tmp_path / "wan"), [], reward="moving_shapes", steps=2, size=(32, 32, 9)),
+        "a red circle moving left",
+    )
+    (gif,) = re.findall(r"data:image/gif;base64,([^\"]+)", grid)
+    with Image.open(io.BytesIO(base64.b64decode(gif))) as clip:
+        assert clip.format == "GIF" and clip.n_frames == 9
+    assert re.search(r'class="reward">moving_shapes: \d\.\d{3}<', grid) and "| base |" in table
     default = build_demo(str(tmp_path / "wan"), [], steps=2, size=(32, 32, 9))  # no --reward: one for any clip
-    ((_, caption),) = next(iter(default.fns.values())).fn("a cat walking", 0, progress=lambda *a, **k: None)[0]
-    assert caption.startswith("base | frame_consistency")
+    assert 'class="reward">frame_consistency: ' in generated(default, "a cat walking")[0]
 
 
 @pytest.mark.parametrize("lora_first", [False, True])

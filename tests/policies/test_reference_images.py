@@ -274,6 +274,7 @@ def test_the_demo_edits_with_further_reference_images(tmp_path):
     images beside its source: the page shows the source and each reference, and the reference changes the edit;
     references without a source, or a file that is no image, are one message on the page."""
     import gradio as gr
+    from demo_grid import read_grid
 
     from flowrl.demo import build_demo
 
@@ -281,20 +282,20 @@ def test_the_demo_edits_with_further_reference_images(tmp_path):
     demo = build_demo(
         str(klein), [], steps=2, size=(32, 32, None), max_sequence_length=16, policy_name="Flux2KleinEdit"
     )
-    handler = next(iter(demo.fns.values())).fn
+    handler = demo.generate
     source = np.asarray(Image.open(tmp_path / "a.png"))
 
     def edit(*references):
-        gallery, _ = handler("put the hat on the cat", 0, source, list(references), progress=lambda *a, **k: None)
-        return gallery
+        html, _ = handler("put the hat on the cat", 0, 1, 2, 4.5, source, list(references), progress=lambda *a, **k: 0)
+        return read_grid(html)
 
     with_reference = edit(str(tmp_path / "b.png"))
-    assert [caption.split(" |")[0] for _, caption in with_reference] == ["source", "reference 1", "base"]
+    assert with_reference["columns"] == ["source", "reference 1", "base"]
     alone = edit()
-    assert [caption.split(" |")[0] for _, caption in alone] == ["source", "base"]
-    assert not np.array_equal(np.asarray(with_reference[-1][0]), np.asarray(alone[-1][0]))
+    assert alone["columns"] == ["source", "base"]
+    assert not np.array_equal(with_reference["images"][-1], alone["images"][-1])
     with pytest.raises(gr.Error, match="upload the source image too"):
-        handler("put the hat on the cat", 0, None, [str(tmp_path / "b.png")], progress=lambda *a, **k: None)
+        handler("put the hat on the cat", 0, 1, 2, 4.5, None, [str(tmp_path / "b.png")], progress=lambda *a, **k: None)
     (tmp_path / "notes.txt").write_text("not an image")
     with pytest.raises(gr.Error, match="notes.txt is not an image file"):
         edit(str(tmp_path / "notes.txt"))

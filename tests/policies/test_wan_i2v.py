@@ -184,16 +184,19 @@ def test_the_demo_animates_an_uploaded_first_frame(tmp_path):
     """An image-to-video page: a video page with a first-frame upload (required: no world makes one), shown first,
     then each model's clip, scored by the video reward."""
     gr = pytest.importorskip("gradio")
+    from demo_grid import read_grid
+
     from flowrl.demo import build_demo
 
     tiny_wan_i2v().save_pretrained(tmp_path / "i2v")
     demo = build_demo(str(tmp_path / "i2v"), [], steps=2, max_sequence_length=16, size=(16, 16, 5))
     assert [b.label for b in demo.blocks.values() if isinstance(b, gr.Image)] == ["first frame (required)"]
-    handler = next(iter(demo.fns.values())).fn
+    handler = demo.generate
     quiet = lambda *args, **kwargs: None  # noqa: E731
     frame = np.asarray(_frame(4))
-    gallery, table = handler("a red circle", 3, frame, progress=quiet)
-    assert [caption.split(" |")[0] for _, caption in gallery] == ["source", "base"]
-    assert str(gallery[1][0]).endswith(".gif") and "| base | 0." in table and "frame_consistency" in table
+    html, table = handler("a red circle", 3, 1, 2, 4.5, frame, progress=quiet)
+    grid = read_grid(html)
+    assert grid["columns"] == ["source", "base"] and grid["captions"][0] == "input"
+    assert grid["images"][1][:6] == b"GIF89a" and "| base | 0." in table and "frame_consistency" in table
     with pytest.raises(gr.Error, match="upload a first frame: WanImageToVideoPipeline starts from one"):
-        handler("a red circle", 3, None, progress=quiet)
+        handler("a red circle", 3, 1, 2, 4.5, None, progress=quiet)

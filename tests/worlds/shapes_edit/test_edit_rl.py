@@ -136,6 +136,7 @@ def test_the_demo_shows_source_base_and_tuned_edits(tmp_path):
     """An editing pipeline's page: the world's scene for the instruction (or an uploaded source) first, then each
     model's edit of it; world scenes are scored by the edit verifier, uploads are not (no scene to judge against)."""
     gr = pytest.importorskip("gradio")
+    from demo_grid import read_grid
     from tiny_pipelines import random_lora_checkpoint
 
     from flowrl.demo import build_demo
@@ -145,19 +146,21 @@ def test_the_demo_shows_source_base_and_tuned_edits(tmp_path):
     checkpoint = random_lora_checkpoint(tmp_path / "kontext", tmp_path / "run")
     demo = build_demo(str(tmp_path / "kontext"), [str(checkpoint)], steps=2, size=(32, 32, None))
     assert [b.label for b in demo.blocks.values() if isinstance(b, gr.Image)][0].startswith("source image")
-    handler = next(iter(demo.fns.values())).fn
+    handler = demo.generate
     quiet = lambda *args, **kwargs: None  # noqa: E731
-    gallery, table = handler("make the red circle blue", 7, None, progress=quiet)
-    assert [caption.split(" |")[0] for _, caption in gallery] == ["source", "base", "run/update_000003"]
+    html, table = handler("make the red circle blue", 7, 1, 2, 4.5, None, progress=quiet)
+    grid = read_grid(html)
+    assert grid["columns"] == ["source", "base", "run/update_000003"]
     source = edit_item("make the red circle blue", 7).inputs["source_image"]
-    assert np.array_equal(gallery[0][0][::6, ::6], source)  # the world's scene for this seed, upscaled 6x
-    assert "| base | 0." in table and "shapes_edit" in table and not np.array_equal(gallery[1][0], gallery[2][0])
+    images = grid["images"]
+    assert np.array_equal(images[0][::6, ::6], source)  # the world's scene for this seed, upscaled 6x
+    assert "| base | 0." in table and "shapes_edit" in table and not np.array_equal(images[1], images[2])
     upload = np.zeros((32, 32, 3), np.uint8)
     upload[8:16, 8:16] = (230, 30, 30)
-    gallery, table = handler("paint it any colour", 0, upload, progress=quiet)  # outside the grammar: uploads only
-    assert np.array_equal(gallery[0][0][::6, ::6], upload) and "| base | - |" in table
+    html, table = handler("paint it any colour", 0, 1, 2, 4.5, upload, progress=quiet)  # outside the grammar: uploads
+    assert np.array_equal(read_grid(html)["images"][0][::6, ::6], upload) and "| base | - |" in table
     with pytest.raises(gr.Error, match="upload a source image"):
-        handler("paint it any colour", 0, None, progress=quiet)
+        handler("paint it any colour", 0, 1, 2, 4.5, None, progress=quiet)
 
 
 def test_sample_cli_edits_world_scenes_and_image_files_and_eval_reads_them_back(tmp_path):
