@@ -246,3 +246,28 @@ def test_the_scorers_see_at_most_max_scored_frames_evenly_spaced(setup):
     from flowrl.algorithms.tvrl import scored_frames
 
     assert scored_frames(9, 16) is None and scored_frames(81, 5).tolist() == [0, 20, 40, 60, 80]
+
+
+@pytest.mark.parametrize("token_ratio", [True, False])
+def test_non_uniform_credit_weights_each_tokens_log_prob_in_loss_and_gradient(setup, token_ratio):
+    """On policy (ratio 1, inside the clip) both forms give loss -A and gradient
+    -A grad(sum_k w_k log pi_k / sum_k w_k): each token's log-prob counts by its credit, unlike weights of one."""
+    policy, batch = setup
+    algorithm = tvrl({"token_ratio": token_ratio})
+    items, _ = algorithm.prepare(batch, policy)
+    g = torch.Generator().manual_seed(0)
+    algorithm.token_weights = 0.1 + torch.rand(algorithm.token_weights.shape, generator=g) ** 4  # far from uniform
+    params = list(policy.trainable_parameters())
+    losses, _ = algorithm.loss(policy, batch, items)
+    grads = torch.autograd.grad(losses.sum(), params)
+    advantage = algorithm.advantages[items.sample]
+    torch.testing.assert_close(losses.detach(), -advantage, atol=1e-5, rtol=1e-5)
+    w = algorithm.token_weights[items.sample].flatten(1)
+    new = algorithm.token_terms(policy, batch.trajectory, items).flatten(1)
+    expected = torch.autograd.grad((-advantage * (w * new).sum(1) / w.sum(1)).sum(), params, retain_graph=True)
+    uniform = torch.autograd.grad((-advantage * new.mean(1)).sum(), params)
+    for a, b, c in zip(grads, expected, uniform):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    assert max((b - c).abs().max().item() for b, c in zip(expected, uniform)) > 10 * max(
+        b.abs().max().item() * 1e-4 for b in expected
+    )
