@@ -122,6 +122,9 @@ METHODS = {
     # possible step, 4 at 0.556, is left to the base), so the low-noise steps keep the base network: a trained
     # window LoRA left on there cost 3.2 points (benchmarks/lora_step_gate.py)
     "grpo_gated_lora": ("shapes_grpo", [VERIFIER, "lora.active_from_sigma=0.6"]),
+    # the main job with SAGE-GRPO's sampler (the step variance integrated over the step, the drift's score term
+    # scaled by it): the SDE-consistent kind beside the main job's flow
+    "grpo_sage": ("shapes_grpo", [VERIFIER, "sampler.kind=sage"]),
     "refl": ("shapes_refl", []),
     "draft": ("shapes_draft", []),
 }
@@ -149,6 +152,7 @@ UPDATES = {
     "grpo_cps_full": 130,
     "grpo_cps_window": 240,
     "grpo_gated_lora": 240,
+    "grpo_sage": 240,
     "refl": 330,
     "draft": 95,
 }
