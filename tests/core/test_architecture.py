@@ -112,7 +112,7 @@ def test_the_cycle_check_finds_a_cycle_through_a_function_level_import():
 
 def test_the_worlds_are_packages_and_the_core_holds_none():
     worlds = sorted(p.name for p in WORLDS.iterdir() if (p / "__init__.py").is_file())
-    assert worlds == ["moving_shapes", "safety", "shapes", "shapes3d", "shapes_edit"]
+    assert worlds == ["moving_shapes", "safety", "shapes", "shapes3d", "shapes_edit", "tactile"]
     core = [m for m in library_modules() if world_of(m) is None and not m.startswith("flowrl.worlds")]
     assert len(core) > 60
 
