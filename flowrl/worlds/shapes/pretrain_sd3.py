@@ -48,12 +48,14 @@ def images_to_tensor(images: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
 
 
-def train_vae(vae, cfg: PretrainConfig, rng: np.random.Generator) -> dict:
+def train_vae(vae, cfg: PretrainConfig, rng: np.random.Generator, pairs=sample_pairs) -> dict:
+    """Train the autoencoder on fresh images (`pairs(n, rng)[0]`, uint8 [n, H, W, 3]: the shapes world's renders by
+    default): L1 plus a small KL; then set its latent shift and scale from 1024 encodings."""
     optimizer = torch.optim.AdamW(vae.parameters(), lr=cfg.vae_lr, weight_decay=0.0)
     vae.train()
     bar = tqdm(range(cfg.vae_steps), desc="pretrain vae", mininterval=5)
     for step in bar:
-        images = images_to_tensor(sample_pairs(cfg.vae_batch, rng)[0])
+        images = images_to_tensor(pairs(cfg.vae_batch, rng)[0])
         posterior = vae.encode(images).latent_dist
         reconstruction = vae.decode(posterior.sample()).sample
         l1 = (reconstruction - images).abs().mean()
@@ -67,9 +69,7 @@ def train_vae(vae, cfg: PretrainConfig, rng: np.random.Generator) -> dict:
             bar.set_postfix(l1=f"{l1.item():.4f}")
     vae.eval()
     with torch.no_grad():
-        latents = torch.cat(
-            [vae.encode(images_to_tensor(sample_pairs(256, rng)[0])).latent_dist.sample() for _ in range(4)]
-        )
+        latents = torch.cat([vae.encode(images_to_tensor(pairs(256, rng)[0])).latent_dist.sample() for _ in range(4)])
     shift, scale = latents.mean().item(), 1.0 / latents.std().item()
     vae.register_to_config(shift_factor=shift, scaling_factor=scale)
     return {"vae_final_l1": l1.item(), "latent_shift": shift, "latent_scale": scale}
