@@ -175,6 +175,7 @@ TASKS = Registry(
         "moving_shapes": "flowrl.worlds.moving_shapes.task",
         "shapes3d": "flowrl.worlds.shapes3d.task",
         "shapes_edit": "flowrl.worlds.shapes_edit.task",
+        "tactile": "flowrl.worlds.tactile.task",
     },
 )
 

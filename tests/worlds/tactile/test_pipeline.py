@@ -47,3 +47,19 @@ def test_the_generator_round_trips_and_reads_both_controls(tmp_path):
     assert isinstance(again.controlnet, MultiControlNetModel)
     assert first.shape == (1, 3, 32, 32) and torch.equal(first, draw(again, depth))
     assert not torch.equal(first, draw(again, 1 - depth))  # the depth control reaches the sample
+
+
+def test_the_task_serves_its_pairs_as_conditions_and_splits_materials():
+    from flowrl.tasks.base import build_task
+    from flowrl.worlds.tactile.scenes import combination
+    from flowrl.worlds.tactile.task import world_pairs
+
+    task = build_task("tactile")
+    evaluation = task.condition_set("eval").items
+    assert len(evaluation) == 64
+    item = evaluation[0]
+    assert item.inputs["rgb"].shape == (32, 32, 3) and item.inputs["depth"].dtype.name == "uint8"
+    pair = world_pairs("eval", 1)[0]
+    assert item.prompt == pair.description and item.meta["pair_seed"] == pair.meta["seed"]
+    train_combos = {combination(p.material) for p in world_pairs("train", 64)}
+    assert not train_combos & {combination(p.material) for p in world_pairs("eval")}

@@ -59,3 +59,12 @@ def test_a_press_shows_the_texture_only_where_the_gel_touches_and_gradients_reac
     assert centre > 0.05 and corner < 1e-6  # the curved gel rises out of contact towards the corners
     image.sum().backward()
     assert heights.grad is not None and heights.grad.abs().sum() > 0
+
+
+def test_ssim_is_one_for_identical_images_and_falls_with_noise():
+    from flowrl.worlds.tactile.metrics import ssim
+
+    image = render(height_field(Material("woven", 6, 0.0, 0.3, 0.2), 32, seed=0), PATCH, Press())[None]
+    noisy = (image + 0.1 * torch.randn(image.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+    assert ssim(image, image).item() == pytest.approx(1.0, abs=1e-5)
+    assert ssim(noisy, image).item() < 0.9
