@@ -137,6 +137,8 @@ REWARDS = Registry(
         "mesh_validity": "flowrl.worlds.shapes3d.rewards",
         "mesh_smoothness": "flowrl.worlds.shapes3d.rewards",
         "shape_match": "flowrl.worlds.shapes3d.rewards",
+        "tactile_ssim": "flowrl.worlds.tactile.rewards",
+        "tactile_physics": "flowrl.worlds.tactile.rewards",
     },
 )
 
