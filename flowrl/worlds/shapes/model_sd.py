@@ -12,9 +12,13 @@ from dataclasses import dataclass
 
 import torch
 from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
-from transformers import CLIPTextConfig, CLIPTextModel
+from transformers import CLIPTextModel
 
-from flowrl.worlds.shapes.tokenizer import MODEL_MAX_LENGTH, SPECIAL_TOKENS, build_tokenizer, shapes_vocabulary
+from flowrl.worlds.shapes.tokenizer import (
+    build_tokenizer,
+    shapes_vocabulary,
+    word_clip_config,
+)
 
 
 @dataclass
@@ -44,21 +48,7 @@ def build_unet(size: ShapesSDSize, seed: int) -> UNet2DConditionModel:
 
 def build_text_encoder(size: ShapesSDSize, seed: int) -> CLIPTextModel:
     torch.manual_seed(seed)
-    return CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=len(shapes_vocabulary()),
-            hidden_size=size.text_hidden,
-            intermediate_size=2 * size.text_hidden,
-            num_hidden_layers=size.text_layers,
-            num_attention_heads=4,
-            max_position_embeddings=MODEL_MAX_LENGTH,
-            hidden_act="gelu",
-            layer_norm_eps=1e-5,
-            pad_token_id=SPECIAL_TOKENS.index("<pad>"),
-            bos_token_id=SPECIAL_TOKENS.index("<bos>"),
-            eos_token_id=SPECIAL_TOKENS.index("<eos>"),
-        )
-    )
+    return CLIPTextModel(word_clip_config(len(shapes_vocabulary()), size.text_hidden, size.text_layers))
 
 
 def ddim_scheduler() -> DDIMScheduler:

@@ -12,9 +12,15 @@ from dataclasses import dataclass
 
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
-from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+from transformers import CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-from flowrl.worlds.shapes.tokenizer import MODEL_MAX_LENGTH, SPECIAL_TOKENS, build_tokenizer, shapes_vocabulary
+from flowrl.worlds.shapes.tokenizer import (
+    MODEL_MAX_LENGTH,
+    SPECIAL_TOKENS,
+    build_tokenizer,
+    shapes_vocabulary,
+    word_clip_config,
+)
 
 T5_SEQUENCE_LENGTH = MODEL_MAX_LENGTH  # pass as max_sequence_length to every pipeline call
 
@@ -32,19 +38,8 @@ class ShapesSD3Size:
 
 def build_text_encoder(size: ShapesSD3Size, seed: int) -> CLIPTextModelWithProjection:
     torch.manual_seed(seed)
-    config = CLIPTextConfig(
-        vocab_size=len(shapes_vocabulary()),
-        hidden_size=size.text_hidden,
-        intermediate_size=2 * size.text_hidden,
-        num_hidden_layers=size.text_layers,
-        num_attention_heads=4,
-        max_position_embeddings=MODEL_MAX_LENGTH,
-        projection_dim=size.text_projection,
-        hidden_act="gelu",
-        layer_norm_eps=1e-5,
-        pad_token_id=SPECIAL_TOKENS.index("<pad>"),
-        bos_token_id=SPECIAL_TOKENS.index("<bos>"),
-        eos_token_id=SPECIAL_TOKENS.index("<eos>"),
+    config = word_clip_config(
+        len(shapes_vocabulary()), size.text_hidden, size.text_layers, projection_dim=size.text_projection
     )
     return CLIPTextModelWithProjection(config)
 

@@ -44,3 +44,27 @@ def build_tokenizer(max_length: int = MODEL_MAX_LENGTH, words: list[str] | None 
         unk_token="<unk>",
         model_max_length=max_length,
     )
+
+
+def word_clip_config(
+    vocab_size: int, hidden: int, layers: int, max_length: int = MODEL_MAX_LENGTH, projection_dim: int | None = None
+):
+    """The config of a small CLIP text encoder over a word-level vocabulary whose first ids are SPECIAL_TOKENS (4
+    heads, a feed-forward twice the width, GELU); `projection_dim` for a CLIPTextModelWithProjection."""
+    from transformers import CLIPTextConfig
+
+    extra = {} if projection_dim is None else {"projection_dim": projection_dim}
+    return CLIPTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        max_position_embeddings=max_length,
+        hidden_act="gelu",
+        layer_norm_eps=1e-5,
+        pad_token_id=SPECIAL_TOKENS.index("<pad>"),
+        bos_token_id=SPECIAL_TOKENS.index("<bos>"),
+        eos_token_id=SPECIAL_TOKENS.index("<eos>"),
+        **extra,
+    )

@@ -14,9 +14,15 @@ from dataclasses import dataclass
 
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxTransformer2DModel
-from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
-from flowrl.worlds.shapes.tokenizer import MODEL_MAX_LENGTH, SPECIAL_TOKENS, build_tokenizer, shapes_vocabulary
+from flowrl.worlds.shapes.tokenizer import (
+    MODEL_MAX_LENGTH,
+    SPECIAL_TOKENS,
+    build_tokenizer,
+    shapes_vocabulary,
+    word_clip_config,
+)
 
 KONTEXT_SEQUENCE_LENGTH = MODEL_MAX_LENGTH  # pass as max_sequence_length to every pipeline call
 
@@ -44,20 +50,7 @@ def build_text_encoders(size: ShapesKontextSize, seed: int) -> tuple[CLIPTextMod
     words = len(edit_vocabulary())
     specials = {"pad_token_id": SPECIAL_TOKENS.index("<pad>"), "eos_token_id": SPECIAL_TOKENS.index("<eos>")}
     torch.manual_seed(seed)
-    clip = CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=words,
-            hidden_size=size.text_hidden,
-            intermediate_size=2 * size.text_hidden,
-            num_hidden_layers=size.text_layers,
-            num_attention_heads=4,
-            max_position_embeddings=MODEL_MAX_LENGTH,
-            hidden_act="gelu",
-            layer_norm_eps=1e-5,
-            bos_token_id=SPECIAL_TOKENS.index("<bos>"),
-            **specials,
-        )
-    )
+    clip = CLIPTextModel(word_clip_config(words, size.text_hidden, size.text_layers))
     torch.manual_seed(seed + 1)
     t5 = T5EncoderModel(
         T5Config(

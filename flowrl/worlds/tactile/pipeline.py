@@ -17,14 +17,14 @@ import torch
 from diffusers import (
     AutoencoderKL,
     ControlNetModel,
-    DDIMScheduler,
     MultiControlNetModel,
     StableDiffusionXLControlNetPipeline,
     UNet2DConditionModel,
 )
-from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
-from flowrl.worlds.shapes.tokenizer import SPECIAL_TOKENS, build_tokenizer
+from flowrl.worlds.shapes.model_sd import ddim_scheduler
+from flowrl.worlds.shapes.tokenizer import SPECIAL_TOKENS, build_tokenizer, word_clip_config
 from flowrl.worlds.tactile.materials import KINDS
 
 DESCRIPTION_WORDS = (
@@ -50,21 +50,8 @@ def vocabulary() -> list[str]:
     return list(SPECIAL_TOKENS) + sorted(set(DESCRIPTION_WORDS) | {","})
 
 
-def _text_config(size: TactileSize) -> CLIPTextConfig:
-    return CLIPTextConfig(
-        vocab_size=len(vocabulary()),
-        hidden_size=size.text_hidden,
-        intermediate_size=2 * size.text_hidden,
-        num_hidden_layers=size.text_layers,
-        num_attention_heads=4,
-        max_position_embeddings=MAX_WORDS,
-        hidden_act="gelu",
-        layer_norm_eps=1e-5,
-        projection_dim=size.text_hidden,
-        pad_token_id=SPECIAL_TOKENS.index("<pad>"),
-        bos_token_id=SPECIAL_TOKENS.index("<bos>"),
-        eos_token_id=SPECIAL_TOKENS.index("<eos>"),
-    )
+def _text_config(size: TactileSize):
+    return word_clip_config(len(vocabulary()), size.text_hidden, size.text_layers, MAX_WORDS, size.text_hidden)
 
 
 def _sdxl_blocks(size: TactileSize) -> dict:
@@ -110,19 +97,6 @@ def build_vae(seed: int) -> AutoencoderKL:
         latent_channels=4,
         norm_num_groups=16,
         sample_size=32,
-    )
-
-
-def ddim_scheduler() -> DDIMScheduler:
-    return DDIMScheduler(
-        num_train_timesteps=1000,
-        beta_start=0.00085,
-        beta_end=0.012,
-        beta_schedule="scaled_linear",
-        clip_sample=False,
-        set_alpha_to_one=False,
-        steps_offset=1,
-        prediction_type="epsilon",
     )
 
 
