@@ -38,19 +38,26 @@ def _centred(image: torch.Tensor) -> torch.Tensor:
     return image - image.mean()
 
 
+def predicted_change(depth: torch.Tensor, press: Press = Press()) -> torch.Tensor:
+    """The change from the untouched gel [..., 3, H, W] the sensor model predicts from relative depth [..., H, W]
+    (relief read as 1 - depth at ASSUMED_AMPLITUDE)."""
+    background = torch.tensor(BACKGROUND, device=depth.device).view(3, 1, 1)
+    return render((1 - depth) * ASSUMED_AMPLITUDE, PATCH_MM, press) - background
+
+
 def physics_agreement(
     rgb_depth: torch.Tensor, tactile: torch.Tensor, max_shift: int = 4, press: Press = Press()
 ) -> tuple[float, tuple[int, int]]:
     """(best normalised cross-correlation, the shift in pixels (rows, columns) where it peaks) between the tactile
     change image (against the untouched gel) and the one predicted from relative depth [H, W]."""
-    background = torch.tensor(BACKGROUND).view(3, 1, 1)
-    predicted = _centred(render((1 - rgb_depth) * ASSUMED_AMPLITUDE, PATCH_MM, press) - background)
-    observed = tactile - background
+    predicted = _centred(predicted_change(rgb_depth, press))
+    observed = _centred(tactile - torch.tensor(BACKGROUND).view(3, 1, 1))
+    scale = observed.std() * observed.numel()
     best, where = -2.0, (0, 0)
     for dy in range(-max_shift, max_shift + 1):
         for dx in range(-max_shift, max_shift + 1):
             shifted = _centred(torch.roll(predicted, (dy, dx), dims=(-2, -1)))
-            value = (_centred(observed) * shifted).sum() / (observed.std() * shifted.std() * observed.numel() + 1e-8)
+            value = (observed * shifted).sum() / (scale * shifted.std() + 1e-8)
             if value.item() > best:
                 best, where = value.item(), (dy, dx)
     return best, where

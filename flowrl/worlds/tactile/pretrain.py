@@ -101,8 +101,7 @@ def pretrain_tactile(cfg: TactilePretrainConfig, size: TactileSize | None = None
     pipe.vae.to(torch.float32)
     vae_facts = train_vae(pipe.vae, cfg, rng, pool.tactile_images) if cfg.vae_steps else {}
     pipe.vae.register_to_config(shift_factor=None)
-    for module in (pipe.vae,):
-        module.requires_grad_(False)
+    pipe.vae.requires_grad_(False)
     modules = [pipe.unet, pipe.controlnet, pipe.text_encoder, pipe.text_encoder_2]
     loss = train_denoiser(
         modules,

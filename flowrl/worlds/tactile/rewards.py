@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 
 from flowrl.rewards.base import REWARDS, Reward, RewardOutput, condition_items
-from flowrl.worlds.tactile.curation import ASSUMED_AMPLITUDE
+from flowrl.worlds.tactile.curation import ASSUMED_AMPLITUDE, predicted_change
 from flowrl.worlds.tactile.materials import PATCH_MM, Material
 from flowrl.worlds.tactile.metrics import ssim
 from flowrl.worlds.tactile.scenes import clean_pair
-from flowrl.worlds.tactile.sensor import BACKGROUND, Press, indentation, render
+from flowrl.worlds.tactile.sensor import BACKGROUND, Press, indentation
 
 
 def _truths(items, size: int) -> torch.Tensor:
@@ -46,9 +46,10 @@ class TactilePhysics(Reward):
     def __call__(self, samples, prompts, meta=None):
         items = condition_items(prompts, meta)
         background = torch.tensor(BACKGROUND, device=samples.device).view(1, 3, 1, 1)
-        heights = torch.stack([(1 - depth_of(i)) * ASSUMED_AMPLITUDE for i in items]).to(samples.device)
-        predicted = render(heights, PATCH_MM, Press()) - background
-        contact = (indentation(heights, PATCH_MM, Press()) > 1e-4).float()[:, None]  # where the gel touches
+        depth = torch.stack([depth_of(i) for i in items]).to(samples.device)
+        predicted = predicted_change(depth)
+        touched = indentation((1 - depth) * ASSUMED_AMPLITUDE, PATCH_MM, Press())
+        contact = (touched > 1e-4).float()[:, None]  # where the gel touches
         observed = samples.float() - background
 
         def centred(x):
