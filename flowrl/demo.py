@@ -414,13 +414,11 @@ def build_demo(
         rows = []
         try:
             first, count = int(seed), int(count)
+            uploads = uploaded_images(references or [])  # read once for every seed's row
             for number, row_seed in enumerate(range(first, first + count)):
                 if progress is not None:
                     progress(number / count, desc=f"seed {row_seed}")
-                entries = compare(
-                    prompt, row_seed, None, source, uploaded_images(references or []), steps_shown, guidance
-                )
-                rows.append((row_seed, entries))
+                rows.append((row_seed, compare(prompt, row_seed, None, source, uploads, steps_shown, guidance)))
         except UserError as error:
             raise gr.Error(str(error)) from None
 
