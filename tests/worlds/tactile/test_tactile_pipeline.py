@@ -11,6 +11,19 @@ from flowrl.worlds.tactile.materials import KINDS, Material
 from flowrl.worlds.tactile.pipeline import build_pipeline
 
 
+def draw_tactile(pipe, description: str, rgb: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+    """A 2-step 32 px tactile image from the camera image and depth controls, seed 0."""
+    return pipe(
+        description,
+        image=[rgb, depth],
+        height=32,
+        width=32,
+        num_inference_steps=2,
+        output_type="pt",
+        generator=torch.Generator().manual_seed(0),
+    ).images
+
+
 def test_every_description_tokenizes_without_unknown_words():
     tokenizer = build_pipeline().tokenizer
     unknown = tokenizer.convert_tokens_to_ids("<unk>")
@@ -31,15 +44,7 @@ def test_the_generator_round_trips_and_reads_both_controls(tmp_path):
     rgb, depth = torch.rand(1, 3, 32, 32), torch.rand(1, 3, 32, 32)
 
     def draw(p, depth_image):
-        return p(
-            "woven, fine pitch, diagonal, soft, low friction",
-            image=[rgb, depth_image],
-            height=32,
-            width=32,
-            num_inference_steps=2,
-            output_type="pt",
-            generator=torch.Generator().manual_seed(0),
-        ).images
+        return draw_tactile(p, "woven, fine pitch, diagonal, soft, low friction", rgb, depth_image)
 
     first = draw(pipe, depth)
     pipe.save_pretrained(tmp_path / "tactile")

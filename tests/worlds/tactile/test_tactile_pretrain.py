@@ -5,6 +5,7 @@ import dataclasses
 
 import torch
 from diffusers import StableDiffusionXLControlNetPipeline
+from test_tactile_pipeline import draw_tactile
 
 from flowrl.worlds.tactile.pretrain import TactilePretrainConfig, pretrain_tactile
 
@@ -23,14 +24,6 @@ def test_a_few_steps_of_the_recipe_make_a_generator_whose_controls_matter(tmp_pa
     rgb, depth = torch.rand(1, 3, 32, 32), torch.rand(1, 3, 32, 32)
 
     def draw(depth_image):
-        return again(
-            "ridged, fine pitch, vertical, rough, high friction",
-            image=[rgb, depth_image],
-            height=32,
-            width=32,
-            num_inference_steps=2,
-            output_type="pt",
-            generator=torch.Generator().manual_seed(0),
-        ).images
+        return draw_tactile(again, "ridged, fine pitch, vertical, rough, high friction", rgb, depth_image)
 
     assert not torch.equal(draw(depth), draw(1 - depth))
