@@ -135,11 +135,11 @@ def diagnose(config, updates: int = 1, success_threshold: float | None = None, p
                 ode_rewards.append(ode_batch.global_rewards)
                 bar.update(1)
         bar.close()
-        reward_table, ids = _grouped(torch.cat(rewards), torch.cat(groups))
         group_ids = torch.cat(groups)
+        reward_table, ids = _grouped(torch.cat(rewards), group_ids)
         success_table = _grouped(torch.cat(success), group_ids)[0] if success else None
         stats = SignalStats.of(reward_table, success_table)
-        first_prompt = {g: prompts[list(group_ids.tolist()).index(g)] for g in ids}
+        prompt_of = dict(zip(group_ids.tolist(), prompts))  # a group's samples share its prompt
         clip_fraction = _first_update_clip_fraction(trainer, first)
     gap = None
     if ode_rewards:
@@ -149,7 +149,7 @@ def diagnose(config, updates: int = 1, success_threshold: float | None = None, p
         "stats": dataclasses.asdict(stats),
         "verdict": stats.verdict(),
         "prompts": [
-            {"prompt": first_prompt[g], "rewards": row.tolist(), "mean": float(row.mean()), "std": float(row.std())}
+            {"prompt": prompt_of[g], "rewards": row.tolist(), "mean": float(row.mean()), "std": float(row.std())}
             for g, row in zip(ids, reward_table)
         ],
         "sde_ode_gap": gap,
