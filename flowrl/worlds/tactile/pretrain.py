@@ -24,9 +24,9 @@ from flowrl.worlds.tactile.scenes import make_pairs
 
 @dataclass
 class TactilePretrainConfig(PretrainConfig):
-    vae_steps: int = 600
+    vae_steps: int = 400
     vae_batch: int = 32
-    flow_steps: int = 1500  # denoiser steps (the field name is shared with the flow recipes)
+    flow_steps: int = 1200  # denoiser steps (the field name is shared with the flow recipes)
     flow_batch: int = 32
     flow_lr: float = 5e-4
     warmup_steps: int = 100

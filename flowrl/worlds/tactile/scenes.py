@@ -63,20 +63,22 @@ def draw_material(rng: np.random.Generator, split: str) -> Material:
 
 
 def appearance(heights: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-    """The camera's RGB image [3, H, W] in [0, 1]: a colour and a print drawn independently of the material (so
-    neither tells it), lit by one light from the upper left so that the relief shows as shading."""
+    """The camera's RGB image [3, H, W] in [0, 1]: a colour and a faint print drawn independently of the material (so
+    neither tells it), lit by a low light from the upper left (a close-up under raking light, as texture is
+    photographed) so that the relief shows as shading."""
     size = heights.shape[-1]
-    colour = torch.tensor(rng.uniform(0.2, 0.85, size=3), dtype=torch.float32).view(3, 1, 1)
-    second = torch.tensor(rng.uniform(0.2, 0.85, size=3), dtype=torch.float32).view(3, 1, 1)
+    colour = torch.tensor(rng.uniform(0.3, 0.8, size=3), dtype=torch.float32).view(3, 1, 1)
+    second = (colour + torch.tensor(rng.uniform(-0.12, 0.12, size=3), dtype=torch.float32).view(3, 1, 1)).clamp(0, 1)
     coords = (torch.arange(size, dtype=torch.float32) + 0.5) / size
     y, x = torch.meshgrid(coords, coords, indexing="ij")
     period, phase, angle = rng.uniform(0.15, 0.5), rng.uniform(0, 1), rng.uniform(0, math.pi)
     print_mask = torch.sin(2 * math.pi * ((x * math.cos(angle) + y * math.sin(angle)) / period + phase)) > 0.6
     base = torch.where(print_mask, second, colour)
     normals = surface_normals(heights, PATCH_MM)
-    light = torch.tensor([-0.5, -0.5, 0.707]) / math.sqrt(0.5**2 * 2 + 0.707**2)
+    light = torch.tensor([-0.65, -0.65, 0.4])
+    light = light / light.norm()
     lambert = torch.einsum("c,chw->hw", light, normals).clamp(0, 1)
-    return (base * (0.35 + 0.65 * lambert / light[2])).clamp(0, 1)
+    return (base * (0.2 + 0.8 * lambert / light[2])).clamp(0, 1)
 
 
 def relative_depth(heights: torch.Tensor) -> torch.Tensor:
