@@ -66,12 +66,14 @@ def physics_agreement(
 def near_duplicates(features: torch.Tensor, threshold: float = DUPLICATE_SIMILARITY) -> list[int]:
     """Indices of pairs whose features repeat an earlier kept pair's (cosine similarity >= threshold)."""
     unit = torch.nn.functional.normalize(features.float().flatten(1), dim=1)
-    similarity = unit @ unit.T
+    kept = torch.zeros(len(unit), dtype=torch.bool)
+    kept[0] = True
     dropped: list[int] = []
     for i in range(1, len(unit)):
-        earlier = [j for j in range(i) if j not in dropped]
-        if earlier and similarity[i, earlier].max() >= threshold:
+        if (unit[:i][kept[:i]] @ unit[i]).max() >= threshold:
             dropped.append(i)
+        else:
+            kept[i] = True
     return dropped
 
 

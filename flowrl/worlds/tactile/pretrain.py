@@ -30,34 +30,39 @@ class TactilePretrainConfig(PretrainConfig):
     flow_batch: int = 32
     flow_lr: float = 5e-4
     warmup_steps: int = 100
-    pool: int = 2048  # clean training pairs rendered once, drawn from with replacement
+    pool: int = 2048  # training pairs rendered once, drawn from with replacement
     image_size: int = 32
+    faults: float = 0.0  # the share of the pool planted with each fault (misaligned, duplicate, mismatched)
+    curate: bool = False  # drop what `curation.curate` finds before training
+    use_depth: bool = True  # False: the depth ControlNet is weighed 0 (trained and sampled without depth)
 
 
 class PairPool:
-    """Clean training pairs rendered once: tactile images (uint8 [N, H, W, 3]), camera images and depth ([0, 1],
-    [N, 3, H, W] each, depth repeated over 3 channels) and descriptions."""
+    """Training pairs rendered once: tactile images (uint8 [N, H, W, 3]), camera images and depth ([0, 1],
+    [N, 3, H, W] each, depth repeated over 3 channels) and descriptions. `faults` plants each of the world's faults
+    in that share of the pairs; `curate` then drops what curation finds (features: the tactile pixels)."""
 
-    def __init__(self, count: int, size: int, seed: int):
-        pairs = make_pairs(count, size, seed, "train", misaligned=0.0, duplicates=0.0, mismatched=0.0)
+    def __init__(self, count: int, size: int, seed: int, faults: float = 0.0, curate: bool = False):
+        from flowrl.worlds.tactile.curation import curate as find_faults
+
+        pairs = make_pairs(count, size, seed, "train", misaligned=faults, duplicates=faults, mismatched=faults)
+        self.removed: dict[str, int] = {}
+        if curate:
+            report = find_faults(pairs, torch.stack([p.tactile for p in pairs]).flatten(1))
+            self.removed = report.counts()
+            pairs = [pairs[i] for i in report.kept]
         self.tactile = np.stack([(p.tactile.permute(1, 2, 0) * 255).round().byte().numpy() for p in pairs])
         self.rgb = torch.stack([p.rgb for p in pairs])
         self.depth = torch.stack([p.depth.expand(3, -1, -1) for p in pairs])
         self.descriptions = [p.description for p in pairs]
-
-    def tactile_images(self, n: int, rng: np.random.Generator):
-        rows = rng.integers(len(self.descriptions), size=n)
-        return self.tactile[rows], [self.descriptions[i] for i in rows]
-
-    def batch(self, n: int, rng: np.random.Generator):
-        rows = rng.integers(len(self.descriptions), size=n)
-        controls = {"tactile": self.tactile[rows], "rgb": self.rgb[rows], "depth": self.depth[rows]}
-        return controls, [self.descriptions[i] for i in rows]
+        self.faults = {kind: sum(p.fault == kind for p in pairs) for kind in ("misaligned", "duplicate", "mismatched")}
 
 
-def denoiser_loss(pipe, batch: dict, prompts: list[str], generator: torch.Generator) -> torch.Tensor:
-    """Epsilon-prediction loss of the UNet with both ControlNets' residuals, text through both encoders (with
-    gradients) and SDXL's micro-conditioning at the images' own size."""
+def denoiser_loss(
+    pipe, batch: dict, prompts: list[str], generator: torch.Generator, depth_scale: float = 1.0
+) -> torch.Tensor:
+    """Epsilon-prediction loss of the UNet with both ControlNets' residuals (the depth one weighed `depth_scale`),
+    text through both encoders (with gradients) and SDXL's micro-conditioning at the images' own size."""
     vae, alphas = pipe.vae, pipe.scheduler.alphas_cumprod.float()
     with torch.no_grad():
         x0 = vae.encode(images_to_tensor(batch["tactile"])).latent_dist.sample(generator) * vae.config.scaling_factor
@@ -74,7 +79,7 @@ def denoiser_loss(pipe, batch: dict, prompts: list[str], generator: torch.Genera
         t,
         encoder_hidden_states=embeds,
         controlnet_cond=[batch["rgb"], batch["depth"]],
-        conditioning_scale=[1.0, 1.0],
+        conditioning_scale=[1.0, depth_scale],
         added_cond_kwargs=extra,
         return_dict=False,
     )
@@ -89,23 +94,29 @@ def denoiser_loss(pipe, batch: dict, prompts: list[str], generator: torch.Genera
     return (predicted - noise).pow(2).mean()
 
 
-def pretrain_tactile(cfg: TactilePretrainConfig, size: TactileSize | None = None):
-    """Train the generator from scratch; returns (the pipeline in fp16, facts for its card)."""
+def pretrain_tactile(cfg: TactilePretrainConfig, size: TactileSize | None = None, vae=None):
+    """Train the generator from scratch (or, given a trained `vae`, its denoiser only, on that autoencoder); returns
+    (the pipeline in fp16, facts for its card)."""
     torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     size = size or TactileSize()
     start = time.time()
-    pool = PairPool(cfg.pool, cfg.image_size, cfg.seed)
+    pool = PairPool(cfg.pool, cfg.image_size, cfg.seed, cfg.faults, cfg.curate)
     pipe = build_pipeline(size, seed=cfg.seed)
     pipe.vae.to(torch.float32)
-    vae_facts = train_vae(pipe.vae, cfg, rng, pool.tactile_images) if cfg.vae_steps else {}
+    if vae is not None:
+        pipe.vae.load_state_dict({k: v.float() for k, v in vae.state_dict().items()})
+        pipe.vae.register_to_config(scaling_factor=vae.config.scaling_factor)
+        vae_facts = {"vae": "given"}
+    else:
+        vae_facts = train_vae(pipe.vae, cfg, rng, pool.tactile_images) if cfg.vae_steps else {}
     pipe.vae.register_to_config(shift_factor=None)
     pipe.vae.requires_grad_(False)
     modules = [pipe.unet, pipe.controlnet, pipe.text_encoder, pipe.text_encoder_2]
     loss = train_denoiser(
         modules,
-        lambda batch, prompts: denoiser_loss(pipe, batch, prompts, generator),
+        lambda batch, prompts: denoiser_loss(pipe, batch, prompts, generator, float(cfg.use_depth)),
         cfg,
         rng,
         "pretrain unet + controlnets",
@@ -114,6 +125,8 @@ def pretrain_tactile(cfg: TactilePretrainConfig, size: TactileSize | None = None
     facts = {
         "config": asdict(cfg),
         "size": asdict(size),
+        "pool_faults": pool.faults,
+        "curation_removed": pool.removed,
         **vae_facts,
         "denoiser_final_loss": loss,
         "total_minutes": (time.time() - start) / 60,
