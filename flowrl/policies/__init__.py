@@ -11,6 +11,7 @@ POLICIES = Registry(
     "policy",
     {
         "StableDiffusionPipeline": "flowrl.policies.sd",
+        "StableDiffusionXLControlNetPipeline": "flowrl.policies.sdxl_controlnet",
         "StableDiffusion3Pipeline": "flowrl.policies.sd3",
         "FluxPipeline": "flowrl.policies.flux",
         "FluxKontextPipeline": "flowrl.policies.flux",

@@ -118,6 +118,6 @@ def build_pipeline(size: TactileSize | None = None, seed: int = 0, vae: Autoenco
         unet=build_unet(size, seed),
         controlnet=controlnet,
         scheduler=ddim_scheduler(),
-        force_zeros_for_empty_prompt=True,
+        force_zeros_for_empty_prompt=False,  # CFG's unconditional branch is the empty description, as trained
         add_watermarker=False,
     )

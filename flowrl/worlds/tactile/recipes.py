@@ -120,14 +120,24 @@ def pretrain_generator(args) -> None:
     from flowrl.worlds.shapes.pretrain_sd3 import save_pipeline
     from flowrl.worlds.tactile.pretrain import TactilePretrainConfig, pretrain_tactile
 
+    out = Path(args.out)
+    if getattr(args, "card_only", False):  # re-measure the trained generator in `out` and rewrite its card
+        from diffusers import StableDiffusionXLControlNetPipeline
+
+        pipe = StableDiffusionXLControlNetPipeline.from_pretrained(out).to(torch.float32)
+        facts = json.loads((out / "training_facts.json").read_text())
+        write_generator_card(pipe, out, facts)
+        return
     cfg = TactilePretrainConfig(seed=args.seed)
     for name in ("vae_steps", "flow_steps"):
         if getattr(args, name, None) is not None:
             setattr(cfg, name, getattr(args, name))
     pipe, facts = pretrain_tactile(cfg)
-    out = Path(args.out)
     save_pipeline(pipe, out, facts)
-    pipe.to(torch.float32)
+    write_generator_card(pipe.to(torch.float32), out, facts)
+
+
+def write_generator_card(pipe, out: Path, facts: dict) -> None:
     result = score_generator(pipe)
     (out / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "README.md").write_text(generator_card(facts, result))
@@ -202,6 +212,7 @@ def _commands():
             "tactile-depth": DEPTH,
             "tactile-describer": DESCRIBER,
         },
+        card_only=("tactile",),
         pretrain_help=(
             "tactile -> pipelines/shapes-tactile-sdxl (visual-to-tactile SDXL ControlNet pipeline); tactile-encoder,"
             " tactile-depth, tactile-describer -> pipelines/shapes-tactile-{encoder,depth,describer} (its encoders,"

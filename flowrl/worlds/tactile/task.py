@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from flowrl.tasks.base import TASKS, Condition, ConditionSet, Task
+from flowrl.tasks.base import TASKS, Condition, ConditionSet, Task, tag_metrics
 
 SET_SEEDS = {"train": 0, "eval": 1}
 SET_SIZES = {"train": 256, "eval": 64}
@@ -40,11 +40,25 @@ class TactileTask(Task):
             Condition(
                 pair.description,
                 inputs={"rgb": to_uint8(pair.rgb), "depth": to_uint8(pair.depth.expand(3, -1, -1))},
-                meta={"material": asdict(pair.material), "pair_seed": pair.meta["seed"]},
+                meta={"material": asdict(pair.material), "pair_seed": pair.meta["seed"], "tag": pair.material.kind},
             )
             for pair in world_pairs(name)
         ]
         return ConditionSet(items)
+
+    def evaluate(self, samples, conditions: list[Condition]) -> dict:
+        """SSIM of each generated tactile image against the sensor's image of its condition's material, by kind."""
+        import torch
+
+        from flowrl.worlds.tactile.materials import KINDS
+        from flowrl.worlds.tactile.rewards import TactileSSIM
+
+        images = torch.as_tensor(samples.to_uint8()).permute(0, 3, 1, 2).float() / 255
+        prompts = [item.prompt for item in conditions]
+        values = TactileSSIM()(images, prompts, {"conditions": conditions}).scores.tolist()
+        tags = [item.meta["material"]["kind"] for item in conditions]
+        clusters = [(item.prompt, item.meta["pair_seed"]) for item in conditions]
+        return tag_metrics(values, tags, KINDS, clusters=clusters)
 
     @classmethod
     def commands(cls):
