@@ -100,7 +100,7 @@ def descriptions(seed: int, args, shipped, train_pairs, held_out) -> dict:
 
     history = refine_with_gtpo(model, processor, train_pairs, rewards_of, GTPOConfig(steps=args.gtpo_steps, seed=seed))
     after = accuracy(model, processor, held_out)
-    return {"fine-tuned": before, "GTPO": after, "gtpo_rewards": [h["reward"] for h in history]}
+    return {"fine-tuned": before, "GTPO": after, "gtpo_history": history}
 
 
 def run_seed(seed: int, args, shipped, encoder, estimate) -> dict:
@@ -108,10 +108,8 @@ def run_seed(seed: int, args, shipped, encoder, estimate) -> dict:
     result: dict = {"seed": seed}
     start = time.time()
     texts = descriptions(seed, args, shipped, train_pairs, held_out)
-    result["describer"] = {
-        k: {"accuracy": v["accuracy"], "stderr": v["stderr"]} for k, v in texts.items() if k != "gtpo_rewards"
-    }
-    result["describer"]["gtpo_rewards"] = texts["gtpo_rewards"]
+    result["describer"] = {k: {"accuracy": texts[k]["accuracy"], "stderr": texts[k]["stderr"]} for k in TEXTS[1:3]}
+    result["describer"]["gtpo_history"] = texts["gtpo_history"]
     text_of = {"none": [""] * len(held_out), "fine-tuned": texts["fine-tuned"]["texts"], "GTPO": texts["GTPO"]["texts"]}
     text_of["true"] = [p.description for p in held_out]
     result["minutes_describer"] = (time.time() - start) / 60
@@ -182,6 +180,14 @@ def table(results: list[dict]) -> str:
     for stage in ("fine-tuned", "GTPO"):
         values = [r["describer"][stage]["accuracy"] for r in results]
         lines.append(f"| {stage} | {np.mean(values):.3f} ({', '.join(f'{v:.3f}' for v in values)}) |")
+    for r in results:
+        history = r["describer"]["gtpo_history"]
+        signal = np.mean([h["groups_with_signal"] for h in history])
+        first, last = np.mean([h["reward"] for h in history[:5]]), np.mean([h["reward"] for h in history[-5:]])
+        lines.append(
+            f"\nSeed {r['seed']} GTPO: {100 * signal:.0f}% of groups carried signal; mean reward {first:.3f} over the"
+            f" first 5 steps, {last:.3f} over the last 5."
+        )
     lines += ["", "| friction proxy | held-out MAE (per seed) |", "|---|---|"]
     for arm in ("recorded only", "recorded + generated", "training mean"):
         values = [r["proxy"][arm] for r in results]

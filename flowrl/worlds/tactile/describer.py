@@ -271,7 +271,8 @@ class GTPOConfig:
 def refine_with_gtpo(model, processor, pairs, rewards_of, cfg: GTPOConfig) -> list[dict]:
     """GTPO on `pairs` (a train set): each step draws `images` camera images, samples `group` descriptions of each,
     scores them with `rewards_of(texts, pairs) -> [B]` and takes `inner_steps` steps of the clipped token-level
-    objective on advantages normalised within each image's group. Returns one record per step."""
+    objective on advantages normalised within each image's group. Returns one record per step (mean reward, loss,
+    and the signal check: the share of groups whose rewards differ and their mean spread)."""
     from flowrl.worlds.tactile.gtpo import gtpo_loss
 
     torch.manual_seed(cfg.seed)
@@ -294,6 +295,15 @@ def refine_with_gtpo(model, processor, pairs, rewards_of, cfg: GTPOConfig) -> li
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
-        history.append({"step": step, "reward": rewards.mean().item(), "loss": loss.item()})
+        spread = rewards.view(cfg.images, cfg.group).std(dim=1)
+        history.append(
+            {
+                "step": step,
+                "reward": rewards.mean().item(),
+                "loss": loss.item(),
+                "groups_with_signal": (spread > 1e-6).float().mean().item(),  # groups whose rewards differ
+                "within_group_std": spread.mean().item(),
+            }
+        )
     model.eval()
     return history
