@@ -209,6 +209,9 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/tactile_table"))
     args = parser.parse_args()
     torch.set_num_threads(2)
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # sampled descriptions longer than the text encoders' 16 tokens are cut
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shipped = load_generator(recipes.GENERATOR)

@@ -57,6 +57,15 @@ class PairPool:
         self.descriptions = [p.description for p in pairs]
         self.faults = {kind: sum(p.fault == kind for p in pairs) for kind in ("misaligned", "duplicate", "mismatched")}
 
+    def tactile_images(self, n: int, rng: np.random.Generator):
+        rows = rng.integers(len(self.descriptions), size=n)
+        return self.tactile[rows], [self.descriptions[i] for i in rows]
+
+    def batch(self, n: int, rng: np.random.Generator):
+        rows = rng.integers(len(self.descriptions), size=n)
+        controls = {"tactile": self.tactile[rows], "rgb": self.rgb[rows], "depth": self.depth[rows]}
+        return controls, [self.descriptions[i] for i in rows]
+
 
 def denoiser_loss(
     pipe, batch: dict, prompts: list[str], generator: torch.Generator, depth_scale: float = 1.0
