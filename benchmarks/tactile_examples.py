@@ -20,7 +20,7 @@ from flowrl.worlds.tactile import recipes  # noqa: E402
 from flowrl.worlds.tactile.depthnet import depth_estimator  # noqa: E402
 from flowrl.worlds.tactile.describer import describe, load_describer  # noqa: E402
 from flowrl.worlds.tactile.metrics import ssim  # noqa: E402
-from flowrl.worlds.tactile.task import world_pairs  # noqa: E402
+from flowrl.worlds.tactile.scenes import world_pairs  # noqa: E402
 
 
 def main() -> None:

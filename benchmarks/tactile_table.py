@@ -48,7 +48,7 @@ from flowrl.worlds.tactile.metrics import generator_scores, ssim  # noqa: E402
 from flowrl.worlds.tactile.pretrain import PairPool, TactilePretrainConfig, pretrain_tactile  # noqa: E402
 from flowrl.worlds.tactile.priors import timm_encoder  # noqa: E402
 from flowrl.worlds.tactile.proxy import heldout_error, train_regressor  # noqa: E402
-from flowrl.worlds.tactile.task import world_pairs  # noqa: E402
+from flowrl.worlds.tactile.scenes import world_pairs  # noqa: E402
 
 VARIANTS = {  # name -> (curate, use_depth)
     "faulty pool, uncurated": (False, True),

@@ -82,7 +82,7 @@ def train_depth(cfg: DepthConfig, pool) -> tuple[DepthNet, dict]:
         if step % 50 == 0:
             bar.set_postfix(l1=f"{loss.item():.4f}")
     model.eval()
-    from flowrl.worlds.tactile.task import world_pairs
+    from flowrl.worlds.tactile.scenes import world_pairs
 
     held_out = world_pairs("eval")
     truth = torch.stack([p.depth for p in held_out])

@@ -81,7 +81,7 @@ def train_encoders(cfg: EncoderConfig, pool) -> tuple[dict[str, torch.nn.Module]
     for model in encoders.values():
         model.eval()
     facts = {"config": asdict(cfg), "final_loss": loss.item(), "minutes": (time.time() - start) / 60}
-    from flowrl.worlds.tactile.task import world_pairs
+    from flowrl.worlds.tactile.scenes import world_pairs
 
     held_out = world_pairs("eval")
     camera = encode(encoders["camera"], torch.stack([p.rgb for p in held_out]))

@@ -83,7 +83,7 @@ the training mean everywhere scores {facts["eval_l1_of_the_mean"]:.3f}.
 
 def pretrain_describer(args) -> None:
     from flowrl.worlds.tactile.describer import DescriberConfig, accuracy, build_describer, fine_tune, save_describer
-    from flowrl.worlds.tactile.task import world_pairs
+    from flowrl.worlds.tactile.scenes import world_pairs
 
     cfg = DescriberConfig(seed=args.seed)
     cfg.steps = _steps(args, cfg.steps)
@@ -149,7 +149,7 @@ def score_generator(pipe) -> dict:
     SSIM and, where the encoder folder exists, the learned similarity."""
     from flowrl.worlds.tactile.metrics import generator_scores
     from flowrl.worlds.tactile.priors import timm_encoder
-    from flowrl.worlds.tactile.task import world_pairs
+    from flowrl.worlds.tactile.scenes import world_pairs
 
     encoder = timm_encoder(Path(ENCODER) / "tactile") if (Path(ENCODER) / "tactile").is_dir() else None
     pairs = world_pairs("eval")

@@ -7,17 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from flowrl.tasks.base import TASKS, Condition, ConditionSet, Task, tag_metrics
-
-SET_SEEDS = {"train": 0, "eval": 1}
-SET_SIZES = {"train": 256, "eval": 64}
-IMAGE_SIZE = 32
-
-
-def world_pairs(name: str, count: int | None = None):
-    """The clean pairs of set `name` (train or eval), fixed by the set's seed."""
-    from flowrl.worlds.tactile.scenes import make_pairs
-
-    return make_pairs(count or SET_SIZES[name], IMAGE_SIZE, SET_SEEDS[name], name, 0.0, 0.0, 0.0)
+from flowrl.worlds.tactile.scenes import world_pairs
 
 
 @TASKS.register("tactile")

@@ -14,7 +14,7 @@ from flowrl.worlds.tactile.describer import (
     suppressed,
     token_log_probs,
 )
-from flowrl.worlds.tactile.task import world_pairs
+from flowrl.worlds.tactile.scenes import world_pairs
 
 
 def test_samples_are_masked_after_their_end_and_never_hold_special_tokens(tmp_path):

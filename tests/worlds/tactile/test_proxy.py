@@ -3,7 +3,7 @@
 import torch
 
 from flowrl.worlds.tactile.proxy import heldout_error, train_regressor
-from flowrl.worlds.tactile.task import world_pairs
+from flowrl.worlds.tactile.scenes import world_pairs
 
 
 def test_the_regressor_beats_the_mean_on_held_out_materials():

@@ -56,8 +56,7 @@ def test_the_generator_round_trips_and_reads_both_controls(tmp_path):
 
 def test_the_task_serves_its_pairs_as_conditions_and_splits_materials():
     from flowrl.tasks.base import build_task
-    from flowrl.worlds.tactile.scenes import combination
-    from flowrl.worlds.tactile.task import world_pairs
+    from flowrl.worlds.tactile.scenes import combination, world_pairs
 
     task = build_task("tactile")
     evaluation = task.condition_set("eval").items

@@ -8,7 +8,7 @@ from flowrl.tasks.base import build_task
 
 
 def test_truth_scores_highest_and_the_physics_reward_is_differentiable():
-    from flowrl.worlds.tactile.task import world_pairs
+    from flowrl.worlds.tactile.scenes import world_pairs
 
     items = build_task("tactile").condition_set("eval").items[:8]
     pairs = world_pairs("eval", 8)
