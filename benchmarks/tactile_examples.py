@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 from flowrl.worlds.tactile import recipes  # noqa: E402
 from flowrl.worlds.tactile.depthnet import depth_estimator  # noqa: E402
 from flowrl.worlds.tactile.describer import describe, load_describer  # noqa: E402
-from flowrl.worlds.tactile.metrics import ssim  # noqa: E402
+from flowrl.worlds.tactile.metrics import draw_tactile, ssim  # noqa: E402
 from flowrl.worlds.tactile.scenes import world_pairs  # noqa: E402
 
 
@@ -41,17 +41,7 @@ def main() -> None:
     model, processor = load_describer(args.describer)
     texts = describe(model, processor, rgb)
     pipe = StableDiffusionXLControlNetPipeline.from_pretrained(recipes.GENERATOR).to(torch.float32)
-    pipe.set_progress_bar_config(disable=True)
-    generated = pipe(
-        texts,
-        image=[rgb, depth[:, None].expand(-1, 3, -1, -1)],
-        height=32,
-        width=32,
-        num_inference_steps=20,
-        guidance_scale=3.0,
-        output_type="pt",
-        generator=[torch.Generator().manual_seed(i) for i in range(len(pairs))],
-    ).images
+    generated = draw_tactile(pipe, pairs, texts, depth=depth, seed=0)
     truth = torch.stack([p.tactile for p in pairs])
     scores = ssim(generated, truth)
     figure, axes = plt.subplots(len(pairs), 5, figsize=(11, 2.1 * len(pairs)))

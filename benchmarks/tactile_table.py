@@ -44,7 +44,7 @@ from flowrl.worlds.tactile.describer import (  # noqa: E402
     refine_with_gtpo,
 )
 from flowrl.worlds.tactile.gtpo import description_rewards  # noqa: E402
-from flowrl.worlds.tactile.metrics import generator_scores, ssim  # noqa: E402
+from flowrl.worlds.tactile.metrics import draw_tactile, generator_scores, ssim  # noqa: E402
 from flowrl.worlds.tactile.pretrain import PairPool, TactilePretrainConfig, pretrain_tactile  # noqa: E402
 from flowrl.worlds.tactile.priors import timm_encoder  # noqa: E402
 from flowrl.worlds.tactile.proxy import heldout_error, train_regressor  # noqa: E402
@@ -66,34 +66,13 @@ def load_generator(path: str):
     return pipe
 
 
-@torch.no_grad()
-def draw(pipe, pairs, texts, steps: int, seed: int) -> torch.Tensor:
-    """Tactile images [N, 3, H, W] the generator draws for `pairs` (their camera image and depth) and `texts`."""
-    out = []
-    for start in range(0, len(pairs), 16):
-        chunk = pairs[start : start + 16]
-        out.append(
-            pipe(
-                list(texts[start : start + 16]),
-                image=[torch.stack([p.rgb for p in chunk]), torch.stack([p.depth.expand(3, -1, -1) for p in chunk])],
-                height=32,
-                width=32,
-                num_inference_steps=steps,
-                guidance_scale=3.0,
-                output_type="pt",
-                generator=[torch.Generator().manual_seed(seed + start + i) for i in range(len(chunk))],
-            ).images
-        )
-    return torch.cat(out)
-
-
 def descriptions(seed: int, args, shipped, train_pairs, held_out) -> dict:
     model, processor = build_describer(Path(args.out) / f"describer_seed{seed}", seed)
     fine_tune(model, processor, PairPool(2048, 32, seed), DescriberConfig(seed=seed))
     before = accuracy(model, processor, held_out)
 
     def rewards_of(texts, pairs):
-        images = draw(shipped, pairs, texts, steps=10, seed=seed)
+        images = draw_tactile(shipped, pairs, texts, steps=10, seed=seed)
         return description_rewards(
             texts, [p.material for p in pairs], ssim(images, torch.stack([p.tactile for p in pairs]))
         )
@@ -146,7 +125,7 @@ def proxy(seed: int, args, pipe, train_pairs, held_out) -> dict:
     recorded, others = train_pairs[: args.recorded], train_pairs[args.recorded :]
     friction = torch.tensor([p.material.friction for p in recorded])
     images = torch.stack([p.tactile for p in recorded])
-    generated = draw(pipe, others, [p.description for p in others], steps=20, seed=seed)
+    generated = draw_tactile(pipe, others, [p.description for p in others], seed=seed)
     test_images = torch.stack([p.tactile for p in held_out])
     test_friction = torch.tensor([p.material.friction for p in held_out])
     plain = train_regressor(images, friction, seed=seed)

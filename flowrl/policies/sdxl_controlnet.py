@@ -3,7 +3,8 @@ guided by the pipeline's ControlNet (or MultiControlNetModel) reading per-sample
 
 Conditioning: both text encoders' hidden states side by side and the second one's pooled embedding, SDXL's six size
 ids (original size, crop (0, 0), target size: the sample's), and the control images, one input per ControlNet in the
-order `controls` names them (from each condition's `inputs`, uint8 [H, W, 3] or float [3, H, W] in [0, 1]), each at
+order `controls` names them (from each condition's `inputs`, uint8 [H, W, 3] or float [3, H, W] in [0, 1], resized to
+the sample as condition images are), each at
 conditioning scale `control_scales[i]`. The ControlNets are frozen: RL adapts the UNet, as the pipeline's UNet LoRAs
 do. Deviation from the pipeline's own call: no control guidance window (every step takes every control) and no
 guess mode.
@@ -11,25 +12,12 @@ guess mode.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
+from flowrl.images import as_image_batch, resized
 from flowrl.policies import POLICIES
 from flowrl.policies.base import Conditioning, SampleSpec
 from flowrl.policies.sd import SDPolicy
-
-
-def control_image(value, size: tuple[int, int]) -> torch.Tensor:
-    """A control input (uint8 [H, W, 3] array or float tensor [3, H, W] in [0, 1]) as float [3, h, w] at `size`."""
-    image = torch.as_tensor(np.asarray(value)).permute(2, 0, 1).float() / 255 if _is_uint8(value) else value
-    image = torch.as_tensor(image, dtype=torch.float32)
-    if tuple(image.shape[-2:]) != size:
-        image = torch.nn.functional.interpolate(image[None], size=size, mode="bilinear", align_corners=False)[0]
-    return image
-
-
-def _is_uint8(value) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype == np.uint8
 
 
 @POLICIES.register("StableDiffusionXLControlNetPipeline")
@@ -67,8 +55,8 @@ class SDXLControlNetPolicy(SDPolicy):
                         f"prompt {item.prompt!r} has no {name!r} input; {type(self.pipeline).__name__} reads "
                         f"{', '.join(self.controls)}"
                     )
-                value = item.inputs[name]
-                images.append(control_image(value, size or tuple(np.asarray(value).shape[:2])))
+                image = as_image_batch(item.inputs[name])[0]
+                images.append(resized(image, *size) if size else image)
             stacked = torch.stack(images).to(self.device)
             cond.tensors[name] = stacked
             if cond.negative:

@@ -16,6 +16,7 @@ from torch import nn
 from tqdm import tqdm
 
 from flowrl.errors import UserError
+from flowrl.schedules import cosine_decay
 
 KIND = "flowrl-tactile-depth"
 
@@ -77,7 +78,7 @@ def train_depth(cfg: DepthConfig, pool) -> tuple[DepthNet, dict]:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * 0.5 * (1 + np.cos(np.pi * step / cfg.steps))
+            group["lr"] = cfg.lr * cosine_decay(step, cfg.steps)
         optimizer.step()
         if step % 50 == 0:
             bar.set_postfix(l1=f"{loss.item():.4f}")

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from flowrl.images import to_uint8
 from flowrl.worlds.tactile.pipeline import DESCRIPTION_WORDS
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
@@ -131,7 +132,7 @@ def load_describer(folder: str | Path):
 def _images(rgb: torch.Tensor) -> list[np.ndarray]:
     """Camera patches [B, 3, H, W] in [0, 1] -> uint8 [VIEW, VIEW, 3] arrays (nearest upscaling keeps texture)."""
     big = torch.nn.functional.interpolate(rgb.float(), size=(VIEW, VIEW), mode="nearest")
-    return list((big.clamp(0, 1) * 255).round().byte().permute(0, 2, 3, 1).numpy())
+    return list(to_uint8(big))
 
 
 def prompt_inputs(processor, rgb: torch.Tensor, answers: list[str] | None = None) -> dict:

@@ -18,6 +18,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from flowrl.images import to_unit
+from flowrl.schedules import cosine_decay
+
 ARCHITECTURE = "test_convnext"  # timm's smallest ConvNeXt (0.2M parameters), built at the patch size
 ENCODERS = ("camera", "tactile")
 
@@ -63,7 +66,7 @@ def train_encoders(cfg: EncoderConfig, pool) -> tuple[dict[str, torch.nn.Module]
     encoders = {name: build_encoder(cfg.image_size, cfg.seed + i) for i, name in enumerate(ENCODERS)}
     params = [p for model in encoders.values() for p in model.parameters()]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.05)
-    tactile = torch.as_tensor(pool.tactile).permute(0, 3, 1, 2).float() / 255
+    tactile = to_unit(pool.tactile)
     rng = np.random.default_rng(cfg.seed)
     bar = tqdm(range(cfg.steps), desc="pretrain tactile encoders", mininterval=5)
     for step in bar:
@@ -74,7 +77,7 @@ def train_encoders(cfg: EncoderConfig, pool) -> tuple[dict[str, torch.nn.Module]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * 0.5 * (1 + np.cos(np.pi * step / cfg.steps))
+            group["lr"] = cfg.lr * cosine_decay(step, cfg.steps)
         optimizer.step()
         if step % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")

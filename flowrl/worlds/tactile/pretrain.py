@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from flowrl.images import to_uint8
 from flowrl.worlds.shapes.pretrain_sd3 import PretrainConfig, images_to_tensor, train_denoiser, train_vae
 from flowrl.worlds.tactile.pipeline import TactileSize, build_pipeline
 from flowrl.worlds.tactile.scenes import make_pairs
@@ -51,7 +52,7 @@ class PairPool:
             report = find_faults(pairs, torch.stack([p.tactile for p in pairs]).flatten(1))
             self.removed = report.counts()
             pairs = [pairs[i] for i in report.kept]
-        self.tactile = np.stack([(p.tactile.permute(1, 2, 0) * 255).round().byte().numpy() for p in pairs])
+        self.tactile = to_uint8(torch.stack([p.tactile for p in pairs]))
         self.rgb = torch.stack([p.rgb for p in pairs])
         self.depth = torch.stack([p.depth.expand(3, -1, -1) for p in pairs])
         self.descriptions = [p.description for p in pairs]

@@ -24,12 +24,12 @@ class TactileTask(Task):
     def condition_set(self, name: str) -> ConditionSet:
         if name not in self.set_names:
             return super().condition_set(name)
-        from flowrl.worlds.tactile.metrics import to_uint8
+        from flowrl.images import to_uint8
 
         items = [
             Condition(
                 pair.description,
-                inputs={"rgb": to_uint8(pair.rgb), "depth": to_uint8(pair.depth.expand(3, -1, -1))},
+                inputs={"rgb": to_uint8(pair.rgb[None])[0], "depth": to_uint8(pair.depth.expand(1, 3, -1, -1))[0]},
                 meta={"material": asdict(pair.material), "pair_seed": pair.meta["seed"], "tag": pair.material.kind},
             )
             for pair in world_pairs(name)
@@ -38,12 +38,11 @@ class TactileTask(Task):
 
     def evaluate(self, samples, conditions: list[Condition]) -> dict:
         """SSIM of each generated tactile image against the sensor's image of its condition's material, by kind."""
-        import torch
-
+        from flowrl.images import to_unit
         from flowrl.worlds.tactile.materials import KINDS
         from flowrl.worlds.tactile.rewards import TactileSSIM
 
-        images = torch.as_tensor(samples.to_uint8()).permute(0, 3, 1, 2).float() / 255
+        images = to_unit(samples.to_uint8())
         prompts = [item.prompt for item in conditions]
         values = TactileSSIM()(images, prompts, {"conditions": conditions}).scores.tolist()
         tags = [item.meta["material"]["kind"] for item in conditions]
