@@ -57,7 +57,12 @@ def measure(trainer: Trainer, desc: str) -> dict:
     result, samples, items = evaluate(trainer, desc)
     report = result["metrics"]["overall"]
     rewards = tag_metrics_of(reward_scores(trainer.reward, in_batches(samples, items, 64)), items)
-    return {**{k: report[k] for k in METRICS}, "eval_reward": rewards["overall"], "tags_iou": result["tags"]}
+    return {
+        **{k: report[k] for k in METRICS},
+        "eval_reward": rewards["overall"],
+        "tags_iou": result["tags"],
+        "iou_stderr": result["stderr"]["overall"],  # the eval's own: conditions as the sampling unit
+    }
 
 
 def run_one(method: str, seed: int, args, base_point: dict | None) -> dict:
@@ -115,14 +120,29 @@ def summary(runs: list[dict]) -> dict:
                 "spread": float(max(finals) - min(finals)),
                 "per_seed": finals,
             }
+        gains = np.array([r["curve"][-1]["iou"] - r["curve"][0]["iou"] for r in mine])
+        # the training seeds' 95% interval of the mean gain (Student t with n - 1 degrees of freedom)
+        half = float(t_quantile(len(gains)) * gains.std(ddof=1) / np.sqrt(len(gains))) if len(gains) > 1 else None
+        row["iou_gain"] = {"mean": float(gains.mean()), "seed_ci95": half, "per_seed": gains.tolist()}
+        row["iou_eval_ci95"] = {
+            "base": 1.96 * mine[0]["curve"][0].get("iou_stderr", float("nan")),
+            "final": float(np.mean([1.96 * r["curve"][-1].get("iou_stderr", float("nan")) for r in mine])),
+        }
         out[method] = row
     return out
 
 
+def t_quantile(n: int) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, n - 1))
+
+
 def write_table(table: dict, path: Path) -> str:
     lines = [
-        "| method | seeds | volume IoU (base -> final) | Chamfer | F-score | valid | eval reward | s / update |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | seeds | volume IoU (base -> final) | IoU gain, points (seeds' 95%) | Chamfer | F-score | valid "
+        "| eval reward | s / update |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for method, row in table.items():
         cells = [
@@ -131,8 +151,18 @@ def write_table(table: dict, path: Path) -> str:
             else f"{row[k]['base']:.4f} -> {row[k]['final']:.4f}"
             for k in (*METRICS, "eval_reward")
         ]
+        gain = row.get("iou_gain")
+        if gain:
+            ci = f" ± {100 * gain['seed_ci95']:.1f}" if gain["seed_ci95"] is not None else ""
+            cells.insert(
+                1, f"{100 * gain['mean']:+.1f}{ci} (" + ", ".join(f"{100 * g:+.1f}" for g in gain["per_seed"]) + ")"
+            )
         lines.append(f"| {method} | {len(row['seeds'])} | " + " | ".join(cells) + f" | {row['s_per_update']:.2f} |")
-    text = "\n".join(lines) + "\n\n(final: mean over training seeds; ± half the seeds' range)\n"
+    eval_ci = next((row["iou_eval_ci95"] for row in table.values() if "iou_eval_ci95" in row), None)
+    text = "\n".join(lines) + "\n\n(final: mean over training seeds; ± half the seeds' range"
+    if eval_ci:
+        text += f"; one evaluation's 95% interval on IoU: ±{eval_ci['base']:.3f} (base), conditions as the unit"
+    text += ")\n"
     path.write_text(text)
     return text
 
@@ -140,7 +170,8 @@ def write_table(table: dict, path: Path) -> str:
 def plot(runs: list[dict], path: Path) -> None:
     import matplotlib
 
-    title = "3D methods on shapes3d-flow: same rewards, conditions and samples per update (thin: seeds)"
+    pipeline = Path(runs[0]["config"]["pipeline"]["path"]).name
+    title = f"3D methods on {pipeline}: same rewards, conditions and samples per update (thin: seeds)"
     with figure(path, 2, 2, figsize=(10, 7), title=title) as (fig, axes):
         colours = dict(zip(METHODS, matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]))
         panels = [

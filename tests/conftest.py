@@ -56,6 +56,16 @@ def tiny_shapes3d_dir(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="session")
+def tiny_shapes3d_text_dir(tmp_path_factory):
+    """A tiny random text-to-3D flow pipeline saved in diffusers format."""
+    from tiny_pipelines import tiny_shapes3d
+
+    folder = tmp_path_factory.mktemp("tiny_shapes3d_text")
+    tiny_shapes3d(text=True).save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture
 def fresh_accelerator_state():
     """accelerate keeps one process-wide state; a test with another mixed precision needs it reset (and reset back)."""

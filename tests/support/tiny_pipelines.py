@@ -787,11 +787,13 @@ def tiny_shapes_sd(seed: int = 0):
     return pipe
 
 
-def tiny_shapes3d(seed: int = 0):
-    """A tiny random image-to-3D flow pipeline (8 tokens x 4 channels, width 32, one block)."""
+def tiny_shapes3d(seed: int = 0, text: bool = False):
+    """A tiny random image-to-3D flow pipeline (8 tokens x 4 channels, width 32, one block); with `text`, a
+    text-to-3D one reading the 3D shapes world's vocabulary."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     from flowrl.worlds.shapes3d.pipeline import ShapeAutoencoder, ShapeFlowTransformer, Shapes3DFlowPipeline
+    from flowrl.worlds.shapes3d.prompts import vocabulary
 
     torch.manual_seed(seed)
     autoencoder = ShapeAutoencoder(
@@ -804,7 +806,9 @@ def tiny_shapes3d(seed: int = 0):
         latents_mean=[0.1] * 4,
         latents_std=[2.0] * 4,
     )
-    transformer = ShapeFlowTransformer(num_tokens=8, latent_channels=4, width=32, heads=2, layers=1)
+    transformer = ShapeFlowTransformer(
+        num_tokens=8, latent_channels=4, width=32, heads=2, layers=1, vocabulary=vocabulary() if text else None
+    )
     with torch.no_grad():  # a non-zero output layer, so sampling moves the latents
         transformer.out.weight.normal_(0, 0.1)
     return Shapes3DFlowPipeline(autoencoder, transformer, FlowMatchEulerDiscreteScheduler(shift=1.0))

@@ -4,8 +4,9 @@
   points) -> an SDF decoder queried at any points (query points cross-attend to the tokens after a few
   self-attention blocks). Deterministic, with per-channel latent statistics kept in its config for normalisation.
 - `ShapeFlowTransformer`: rectified-flow velocity over the latent tokens, conditioned on the condition image
-  (patch tokens, cross-attention) and on t (adaptive layer norm); an all-zero image is the unconditional branch.
-- `Shapes3DFlowPipeline`: a diffusers `DiffusionPipeline` (image -> tokens -> SDF grid -> meshes).
+  (patch tokens, cross-attention) or on a prompt's words (a text-to-3D model), and on t (adaptive layer norm); an
+  all-zero image or the empty prompt is the unconditional branch.
+- `Shapes3DFlowPipeline`: a diffusers `DiffusionPipeline` (image or prompt -> tokens -> SDF grid -> meshes).
 
 All three are diffusers `ModelMixin` / `ConfigMixin` / `DiffusionPipeline` subclasses, saved in diffusers format.
 `import flowrl.worlds.shapes3d.pipeline` registers the pipeline class with diffusers, so
@@ -138,7 +139,11 @@ class ShapeAutoencoder(ModelMixin, ConfigMixin):
 
 
 class ShapeFlowTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
-    """(PeftAdapterMixin: LoRA adapters through diffusers' add_adapter, as the real transformers take them.)"""
+    """Rectified-flow velocity over shape latent tokens, conditioned on t (adaLN) and, by cross-attention, on either
+    a condition image (its 4x4 patches: image-to-3D) or, when `vocabulary` is given, a prompt's words (text-to-3D:
+    word embeddings with positions through one self-attention block; no image layers then). Word id 0 is padding, so
+    the empty prompt (all padding) is the unconditional branch of CFG, as the all-zero image is for images.
+    (PeftAdapterMixin: LoRA adapters through diffusers' add_adapter, as the real transformers take them.)"""
 
     @register_to_config
     def __init__(
@@ -150,18 +155,30 @@ class ShapeFlowTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
         layers: int = 4,
         image_size: int = 32,
         image_patch: int = 4,
+        vocabulary: list | None = None,
+        max_words: int = 12,
     ):
         super().__init__()
         self.latent_in = nn.Linear(latent_channels, width)
         self.token_position = nn.Parameter(torch.randn(num_tokens, width) * 0.02)
-        self.image_in = nn.Conv2d(3, width, image_patch, stride=image_patch)
-        self.image_position = nn.Parameter(torch.randn((image_size // image_patch) ** 2, width) * 0.02)
+        if vocabulary:
+            self.word_in = nn.Embedding(len(vocabulary) + 1, width)
+            self.word_position = nn.Parameter(torch.randn(max_words, width) * 0.02)
+            self.text_block = Block(width, heads)
+        else:
+            self.image_in = nn.Conv2d(3, width, image_patch, stride=image_patch)
+            self.image_position = nn.Parameter(torch.randn((image_size // image_patch) ** 2, width) * 0.02)
         self.time = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
         self.blocks = nn.ModuleList(Block(width, heads, cross=True, adaptive=True) for _ in range(layers))
         self.out_norm = nn.LayerNorm(width)
         self.out = nn.Linear(width, latent_channels)
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
+
+    @property
+    def condition(self) -> str:
+        """What conditions the velocity: "text" (a text-to-3D model) or "image"."""
+        return "text" if self.config.vocabulary else "image"
 
     def time_embedding(self, timestep: torch.Tensor) -> torch.Tensor:
         half = self.config.width // 2
@@ -173,10 +190,36 @@ class ShapeFlowTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
         """Condition images [B, 3, H, W] in [0, 1] -> patch tokens [B, P, width]."""
         return self.image_in(image * 2 - 1).flatten(2).transpose(1, 2) + self.image_position
 
-    def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-        """Velocity [B, K, C] at latent tokens [B, K, C], timestep [B] in [0, 1000] (t = timestep / 1000)."""
+    def encode_words(self, words: torch.Tensor) -> torch.Tensor:
+        """Word ids [B, max_words] (0: padding) -> context tokens [B, max_words, width]."""
+        return self.text_block(self.word_in(words) + self.word_position)
+
+    def word_ids(self, prompts: list[str]) -> torch.Tensor:
+        """[B, max_words] ids of the prompts' lower-cased words (1-based in `vocabulary`), padded with 0; "" is all
+        padding. ValueError naming a word outside the vocabulary or a prompt longer than max_words."""
+        index = {word: i + 1 for i, word in enumerate(self.config.vocabulary)}
+        ids = torch.zeros(len(prompts), self.config.max_words, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            words = prompt.lower().split()
+            unknown = [w for w in words if w not in index]
+            if unknown:
+                raise ValueError(f"prompt {prompt!r}: the word {unknown[0]!r} is not in this model's vocabulary")
+            if len(words) > self.config.max_words:
+                raise ValueError(f"prompt {prompt!r} has {len(words)} words; this model reads {self.config.max_words}")
+            ids[row, : len(words)] = torch.tensor([index[w] for w in words], dtype=torch.long)
+        return ids
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+        image: torch.Tensor | None = None,
+        words: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Velocity [B, K, C] at latent tokens [B, K, C], timestep [B] in [0, 1000] (t = timestep / 1000), given
+        the condition image [B, 3, H, W] of an image model or the word ids [B, max_words] of a text model."""
         x = self.latent_in(hidden_states) + self.token_position
-        context = self.encode_image(image)
+        context = self.encode_words(words) if self.condition == "text" else self.encode_image(image)
         cond = self.time_embedding(timestep)
         for block in self.blocks:
             x = block(x, context, cond)
@@ -191,7 +234,8 @@ class Shapes3DOutput(BaseOutput):
 
 
 class Shapes3DFlowPipeline(DiffusionPipeline, CogView4LoraLoaderMixin):
-    """Condition image -> shape latent tokens (Euler ODE with CFG against an all-zero image) -> SDF grid -> meshes.
+    """Condition image (or prompt, for a text-to-3D transformer) -> shape latent tokens (Euler ODE with CFG against
+    an all-zero image or the empty prompt) -> SDF grid -> meshes.
 
     LoRA files load with `pipe.load_lora_weights(folder)`: CogView4's mixin is diffusers' plain transformer-only
     LoRA loader (no key conversions), which is all this pipeline needs."""
@@ -207,12 +251,16 @@ class Shapes3DFlowPipeline(DiffusionPipeline, CogView4LoraLoaderMixin):
         super().__init__()
         self.register_modules(autoencoder=autoencoder, transformer=transformer, scheduler=scheduler)
 
-    def velocity(self, latents, t, image, guidance_scale: float) -> torch.Tensor:
+    def velocity(self, latents, t, condition: dict, guidance_scale: float) -> torch.Tensor:
+        """The (guided) velocity given `condition`: {"image": images} or {"words": word ids}, whichever the
+        transformer takes; its unconditional branch is the all-zero image or the empty prompt (all padding)."""
         timestep = t * 1000
         if guidance_scale <= 1.0:  # as diffusers' pipelines and flowrl's policies decide it: CFG above 1 only
-            return self.transformer(latents, timestep, image)
+            return self.transformer(latents, timestep, **condition)
         both = self.transformer(
-            torch.cat([latents, latents]), torch.cat([timestep, timestep]), torch.cat([torch.zeros_like(image), image])
+            torch.cat([latents, latents]),
+            torch.cat([timestep, timestep]),
+            **{key: torch.cat([torch.zeros_like(value), value]) for key, value in condition.items()},
         )
         uncond, cond = both.chunk(2)
         return uncond + guidance_scale * (cond - uncond)
@@ -220,20 +268,32 @@ class Shapes3DFlowPipeline(DiffusionPipeline, CogView4LoraLoaderMixin):
     @torch.no_grad()
     def __call__(
         self,
-        image,
+        image=None,
         num_inference_steps: int = 20,
         guidance_scale: float = 3.0,
         generator=None,
         resolution: int = 32,
         output_type: str = "mesh",
         latents: torch.Tensor | None = None,
+        prompt: str | list[str] | None = None,
     ):
+        """Shapes from condition images (an image-to-3D model) or from prompts (a text-to-3D model: one whose
+        transformer has a vocabulary); ValueError when the one the model takes is missing."""
         from flowrl.sdf import mesh_from_grid
 
         device = self._execution_device
         dtype = self.transformer.dtype
-        image = as_image_batch(image).to(device, dtype)
-        shape = (len(image), self.transformer.config.num_tokens, self.transformer.config.latent_channels)
+        if self.transformer.condition == "text":
+            if prompt is None:
+                raise ValueError("this pipeline is text-to-3D: give prompt=, not an image")
+            prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+            condition = {"words": self.transformer.word_ids(prompts).to(device)}
+        else:
+            if image is None:
+                raise ValueError("this pipeline is image-to-3D: give a condition image")
+            condition = {"image": as_image_batch(image).to(device, dtype)}
+        count = len(next(iter(condition.values())))
+        shape = (count, self.transformer.config.num_tokens, self.transformer.config.latent_channels)
         # drawn on the generator's device (a CUDA generator, as diffusers' pipelines take, cannot draw on the CPU)
         x = (
             randn_tensor(shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
@@ -244,7 +304,7 @@ class Shapes3DFlowPipeline(DiffusionPipeline, CogView4LoraLoaderMixin):
         sigmas = self.scheduler.sigmas.to(device)
         for i in self.progress_bar(range(num_inference_steps)):
             t = sigmas[i].expand(len(x))  # fp32: the time embedding takes it so
-            x = x + (sigmas[i + 1] - sigmas[i]).to(dtype) * self.velocity(x, t, image, guidance_scale)
+            x = x + (sigmas[i + 1] - sigmas[i]).to(dtype) * self.velocity(x, t, condition, guidance_scale)
         if output_type == "latent":
             return Shapes3DOutput(meshes=[], sdf=torch.empty(0), latents=x)
         grid = self.autoencoder.sdf_grid(

@@ -1,5 +1,7 @@
-"""Shapes3DFlowPipeline adapter (image-to-3D): latents are a set of shape tokens [B, K, C]; the condition is an image
-(CFG against the all-zero image, as the pipeline samples); decoding queries the autoencoder's SDF on the world grid.
+"""Shapes3DFlowPipeline adapter (image-to-3D or text-to-3D): latents are a set of shape tokens [B, K, C]; the
+condition is an image (CFG against the all-zero image, as the pipeline samples) or, for a transformer with a
+vocabulary, the prompt's words (CFG against the empty prompt); decoding queries the autoencoder's SDF on the world
+grid.
 
 A condition item's image comes from, in order: its inputs["image"] (uint8 [H, W, 3] array, float tensor [3, H, W]
 in [0, 1], or a PIL image), its meta["image"] (a path to an image file, e.g. from a .jsonl prompt file), or, for a
@@ -40,14 +42,23 @@ class Shapes3DPolicy(FlowPolicy):
         return []
 
     def encode(self, conditions: list, guidance_scale: float, spec: SampleSpec | None = None) -> Conditioning:
-        """The condition images at the model's own image size (a shape field's grid `spec` does not change them)."""
+        """The condition images at the model's own image size, or the prompts' word ids for a text-to-3D model (a
+        shape field's grid `spec` does not change them)."""
+        from flowrl.errors import UserError
         from flowrl.tasks.base import Condition
 
         items = [c if isinstance(c, Condition) else Condition(c) for c in conditions]
-        size = self.transformer.config.image_size
-        images = torch.stack([condition_image(item, size) for item in items]).to(self.device, self.dtype)
-        negative = {"image": torch.zeros_like(images)} if self.uses_cfg(guidance_scale) else {}
-        return Conditioning({"image": images}, negative, [item.prompt for item in items], items)
+        if self.transformer.condition == "text":
+            try:
+                tensors = {"words": self.transformer.word_ids([item.prompt for item in items]).to(self.device)}
+            except ValueError as error:
+                raise UserError(f"{error} (a text-to-3D pipeline reads prompts of the 3D shapes world)") from None
+        else:
+            size = self.transformer.config.image_size
+            images = torch.stack([condition_image(item, size) for item in items])
+            tensors = {"image": images.to(self.device, self.dtype)}
+        negative = {k: torch.zeros_like(v) for k, v in tensors.items()} if self.uses_cfg(guidance_scale) else {}
+        return Conditioning(tensors, negative, [item.prompt for item in items], items)
 
     def default_spec(self) -> SampleSpec:
         return SampleSpec(self.grid_resolution, self.grid_resolution)
@@ -71,6 +82,8 @@ class Shapes3DPolicy(FlowPolicy):
         return (config.num_tokens, config.latent_channels)
 
     def _forward(self, latents, sigma, tensors, guidance_scale):
+        if "words" in tensors:
+            return self.net()(latents, sigma * 1000, words=tensors["words"])
         return self.net()(latents, sigma * 1000, tensors["image"].to(latents.dtype))
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,12 @@
    SDF's gradient) -> latent tokens -> SDF at query points (half uniform in the cube, half near the surface);
    L1 against the true SDF truncated to +-TRUNCATION (the sign near the surface is what meshing needs). Per-channel
    latent statistics go into the autoencoder's config.
-2. Flow transformer: rectified flow on normalised latent tokens conditioned on the condition render, logit-normal t,
-   10% of conditions replaced by the all-zero image (the unconditional branch of CFG), EMA weights saved.
+2. Flow transformer: rectified flow on normalised latent tokens conditioned on the condition render (or, with
+   `condition="text"`, on the prompt: a text-to-3D model), logit-normal t, 10% of conditions replaced by the all-zero
+   image or the empty prompt (the unconditional branch of CFG), EMA weights saved.
+
+`autoencoder` names a saved pipeline whose autoencoder is reused (stage 1 skipped): models trained so share one latent
+space.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from flowrl.schedules import cosine_decay, sample_noise_levels
 from flowrl.sdf import render
 from flowrl.worlds.shapes.pretrain_sd3 import train_denoiser
 from flowrl.worlds.shapes3d.pipeline import ShapeAutoencoder, ShapeFlowTransformer, Shapes3DFlowPipeline
-from flowrl.worlds.shapes3d.prompts import parse_prompt, sample_solid, train_prompt_set
+from flowrl.worlds.shapes3d.prompts import parse_prompt, sample_solid, train_prompt_set, vocabulary
 
 TRUNCATION = 0.2
 
@@ -41,9 +45,11 @@ class Shapes3DPretrainConfig:
     flow_lr: float = 1e-3
     flow_pool: int = 8192  # (latent, render) pairs made once, drawn from with replacement
     warmup_steps: int = 100
-    caption_dropout: float = 0.1  # share of conditions replaced by the all-zero image
+    caption_dropout: float = 0.1  # share of conditions replaced by the all-zero image (or the empty prompt)
     ema_decay: float = 0.995
     threads: int = 2
+    condition: str = "image"  # "image": image-to-3D; "text": text-to-3D (the prompt's words)
+    autoencoder: str | None = None  # a saved pipeline whose autoencoder is reused instead of trained
 
 
 @dataclass
@@ -129,33 +135,39 @@ def train_autoencoder(ae: ShapeAutoencoder, cfg, rng, generator) -> dict:
 
 
 def flow_pool(ae: ShapeAutoencoder, cfg, rng, generator):
-    """(normalised latents [P, K, C], condition renders [P, 3, 32, 32] in [0, 1]) of training solids."""
-    _, solids = training_solids(cfg.flow_pool, rng)
+    """(normalised latents [P, K, C], conditions) of training solids: their renders [P, 3, 32, 32] in [0, 1], or
+    with `cfg.condition == "text"` their prompts."""
+    prompts, solids = training_solids(cfg.flow_pool, rng)
     latents, images = [], []
     with torch.no_grad():
         for i in range(0, len(solids), 64):
             part = solids[i : i + 64]
             surface = torch.stack([surface_samples(s, cfg.surface_points, generator) for s in part])
             latents.append(ae.normalise(ae.encode(surface)))
-            images += [torch.from_numpy(render(s.sdf, 32)[0]).permute(2, 0, 1).float() / 255 for s in part]
-    return torch.cat(latents), torch.stack(images)
+            if cfg.condition == "image":
+                images += [torch.from_numpy(render(s.sdf, 32)[0]).permute(2, 0, 1).float() / 255 for s in part]
+    return torch.cat(latents), (torch.stack(images) if cfg.condition == "image" else prompts)
 
 
-def train_flow(transformer: ShapeFlowTransformer, latents, images, cfg, rng, generator) -> dict:
+def train_flow(transformer: ShapeFlowTransformer, latents, conditions, cfg, rng, generator) -> dict:
     """Rectified flow on the pool through the shared pretraining loop (pretrain_sd3.train_denoiser of the shapes
-    world): its caption dropout turns a dropped condition into "", which becomes the all-zero image (the
-    unconditional branch)."""
+    world): its caption dropout turns a dropped condition into "", which becomes the all-zero image or, for a text
+    model, the empty prompt (the unconditional branch)."""
 
     def pairs(count, rng):
-        index = torch.from_numpy(rng.integers(len(latents), size=count))
-        return latents[index], list(images[index])
+        index = rng.integers(len(latents), size=count)
+        return latents[torch.from_numpy(index)], [conditions[i] for i in index]
 
-    def batch_loss(x0, conditions):
-        image = torch.stack([torch.zeros_like(images[0]) if isinstance(c, str) else c for c in conditions])
+    def batch_loss(x0, given):
+        if transformer.condition == "text":
+            condition = {"words": transformer.word_ids(given)}
+        else:
+            zero = torch.zeros_like(conditions[0])
+            condition = {"image": torch.stack([zero if isinstance(c, str) else c for c in given])}
         t = sample_noise_levels("logit_normal", len(x0), generator)
         noise = torch.randn(x0.shape, generator=generator)
         xt = (1 - t[:, None, None]) * x0 + t[:, None, None] * noise
-        return (transformer(xt, t * 1000, image) - (noise - x0)).pow(2).mean()
+        return (transformer(xt, t * 1000, **condition) - (noise - x0)).pow(2).mean()
 
     return {"flow_final_loss": train_denoiser([transformer], batch_loss, cfg, rng, "pretrain 3D flow", pairs=pairs)}
 
@@ -167,30 +179,38 @@ def pretrain_shapes3d(cfg: Shapes3DPretrainConfig, size: Shapes3DSize | None = N
     rng = np.random.default_rng(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    ae = ShapeAutoencoder(
-        num_tokens=size.num_tokens,
-        latent_channels=size.latent_channels,
-        width=size.ae_width,
-        heads=size.ae_heads,
-        decoder_layers=size.ae_decoder_layers,
-        fourier_bands=size.fourier_bands,
-    )
+    if cfg.autoencoder:
+        ae = ShapeAutoencoder.from_pretrained(cfg.autoencoder, subfolder="autoencoder", torch_dtype=torch.float32)
+    else:
+        ae = ShapeAutoencoder(
+            num_tokens=size.num_tokens,
+            latent_channels=size.latent_channels,
+            width=size.ae_width,
+            heads=size.ae_heads,
+            decoder_layers=size.ae_decoder_layers,
+            fourier_bands=size.fourier_bands,
+        )
     transformer = ShapeFlowTransformer(
-        num_tokens=size.num_tokens,
-        latent_channels=size.latent_channels,
+        num_tokens=ae.config.num_tokens,
+        latent_channels=ae.config.latent_channels,
         width=size.width,
         heads=size.heads,
         layers=size.layers,
+        vocabulary=vocabulary() if cfg.condition == "text" else None,
     )
     facts = {"config": asdict(cfg), "size": asdict(size)}
     start = time.time()
-    facts.update(train_autoencoder(ae, cfg, rng, generator))
-    facts["ae_minutes"] = (time.time() - start) / 60
+    if cfg.autoencoder:
+        ae.eval()
+        facts["ae_minutes"] = 0.0
+    else:
+        facts.update(train_autoencoder(ae, cfg, rng, generator))
+        facts["ae_minutes"] = (time.time() - start) / 60
     started = time.time()
-    latents, images = flow_pool(ae, cfg, rng, generator)
+    latents, conditions = flow_pool(ae, cfg, rng, generator)
     facts["pool_minutes"] = (time.time() - started) / 60
     started = time.time()
-    facts.update(train_flow(transformer, latents, images, cfg, rng, generator))
+    facts.update(train_flow(transformer, latents, conditions, cfg, rng, generator))
     facts["flow_minutes"] = (time.time() - started) / 60
     facts["total_minutes"] = (time.time() - start) / 60
     pipe = Shapes3DFlowPipeline(ae, transformer, FlowMatchEulerDiscreteScheduler(shift=1.0))
@@ -212,17 +232,21 @@ def evaluate_3d(
     resolution: int = 32,
 ) -> dict:
     """Per tag and overall means of IoU, Chamfer, F-score and validity of the pipeline's shapes against the solids
-    whose renders condition them (one solid per prompt and draw, fixed seeds)."""
+    whose renders (or prompts, for a text-to-3D model) condition them (one solid per prompt and draw, fixed seeds)."""
     from flowrl.worlds.shapes3d.metrics import evaluate_fields
 
     rng = np.random.default_rng(seed)
     solids = [sample_solid(parse_prompt(p), rng) for p in prompts for _ in range(num_per_prompt)]
     tags = [parse_prompt(p).tag for p in prompts for _ in range(num_per_prompt)]
-    images = torch.stack([torch.from_numpy(render(s.sdf, 32)[0]).permute(2, 0, 1).float() / 255 for s in solids])
+    if pipe.transformer.condition == "text":
+        given = {"prompt": [p for p in prompts for _ in range(num_per_prompt)]}
+    else:
+        images = [torch.from_numpy(render(s.sdf, 32)[0]).permute(2, 0, 1).float() / 255 for s in solids]
+        given = {"image": torch.stack(images).to(pipe.transformer.dtype)}
     grids = []
     for i in range(0, len(solids), 32):
         out = pipe(
-            images[i : i + 32].to(pipe.transformer.dtype),
+            **{key: value[i : i + 32] for key, value in given.items()},
             num_inference_steps=num_steps,
             guidance_scale=guidance_scale,
             generator=torch.Generator().manual_seed(seed + i),

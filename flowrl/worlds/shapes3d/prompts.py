@@ -105,6 +105,12 @@ def all_specs() -> list[ShapeSpec]:
     return specs
 
 
+def vocabulary() -> list[str]:
+    """Every word of the grammar's prompts, sorted (a text-to-3D model's vocabulary: held-out prompts combine the
+    same words differently)."""
+    return sorted({word for spec in all_specs() for word in spec.prompt().split()})
+
+
 def train_prompt_set() -> dict[str, list[str]]:
     return {tag: [s.prompt() for s in all_specs() if s.tag == tag and not is_held_out(s)] for tag in TAGS}
 

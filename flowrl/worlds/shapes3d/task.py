@@ -56,20 +56,41 @@ class Shapes3DTask(GrammarTask):
         return COMMANDS
 
 
+IMAGE_PIPELINE = "pipelines/shapes3d-flow"
+TEXT_PIPELINE = "pipelines/shapes3d-text"
+
+
 def pretrain_shapes3d(args) -> None:
     """`flowrl pretrain shapes3d`: the embedded image-to-3D flow pipeline and its card."""
+    _pretrain(args, condition="image")
+
+
+def pretrain_shapes3d_text(args) -> None:
+    """`flowrl pretrain shapes3d-text`: the embedded text-to-3D flow pipeline (on shapes3d-flow's autoencoder, so
+    both share one latent space) and its card."""
+    _pretrain(args, condition="text")
+
+
+def _pretrain(args, condition: str) -> None:
     import json
     from pathlib import Path
 
     import torch
 
+    from flowrl.errors import UserError
     from flowrl.report import save_json
     from flowrl.worlds.shapes.pretrain_sd3 import save_pipeline
     from flowrl.worlds.shapes3d.pretrain import Shapes3DPretrainConfig, evaluate_3d
     from flowrl.worlds.shapes3d.pretrain import pretrain_shapes3d as train
 
     out = Path(args.out)
-    cfg = Shapes3DPretrainConfig(seed=args.seed)
+    cfg = Shapes3DPretrainConfig(seed=args.seed, condition=condition)
+    if condition == "text":
+        cfg.autoencoder = IMAGE_PIPELINE
+        if not (Path(IMAGE_PIPELINE) / "autoencoder").is_dir():
+            raise UserError(
+                f"{IMAGE_PIPELINE}/autoencoder not found: the text recipe reuses shapes3d-flow's autoencoder"
+            )
     for name in ("vae_steps", "flow_steps"):  # the shapes recipes' flags: --vae-steps sets the autoencoder's
         if getattr(args, name, None) is not None:
             setattr(cfg, "ae_steps" if name == "vae_steps" else name, getattr(args, name))
@@ -84,6 +105,7 @@ def pretrain_shapes3d(args) -> None:
 
 def card_text(facts: dict, result: dict) -> str:
     cfg, size = facts.get("config", {}), facts.get("size", {})
+    text = cfg.get("condition") == "text"
     rows = "\n".join(
         f"{tag:<14}"
         + "".join(f"{m[k]:>10.3f}" for k in ("iou", "chamfer", "fscore", "valid"))
@@ -91,43 +113,75 @@ def card_text(facts: dict, result: dict) -> str:
         for tag, m in result["tags"].items()
     )
     o = result["overall"]
-    return f"""# shapes3d-flow: flowrl's embedded image-to-3D flow pipeline
+    name, kind, folder = (
+        ("shapes3d-text", "text-to-3D", TEXT_PIPELINE) if text else ("shapes3d-flow", "image-to-3D", IMAGE_PIPELINE)
+    )
+    condition = "a prompt of the world's grammar, read word by word" if text else "a 32x32 render from a fixed view"
+    call = (
+        'out = pipe(prompt="a cone on top of a box", num_inference_steps=20, guidance_scale=3.0)'
+        if text
+        else "out = pipe(image, num_inference_steps=20, guidance_scale=3.0)   # image: PIL / uint8 [32, 32, 3]"
+    )
+    autoencoder = (
+        f"- autoencoder: shapes3d-flow's, reused unchanged (`{cfg.get('autoencoder')}`): both pipelines share one "
+        "latent space."
+        if text
+        else f"""- autoencoder: `ShapeAutoencoder` ({size.get("num_tokens")} latent tokens x \
+{size.get("latent_channels")} channels; width {size.get("ae_width")}, {size.get("ae_decoder_layers")} decoder blocks): \
+{cfg.get("surface_points")} surface
+  points in, an SDF queried at any point out; final L1 {facts.get("ae_final_l1", float("nan")):.4f} (truncated SDF), \
+sign right at
+  {100 * facts.get("ae_sign_accuracy", float("nan")):.1f}% of query points."""
+    )
+    context = (
+        "cross-attention to the prompt's word embeddings after one self-attention block"
+        if text
+        else "cross-attention to the image's 4x4 patches"
+    )
+    autoencoder_training = (
+        "no autoencoder training"
+        if text
+        else f"autoencoder {cfg.get('ae_steps')} steps of {cfg.get('ae_batch')} solids "
+        f"({facts.get('ae_minutes', float('nan')):.1f} min)"
+    )
+    return f"""# {name}: flowrl's embedded {kind} flow pipeline
 
-A tiny image-to-3D flow model shaped like Hunyuan3D-2 / 3DShape2VecSet, trained from scratch on the 3D shapes world
-(solids of one to three primitives; the condition is a 32x32 render from a fixed view). It exists so that 3D RL
+A tiny {kind} flow model shaped like Hunyuan3D-2 / 3DShape2VecSet, trained from scratch on the 3D shapes world
+(solids of one to three primitives; the condition is {condition}). It exists so that 3D RL
 (DHO, GRPO, NFT) runs and is measured on a laptop CPU with no downloads.
 
 ```python
 import flowrl.worlds.shapes3d.pipeline  # registers the pipeline class with diffusers
 from diffusers import DiffusionPipeline
-pipe = DiffusionPipeline.from_pretrained("pipelines/shapes3d-flow")
-out = pipe(image, num_inference_steps=20, guidance_scale=3.0)   # image: PIL / uint8 [32, 32, 3]
+pipe = DiffusionPipeline.from_pretrained("{folder}")
+{call}
 out.meshes[0].export("shape.glb")
 ```
 
 ## Components
-- autoencoder: `ShapeAutoencoder` ({size.get("num_tokens")} latent tokens x {size.get("latent_channels")} channels; \
-width {size.get("ae_width")}, {size.get("ae_decoder_layers")} decoder blocks): {cfg.get("surface_points")} surface
-  points in, an SDF queried at any point out; final L1 {facts.get("ae_final_l1", float("nan")):.4f} (truncated SDF), \
-sign right at
-  {100 * facts.get("ae_sign_accuracy", float("nan")):.1f}% of query points.
+{autoencoder}
 - transformer: `ShapeFlowTransformer` ({size.get("layers")} blocks, width {size.get("width")}, adaLN on t, \
-cross-attention to the image's 4x4 patches).
-- scheduler: `FlowMatchEulerDiscreteScheduler` (shift 1); CFG against the all-zero image.
+{context}).
+- scheduler: `FlowMatchEulerDiscreteScheduler` (shift 1); CFG against the {
+        "empty prompt" if text else "all-zero image"
+    }.
 
 ## How it was trained
-`flowrl pretrain shapes3d` (seed {cfg.get("seed")}), on 2 CPU cores: autoencoder {cfg.get("ae_steps")} steps of \
-{cfg.get("ae_batch")} solids
-({facts.get("ae_minutes", float("nan")):.1f} min); a pool of {cfg.get("flow_pool")} encoded training solids with their \
-renders
-({facts.get("pool_minutes", float("nan")):.1f} min); flow matching {cfg.get("flow_steps")} steps of \
-{cfg.get("flow_batch")}, logit-normal t, 10% unconditional, EMA
-{cfg.get("ema_decay")} ({facts.get("flow_minutes", float("nan")):.1f} min). Total \
-{facts.get("total_minutes", float("nan")):.1f} minutes.
+`flowrl pretrain {name.replace("-flow", "")}` (seed {cfg.get("seed")}), on 2 CPU cores: {autoencoder_training}; a pool
+of {cfg.get("flow_pool")} encoded training solids with their {"prompts" if text else "renders"} \
+({facts.get("pool_minutes", float("nan")):.1f} min); flow matching
+{cfg.get("flow_steps")} steps of {cfg.get("flow_batch")}, logit-normal t, 10% unconditional, EMA {
+        cfg.get("ema_decay")
+    } \
+({facts.get("flow_minutes", float("nan")):.1f} min). Total {facts.get("total_minutes", float("nan")):.1f} minutes.
 
 ## Measured scores
 The eval split's held-out combinations, 4 solids per prompt (seed 2024), 20 Euler steps, CFG 3, SDF on a 32^3 grid:
-volume IoU, Chamfer (L2, mean of both directions), F-score at 0.05, valid (watertight, no floaters).
+volume IoU, Chamfer (L2, mean of both directions), F-score at 0.05, valid (watertight, no floaters).{
+        " A prompt does not say its solid's 10% size jitter or its small shift, so IoU 1 is out of reach."
+        if text
+        else ""
+    }
 
 ```
 tag                  iou   chamfer    fscore     valid     n
@@ -141,9 +195,12 @@ def _commands():
     from flowrl.cli import TaskCommands
 
     return TaskCommands(
-        pretrain={"shapes3d": pretrain_shapes3d},
-        pretrain_out={"shapes3d": "pipelines/shapes3d-flow"},
-        pretrain_help="shapes3d -> pipelines/shapes3d-flow (image-to-3D flow pipeline)",
+        pretrain={"shapes3d": pretrain_shapes3d, "shapes3d-text": pretrain_shapes3d_text},
+        pretrain_out={"shapes3d": IMAGE_PIPELINE, "shapes3d-text": TEXT_PIPELINE},
+        pretrain_help=(
+            "shapes3d -> pipelines/shapes3d-flow (image-to-3D flow pipeline); shapes3d-text -> pipelines/shapes3d-text"
+            " (text-to-3D, on shapes3d-flow's autoencoder)"
+        ),
     )
 
 

@@ -1,5 +1,5 @@
-"""The image-to-3D pipeline's models round-trip through diffusers' save_pretrained / DiffusionPipeline.from_pretrained
-and produce latents, SDF grids and meshes of the right shapes."""
+"""The image-to-3D (and text-to-3D) pipeline's models round-trip through diffusers' save_pretrained /
+DiffusionPipeline.from_pretrained and produce latents, SDF grids and meshes of the right shapes."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,12 @@ from conftest import REPO
 from diffusers import DiffusionPipeline
 from tiny_pipelines import tiny_shapes3d as tiny_pipeline
 
-from flowrl.worlds.shapes3d.pipeline import Shapes3DFlowPipeline, fourier_features
+from flowrl.worlds.shapes3d.pipeline import (
+    ShapeAutoencoder,
+    ShapeFlowTransformer,
+    Shapes3DFlowPipeline,
+    fourier_features,
+)
 
 
 def test_round_trip_through_diffusers(tmp_path):
@@ -102,26 +107,72 @@ def test_a_tiny_pretrain_run_saves_a_pipeline_that_evaluates(tmp_path):
     assert 0 <= result["overall"]["iou"] <= 1 and sum(result["counts"].values()) == 2
 
 
-SHIPPED = REPO / "pipelines" / "shapes3d-flow"
+def test_a_tiny_text_pretrain_on_a_saved_autoencoder_reads_prompts(tmp_path):
+    """condition="text": the autoencoder is the saved one, unchanged; the transformer reads the grammar's words;
+    evaluation samples from the prompts."""
+    from flowrl.worlds.shapes3d.pretrain import Shapes3DPretrainConfig, Shapes3DSize, evaluate_3d, pretrain_shapes3d
+    from flowrl.worlds.shapes3d.prompts import eval_prompt_set
+
+    tiny_pipeline().save_pretrained(tmp_path / "image")
+    cfg = Shapes3DPretrainConfig(
+        surface_points=64,
+        flow_steps=2,
+        flow_batch=4,
+        flow_pool=8,
+        threads=1,
+        condition="text",
+        autoencoder=str(tmp_path / "image"),
+    )
+    pipe, facts = pretrain_shapes3d(cfg, Shapes3DSize(width=16, heads=2, layers=1))
+    saved = ShapeAutoencoder.from_pretrained(tmp_path / "image", subfolder="autoencoder")
+    assert facts["ae_minutes"] == 0 and pipe.autoencoder.config.latents_std == saved.config.latents_std
+    torch.testing.assert_close(pipe.autoencoder.head[1].weight.float(), saved.head[1].weight, atol=1e-3, rtol=1e-3)
+    assert pipe.transformer.condition == "text" and not hasattr(pipe.transformer, "image_in")
+    pipe.to(torch.float32)
+    result = evaluate_3d(pipe, eval_prompt_set()[:2], num_per_prompt=1, num_steps=2, resolution=16)
+    assert sum(result["counts"].values()) == 2
+    with pytest.raises(ValueError, match="text-to-3D"):
+        pipe(np.zeros((32, 32, 3), np.uint8), num_inference_steps=1)
 
 
-@pytest.mark.skipif(not SHIPPED.is_dir(), reason="pipelines/shapes3d-flow is made by `flowrl pretrain shapes3d`")
-def test_the_shipped_pipeline_loads_with_diffusers_and_matches_its_card():
+def test_a_text_transformer_reads_words_in_order_and_the_empty_prompt_is_padding():
+    from flowrl.worlds.shapes3d.prompts import vocabulary
+
+    words = vocabulary()
+    model = ShapeFlowTransformer(num_tokens=4, latent_channels=4, width=16, heads=2, layers=1, vocabulary=words)
+    ids = model.word_ids(["a cone on top of a box", "a box on top of a cone", ""])
+    assert ids.shape == (3, 12) and ids[2].abs().sum() == 0 and (ids[0, 7:] == 0).all()
+    assert words[ids[0, 1] - 1] == "cone" and words[ids[1, 1] - 1] == "box"  # 1-based: 0 is padding
+    with pytest.raises(ValueError, match="'teapot'"):
+        model.word_ids(["a teapot"])
+    with torch.no_grad():
+        model.out.weight.normal_(0, 0.1)
+        x, t = torch.randn(3, 4, 4).expand(3, 4, 4), torch.full((3,), 500.0)
+        v = model(x, t, words=ids)
+    assert not torch.allclose(v[0], v[1])  # the same words in another order are another condition
+
+
+@pytest.mark.parametrize("name", ["shapes3d-flow", "shapes3d-text"])
+def test_the_shipped_pipelines_load_with_diffusers_and_match_their_cards(name):
     import json
 
     from safetensors import safe_open
 
-    files = list(SHIPPED.rglob("*.safetensors"))
+    shipped = REPO / "pipelines" / name
+    if not shipped.is_dir():
+        pytest.skip(f"pipelines/{name} is made by `flowrl pretrain {name.replace('-flow', '')}`")
+    files = list(shipped.rglob("*.safetensors"))
     assert {f.parent.name for f in files} == {"autoencoder", "transformer"}
     for f in files:
         with safe_open(f, "pt") as weights:
             assert all(weights.get_tensor(k).dtype == torch.float16 for k in list(weights.keys())[:5])
     assert sum(f.stat().st_size for f in files) < 12e6
-    pipe = DiffusionPipeline.from_pretrained(SHIPPED, torch_dtype=torch.float32)
-    out = pipe(np.zeros((32, 32, 3), np.uint8), num_inference_steps=2, resolution=16, output_type="sdf")
+    pipe = DiffusionPipeline.from_pretrained(shipped, torch_dtype=torch.float32)
+    given = {"prompt": "a cone"} if name.endswith("text") else {"image": np.zeros((32, 32, 3), np.uint8)}
+    out = pipe(**given, num_inference_steps=2, resolution=16, output_type="sdf")
     assert out.sdf.shape == (1, 16, 16, 16) and torch.isfinite(out.sdf).all()
-    scores = json.loads((SHIPPED / "eval.json").read_text())
-    assert f"{scores['overall']['iou']:>10.3f}" in (SHIPPED / "README.md").read_text()
+    scores = json.loads((shipped / "eval.json").read_text())
+    assert f"{scores['overall']['iou']:>10.3f}" in (shipped / "README.md").read_text()
 
 
 def test_a_3d_policy_refuses_a_sample_size_other_than_its_grid():
