@@ -41,6 +41,15 @@ def _solid(prompt: str, seed: int):
     return sample_solid(parse_prompt(prompt), np.random.default_rng(seed))
 
 
+@lru_cache(maxsize=1024)
+def prompt_solids(prompt: str, count: int) -> tuple:
+    """`count` fixed draws of the solid a prompt describes (sizes jittered, shifted as the grammar draws them; a
+    stream of their own, apart from any item's solid seed): the prompt's distribution, which a text condition
+    determines where one item's solid is one draw of it."""
+    spec = parse_prompt(prompt)
+    return tuple(sample_solid(spec, np.random.default_rng([text_seed(prompt), j])) for j in range(count))
+
+
 @lru_cache(maxsize=4096)
 def _image(prompt: str, seed: int) -> np.ndarray:
     image = render(_solid(prompt, seed).sdf, IMAGE_SIZE)[0]

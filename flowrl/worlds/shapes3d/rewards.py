@@ -7,12 +7,16 @@
   0.5 watertight + 0.5 (1 - floaters / components) instead (an empty mesh scores 0 either way).
 - `mesh_smoothness`: 1 - mean dihedral angle between adjacent faces / pi (marching-cubes staircase and noise lower it).
 - `shape_match`: the analytic quality score of the 3D shapes world: volume IoU (or F-score at 0.05) against the
-  ground-truth solid the condition was rendered from (a verifier reward: it reads the world's truth).
+  ground-truth solid the condition was rendered from (a verifier reward: it reads the world's truth). With
+  `against: prompt` it is the mean score against `draws` fixed draws of the solid the prompt describes: what a text
+  condition determines. Against one item's solid, a text-conditioned sample is also scored on the size jitter and
+  shift of that one draw, which no prompt says; within a group that lottery outweighs the sample's own quality.
 None is differentiable.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
@@ -84,15 +88,33 @@ class MeshSmoothness(GeometryReward):
 class ShapeMatch(GeometryReward):
     name = "shape_match"
 
-    def __init__(self, metric: Literal["iou", "fscore"] = "iou"):
+    def __init__(
+        self, metric: Literal["iou", "fscore"] = "iou", against: Literal["solid", "prompt"] = "solid", draws: int = 8
+    ):
         if metric not in ("iou", "fscore"):
             raise ConfigError(f"reward shape_match: params.metric: expected iou or fscore, got {metric!r}")
-        self.metric = metric
+        if against not in ("solid", "prompt"):
+            raise ConfigError(f"reward shape_match: params.against: expected solid or prompt, got {against!r}")
+        if int(draws) < 1:
+            raise ConfigError(f"reward shape_match: params.draws: expected a count of 1 or more, got {draws!r}")
+        self.metric, self.against, self.draws = metric, against, int(draws)
 
     def score(self, grid, item) -> float:
         from flowrl.sdf import compare, volume_iou
-        from flowrl.worlds.shapes3d.conditions import solid_of
-        from flowrl.worlds.shapes3d.geometry import sdf_grid
+        from flowrl.worlds.shapes3d.conditions import prompt_solids, solid_of
 
-        truth = sdf_grid(solid_of(item), len(grid))
-        return volume_iou(grid, truth) if self.metric == "iou" else compare(grid, truth)["fscore"]
+        solids = prompt_solids(item.prompt, self.draws) if self.against == "prompt" else (solid_of(item),)
+        scores = [
+            volume_iou(grid, truth) if self.metric == "iou" else compare(grid, truth)["fscore"]
+            for truth in (_truth_grid(solid, len(grid)) for solid in solids)
+        ]
+        return float(np.mean(scores))
+
+
+@lru_cache(maxsize=4096)
+def _truth_grid(solid, resolution: int) -> np.ndarray:
+    from flowrl.worlds.shapes3d.geometry import sdf_grid
+
+    grid = sdf_grid(solid, resolution)
+    grid.setflags(write=False)  # shared by every caller of the cache
+    return grid

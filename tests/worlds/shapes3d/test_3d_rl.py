@@ -126,6 +126,34 @@ def test_geometric_rewards_score_the_truth_high_and_broken_shapes_low():
     assert 0.5 < dense.item() < 1.0  # watertight, one of two components a floater
 
 
+def test_shape_match_against_the_prompt_is_the_mean_over_draws_of_its_solid():
+    """against: prompt scores a field by its mean IoU over fixed draws of the solid the prompt describes (by hand
+    here); against the item's one solid, the truth scores 1 and another draw of the same prompt less."""
+    from flowrl.errors import ConfigError
+    from flowrl.prompt_source import text_seed
+    from flowrl.rewards.base import build_reward
+    from flowrl.sdf import volume_iou
+    from flowrl.worlds.shapes3d.prompts import parse_prompt, sample_solid
+
+    item = condition_item("a tall box on top of a cone", 7)
+    other = sample_solid(parse_prompt(item.prompt), np.random.default_rng(123))
+    grids = np.stack([sdf_grid(solid_of(item), 32), sdf_grid(other, 32)])
+    meta = {"conditions": [item, item]}
+    draws = [
+        sdf_grid(sample_solid(parse_prompt(item.prompt), np.random.default_rng([text_seed(item.prompt), j])), 32)
+        for j in range(3)
+    ]
+    by_hand = [np.mean([volume_iou(g, d) for d in draws]) for g in grids]
+    reward = build_reward("shape_match", against="prompt", draws=3)
+    scores = reward(torch.from_numpy(grids), [item.prompt] * 2, meta).scores.numpy()
+    np.testing.assert_allclose(scores, by_hand, rtol=1e-6)
+    assert all(0.4 < s < 0.95 for s in scores)  # no draw is the item's own solid
+    solid = build_reward("shape_match")(torch.from_numpy(grids), [item.prompt] * 2, meta).scores
+    assert solid[0] == pytest.approx(1.0) and solid[1] < 0.95
+    with pytest.raises(ConfigError, match="params.against"):
+        build_reward("shape_match", against="text")
+
+
 def test_rewards_refuse_other_modalities(tmp_path, tiny_sd3_dir):
     from flowrl.builders import build_rewards
     from flowrl.errors import ConfigError
