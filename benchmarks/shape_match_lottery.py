@@ -9,6 +9,11 @@ scores every sample against several independent draws of its prompt's solid and 
   sample x draw interaction.
 `shape_match` with `against: prompt` scores the mean over draws, i.e. only the sample's own part.
 
+It also reports what the held-out evaluation (volume IoU against each eval item's own solid) allows a text-to-3D
+model at best: the IoU of the autoencoder's reconstruction of the eval solids (no generator through this latent space
+does better), of another draw of the same prompt (a model that samples the prompt's distribution exactly), and of
+the prompt's nominal solid (no jitter, centred: the best single guess a prompt allows, roughly).
+
     python benchmarks/shape_match_lottery.py     # ~1 min on 2 CPU cores; benchmarks/results/shape_match_lottery.json
 """
 
@@ -31,6 +36,36 @@ from flowrl.prompt_source import text_seed  # noqa: E402
 from flowrl.sdf import volume_iou  # noqa: E402
 from flowrl.worlds.shapes3d.geometry import sdf_grid  # noqa: E402
 from flowrl.worlds.shapes3d.prompts import parse_prompt, sample_solid, train_prompt_set  # noqa: E402
+
+
+class _Midpoint:
+    """Stands in for the grammar's random generator: every jitter at the middle of its range (the nominal solid)."""
+
+    def uniform(self, low, high, size=None):
+        return np.full(size, (low + high) / 2) if size is not None else (low + high) / 2
+
+
+def eval_ceilings(autoencoder) -> dict:
+    """Held-out IoU (the task's tag-mean overall) of three references against the eval items' solids."""
+    from flowrl.tasks.base import tag_metrics
+    from flowrl.worlds.shapes3d.conditions import eval_conditions, prompt_solids, solid_of
+    from flowrl.worlds.shapes3d.pretrain import surface_samples
+
+    items = eval_conditions()
+    generator = torch.Generator().manual_seed(0)
+    scores = {"autoencoder_reconstruction": [], "another_draw_of_the_prompt": [], "nominal_solid": []}
+    for item in items:
+        solid = solid_of(item)
+        truth = sdf_grid(solid, 32)
+        with torch.no_grad():
+            tokens = autoencoder.encode(surface_samples(solid, 512, generator)[None])
+            scores["autoencoder_reconstruction"].append(volume_iou(autoencoder.sdf_grid(tokens, 32)[0].numpy(), truth))
+        draws = prompt_solids(item.prompt, 8)
+        scores["another_draw_of_the_prompt"].append(np.mean([volume_iou(sdf_grid(d, 32), truth) for d in draws]))
+        nominal = sample_solid(parse_prompt(item.prompt), _Midpoint())
+        scores["nominal_solid"].append(volume_iou(sdf_grid(nominal, 32), truth))
+    tags = [item.meta["tag"] for item in items]
+    return {name: tag_metrics(values, tags)["overall"] for name, values in scores.items()}
 
 
 def main():
@@ -85,6 +120,7 @@ def main():
         "group_size": args.group_size,
         "draws": args.draws,
     }
+    summary["eval_ceilings"] = eval_ceilings(pipe.autoencoder.to(torch.float32))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
