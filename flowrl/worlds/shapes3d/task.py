@@ -113,8 +113,10 @@ def card_text(facts: dict, result: dict) -> str:
         for tag, m in result["tags"].items()
     )
     o = result["overall"]
-    name, kind, folder = (
-        ("shapes3d-text", "text-to-3D", TEXT_PIPELINE) if text else ("shapes3d-flow", "image-to-3D", IMAGE_PIPELINE)
+    name, recipe, kind, folder = (
+        ("shapes3d-text", "shapes3d-text", "text-to-3D", TEXT_PIPELINE)
+        if text
+        else ("shapes3d-flow", "shapes3d", "image-to-3D", IMAGE_PIPELINE)
     )
     condition = "a prompt of the world's grammar, read word by word" if text else "a 32x32 render from a fixed view"
     call = (
@@ -167,7 +169,7 @@ out.meshes[0].export("shape.glb")
     }.
 
 ## How it was trained
-`flowrl pretrain {name.replace("-flow", "")}` (seed {cfg.get("seed")}), on 2 CPU cores: {autoencoder_training}; a pool
+`flowrl pretrain {recipe}` (seed {cfg.get("seed")}), on 2 CPU cores: {autoencoder_training}; a pool
 of {cfg.get("flow_pool")} encoded training solids with their {"prompts" if text else "renders"} \
 ({facts.get("pool_minutes", float("nan")):.1f} min); flow matching
 {cfg.get("flow_steps")} steps of {cfg.get("flow_batch")}, logit-normal t, 10% unconditional, EMA {
