@@ -127,8 +127,13 @@ class PipelineSection:
     """Adapter override: a registered name (a pipeline class, or `Flux2KleinEdit` / `Flux2Edit` for FLUX.2
     editing) or `package.module:Class`; null: the adapter of the pipeline's class. `flowrl sample`, the demo and
     `flowrl export` take it from the run."""
-    attention: Literal["sdpa", "xformers"] = "sdpa"
-    """The attention kernel: `sdpa` (torch) or `xformers` (CUDA only, `pip install -e ".[gpu]"`)."""
+    attention: str = "sdpa"
+    """The attention kernel of the denoising networks: `sdpa` (diffusers' default, torch's scaled dot-product
+    attention), `xformers` (CUDA only, `pip install -e ".[gpu]"`), or a backend of diffusers' attention dispatcher
+    (`native`, `_native_math`, `flash`, `_flash_3`, `sage`, `flex`, ...; `diffusers.models.attention_dispatch.
+    AttentionBackendName` lists them) for families whose attention goes through it (FLUX, FLUX.2, Wan, Qwen-Image,
+    Z-Image, HunyuanVideo, LTX-Video; not SD3's or the UNets' processors). On the CPU only `native`, `_native_math`,
+    `_native_flash` and `flex` run."""
     vae_slicing: bool = False
     """The VAE decodes one sample at a time."""
     vae_tiling: bool = False
@@ -142,6 +147,14 @@ class PipelineSection:
                 raise ConfigError(f"pipeline.{name}: expected a positive integer, got {getattr(self, name)}")
         if self.shift is not None and self.shift <= 0:
             raise ConfigError(f"pipeline.shift: expected a positive number, got {self.shift}")
+        if self.attention not in ("sdpa", "xformers"):
+            from flowrl.devices import attention_backends
+
+            if self.attention not in attention_backends():
+                raise ConfigError(
+                    f"pipeline.attention: expected sdpa, xformers or one of diffusers' attention backends "
+                    f"{attention_backends()}, got {self.attention!r}"
+                )
 
 
 @dataclass

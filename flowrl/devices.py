@@ -69,3 +69,15 @@ def end_processes() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+# diffusers' attention-dispatcher backends that run without CUDA (the rest need a GPU and, for most, a kernel package)
+CPU_ATTENTION_BACKENDS = ("native", "_native_math", "_native_flash", "flex")
+
+
+def attention_backends() -> list[str]:
+    """The backend names diffusers' attention dispatcher knows (`pipeline.attention` takes them beside sdpa and
+    xformers)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    return [backend.value for backend in AttentionBackendName]

@@ -62,12 +62,15 @@ def set_memory_options(
     attention: str = "sdpa",
 ) -> None:
     """Trade time for memory on a placed policy (docs/guide/configuration.md, train and pipeline sections):
-    `attention` "xformers" (CUDA only) or "sdpa"; gradient checkpointing in every trained network; the VAE's slicing
-    and tiling; text encoders on the host except while encoding; an embedding cache of every prompt's encoding
-    (`policy.embedding_cache`, flowrl/policies/embedding_cache.py); `decode_microbatch` samples per VAE decode (0:
-    all). A ConfigError names the setting a pipeline cannot honour."""
+    `attention` "sdpa", "xformers" (CUDA only) or a backend of diffusers' dispatcher (`set_attention_backend`);
+    gradient checkpointing in every trained network; the VAE's slicing and tiling; text encoders on the host except
+    while encoding; an embedding cache of every prompt's encoding (`policy.embedding_cache`,
+    flowrl/policies/embedding_cache.py); `decode_microbatch` samples per VAE decode (0: all). A ConfigError names the
+    setting a pipeline cannot honour."""
     from flowrl.errors import ConfigError
 
+    if attention not in ("sdpa", "xformers"):
+        set_attention_backend(policy, attention)
     if attention == "xformers":  # torch SDPA (diffusers' default) otherwise
         if policy.device.type != "cuda":
             raise ConfigError("pipeline.attention: xformers runs on CUDA only; use sdpa on this device")
@@ -94,6 +97,44 @@ def set_memory_options(
     if offload_text_encoders:
         for module in policy.text_encoders():
             module.to("cpu")
+
+
+def denoisers(policy) -> list[torch.nn.Module]:
+    """The pipeline's denoising networks: transformer (and Wan2.2's transformer_2) or unet."""
+    names = ("transformer", "transformer_2", "unet")
+    return [module for name, module in policy.components().items() if name in names and module is not None]
+
+
+def set_attention_backend(policy, backend: str) -> None:
+    """Route the denoisers' attention through diffusers' dispatcher backend `backend`; one ConfigError when it cannot
+    run on the policy's device, its kernel package is missing, or no attention of the pipeline goes through the
+    dispatcher (SD3's joint attention and the UNets' processors call torch directly)."""
+    from flowrl.devices import CPU_ATTENTION_BACKENDS
+    from flowrl.errors import ConfigError
+
+    if policy.device.type != "cuda" and backend not in CPU_ATTENTION_BACKENDS:
+        raise ConfigError(
+            f"pipeline.attention: {backend} runs on CUDA only; on {policy.device.type} use sdpa or one of "
+            f"{list(CPU_ATTENTION_BACKENDS)}"
+        )
+    networks = denoisers(policy)
+    routed = [
+        module
+        for network in networks
+        for module in network.modules()
+        if hasattr(getattr(module, "processor", None), "_attention_backend")
+    ]
+    if not routed:
+        names = ", ".join(type(network).__name__ for network in networks)
+        raise ConfigError(
+            f"pipeline.attention: {names} computes attention without diffusers' dispatcher, so {backend} cannot "
+            "apply; use sdpa or xformers"
+        )
+    try:
+        for network in networks:
+            network.set_attention_backend(backend)
+    except (ImportError, ModuleNotFoundError, RuntimeError, ValueError) as error:
+        raise ConfigError(f"pipeline.attention: {backend} is not usable here ({error})") from None
 
 
 def sampling_placement(device: str | None = None, weight_dtype: str | None = None) -> tuple[torch.device, torch.dtype]:
