@@ -330,6 +330,7 @@ ALGORITHMS = Registry(
     "algorithm",
     {
         "grpo": "flowrl.algorithms.grpo",
+        "grpo_guard": "flowrl.algorithms.grpo_guard",
         "ddpo": "flowrl.algorithms.ddpo",
         "nft": "flowrl.algorithms.nft",
         "refl": "flowrl.algorithms.reward_backprop",

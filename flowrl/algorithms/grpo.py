@@ -170,6 +170,11 @@ class GRPO(Algorithm):
         )
         return x, cond, sigma, sigma_next, mean, std, log_prob
 
+    def surrogate(self, items, log_prob, old_log_prob, advantage, mean, std, sigma, sigma_next):
+        """Per-item clipped surrogate losses and the likelihood ratios they clip (GRPO-Guard overrides it)."""
+        ratio = torch.exp(log_prob - old_log_prob)
+        return clipped_surrogate(ratio, advantage, self.params.clip_range), ratio
+
     def loss(self, policy, batch: RolloutBatch, items: WorkItems):
         p, traj = self.params, batch.trajectory
         x, cond, sigma, sigma_next, mean, std, log_prob = self.step_terms(policy, traj, items)
@@ -178,8 +183,7 @@ class GRPO(Algorithm):
             advantage = self.step_advantages[items.sample, items.step].to(log_prob.device)
         else:
             advantage = self.advantages[items.sample].to(log_prob.device)
-        ratio = torch.exp(log_prob - old_log_prob)
-        losses = clipped_surrogate(ratio, advantage, p.clip_range)
+        losses, ratio = self.surrogate(items, log_prob, old_log_prob, advantage, mean, std, sigma, sigma_next)
         diagnostics = {
             "ratio": ratio.detach(),
             "clip_frac": ((ratio - 1).abs() > p.clip_range).float(),
