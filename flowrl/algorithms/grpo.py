@@ -26,6 +26,7 @@ Deviations from the papers' code (flow_grpo, DanceGRPO):
 - `std: group` divides by the population std + 1e-4 (Flow-GRPO's per-prompt form); DanceGRPO's `--use_group`
   divides by the unbiased std + 1e-8 (see advantages.group_advantages).
 - `credit: incremental` and `window_schedule` belong to neither paper (credit.py).
+- `step_weight` adds TempFlow-GRPO's or SAGE-GRPO's per-step weight (step_weights.py), off by default.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import torch
 from flowrl.algorithms.advantages import group_advantages, zero_std_groups
 from flowrl.algorithms.base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
 from flowrl.algorithms.credit import fold_deterministic_tail, incremental_credits, step_advantages, window_mask
+from flowrl.algorithms.step_weights import step_weights
 from flowrl.errors import ConfigError
 from flowrl.sde import diffusion_time_scale
 
@@ -76,6 +78,9 @@ class GRPOParams:
     `window_size` steps (`latter`)."""
     window_size: int = 3
     """The size of the `incremental` and `latter` windows (>= 1)."""
+    step_weight: Literal["none", "tempflow", "sage"] = "none"
+    """Per-step loss weights from the step's noise (step_weights.py): `tempflow` (TempFlow-GRPO's: the step std over
+    its mean), `sage` (SAGE-GRPO's gradient-norm equaliser) or `none`."""
 
     def validate(self):
         if not 0 < self.timestep_fraction <= 1:
@@ -127,6 +132,14 @@ class GRPO(Algorithm):
     def needs_step_rewards(self) -> bool:
         return self.params.credit == "incremental"
 
+    def check_sampler(self, sampler) -> None:
+        super().check_sampler(sampler)
+        if self.params.step_weight != "none" and sampler.kind == "ddim":
+            raise ConfigError(
+                f"algorithm.params.step_weight: {self.params.step_weight} weighs the steps of a flow SDE; "
+                "sampler.kind ddim has none (use none)"
+            )
+
     def prepare(self, batch: RolloutBatch, policy=None):
         p = self.params
         advantages = group_advantages(batch.global_rewards, batch.global_group_ids, p.std, clip=p.adv_clip_max)
@@ -150,7 +163,8 @@ class GRPO(Algorithm):
             chosen = trained_steps(trainable, p.timestep_fraction, batch.seeds[i], p.step_order)
             samples += [i] * len(chosen)
             steps += chosen.tolist()
-        weights = [1.0] * len(samples)
+        weight_of_step = step_weights(p.step_weight, traj.kind, traj.sigmas, traj.noise_level, trainable)
+        weights = weight_of_step[steps].tolist()
         if not samples and len(keep) and trainable.any():
             # every group on this process tied: one item of weight 0, so the process still runs the forward and
             # backward the others run (a distributed wrapper's gradient collective needs all of them every time)
