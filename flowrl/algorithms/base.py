@@ -333,6 +333,7 @@ ALGORITHMS = Registry(
         "grpo_guard": "flowrl.algorithms.grpo_guard",
         "ddpo": "flowrl.algorithms.ddpo",
         "nft": "flowrl.algorithms.nft",
+        "awm": "flowrl.algorithms.awm",
         "refl": "flowrl.algorithms.reward_backprop",
         "draft": "flowrl.algorithms.reward_backprop",
         "mend": "flowrl.algorithms.mend",
