@@ -27,6 +27,7 @@ from flowrl.rollout import (
     rollout_in_chunks,
     sample_generators,
 )
+from flowrl.sde_window import sde_window
 
 
 class RewardFailure(UserError):
@@ -112,13 +113,7 @@ def rollout_noise(config: RunConfig, algorithm, policy, spec, update: int, draw:
     initial = None
     if algorithm.shared_initial_noise:  # the group's first sample seeds everyone's x_T
         initial = per_sample_noise(sample_generators([draw.seeds[int(g) * size] for g in draw.local_groups]), shape)
-    window = None
-    if sampler.sde_window_size:
-        lo, hi = sampler.sde_window_range
-        generator = torch.Generator().manual_seed(derived_seed(config.run.seed, update, 29))
-        start = int(torch.randint(lo, hi, (1,), generator=generator))
-        window = (start, start + sampler.sde_window_size)
-    return generators, shape, initial, window
+    return generators, shape, initial, sde_window(sampler, config.run.seed, update)
 
 
 def step_callbacks(config: RunConfig, algorithm, reward, policy, draw: Draw) -> tuple:
@@ -186,10 +181,19 @@ def roll_out_and_score(accelerator, config: RunConfig, reward, rollout_args: tup
                     initial_noise=initial,
                     callbacks=callbacks,
                     progress=progress,
+                    ode_solver=sampler.ode_solver,
                 )
             else:
                 traj = rollout_in_chunks(
-                    memory.rollout_microbatch, policy, cond, generators, shape, *sampling, initial, progress=progress
+                    memory.rollout_microbatch,
+                    policy,
+                    cond,
+                    generators,
+                    shape,
+                    *sampling,
+                    initial,
+                    progress=progress,
+                    ode_solver=sampler.ode_solver,
                 )
             with torch.no_grad():
                 samples = policy.decode_in_chunks(traj.final)
@@ -198,7 +202,9 @@ def roll_out_and_score(accelerator, config: RunConfig, reward, rollout_args: tup
     from concurrent.futures import ThreadPoolExecutor
 
     parts, futures = [], []
-    chunks = rollout_chunks(memory.rollout_microbatch, policy, cond, generators, shape, *sampling, initial, progress)
+    chunks = rollout_chunks(
+        memory.rollout_microbatch, policy, cond, generators, shape, *sampling, initial, progress, sampler.ode_solver
+    )
     with ThreadPoolExecutor(max_workers=1) as pool, accelerator.autocast():  # autocast: this thread only
         for rows, part in chunks:
             with torch.no_grad():

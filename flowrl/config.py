@@ -203,7 +203,18 @@ class SamplerSection:
     sde_window_size: int = 0
     """0: every step is SDE; k > 0: a window of k SDE steps, the others ODE (Flow-GRPO-Fast, MixGRPO)."""
     sde_window_range: list[int] = field(default_factory=lambda: [0, 5])
-    """The window's start is drawn from [lo, hi) each update; the window must fit in `num_steps`."""
+    """The window's starts: [lo, hi); a window starting anywhere in it must fit in `num_steps`."""
+    sde_window_schedule: Literal["random", "progressive"] = "random"
+    """How the window moves over the run: `random` (its start drawn from `sde_window_range` each update) or
+    `progressive` (MixGRPO: from lo, `sde_window_stride` steps later every `sde_window_shift_every` updates, back to lo
+    past hi)."""
+    sde_window_shift_every: int = 25
+    """progressive: updates between the window's moves (>= 1; MixGRPO's 25)."""
+    sde_window_stride: int = 1
+    """progressive: steps the window moves at a time (>= 0; 0 keeps it at lo)."""
+    ode_solver: Literal["euler", "dpm2"] = "euler"
+    """The deterministic steps after the SDE window: `euler`, or `dpm2` (DPM-Solver++ 2M, MixGRPO-Flash's), second
+    order on the earlier steps' x0 predictions; steps before the window stay Euler."""
     fk: FKConfig | None = None
     """FK-steered training rollouts: each prompt group is one set of FK particles, resampled while denoising. The
     group is then not an on-policy sample (biased towards the reward); metrics flag it."""
@@ -224,6 +235,16 @@ class SamplerSection:
             raise ConfigError(
                 f"sampler.sde_window_size: a window of {self.sde_window_size} steps starting in "
                 f"[{lo}, {hi}) must fit in sampler.num_steps={self.num_steps}"
+            )
+        if self.sde_window_shift_every < 1 or self.sde_window_stride < 0:
+            raise ConfigError(
+                "sampler.sde_window_shift_every / sde_window_stride: expected an integer >= 1 and an integer >= 0, "
+                f"got {self.sde_window_shift_every} and {self.sde_window_stride}"
+            )
+        if self.ode_solver != "euler" and self.kind in ("ode", "ddim"):
+            raise ConfigError(
+                f"sampler.ode_solver: {self.ode_solver} takes the ODE steps after a flow SDE's window; sampler.kind "
+                f"{self.kind!r} has no such window (use euler)"
             )
         if self.fk is not None and (self.kind == "ode" or self.noise_level == 0):
             # copies of a particle made by a resampling stay identical under a deterministic sampler: the group

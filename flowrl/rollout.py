@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from flowrl.policies.base import Conditioning, FlowPolicy
+from flowrl.sde import dpm_solver_pp_step
 
 
 @dataclass
@@ -88,8 +89,11 @@ def rollout(
     callbacks: list[Callable[[StepState], None]] = (),
     progress=None,
     guide=None,
+    ode_solver: str = "euler",
 ) -> Trajectory:
-    """Sample len(cond) trajectories. `sde_window` (start, end) keeps SDE steps only in that range (ODE elsewhere).
+    """Sample len(cond) trajectories. `sde_window` (start, end) keeps SDE steps only in that range (ODE elsewhere);
+    `ode_solver` "dpm2" takes DPM-Solver++'s second-order step on the deterministic steps after the first SDE step
+    (sde.dpm_solver_pp_step, on every earlier step's x0 prediction; flowrl/sde_window.py).
 
     `guide` (see FlowPolicy.step) may change the model output at every step; it must follow particle
     re-indexing itself when combined with resampling callbacks (`guide.select(index)` is called when present).
@@ -103,13 +107,18 @@ def rollout(
     x = initial_noise if initial_noise is not None else own
     x = x.to(device=device, dtype=torch.float32)
     latents, log_probs = [x], []
+    x0_previous = sigma_previous = None  # the last step's prediction (dpm2's history)
     for i in range(num_steps):
         sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
         step_kind = kind if stochastic[i] else "ode"
         noise = per_sample_noise(generators, noise_shape).to(device) if step_kind != "ode" else None
+        x_in = x
         x, _, std, log_prob, x0_pred = policy.step(
             step_kind, x, sigma, sigma_next, cond, guidance_scale, noise_level, noise=noise, guide=guide
         )
+        if ode_solver == "dpm2" and step_kind == "ode" and bool(stochastic[:i].any()):
+            x = dpm_solver_pp_step(x_in, x0_pred, x0_previous, sigma_previous, sigma, sigma_next)
+        x0_previous, sigma_previous = x0_pred, sigma
         stochastic[i] = stochastic[i] and bool((torch.as_tensor(std) > 0).all())  # e.g. CPS's last step
         if callbacks:
             state = StepState(i, sigma, sigma_next, x, x0_pred, cond)
@@ -119,6 +128,7 @@ def rollout(
                 latents = [z[state.index] for z in latents]
                 log_probs = [lp[state.index] for lp in log_probs]
                 log_prob = log_prob[state.index]  # this step's transition belongs to the particle it moved too
+                x0_previous = x0_previous[state.index]
                 cond = cond.select(state.index)
                 if guide is not None and hasattr(guide, "select"):
                     guide.select(state.index)
@@ -145,6 +155,7 @@ def rollout_in_chunks(
     sde_window: tuple[int, int] | None = None,
     initial_noise: torch.Tensor | None = None,
     progress=None,
+    ode_solver: str = "euler",
 ) -> Trajectory:
     """`rollout` over `chunk` samples at a time (memory), joined into one trajectory. Each sample's noise comes
     from its own generator, so the samples are those of one whole-batch rollout up to the model's batch-size
@@ -162,6 +173,7 @@ def rollout_in_chunks(
             sde_window,
             initial_noise,
             progress=progress,
+            ode_solver=ode_solver,
         )
     parts = [
         part
@@ -178,6 +190,7 @@ def rollout_in_chunks(
             sde_window,
             initial_noise,
             progress,
+            ode_solver,
         )
     ]
     return join_trajectories(parts, cond)
@@ -196,6 +209,7 @@ def rollout_chunks(
     sde_window: tuple[int, int] | None,
     initial_noise: torch.Tensor | None,
     progress=None,
+    ode_solver: str = "euler",
 ):
     """Yield (rows, trajectory of those rows) for consecutive chunks of `chunk` samples, one rollout each."""
     for rows in chunk_rows(len(cond), chunk):
@@ -213,6 +227,7 @@ def rollout_chunks(
                 sde_window,
                 initial_noise[rows] if initial_noise is not None else None,
                 progress=progress,
+                ode_solver=ode_solver,
             ),
         )
 

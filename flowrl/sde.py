@@ -165,6 +165,41 @@ def x0_prediction(velocity: torch.Tensor, sample: torch.Tensor, sigma) -> torch.
     return sample.float() - _batch_shaped(sigma, sample) * velocity.float()
 
 
+def _half_log_snr(sigma: float) -> float:
+    """lambda = log(alpha / sigma) with alpha = 1 - sigma (-inf at sigma = 1, +inf at sigma = 0)."""
+    if sigma >= 1:
+        return -math.inf
+    return math.inf if sigma <= 0 else math.log((1 - sigma) / sigma)
+
+
+def dpm_solver_pp_step(
+    sample: torch.Tensor,
+    x0: torch.Tensor,
+    x0_previous: torch.Tensor | None,
+    sigma_previous: float | None,
+    sigma: float,
+    sigma_next: float,
+) -> torch.Tensor:
+    """One deterministic DPM-Solver++ step (arXiv 2211.01095) from `sigma` to `sigma_next` in the flow
+    parametrisation (alpha = 1 - sigma, lambda = log(alpha / sigma), h = lambda_next - lambda), second-order
+    multistep in its midpoint form (diffusers' `dpmsolver++` 2M with `solver_type="midpoint"`):
+        x_next = (sigma_next / sigma) x - alpha_next (e^-h - 1) (D0 + D1 / 2),
+        D0 = x0,  D1 = (x0 - x0_previous) / r,  r = (lambda - lambda_previous) / h,
+    with x0 the step's prediction x - sigma v and x0_previous the one at `sigma_previous`. First order (D1 = 0)
+    without a previous prediction or one at sigma = 1; the step to sigma 0 returns the prediction itself."""
+    if sigma_next <= 0:
+        return x0.float()
+    lam, lam_next = _half_log_snr(sigma), _half_log_snr(sigma_next)
+    h = lam_next - lam
+    phi = -1.0 if math.isinf(h) else math.expm1(-h)  # e^-h - 1
+    alpha_next = 1 - sigma_next
+    out = sigma_next / sigma * sample.float() - alpha_next * phi * x0.float()
+    if x0_previous is not None and sigma_previous is not None and sigma_previous < 1 and not math.isinf(h):
+        r = (lam - _half_log_snr(sigma_previous)) / h
+        out = out - 0.5 * alpha_next * phi * (x0.float() - x0_previous.float()) / r
+    return out
+
+
 def time_shift(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
     """The SD3 time shift sigma' = s sigma / (1 + (s - 1) sigma): more of the path at high noise for s > 1."""
     return shift * sigmas / (1 + (shift - 1) * sigmas)
