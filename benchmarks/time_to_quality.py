@@ -127,6 +127,39 @@ METHODS = {
     "grpo_sage": ("shapes_grpo", [VERIFIER, "sampler.kind=sage"]),
     "refl": ("shapes_refl", []),
     "draft": ("shapes_draft", []),
+    # the peers' methods on the main job. GRPO-Guard at its paper's clip; with one optimizer step per update its
+    # ratio is 1 (nothing to normalise), so what acts is its per-step weight s_t / |dt|
+    "grpo_guard": ("shapes_grpo", [VERIFIER, "algorithm.name=grpo_guard", "algorithm.params.clip_range=2.0e-6"]),
+    # TempFlow-GRPO's noise-aware step weight (without its branching)
+    "grpo_tempflow": ("shapes_grpo", [VERIFIER, "algorithm.params.step_weight=tempflow"]),
+    # MixGRPO-Flash's sampler: the 3-step window moves from step 0 to 7 over the run (one step every 15 updates),
+    # DPM-Solver++ 2M after it; the LoRA samples at every step, since the window reaches low noise
+    "mixgrpo": (
+        "shapes_grpo",
+        [
+            VERIFIER,
+            "sampler.sde_window_schedule=progressive",
+            "sampler.sde_window_range=[0,8]",
+            "sampler.sde_window_shift_every=15",
+            "sampler.ode_solver=dpm2",
+            "lora.sample_from_sigma=null",
+        ],
+    ),
+    # AWM at its paper's setting: CFG-free ODE rollouts, training and evaluation (the gain still against the base at
+    # CFG 4.5), ghuber weighting, 4 stratified times per sample, lr 3e-4 constant; every step's LoRA samples
+    "awm": (
+        "shapes_grpo",
+        [
+            VERIFIER,
+            "algorithm={name: awm, params: {}}",
+            "sampler.kind=ode",
+            "sampler.guidance_scale=1.0",
+            "eval.guidance_scale=1.0",
+            "lora.sample_from_sigma=null",
+            "optim.lr=3.0e-4",
+            "optim.lr_schedule=constant",
+        ],
+    ),
 }
 # updates per run: ~20 minutes of training each, estimated from the s / update compare_algorithms measured at 4
 # prompts per update (x2 for 8; AMD EPYC, 2 cores); the table reads every method's gain at --minutes of its own clock.
@@ -154,6 +187,11 @@ UPDATES = {
     "grpo_gated_lora": 240,
     "grpo_sage": 240,
     "refl": 330,
+    # the peers' methods: half the budget (~12 minutes at the main job's ~6 s / update), read beside grpo's curve
+    "grpo_guard": 120,
+    "grpo_tempflow": 120,
+    "mixgrpo": 120,
+    "awm": 120,
     "draft": 95,
 }
 GAINS = (0.10, 0.20)
