@@ -189,6 +189,20 @@ def sample_spec(config: RunConfig, policy) -> SampleSpec:
     return policy.sample_spec(pipeline.height, pipeline.width, pipeline.num_frames)
 
 
+def eval_spec(config: RunConfig, policy) -> SampleSpec:
+    """The size a run's evaluations sample at: eval.height / width / num_frames, the training size where null."""
+    pipeline, evaluation = config.pipeline, config.eval
+    return policy.sample_spec(
+        evaluation.height or pipeline.height,
+        evaluation.width or pipeline.width,
+        evaluation.num_frames or pipeline.num_frames,
+        (
+            "eval.height" if evaluation.height else "pipeline.height",
+            "eval.width" if evaluation.width else "pipeline.width",
+        ),
+    )
+
+
 def adapter_description(config: RunConfig, policy) -> dict | None:
     """What rebuilds the run's LoRA adapter (a checkpoint's adapter.json).
 

@@ -327,14 +327,22 @@ class EvalSection:
     """Sampling steps of an eval sample (>= 1; ODE sampling)."""
     guidance_scale: float = 4.5
     """CFG scale of eval samples."""
+    height: int | None = None
+    """Height of eval samples; null: the training size (`pipeline.height`). Training at a low resolution and
+    evaluating at the full one takes a family whose denoiser accepts both sizes (the DiTs' positional embeddings are
+    computed per size; SD3's learned ones up to `pos_embed_max_size`)."""
+    width: int | None = None
+    """Width of eval samples; null: the training size (`pipeline.width`)."""
+    num_frames: int | None = None
+    """Frames per eval video; null: the training length (`pipeline.num_frames`)."""
     seed: int = 2024
     """The eval seed (>= 0, not `run.seed`); eval sample k of prompt p starts from the same noise in every run."""
     enabled: bool = True
     """Evaluate at all (false: no evaluations, no before / after grid)."""
 
     def validate(self):
-        for name in ("num_per_prompt", "num_steps"):
-            if getattr(self, name) < 1:
+        for name in ("num_per_prompt", "num_steps", "height", "width", "num_frames"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"eval.{name}: expected an integer >= 1, got {getattr(self, name)}")
         if self.every < 0 or self.seed < 0:
             name = "every" if self.every < 0 else "seed"

@@ -86,7 +86,7 @@ def evaluate(trainer: Trainer, desc: str, judge: bool = True):
             evaluation.seed,
             evaluation.num_steps,
             evaluation.guidance_scale,
-            trainer.spec,
+            trainer.eval_spec,
             kind,
             noise_level,
             batch_size=batch,
@@ -322,7 +322,7 @@ def run_experiment(config: RunConfig) -> Path:
         if policy.source_input:  # editing: source | base edit | tuned edit, each source as the editor was given it
             from flowrl.images import item_image, to_uint8
 
-            size = (trainer.spec.height, trainer.spec.width)
+            size = (trainer.eval_spec.height, trainer.eval_spec.width)
             sources = [
                 item_image(items[i], policy.source_input, policy.source_world, "the grid", resize_to=size) for i in rows
             ]

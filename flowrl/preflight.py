@@ -263,3 +263,24 @@ def check_trained_steps(config: RunConfig, algorithm, policy, spec, fsdp2: bool)
         below,
         where,
     )
+
+
+def check_eval_size(policy, eval_spec, condition) -> None:
+    """Where the evaluations sample at another size than training (eval.height / width / num_frames): one denoiser
+    call on a single latent of that size under `condition` (an eval item), so a denoiser that cannot take it (SD3's
+    learned positional embedding beyond pos_embed_max_size) stops the run at start-up with one ConfigError, not at
+    the first evaluation."""
+    import torch
+
+    x = torch.zeros((1, *policy.noise_shape(eval_spec)), device=policy.device)
+    cond = policy.encode([condition], 1.0, eval_spec)
+    try:
+        with torch.no_grad():
+            policy.velocity(x, torch.tensor([1.0]), cond, 1.0)
+    except (RuntimeError, ValueError) as error:
+        frames = f" x {eval_spec.num_frames}" if eval_spec.num_frames else ""
+        size = f"{eval_spec.height} x {eval_spec.width}{frames}"
+        raise ConfigError(
+            f"eval.height / eval.width: {type(policy.transformer).__name__} cannot sample at {size} ({error}); "
+            f"train and evaluate at sizes it takes"
+        ) from None

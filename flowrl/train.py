@@ -22,6 +22,7 @@ from flowrl.algorithms import RolloutBatch, WorkItems, build_algorithm
 from flowrl.builders import (
     build_optimizer,
     build_rewards,
+    eval_spec,
     fsdp2_precision,
     placed_policy,
     sample_spec,
@@ -112,6 +113,10 @@ class Trainer:
         self.reward.bind_policy(self.policy)
         self.algorithm.bind_reward(self.reward)
         self.spec = sample_spec(config, self.policy)
+        self.eval_spec = eval_spec(config, self.policy)
+        if config.eval.enabled and self.eval_spec != self.spec:
+            first = PromptSource(self.task, config.eval.prompts).all()[0]
+            preflight.check_eval_size(self.policy, self.eval_spec, first)
         fsdp2 = getattr(self.accelerator, "is_fsdp2", False)
         preflight.check_trained_steps(config, self.algorithm, self.policy, self.spec, fsdp2)
         self.data_loss = None
