@@ -13,6 +13,7 @@ from flowrl.loop_config import OptimSection
 from flowrl.policies import WEIGHT_DTYPES, load_pipeline, policy_for
 from flowrl.policies.base import SampleSpec
 from flowrl.policies.lora import widest_lora_rank
+from flowrl.policies.placement import compile_denoisers
 from flowrl.preflight import check_reward_modalities
 from flowrl.rewards import WeightedSum, build_reward
 from flowrl.rewards.base import REWARDS
@@ -100,6 +101,8 @@ def placed_policy(config: RunConfig, device):
         memory.decode_microbatch,
         config.pipeline.attention,
     )
+    if config.runtime.compile:
+        compile_denoisers(policy)
     return policy
 
 

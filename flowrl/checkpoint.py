@@ -220,6 +220,7 @@ RESUMABLE_CHANGES = frozenset(
         "runtime.async_rollouts",
         "runtime.staleness",  # (switched on, a resume needs the checkpoint's snapshots: said)
         "runtime.threads",
+        "runtime.compile",
         "runtime.collective_timeout_minutes",
         "eval.enabled",
         "eval.every",

@@ -164,6 +164,11 @@ class RuntimeSection:
     resume is exact."""
     threads: int = 0
     """Torch CPU threads; 0 keeps torch's default."""
+    compile: bool = False
+    """`torch.compile` the denoisers' forward (inductor) for rollouts, updates and evaluations: the first call of each
+    input shape and adapter state compiles (seconds on the embedded models, minutes on a large one) and later calls
+    run the compiled code; the same numbers to float tolerance. Needs a C++ compiler on the CPU. Not with
+    `async_rollouts`."""
     collective_timeout_minutes: int = 180
     """Several processes: how long a collective waits for the others. The main process judges each evaluation's
     samples and writes checkpoints and reports while the others wait in the next collective, which may take longer
@@ -178,6 +183,11 @@ class RuntimeSection:
             raise ConfigError(
                 f"runtime.staleness: expected an integer >= 0 (0: rollouts use the newest weights), got "
                 f"{self.staleness}"
+            )
+        if self.compile and self.async_rollouts:
+            raise ConfigError(
+                "runtime.compile: not with runtime.async_rollouts (the rollout worker's copy of the policy shares "
+                "the learner's modules); use one or the other"
             )
         if self.threads < 0:
             raise ConfigError(f"runtime.threads: expected an integer >= 0 (0: torch's default), got {self.threads}")
