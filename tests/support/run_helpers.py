@@ -123,11 +123,12 @@ def gloo_env(**extra) -> dict[str, str]:
 
 
 def train_on_two_processes(
-    config_path, out_file: Path, port: int, overrides=(), fsdp2=False
+    config_path, out_file: Path, port: int, overrides=(), fsdp2=False, nodes: int = 1
 ) -> dict[str, torch.Tensor]:
     """Rank 0's weights after training `config_path` (with `overrides`) under torchrun on 2 gloo processes, through
     tests/support/distributed_worker.py, on master port `port` (one per test, so tests in parallel do not collide); the
-    denoiser sharded by FSDP2 with `fsdp2`, else wrapped in DDP."""
+    denoiser sharded by FSDP2 with `fsdp2`, else wrapped in DDP. `nodes` 2: two torchrun launches of one process
+    each, node ranks 0 and 1 meeting at a localhost rendezvous, as two machines launch a multi-node run."""
     import os
     import subprocess
     import sys
@@ -139,25 +140,22 @@ def train_on_two_processes(
         PYTHONPATH=os.pathsep.join([str(repo), str(repo / "tests" / "support"), os.environ.get("PYTHONPATH", "")]),
         FLOWRL_TEST_FSDP2="1" if fsdp2 else "0",
     )
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={port}",
-            str(repo / "tests/support/distributed_worker.py"),
-            str(config_path),
-            str(out_file),
-            *overrides,
-        ],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    worker = [str(repo / "tests/support/distributed_worker.py"), str(config_path), str(out_file), *overrides]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", f"--master_port={port}"]
+    if nodes == 1:
+        launches = [[*torchrun, "--nproc_per_node=2", *worker]]
+    else:
+        launches = [
+            [*torchrun, "--nnodes=2", f"--node_rank={rank}", "--nproc_per_node=1", "--master_addr=127.0.0.1", *worker]
+            for rank in range(2)
+        ]
+    running = [
+        subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for args in launches
+    ]
+    for process in running:
+        _, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stderr[-3000:]
     return load_file(out_file)
 
 

@@ -1,0 +1,25 @@
+"""A multi-node launch: two torchrun "nodes" of one process each on this machine, meeting at a localhost rendezvous
+(static, master address and port), train two updates exactly as one process does with the same global batch."""
+
+import pytest
+from run_helpers import assert_same_weights, tiny_run_config, train_and_collect, train_on_two_processes
+
+
+@pytest.mark.slow
+def test_two_nodes_train_as_one_process(tiny_sd3_dir, tmp_path):
+    config = tiny_run_config(
+        tmp_path / "n.yaml", tiny_sd3_dir, tmp_path / "runs", "nodes", updates=2, checkpoint_every=0
+    )
+    single = train_and_collect(config, ["run.name=single"])
+    two_nodes = train_on_two_processes(config, tmp_path / "nodes.safetensors", 29541, ["run.name=nodes"], nodes=2)
+    assert_same_weights(single, two_nodes)
+
+
+def test_the_shipped_launch_configs_load_in_accelerate():
+    from accelerate.commands.config.config_args import load_config_from_file
+    from conftest import REPO
+
+    multinode = load_config_from_file(str(REPO / "configs/accelerate/multinode.yaml"))
+    assert (multinode.num_machines, multinode.num_processes, multinode.rdzv_backend) == (2, 16, "static")
+    for name in ("ddp", "fsdp2"):
+        assert load_config_from_file(str(REPO / f"configs/accelerate/{name}.yaml")).num_machines == 1
