@@ -6,6 +6,7 @@ Also what to run before a real job, to see whether a size, batch and memory sett
     python benchmarks/gpu_check.py --model flux1-dev --size 1024 --batch 4
     python benchmarks/gpu_check.py --model wan2.1-1.3b --frames 33 --batch 4
     python benchmarks/gpu_check.py --tiny [--model M]               # anywhere: the same code path on a toy model
+    python benchmarks/gpu_check.py --compile --attention _flash_3   # torch.compile and an attention backend
 
 Each model is the real diffusers pipeline class with its denoiser and VAE at the released layout; text encoders are
 not built (T5-XXL alone is 4.7B parameters): prompt embeddings are random tensors of the encoders' shapes, so the
@@ -30,6 +31,7 @@ from flowrl.algorithms import RolloutBatch, build_algorithm  # noqa: E402
 from flowrl.config import SamplerSection  # noqa: E402
 from flowrl.policies import policy_for  # noqa: E402
 from flowrl.policies.base import Conditioning, SampleSpec  # noqa: E402
+from flowrl.policies.placement import compile_denoisers, set_attention_backend  # noqa: E402
 from flowrl.rollout import rollout, sample_generators  # noqa: E402
 
 
@@ -290,6 +292,12 @@ def main() -> None:
     parser.add_argument("--lora-rank", type=int, default=32)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H100/H200: 989)")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the transformer (runtime.compile)")
+    parser.add_argument(
+        "--attention",
+        default="sdpa",
+        help="sdpa or a backend of diffusers' dispatcher (pipeline.attention: native, flash, _flash_3, sage, ...)",
+    )
     parser.add_argument(
         "--no-checkpointing",
         action="store_true",
@@ -310,6 +318,10 @@ def main() -> None:
         p.data = p.data.float()
     if not args.no_checkpointing:
         policy.transformer.enable_gradient_checkpointing()
+    if args.attention != "sdpa":
+        set_attention_backend(policy, args.attention)
+    if args.compile:
+        compile_denoisers(policy)
     size = args.size or ([spec["size"]] if isinstance(spec["size"], int) else list(spec["size"]))
     height, width = (size[0], size[-1]) if full else (64, 64)
     frames = (args.frames if full else 5) if policy.modality == "video" else None
@@ -326,7 +338,7 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     timings = {}
-    for attempt in range(2):  # the first pass warms up kernels and allocators; the second is reported
+    for attempt in range(2):  # the first pass warms up kernels and allocators (and compiles); the second is reported
         sync()
         started = time.perf_counter()
         with torch.autocast(device.type, dtype=dtype):
@@ -367,6 +379,8 @@ def main() -> None:
         "steps": args.steps,
         "lora_rank": args.lora_rank,
         "gradient_checkpointing": not args.no_checkpointing,
+        "attention": args.attention,
+        "compiled": args.compile,
         **timings,
         "rollout_samples_per_s": b / timings["rollout_s"],
         "update_items_per_s": timings["items"] / timings["update_s"],

@@ -137,6 +137,33 @@ def set_attention_backend(policy, backend: str) -> None:
         raise ConfigError(f"pipeline.attention: {backend} is not usable here ({error})") from None
 
 
+def enable_context_parallel(policy, ulysses_degree: int = 1, ring_degree: int = 1) -> None:
+    """Share every sample's tokens among the processes of the initialised process group through diffusers'
+    `ContextParallelConfig` (Ulysses: each process holds 1 / degree of the sequence outside attention and of the heads
+    inside it; ring: of the keys and values, passed around), on every denoiser: the processes then compute the same
+    velocities as one process does, each doing a share of the work. The processes must all hold the same inputs.
+    Ring attention needs a backend that returns the softmax's log-sum-exp (flash, _flash_3, sage, _native_cudnn; not
+    torch's native SDPA), and on the CPU only Ulysses with `native` runs."""
+    from diffusers import ContextParallelConfig
+
+    from flowrl.errors import ConfigError
+
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        raise ConfigError("context parallelism: needs a process group (launch with torchrun or accelerate launch)")
+    world = torch.distributed.get_world_size()
+    if ulysses_degree * ring_degree != world:
+        raise ConfigError(
+            f"context parallelism: ulysses degree {ulysses_degree} x ring degree {ring_degree} must be the number "
+            f"of processes, {world}"
+        )
+    config = ContextParallelConfig(
+        ulysses_degree=ulysses_degree if ulysses_degree > 1 else None,
+        ring_degree=ring_degree if ring_degree > 1 else None,
+    )
+    for network in denoisers(policy):
+        network.enable_parallelism(config=config)
+
+
 COMPILE_BACKEND = "inductor"  # torch.compile's backend for runtime.compile
 
 
