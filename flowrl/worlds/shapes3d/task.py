@@ -86,6 +86,10 @@ def _pretrain(args, condition: str) -> None:
     out = Path(args.out)
     cfg = Shapes3DPretrainConfig(seed=args.seed, condition=condition)
     if condition == "text":
+        if getattr(args, "vae_steps", None) is not None:
+            raise UserError(
+                "--vae-steps: the shapes3d-text recipe trains no autoencoder (it reuses shapes3d-flow's); leave it out"
+            )
         cfg.autoencoder = IMAGE_PIPELINE
         if not (Path(IMAGE_PIPELINE) / "autoencoder").is_dir():
             raise UserError(

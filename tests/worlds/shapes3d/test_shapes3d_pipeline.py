@@ -185,3 +185,13 @@ def test_a_3d_policy_refuses_a_sample_size_other_than_its_grid():
     assert policy.sample_spec(None, None, None) == policy.default_spec() == policy.sample_spec(grid, grid, None)
     with pytest.raises(UserError, match=rf"--height: {2 * grid}; .* samples SDF grids of {grid}\^3"):
         policy.sample_spec(2 * grid, None, None, ("--height", "--width"))
+
+
+def test_the_text_recipe_refuses_autoencoder_steps_it_would_ignore(tmp_path):
+    from run_helpers import run_flowrl
+
+    result = run_flowrl("pretrain", "shapes3d-text", "--out", str(tmp_path / "t"), "--vae-steps", "5")
+    assert (
+        result.returncode == 2 and result.stderr.count("--vae-steps") == 1 and "reuses shapes3d-flow" in result.stderr
+    )
+    assert "Traceback" not in result.stderr and not (tmp_path / "t").exists()
