@@ -127,6 +127,9 @@ METHODS = {
     "grpo_sage": ("shapes_grpo", [VERIFIER, "sampler.kind=sage"]),
     "refl": ("shapes_refl", []),
     "draft": ("shapes_draft", []),
+    # the main job on the peers' methods' budget (120 updates, so its cosine schedule spans the same run), with the
+    # exact verdict recorded: the reference the peers' rows are read against
+    "grpo_short": ("shapes_grpo", [VERIFIER]),
     # the peers' methods on the main job. GRPO-Guard at its paper's clip; with one optimizer step per update its
     # ratio is 1 (nothing to normalise), so what acts is its per-step weight s_t / |dt|
     "grpo_guard": ("shapes_grpo", [VERIFIER, "algorithm.name=grpo_guard", "algorithm.params.clip_range=2.0e-6"]),
@@ -188,6 +191,7 @@ UPDATES = {
     "grpo_sage": 240,
     "refl": 330,
     # the peers' methods: half the budget (~12 minutes at the main job's ~6 s / update), read beside grpo's curve
+    "grpo_short": 120,
     "grpo_guard": 120,
     "grpo_tempflow": 120,
     "mixgrpo": 120,
