@@ -72,11 +72,11 @@ class GRPOGuard(GRPO):
     @torch.no_grad()
     def rollout_means(self, policy, batch: RolloutBatch, items: WorkItems) -> torch.Tensor:
         """The step means mu_old of the items' stored transitions under the rollout's policy, `chunk` at a time."""
-        parts = [
-            self.step_terms(policy, batch.trajectory, items.subset(part))[4]
-            for part in torch.split(torch.arange(len(items)), self.chunk)
-        ]
-        return torch.cat(parts)
+        means = []
+        for part in torch.split(torch.arange(len(items)), self.chunk):
+            _, _, _, _, mean, _, _ = self.step_terms(policy, batch.trajectory, items.subset(part))
+            means.append(mean)
+        return torch.cat(means)
 
     def surrogate(self, items, log_prob, old_log_prob, advantage, mean, std, sigma, sigma_next):
         p = self.params
