@@ -26,7 +26,9 @@ PY
 echo "best attention backend here: $best"
 for model in sd3.5-medium flux1-dev wan2.1-1.3b; do
     batch=8; [ "$model" = sd3.5-medium ] || batch=4
-    for setting in "eager --attention sdpa" "compiled --compile --attention $best"; do
+    # SD3's joint attention calls torch's SDPA directly (no dispatcher backend applies): compiled with sdpa
+    backend=$best; [ "$model" = sd3.5-medium ] && backend=sdpa
+    for setting in "eager --attention sdpa" "compiled --compile --attention $backend"; do
         name=${setting%% *}; flags=${setting#* }
         timeout "${GPU_PEERS_ROW_S:-170}" python benchmarks/gpu_check.py --model "$model" --batch "$batch" $tiny $flags \
             --out "$out/$model.$name.json" > "$out/$model.$name.log" 2>&1

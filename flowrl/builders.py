@@ -195,6 +195,10 @@ def sample_spec(config: RunConfig, policy) -> SampleSpec:
 def eval_spec(config: RunConfig, policy) -> SampleSpec:
     """The size a run's evaluations sample at: eval.height / width / num_frames, the training size where null."""
     pipeline, evaluation = config.pipeline, config.eval
+    if evaluation.num_frames is not None and policy.modality != "video":
+        raise ConfigError(
+            f"eval.num_frames: {type(policy.pipeline).__name__} samples {policy.modality}, not video; leave it out"
+        )
     return policy.sample_spec(
         evaluation.height or pipeline.height,
         evaluation.width or pipeline.width,

@@ -296,9 +296,9 @@ def run_sampling_settings(checkpoint: str | None) -> tuple[dict, Path | None]:
         "guidance": ev.get("guidance_scale"),
         "seed": ev.get("seed"),
         "weight_dtype": memory.get("weight_dtype"),
-        "height": pipe.get("height"),
-        "width": pipe.get("width"),
-        "num_frames": pipe.get("num_frames"),
+        "height": ev.get("height") or pipe.get("height"),  # the evaluations' size where they had their own
+        "width": ev.get("width") or pipe.get("width"),
+        "num_frames": ev.get("num_frames") or pipe.get("num_frames"),
         "max_sequence_length": pipe.get("max_sequence_length"),
         "guidance_2": pipe.get("guidance_scale_2"),
         "shift": pipe.get("shift"),

@@ -241,6 +241,15 @@ class SamplerSection:
                 "sampler.sde_window_shift_every / sde_window_stride: expected an integer >= 1 and an integer >= 0, "
                 f"got {self.sde_window_shift_every} and {self.sde_window_stride}"
             )
+        for name, value, default in (
+            ("sde_window_schedule", self.sde_window_schedule, "random"),
+            ("ode_solver", self.ode_solver, "euler"),
+        ):
+            if value != default and not self.sde_window_size:
+                raise ConfigError(
+                    f"sampler.{name}: {value} acts on an SDE window; set sampler.sde_window_size (0: every step is "
+                    f"SDE) or leave it at {default}"
+                )
         if self.ode_solver != "euler" and self.kind in ("ode", "ddim"):
             raise ConfigError(
                 f"sampler.ode_solver: {self.ode_solver} takes the ODE steps after a flow SDE's window; sampler.kind "

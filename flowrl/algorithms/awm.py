@@ -105,7 +105,7 @@ class AWM(Algorithm):
         items = WorkItems.build(samples, steps)
         self.t = traj.sigmas[items.step].to(traj.final.device)
         self.noise = torch.stack(noise).to(traj.final.device) if noise else traj.final[:0].clone()
-        metrics = {"advantage_abs_mean": self.advantages.abs().mean().item()}
+        metrics = {"advantage_abs_mean": advantages.abs().mean().item()}  # every process's, unscaled (as GRPO logs)
         return items, metrics
 
     def loss(self, policy, batch: RolloutBatch, items: WorkItems):

@@ -35,5 +35,10 @@ class DDPO(GRPO):
     Params = DDPOParams
 
     def check_sampler(self, sampler) -> None:
+        if self.params.step_weight != "none":
+            raise ConfigError(
+                f"algorithm.params.step_weight: {self.params.step_weight} weighs the steps of a flow SDE; ddpo samples "
+                "with DDIM (use none)"
+            )
         if sampler.kind != "ddim":
             raise ConfigError(f"sampler.kind: ddpo samples with stochastic DDIM; expected 'ddim', got {sampler.kind!r}")

@@ -39,7 +39,7 @@ import torch
 from flowrl.algorithms.advantages import group_advantages, zero_std_groups
 from flowrl.algorithms.base import Algorithm, RolloutBatch, WorkItems, register_algorithm, trained_steps
 from flowrl.algorithms.credit import fold_deterministic_tail, incremental_credits, step_advantages, window_mask
-from flowrl.algorithms.step_weights import step_weights
+from flowrl.algorithms.step_weights import run_steps, step_weights
 from flowrl.errors import ConfigError
 from flowrl.sde import diffusion_time_scale
 
@@ -163,7 +163,8 @@ class GRPO(Algorithm):
             chosen = trained_steps(trainable, p.timestep_fraction, batch.seeds[i], p.step_order)
             samples += [i] * len(chosen)
             steps += chosen.tolist()
-        weight_of_step = step_weights(p.step_weight, traj.kind, traj.sigmas, traj.noise_level, trainable)
+        over = run_steps(self.sampler, traj.num_steps, p.timestep_fraction, p.step_order)
+        weight_of_step = step_weights(p.step_weight, traj.kind, traj.sigmas, traj.noise_level, over)
         weights = weight_of_step[steps].tolist()
         if not samples and len(keep) and trainable.any():
             # every group on this process tied: one item of weight 0, so the process still runs the forward and

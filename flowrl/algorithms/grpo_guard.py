@@ -33,6 +33,7 @@ import torch
 from flowrl.algorithms.base import RolloutBatch, WorkItems, register_algorithm
 from flowrl.algorithms.grpo import GRPO, GRPOParams, clipped_surrogate
 from flowrl.errors import ConfigError
+from flowrl.sharding import most_calls_of_any_process
 
 GUARDED_KINDS = ("flow", "dance", "sage")
 
@@ -72,10 +73,14 @@ class GRPOGuard(GRPO):
     @torch.no_grad()
     def rollout_means(self, policy, batch: RolloutBatch, items: WorkItems) -> torch.Tensor:
         """The step means mu_old of the items' stored transitions under the rollout's policy, `chunk` at a time."""
+        parts = list(torch.split(torch.arange(len(items)), self.chunk))
         means = []
-        for part in torch.split(torch.arange(len(items)), self.chunk):
+        for part in parts:
             _, _, _, _, mean, _, _ = self.step_terms(policy, batch.trajectory, items.subset(part))
             means.append(mean)
+        for _ in range(most_calls_of_any_process(len(parts), policy.device) - len(parts)):
+            # a sharded (FSDP2) denoiser gathers its weights in every forward: every process runs as many
+            self.step_terms(policy, batch.trajectory, items.subset(slice(0, 1)))
         return torch.cat(means)
 
     def surrogate(self, items, log_prob, old_log_prob, advantage, mean, std, sigma, sigma_next):

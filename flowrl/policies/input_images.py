@@ -108,11 +108,9 @@ class InputImages:
 
     def most_calls_of_any_process(self, count: int) -> int:
         """The largest `count` any process passes here (a collective: every process calls it at the same point)."""
-        import torch.distributed as dist
+        from flowrl.sharding import most_calls_of_any_process
 
-        most = torch.tensor([count], device=self.device)
-        dist.all_reduce(most, op=dist.ReduceOp.MAX)
-        return int(most.item())
+        return most_calls_of_any_process(count, self.device)
 
     def sharded(self) -> bool:
         """Whether the denoiser is sharded by FSDP2 (fully_shard makes the module an FSDPModule in place)."""

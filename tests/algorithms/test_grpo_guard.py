@@ -47,10 +47,13 @@ def test_rationorm_is_the_step_noise_dotted_with_the_mean_gap(kind):
     expected = (noise * (mean_new - mean_old)).flatten(1).mean(1)
     assert expected.abs().max() > 1e-4  # the policy did move
     torch.testing.assert_close(diagnostics["ratio"].log(), expected, atol=2e-6, rtol=1e-3)
-    # the raw log-ratio is left-shifted: below the normalised one by mean_D(dmu^2) / (2 s^2) / s on average
+    # GRPO's raw log-ratio is the normalised one over s, shifted left by mean_D(dmu^2) / (2 s^2)
     with torch.no_grad():
         raw = grpo.loss(policy, batch, items)[1]["ratio"].log()
-    assert raw.mean() < expected.mean()
+    step_std = std.flatten(1)[:, 0]
+    gap = (mean_new - mean_old).pow(2).flatten(1).mean(1)
+    torch.testing.assert_close(raw, expected / step_std - gap / (2 * step_std**2), atol=1e-4, rtol=1e-3)
+    assert torch.all(gap > 0)
 
 
 def test_the_reweighting_divides_each_steps_loss_by_its_dt():

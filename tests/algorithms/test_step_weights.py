@@ -10,7 +10,7 @@ from test_grpo import _batch
 from tiny_pipelines import tiny_shapes_sd3
 
 from flowrl.algorithms import build_algorithm
-from flowrl.algorithms.step_weights import step_noise, step_weights
+from flowrl.algorithms.step_weights import run_steps, step_noise, step_weights
 from flowrl.config import SamplerSection
 from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
@@ -29,7 +29,6 @@ def test_tempflow_normaliser_is_the_papers_constant_for_sd35():
     weights = step_weights("tempflow", "flow", sigmas, 0.7, trained)
     std = step_noise("flow", sigmas, 0.7)[0]
     assert weights[:9] / std[:9] == pytest.approx(torch.full((9,), 2.25), abs=0.005)
-    assert weights[9] == 1.0  # an untrained step keeps 1
     assert weights[:9].mean() == pytest.approx(1.0)
     assert weights[0] > 1 > weights[8]  # high noise weighs more
 
@@ -66,7 +65,7 @@ def test_grpo_items_carry_their_steps_weights():
     weighted_items, _ = weighted.prepare(batch, policy)
     assert torch.equal(items.step, weighted_items.step) and torch.all(items.weight == 1)
     traj = batch.trajectory
-    expected = step_weights("tempflow", "flow", traj.sigmas, 0.7, traj.stochastic)[items.step]
+    expected = step_weights("tempflow", "flow", traj.sigmas, 0.7, torch.ones(4, dtype=torch.bool))[items.step]
     torch.testing.assert_close(weighted_items.weight, expected)
     assert len(set(weighted_items.weight.tolist())) > 1
 
@@ -74,3 +73,20 @@ def test_grpo_items_carry_their_steps_weights():
 def test_step_weights_need_a_flow_sde():
     with pytest.raises(ConfigError, match="algorithm.params.step_weight: sage .* ddim"):
         build_algorithm("grpo", {"step_weight": "sage"}, SamplerSection(kind="ddim"))
+    with pytest.raises(ConfigError, match="algorithm.params.step_weight: tempflow .* ddpo samples with DDIM"):
+        build_algorithm("ddpo", {"step_weight": "tempflow"}, SamplerSection(kind="ddim"))
+
+
+def test_the_normaliser_is_the_runs_not_the_updates():
+    """Flow-GRPO's setting (every step SDE, the first 99%) normalises over 9 of 10 steps, as TempFlow-GRPO's constant
+    does; with an SDE window, over every step a window can reach, so a high-noise window weighs more than a late one."""
+    assert run_steps(SamplerSection(), 10, 0.99, "first").tolist() == [True] * 9 + [False]
+    assert run_steps(SamplerSection(), 10, 0.99, "random").all()
+    window = SamplerSection(sde_window_size=3, sde_window_range=[0, 6])
+    assert torch.nonzero(run_steps(window, 10, 1.0, "random")).flatten().tolist() == list(range(8))
+    sigmas = _sd35_schedule()
+    weights = step_weights("tempflow", "flow", sigmas, 0.7, run_steps(window, 10, 1.0, "random"))
+    assert weights[0:3].mean() > 1 > weights[5:8].mean()
+    flow_grpo = step_weights("tempflow", "flow", sigmas, 0.7, run_steps(SamplerSection(), 10, 0.99, "first"))
+    std = step_noise("flow", sigmas, 0.7)[0]
+    assert flow_grpo[:9] / std[:9] == pytest.approx(torch.full((9,), 2.25), abs=0.005)

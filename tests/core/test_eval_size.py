@@ -82,3 +82,11 @@ def test_an_eval_size_the_denoiser_cannot_take_is_refused_at_start_up(tmp_path):
     refusal = r"eval.height / eval.width: SD3Transformer2DModel cannot sample at 512 x 512"
     with pytest.raises(ConfigError, match=refusal):
         Trainer(config, log=False)
+
+
+def test_frames_for_an_image_pipelines_evaluations_are_refused(tiny_sd3_dir, tmp_path):
+    from run_helpers import tiny_run_config
+
+    path = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "frames")
+    with pytest.raises(ConfigError, match="eval.num_frames: StableDiffusion3Pipeline samples image, not video"):
+        Trainer(load_config(path, ["eval.num_frames=5", "eval.enabled=true"]), log=False)

@@ -580,13 +580,14 @@ def test_a_copied_checkpoint_still_samples_as_its_run_did(tiny_sd3_dir, tmp_path
     from flowrl.cli.arguments import SAMPLING_DEFAULTS, fill_sampling_settings
 
     config = tiny_run_config(tmp_path / "c.yaml", tiny_sd3_dir, tmp_path / "runs", "kept", updates=1)
-    train_and_collect(config, ["eval.num_steps=3", "eval.guidance_scale=3.5"])
+    # the run trains at 32 px and evaluates at 64 x 48: sampling from it takes the evaluations' size
+    train_and_collect(config, ["eval.num_steps=3", "eval.guidance_scale=3.5", "eval.height=64", "eval.width=48"])
     inside = tmp_path / "runs/kept/checkpoints/update_000001"
     copied = shutil.copytree(inside, tmp_path / "best")
     settings, source = run_sampling_settings(str(copied))
     assert source == copied / "run_config.yaml"
     assert settings == run_sampling_settings(str(inside))[0]
-    assert (settings["steps"], settings["guidance"], settings["height"]) == (3, 3.5, 32)
+    assert (settings["steps"], settings["guidance"], settings["height"], settings["width"]) == (3, 3.5, 64, 48)
     (copied / "run_config.yaml").unlink()
     args = Namespace(**{key: None for key in SAMPLING_DEFAULTS}, policy=None)
     fill_sampling_settings(args, str(copied))

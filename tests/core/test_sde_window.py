@@ -52,8 +52,12 @@ def test_the_random_window_stays_in_its_range_and_follows_the_run_seed():
 def test_bad_window_schedules_and_solvers_are_named():
     with pytest.raises(ConfigError, match="sampler.sde_window_shift_every"):
         _progressive(0, 4, 1, every=0).validate()
+    with pytest.raises(ConfigError, match="sampler.ode_solver: dpm2 acts on an SDE window"):
+        SamplerSection(ode_solver="dpm2").validate()
+    with pytest.raises(ConfigError, match="sampler.sde_window_schedule: progressive acts on an SDE window"):
+        SamplerSection(sde_window_schedule="progressive").validate()
     with pytest.raises(ConfigError, match="sampler.ode_solver: dpm2 .* 'ode'"):
-        SamplerSection(kind="ode", ode_solver="dpm2").validate()
+        SamplerSection(kind="ode", ode_solver="dpm2", sde_window_size=3, sde_window_range=[0, 3]).validate()
 
 
 # data N(MU, C^2): the posterior mean is linear in x_t, and the ODE maps x_t by the ratio of the marginals' stds

@@ -149,13 +149,19 @@ def train_on_two_processes(
             [*torchrun, "--nnodes=2", f"--node_rank={rank}", "--nproc_per_node=1", "--master_addr=127.0.0.1", *worker]
             for rank in range(2)
         ]
+    logs = [Path(f"{out_file}.launch{i}.log") for i in range(len(launches))]  # files: no pipe fills and blocks
     running = [
-        subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for args in launches
+        subprocess.Popen(args, cwd=repo, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        for args, log in zip(launches, logs)
     ]
-    for process in running:
-        _, stderr = process.communicate(timeout=600)
-        assert process.returncode == 0, stderr[-3000:]
+    try:
+        for process, log in zip(running, logs):
+            process.wait(timeout=600)
+            assert process.returncode == 0, log.read_text()[-3000:]
+    finally:
+        for process in running:
+            if process.poll() is None:
+                process.kill()
     return load_file(out_file)
 
 
