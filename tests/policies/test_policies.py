@@ -923,6 +923,7 @@ def test_the_runs_evaluation_samples_with_the_sampling_gate_and_training_keeps_i
     trainer = SimpleNamespace(
         policy=policy,
         spec=None,
+        eval_spec=None,
         task=build_task("shapes"),
         rank=0,
         world=1,
