@@ -19,6 +19,7 @@ from flowrl.checkpoint import changed_settings
 from flowrl.config import RunConfig, config_to_dict
 from flowrl.errors import ConfigError
 from flowrl.rewards import check_reward
+from flowrl.sde_window import reachable_steps
 
 
 def refuse_deepspeed(accelerator) -> None:
@@ -238,8 +239,7 @@ def check_trained_steps(config: RunConfig, algorithm, policy, spec, fsdp2: bool)
         return
     sampler = config.sampler
     sigmas = policy.sigmas(sampler.num_steps, policy.noise_shape(spec))
-    lo, hi = sampler.sde_window_range
-    steps = range(lo, hi - 1 + sampler.sde_window_size) if sampler.sde_window_size else range(sampler.num_steps)
+    steps = reachable_steps(sampler)
     below = [j for j in steps if float(sigmas[j]) < frozen[0]]
     if not below:
         return

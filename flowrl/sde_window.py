@@ -52,6 +52,14 @@ def window_start(sampler, run_seed: int, update: int) -> int:
     return int(torch.randint(lo, hi, (1,), generator=generator))
 
 
+def reachable_steps(sampler) -> range:
+    """Every step an update's SDE window can cover over the run (every step without a window)."""
+    if not sampler.sde_window_size:
+        return range(sampler.num_steps)
+    lo, hi = sampler.sde_window_range
+    return range(lo, hi - 1 + sampler.sde_window_size)
+
+
 def sde_window(sampler, run_seed: int, update: int) -> tuple[int, int] | None:
     """The update's SDE window (start, end), or None when every step is stochastic (sde_window_size 0)."""
     if not sampler.sde_window_size:

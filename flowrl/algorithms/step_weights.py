@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from flowrl.sde import sde_step
+from flowrl.sde_window import reachable_steps
 
 STEP_WEIGHTS = ("none", "tempflow", "sage")
 
@@ -43,8 +44,7 @@ def run_steps(sampler, num_steps: int, fraction: float, order: str) -> torch.Ten
     trains (TempFlow-GRPO's 9 of 10)."""
     steps = torch.zeros(num_steps, dtype=torch.bool)
     if sampler.sde_window_size:
-        lo, hi = sampler.sde_window_range
-        steps[lo : hi - 1 + sampler.sde_window_size] = True
+        steps[list(reachable_steps(sampler))] = True
     elif order == "first":
         steps[: max(1, int(fraction * num_steps))] = True
     else:
