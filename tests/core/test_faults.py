@@ -41,12 +41,8 @@ def test_a_process_whose_every_group_failed_skips_the_update_with_the_others(tin
     first would hold no sample to train while the other waits in the gradient all-reduce (a crash on one, a hang on
     the other): every process skips that update, and the run goes on."""
     import csv
-    import os
-    import subprocess
-    import sys
 
-    from conftest import REPO
-    from run_helpers import gloo_env
+    from run_helpers import torchrun
 
     from flowrl.prompt_source import derived_seed
 
@@ -62,29 +58,7 @@ def test_a_process_whose_every_group_failed_skips_the_update_with_the_others(tin
         ema_decay=0.0,
     )
     reward = f"reward=[{{name: toy_rewards:NaNForSomeSeeds, params: {{modulus: {modulus}}}}}]"
-    env = gloo_env(
-        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "support"), os.environ.get("PYTHONPATH", "")])
-    )
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--master_port=29537",
-            "-m",
-            "flowrl",
-            "train",
-            str(path),
-            reward,
-            "train.max_failed_reward_share=0.9",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = torchrun(["-m", "flowrl", "train", path, reward, "train.max_failed_reward_share=0.9"], port=29537)
     assert result.returncode == 0, result.stderr[-3000:]
     failed = [
         [any(derived_seed(0, u, i) % modulus == 0 for i in range(4 * g, 4 * g + 4)) for g in range(2)]
@@ -103,12 +77,8 @@ def test_a_process_whose_reward_is_down_logs_the_same_metrics_as_the_others(tiny
     Gathering per key would pair one process's extra gather with the other's next collective (a hang); every
     process gathers the agreed keys, the updates are skipped, the run ends and logs the other's keys."""
     import csv
-    import os
-    import subprocess
-    import sys
 
-    from conftest import REPO
-    from run_helpers import gloo_env
+    from run_helpers import torchrun
 
     path = tiny_run_config(
         tmp_path / "c.yaml",
@@ -120,28 +90,17 @@ def test_a_process_whose_reward_is_down_logs_the_same_metrics_as_the_others(tiny
         checkpoint_every=0,
         ema_decay=0.0,
     )
-    env = gloo_env(
-        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "support"), os.environ.get("PYTHONPATH", "")])
-    )
-    result = subprocess.run(
+    result = torchrun(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--master_port=29541",
             "-m",
             "flowrl",
             "train",
-            str(path),
+            path,
             "reward=[{name: toy_rewards:UnavailableOnProcessOne}]",
             "train.max_failed_reward_share=0.9",
             "runtime.collective_timeout_minutes=4",
         ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
+        port=29541,
         timeout=400,
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import run_helpers
 from conftest import REPO
 from PIL import Image
 from run_helpers import gloo_env, run_flowrl
@@ -228,18 +229,11 @@ def _sample_args(pipeline, prompts, out, *flags) -> list[str]:
 
 def _sample(pipeline, prompts, out, *flags, env=None, torchrun=False):
     """`flowrl sample` in processes of its own: killed by FLOWRL_KILL_AT, under torchrun, or compared bit for bit."""
-    launcher = (
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533"]
-        if torchrun
-        else [sys.executable]
-    )
+    args = ["-m", "flowrl", *_sample_args(pipeline, prompts, out, *flags)]
+    if torchrun:
+        return run_helpers.torchrun(args, port=29533, timeout=300, **(env or {}))
     return subprocess.run(
-        [*launcher, "-m", "flowrl", *_sample_args(pipeline, prompts, out, *flags)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=gloo_env(**(env or {})),
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300, env=gloo_env(**(env or {}))
     )
 
 
@@ -318,14 +312,7 @@ def test_sample_under_torchrun_shares_the_prompts_and_writes_one_index(tiny_sd3_
     assert alone.returncode == 0, alone.stderr[-2000:]
     expected = json.loads((tmp_path / "two" / "rewards_eval.json").read_text())
     (tmp_path / "two" / "rewards_eval.json").unlink()
-    shared = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29534", *score],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=gloo_env(),
-    )
+    shared = run_helpers.torchrun(score, port=29534, timeout=300)
     assert shared.returncode == 0, shared.stderr[-2000:]
     assert json.loads((tmp_path / "two" / "rewards_eval.json").read_text()) == expected
     assert "process 0 of 2: scoring 2 samples" in shared.stdout and "process 1 of 2: scoring 2 samples" in shared.stdout

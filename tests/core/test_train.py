@@ -10,9 +10,9 @@ import torch
 from conftest import REPO
 from run_helpers import (
     assert_same_weights,
-    gloo_env,
     run_flowrl,
     tiny_run_config,
+    torchrun,
     train_and_collect,
     train_on_two_processes,
 )
@@ -161,25 +161,7 @@ def test_a_two_process_run_shares_its_evaluations_and_judges_them_as_one_process
         "eval.num_per_prompt=2",
         "eval.num_steps=2",
     ]
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--master_port=29532",
-            "-m",
-            "flowrl",
-            "train",
-            str(config),
-            *overrides,
-        ],
-        cwd=REPO,
-        env=gloo_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = torchrun(["-m", "flowrl", "train", config, *overrides], port=29532)
     assert result.returncode == 0, result.stderr[-3000:]
     evals = json.loads((tmp_path / "runs" / "dist_eval" / "eval.json").read_text())
     assert sorted(evals, key=int) == ["0", "1", "2"] and all(len(e["tags"]) == 3 for e in evals.values())
@@ -452,27 +434,9 @@ def test_ddp_processes_running_unequal_forwards_do_not_pair_a_broadcast_with_a_r
     """A gated LoRA runs one or two passes per microbatch by its items' noise levels, so processes differ in forward
     counts: DDP's buffer broadcast before each forward would then pair with another process's gradient all-reduce
     (measured: the collective timeout without `without_buffer_broadcast`)."""
-    import subprocess
-    import sys
-
     from conftest import REPO
-    from run_helpers import gloo_env
 
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--master_port=29731",
-            str(REPO / "tests" / "support" / "ddp_buffers_worker.py"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=gloo_env(PYTHONPATH=str(REPO)),
-        timeout=400,
-    )
+    result = torchrun([REPO / "tests" / "support" / "ddp_buffers_worker.py"], port=29731, timeout=400)
     # the workers' own lines come first in stderr, torchrun's summary last: both are kept
     assert result.returncode == 0, (result.stdout, result.stderr[:3000], result.stderr[-1500:])
     assert result.stdout.count("ok") == 2

@@ -1,14 +1,10 @@
 """Context parallelism on Wan through diffusers' ContextParallelConfig: two CPU processes sharing every clip's tokens
 (Ulysses) give the velocities, rollout and log-probs one process gives."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from conftest import REPO
-from run_helpers import gloo_env
+from run_helpers import torchrun
 from safetensors.torch import load_file
 
 from flowrl.errors import ConfigError
@@ -17,23 +13,7 @@ from flowrl.errors import ConfigError
 @pytest.mark.slow
 def test_two_processes_sharing_a_clips_tokens_give_one_processs_numbers(tmp_path):
     out = tmp_path / "cp.safetensors"
-    env = gloo_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "support")]))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--master_port=29543",
-            str(REPO / "tests/support/context_parallel_worker.py"),
-            str(out),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = torchrun([REPO / "tests/support/context_parallel_worker.py", out], port=29543)
     assert result.returncode == 0, result.stderr[-3000:]
     saved = load_file(out)
     assert saved["alone.log_probs"].abs().sum() > 0

@@ -122,6 +122,31 @@ def gloo_env(**extra) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **extra}
 
 
+def child_env(**extra) -> dict[str, str]:
+    """gloo_env with the repository and tests/support importable: a child process finds flowrl, the toy rewards and
+    the test workers' helpers."""
+    import os
+
+    repo = Path(__file__).resolve().parents[2]
+    path = os.pathsep.join([str(repo), str(repo / "tests" / "support"), os.environ.get("PYTHONPATH", "")])
+    return gloo_env(PYTHONPATH=path, **extra)
+
+
+def torchrun(args, port: int, timeout: float = 600, **env):
+    """`python -m torch.distributed.run --nproc_per_node=2 --master_port=PORT ARGS` from the repository root on
+    child_env (`env`: more variables), its output captured as text: the finished subprocess.CompletedProcess.
+    `port`: one per test, so tests in parallel do not collide. ARGS: a script and its arguments, or "-m", a module
+    and its."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}"]
+    return subprocess.run(
+        [*launcher, *map(str, args)], cwd=repo, env=child_env(**env), capture_output=True, text=True, timeout=timeout
+    )
+
+
 def train_on_two_processes(
     config_path, out_file: Path, port: int, overrides=(), fsdp2=False, nodes: int = 1
 ) -> dict[str, torch.Tensor]:
@@ -129,24 +154,20 @@ def train_on_two_processes(
     tests/support/distributed_worker.py, on master port `port` (one per test, so tests in parallel do not collide); the
     denoiser sharded by FSDP2 with `fsdp2`, else wrapped in DDP. `nodes` 2: two torchrun launches of one process
     each, node ranks 0 and 1 meeting at a localhost rendezvous, as two machines launch a multi-node run."""
-    import os
     import subprocess
     import sys
 
     from safetensors.torch import load_file
 
     repo = Path(__file__).resolve().parents[2]
-    env = gloo_env(
-        PYTHONPATH=os.pathsep.join([str(repo), str(repo / "tests" / "support"), os.environ.get("PYTHONPATH", "")]),
-        FLOWRL_TEST_FSDP2="1" if fsdp2 else "0",
-    )
+    env = child_env(FLOWRL_TEST_FSDP2="1" if fsdp2 else "0")
     worker = [str(repo / "tests/support/distributed_worker.py"), str(config_path), str(out_file), *overrides]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", f"--master_port={port}"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", f"--master_port={port}"]
     if nodes == 1:
-        launches = [[*torchrun, "--nproc_per_node=2", *worker]]
+        launches = [[*launcher, "--nproc_per_node=2", *worker]]
     else:
         launches = [
-            [*torchrun, "--nnodes=2", f"--node_rank={rank}", "--nproc_per_node=1", "--master_addr=127.0.0.1", *worker]
+            [*launcher, "--nnodes=2", f"--node_rank={rank}", "--nproc_per_node=1", "--master_addr=127.0.0.1", *worker]
             for rank in range(2)
         ]
     logs = [Path(f"{out_file}.launch{i}.log") for i in range(len(launches))]  # files: no pipe fills and blocks
