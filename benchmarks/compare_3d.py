@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from flowrl.config import config_to_dict, load_config  # noqa: E402
 from flowrl.experiment import evaluate, in_batches, reward_scores, tag_metrics_of  # noqa: E402
-from flowrl.report import figure  # noqa: E402
+from flowrl.report import figure, t_quantile  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 
 METHODS = {"grpo": [], "nft": [], "dpo": [], "dho": [], "dho_sync": ["runtime.async_rollouts=false"]}
@@ -130,12 +130,6 @@ def summary(runs: list[dict]) -> dict:
         }
         out[method] = row
     return out
-
-
-def t_quantile(n: int) -> float:
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, n - 1))
 
 
 def write_table(table: dict, path: Path) -> str:

@@ -18,8 +18,8 @@ tag's mean has about the same error; seeds fixed, so every checkpoint and the ba
 gain is still against the base at 4.5), the verifier's tag-averaged accuracy, under GenEval's verdict and under the
 exact one (the same images; no objects beyond the named ones); the gain is paired per image (checkpoint minus base,
 same prompt and seed). Intervals are 95%: 'draw' holds the prompts fixed (how far another draw of seeds could move
-it), 'prompts' makes the prompt the sampling unit. Across training seeds the table reports the mean and the seeds'
-standard error.
+it), 'prompts' makes the prompt the sampling unit. Across training seeds the table reports the mean and a 95%
+interval from the seeds' standard error (Student's t: 4.30 standard errors for 3 seeds).
 
     python benchmarks/time_to_quality.py                         # every method x 3 seeds: many hours on 2 cores
     python benchmarks/time_to_quality.py --methods grpo,grpo_anchor --seeds 0   # a part; results accumulate
@@ -48,7 +48,7 @@ from flowrl.config import config_to_dict, load_config  # noqa: E402
 from flowrl.experiment import sampled_as_checkpoint  # noqa: E402
 from flowrl.inference import generate_samples  # noqa: E402
 from flowrl.prompt_source import derived_seed  # noqa: E402
-from flowrl.report import cpu_model, figure  # noqa: E402
+from flowrl.report import cpu_model, figure, t_quantile  # noqa: E402
 from flowrl.tasks.base import tag_metrics  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 from flowrl.worlds.shapes import exact_score, parse_prompt, score  # noqa: E402
@@ -441,7 +441,8 @@ def anchor_ratio(table: dict) -> str:
 
 def write_table(table: dict, minutes: float, path: Path) -> str:
     def pm(pair, seeds, scale=100):  # no interval over seeds from one seed
-        return f"{scale * pair[0]:+.1f}" + (f" +- {1.96 * scale * pair[1]:.1f}" if len(seeds) > 1 else "")
+        interval = t_quantile(len(seeds)) * scale * pair[1] if len(seeds) > 1 else None
+        return f"{scale * pair[0]:+.1f}" + (f" +- {interval:.1f}" if interval is not None else "")
 
     def reach(row, gain):
         value = row[f"minutes_to_{gain}"]
@@ -469,7 +470,7 @@ def write_table(table: dict, minutes: float, path: Path) -> str:
     lines.append(anchor_ratio(table))
     lines.append(
         "\nGains are paired (checkpoint minus base, same prompts and seeds); +- is 95% over training seeds "
-        "(with 2 or more); 'final draw +-' is one eval's 95% interval for a redraw of its seeds (the mean "
+        "(with 2 or more; Student's t); 'final draw +-' is one eval's 95% interval for a redraw of its seeds (the mean "
         "over seeds); the exact verdict also refuses objects the prompt does not name ('-': run recorded "
         "before it was); times are training wall-clock (eval excluded), the mean over seeds, shown only when "
         "every seed reached the gain (how many did in brackets)."
@@ -490,7 +491,7 @@ def plot(results: dict, path: Path) -> None:
                 y = 100 * np.array([[p["gain"]["overall"] for p in r["curve"][:length]] for r in runs])
                 (line,) = ax.plot(x, y.mean(0), marker="o", ms=3, label=f"{name} ({len(runs)} seeds)")
                 if len(runs) > 1:
-                    spread = 1.96 * y.std(0, ddof=1) / np.sqrt(len(runs))
+                    spread = t_quantile(len(runs)) * y.std(0, ddof=1) / np.sqrt(len(runs))
                     ax.fill_between(x, y.mean(0) - spread, y.mean(0) + spread, color=line.get_color(), alpha=0.15)
         for ax, label in zip(axes, ("training minutes (2 CPU cores, eval excluded)", "training samples")):
             ax.set_xlabel(label)
