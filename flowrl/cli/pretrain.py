@@ -61,11 +61,17 @@ def cmd_pretrain(args, extensions: list[TaskCommands]) -> None:
     if args.out is None:
         extension.pretrain[args.recipe](args)
         return
+    import shutil
+
     from flowrl.atomic import replaced_folder
 
-    out = args.out
-    refuse_foreign_folder(Path(out))
-    with replaced_folder(Path(out)) as work:  # an interrupted recipe leaves the previous folder whole
+    out = Path(args.out)
+    refuse_foreign_folder(out)
+    # a recipe that saves its stages (shapes-wan) keeps them here until its folder is in place: the same command run
+    # again after an interruption continues from them
+    args.progress = out.parent / f".{out.name}.progress"
+    with replaced_folder(out) as work:  # an interrupted recipe leaves the previous folder whole
         args.out = str(work)
         extension.pretrain[args.recipe](args)
+    shutil.rmtree(args.progress, ignore_errors=True)
     print(f"written to {out}")

@@ -351,8 +351,8 @@ def test_ctrl_c_saves_only_at_an_update_boundary(tiny_sd3_dir, tmp_path, when):
 
 def test_an_interrupted_pretrain_leaves_the_previous_folder_whole(tmp_path):
     """A recipe rebuilding a folder (the shipped pipelines/ ones by default) writes beside it and takes its place
-    only once done: interrupted, the previous weights and card stay as they were, with nothing left beside them;
-    done, the folder holds the new files only."""
+    only once done: interrupted, the previous weights and card stay as they were, with only the recipe's saved
+    progress beside them; done, the folder holds the new files only, and the progress is gone."""
     from argparse import Namespace
 
     from flowrl.cli import TaskCommands
@@ -360,6 +360,8 @@ def test_an_interrupted_pretrain_leaves_the_previous_folder_whole(tmp_path):
 
     def recipe(args):
         out = Path(args.out)
+        args.progress.mkdir(exist_ok=True)
+        (args.progress / "stage.pt").write_text("saved")  # as a recipe that saves its stages does
         (out / "weights.bin").write_text("new")
         if args.seed == 1:
             raise KeyboardInterrupt  # before the card is written
@@ -378,7 +380,7 @@ def test_an_interrupted_pretrain_leaves_the_previous_folder_whole(tmp_path):
         "README.md": "old card",
         "training_facts.json": "{}",
     }
-    assert [p.name for p in (tmp_path / "pipelines").iterdir()] == ["toy"]
+    assert sorted(p.name for p in (tmp_path / "pipelines").iterdir()) == [".toy.progress", "toy"]
     cmd_pretrain(Namespace(recipe="toy", out=None, seed=0), [extension])
     assert {p.name: p.read_text() for p in folder.iterdir()} == {"weights.bin": "new", "README.md": "new card"}
     assert [p.name for p in (tmp_path / "pipelines").iterdir()] == ["toy"]

@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from flowrl.policies.wan_vae import frame_convolutions, frames_independent, past_taps
+from flowrl.pretrain_progress import GeneratorState
 from flowrl.schedules import cosine_decay, sample_noise_levels
 from flowrl.sde import time_shift
 from flowrl.worlds.moving_shapes.model_wan import FRAMES, SIZE, WAN_SEQUENCE_LENGTH, ShapesWanSize, build_pipeline
@@ -270,6 +271,12 @@ class LatentPool:
         self.latents = torch.cat([normalised_latents(vae, clips) for clips, _ in chunks])
         self.prompts = [p for _, prompts in chunks for p in prompts]
 
+    def state_dict(self) -> dict:
+        return {"latents": self.latents, "prompts": list(self.prompts), "next": self.next}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.latents, self.prompts, self.next = state["latents"].clone(), list(state["prompts"]), state["next"]
+
     def __call__(self, n: int, rng: np.random.Generator):
         if self.refresh:
             clips, prompts = sample_pairs(self.refresh, rng)
@@ -304,11 +311,13 @@ def prompt_words_loss(tokenizer, head: torch.nn.Module, prompts: list[str], embe
     return (per_token * real).sum() / real.sum()
 
 
-def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, generator: torch.Generator) -> dict:
+def train_video_flow(
+    pipe, cfg: WanPretrainConfig, rng: np.random.Generator, generator: torch.Generator, progress=None
+) -> dict:
     """Rectified flow on pooled clip latents; optionally (joint image-video training, as real video models train) a
     batch of `flow_image_batch` first frames as one-frame videos with their clips' prompts, since a frame costs the
     transformer ~1/9 of a clip (16 tokens against 144). Off by default: the frames of sampled clips became
-    independent samples (objects jump between frames)."""
+    independent samples (objects jump between frames). `progress`: train_denoiser's, for both stages."""
     with frame_convolutions(pipe.vae):
         pool = LatentPool(pipe.vae, cfg.flow_pool, cfg.flow_refresh, rng)
         if cfg.flow_object_weight:  # the black background's latent, per channel
@@ -360,6 +369,7 @@ def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, gen
         return (frames, frames[:0]), prompts
 
     modules = [pipe.transformer, pipe.text_encoder] + ([words_head] if words_head is not None else [])
+    resumable = {"progress": progress, "streams": {"pool": pool, "generator": GeneratorState(generator)}}
     facts = {}
     if cfg.flow_image_steps:
         # real video models learn appearance from images first; here nine times the samples per step go to the
@@ -367,14 +377,17 @@ def train_video_flow(pipe, cfg: WanPretrainConfig, rng: np.random.Generator, gen
         # At this budget it did not help the shape word.
         image_cfg = replace(cfg, flow_steps=cfg.flow_image_steps, flow_batch=cfg.flow_image_stage_batch)
         facts["flow_image_final_loss"] = train_denoiser(
-            modules, batch_loss, image_cfg, rng, "pretrain image flow", pairs=frame_pairs
+            modules, batch_loss, image_cfg, rng, "pretrain image flow", pairs=frame_pairs, **resumable
         )
-    facts["flow_final_loss"] = train_denoiser(modules, batch_loss, cfg, rng, "pretrain video flow", pairs=pairs)
+    facts["flow_final_loss"] = train_denoiser(
+        modules, batch_loss, cfg, rng, "pretrain video flow", pairs=pairs, **resumable
+    )
     return facts
 
 
-def pretrain_shapes_wan(cfg: WanPretrainConfig, size: ShapesWanSize | None = None):
-    """Train a shapes-wan pipeline from scratch; returns (pipeline, training facts for the model card)."""
+def pretrain_shapes_wan(cfg: WanPretrainConfig, size: ShapesWanSize | None = None, progress=None):
+    """Train a shapes-wan pipeline from scratch; returns (pipeline, training facts for the model card). `progress` (a
+    PretrainProgress): each stage saves into it, and a run given the same progress continues where it stopped."""
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
@@ -385,17 +398,22 @@ def pretrain_shapes_wan(cfg: WanPretrainConfig, size: ShapesWanSize | None = Non
             f"temporal_patch {size.temporal_patch} cannot patchify: use temporal_patch 1"
         )
     pipe = build_pipeline(size, seed=cfg.seed)
-    start = time.time()
+    started = time.monotonic()
+    clock = progress.seconds if progress is not None else lambda: time.monotonic() - started
     facts = {"config": asdict(cfg), "size": asdict(size)}
-    facts.update(train_video_vae(pipe.vae, cfg, rng))
-    facts["vae_minutes"] = (time.time() - start) / 60
+
+    def vae_stage() -> dict:
+        begun = clock()
+        vae_facts = train_video_vae(pipe.vae, cfg, rng)
+        return {**vae_facts, "vae_minutes": (clock() - begun) / 60}
+
+    facts.update(progress.stage("video vae", [pipe.vae], vae_stage) if progress is not None else vae_stage())
+    pipe.vae.register_to_config(latents_mean=facts["latents_mean"], latents_std=facts["latents_std"])
     # the flow stage draws from its own streams (seed + 1), so it can be rerun alone on a saved stage-1 VAE and give
     # the same weights
-    flow_started = time.time()
-    facts.update(
-        train_video_flow(pipe, cfg, np.random.default_rng(cfg.seed + 1), torch.Generator().manual_seed(cfg.seed + 1))
-    )
-    facts["flow_minutes"] = (time.time() - flow_started) / 60
-    facts["total_minutes"] = (time.time() - start) / 60
+    flow_rng, flow_generator = np.random.default_rng(cfg.seed + 1), torch.Generator().manual_seed(cfg.seed + 1)
+    facts.update(train_video_flow(pipe, cfg, flow_rng, flow_generator, progress))
+    facts["total_minutes"] = clock() / 60
+    facts["flow_minutes"] = facts["total_minutes"] - facts["vae_minutes"]
     pipe.to(torch.float16)
     return copy.deepcopy(pipe), facts

@@ -83,20 +83,53 @@ def encode_captions(pipe, prompts: list[str]):
     return embeds, pooled
 
 
-def train_denoiser(modules, batch_loss, cfg, rng: np.random.Generator, desc: str, pairs=sample_pairs) -> float:
+def train_denoiser(
+    modules, batch_loss, cfg, rng: np.random.Generator, desc: str, pairs=sample_pairs, progress=None, streams=None
+) -> float:
     """The shared pretraining loop: fresh renders each step (`pairs(n, rng)`: the shapes world's by default), caption
     dropout for CFG, AdamW with warm-up and cosine decay, gradient clipping, and an EMA of the weights that replaces
     them at the end. Returns the last loss.
 
     `batch_loss(images, prompts)` maps what `pairs` gives (a uint8 batch of renders by default; latents from
     shapes-wan's LatentPool) and its (possibly dropped) captions to a scalar loss.
+
+    `progress` (a PretrainProgress): the loop saves its state as stage `desc` and, run again, continues from it to
+    the same weights; `streams`: name -> whatever else the loop draws from or changes (state_dict / load_state_dict:
+    a GeneratorState, a latent pool), saved with it.
     """
     params = [p for m in modules for p in m.parameters()]
     ema = [p.detach().clone() for p in params]
     optimizer = torch.optim.AdamW(params, lr=cfg.flow_lr, weight_decay=0.01)
+    streams = streams or {}
+
+    def state(step: int, loss: float) -> dict:
+        return {
+            "step": step,
+            "loss": loss,
+            "modules": [m.state_dict() for m in modules],
+            "ema": ema,
+            "optimizer": optimizer.state_dict(),
+            "rng": rng.bit_generator.state,
+            "streams": {name: s.state_dict() for name, s in streams.items()},
+        }
+
+    start, saved = 0, progress.load(desc) if progress is not None else None
+    if saved is not None:
+        for m, weights in zip(modules, saved["modules"]):
+            m.load_state_dict(weights)
+        ema = saved["ema"]
+        optimizer.load_state_dict(saved["optimizer"])
+        rng.bit_generator.state = saved["rng"]
+        for name, s in streams.items():
+            s.load_state_dict(saved["streams"][name])
+        if saved["step"] == cfg.flow_steps:  # an earlier piece finished this stage (its weights are the EMA's)
+            for m in modules:
+                m.eval()
+            return saved["loss"]
+        start = saved["step"]
     for m in modules:
         m.train()
-    bar = tqdm(range(cfg.flow_steps), desc=desc, mininterval=5)
+    bar = tqdm(range(start, cfg.flow_steps), desc=desc, mininterval=5, initial=start, total=cfg.flow_steps)
     for step in bar:
         images, prompts = pairs(cfg.flow_batch, rng)
         prompts = ["" if rng.random() < cfg.caption_dropout else p for p in prompts]
@@ -113,11 +146,15 @@ def train_denoiser(modules, batch_loss, cfg, rng: np.random.Generator, desc: str
             torch._foreach_lerp_(ema, [p.detach() for p in params], 1 - decay)
         if step % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.4f}")
+        if progress is not None and progress.due() and step + 1 < cfg.flow_steps:
+            progress.save(desc, state(step + 1, loss.item()))
     with torch.no_grad():
         for p, e in zip(params, ema):
             p.copy_(e)
     for m in modules:
         m.eval()
+    if progress is not None:
+        progress.save(desc, state(cfg.flow_steps, loss.item()))
     return loss.item()
 
 

@@ -2,17 +2,19 @@
 writes a WanPipeline diffusers loads unmodified."""
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
 import torch
 from diffusers import WanPipeline
 
+from flowrl.errors import UserError
 from flowrl.inference import generate_samples
 from flowrl.policies import policy_for
 from flowrl.policies.base import SampleSpec
 from flowrl.policies.wan_vae import frame_convolutions, frames_independent
+from flowrl.pretrain_progress import PretrainProgress
 from flowrl.worlds.moving_shapes.card_wan import evaluate_and_write_card
 from flowrl.worlds.moving_shapes.model_wan import ShapesWanSize, build_pipeline, build_vae
 from flowrl.worlds.moving_shapes.pretrain_wan import (
@@ -224,3 +226,53 @@ def test_a_tiny_run_writes_a_pipeline_diffusers_loads(tmp_path):
     assert stored["protocol"]["seeds"] == [2024, 2025] and len(stored["protocol"]["overall_by_seed"]) == 2
     assert sum(result["counts"].values()) == 4 * len(eval_prompt_set())  # both seeds' clips are judged
     assert "seeds [2024, 2025]" in card and (tmp_path / "samples.png").is_file()
+
+
+class StopsAfterSaving(PretrainProgress):
+    """Progress that stops the run (as a kill would) right after it saves `stage` at `step`."""
+
+    def __init__(self, *args, stage: str, step: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stop_at = (stage, step)
+
+    def save(self, stage, state):
+        super().save(stage, state)
+        if (stage, state.get("step")) == self.stop_at:
+            raise KeyboardInterrupt
+
+
+def test_a_run_stopped_mid_stage_continues_to_the_uninterrupted_weights(tmp_path):
+    cfg = WanPretrainConfig(
+        vae_steps=1,
+        vae_batch=9,
+        flow_steps=4,
+        flow_batch=2,
+        flow_pool=4,
+        flow_refresh=1,
+        flow_image_steps=2,
+        flow_image_stage_batch=3,
+        warmup_steps=1,
+        threads=1,
+        flow_text_words_weight=1.0,
+    )
+    size = replace(TINY, temporal_patch=1, patch=4)
+    whole, whole_facts = pretrain_shapes_wan(cfg, size)
+    settings = {"recipe": "shapes-wan", "config": asdict(cfg)}
+    folder = tmp_path / "progress"
+    # saved every step; stopped after step 2 of the video stage (the VAE and image stages already done)
+    stopping = StopsAfterSaving(folder, settings, every_seconds=0, stage="pretrain video flow", step=2)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain_shapes_wan(cfg, size, progress=stopping)
+    assert {p.name for p in folder.glob("*.pt")} == {"video_vae.pt", "pretrain_image_flow.pt", "pretrain_video_flow.pt"}
+    resumed, facts = pretrain_shapes_wan(cfg, size, progress=PretrainProgress(folder, settings))
+    for name in ("transformer", "text_encoder", "vae"):
+        expected, got = getattr(whole, name).state_dict(), getattr(resumed, name).state_dict()
+        assert all(torch.equal(expected[k], got[k]) for k in expected), name
+    assert facts["flow_final_loss"] == whole_facts["flow_final_loss"]
+    assert facts["latents_mean"] == whole_facts["latents_mean"] and facts["total_minutes"] > facts["vae_minutes"]
+
+
+def test_progress_saved_under_other_settings_is_refused(tmp_path):
+    PretrainProgress(tmp_path, {"recipe": "shapes-wan", "config": {"flow_steps": 5000}})
+    with pytest.raises(UserError, match="other settings"):
+        PretrainProgress(tmp_path, {"recipe": "shapes-wan", "config": {"flow_steps": 15000}})
