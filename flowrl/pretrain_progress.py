@@ -5,7 +5,6 @@ optimizer, the EMA and every random stream the stage draws from are saved togeth
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -84,7 +83,3 @@ class PretrainProgress:
         facts = run()
         self.save(name, {"modules": [m.state_dict() for m in modules], "facts": facts})
         return facts
-
-    def finish(self) -> None:
-        """The run's output is written: its progress goes."""
-        shutil.rmtree(self.folder, ignore_errors=True)

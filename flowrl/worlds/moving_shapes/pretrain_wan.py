@@ -408,6 +408,7 @@ def pretrain_shapes_wan(cfg: WanPretrainConfig, size: ShapesWanSize | None = Non
         return {**vae_facts, "vae_minutes": (clock() - begun) / 60}
 
     facts.update(progress.stage("video vae", [pipe.vae], vae_stage) if progress is not None else vae_stage())
+    # the latent statistics live in the VAE's config, not its weights: a stage loaded from progress needs them set
     pipe.vae.register_to_config(latents_mean=facts["latents_mean"], latents_std=facts["latents_std"])
     # the flow stage draws from its own streams (seed + 1), so it can be rerun alone on a saved stage-1 VAE and give
     # the same weights
