@@ -14,6 +14,8 @@ reports:
 - the clipped fraction of a first update, for ratio-clipped methods (GRPO, DDPO);
 - a verdict: the share of prompts whose group carries signal, its std at least `SIGNAL_SHARE` of the whole batch's
   (not lost in the spread across prompts) and above zero;
+- the same figures per tag where the training set has tags (an edit's kind, a video prompt's family): which kinds
+  of item RL has something to sharpen on, judged against the whole batch's spread;
 
 with a per-prompt table and a plot of every sample's reward per prompt.
 """
@@ -48,13 +50,18 @@ class SignalStats:
     pass_at_g: float | None = None
 
     @classmethod
-    def of(cls, rewards: np.ndarray, success: np.ndarray | None = None) -> SignalStats:
-        """The figures of `rewards` [P, G] and, where given, the per-sample successes [P, G] (bool)."""
+    def of(
+        cls, rewards: np.ndarray, success: np.ndarray | None = None, reference_std: float | None = None
+    ) -> SignalStats:
+        """The figures of `rewards` [P, G] and, where given, the per-sample successes [P, G] (bool). A group carries
+        signal against `reference_std` (default: the table's own std); a slice of a batch (one tag's groups) passes
+        the whole batch's, so a tag whose groups all score alike is not judged by its own small spread."""
         rewards = np.asarray(rewards, dtype=np.float64)
         total_var = rewards.var()
+        reference = np.sqrt(total_var) if reference_std is None else reference_std
         group_std = rewards.std(axis=1)
         spread = rewards.max(axis=1) - rewards.min(axis=1)
-        carries = (spread > ZERO_SPREAD) & (group_std >= SIGNAL_SHARE * np.sqrt(total_var))
+        carries = (spread > ZERO_SPREAD) & (group_std >= SIGNAL_SHARE * reference)
         stats = cls(
             reward_mean=float(rewards.mean()),
             reward_std=float(np.sqrt(total_var)),
@@ -93,6 +100,30 @@ def _accuracy(info: dict) -> torch.Tensor | None:
     return info[keys[0]].cpu() if len(keys) == 1 else None
 
 
+def _tag_of_prompt(trainer) -> dict[str, str]:
+    """Each training prompt's tag, where the training set is drawn by tag (empty otherwise)."""
+    by_tag = trainer.prompts.set.by_tag or {}
+    tags: dict[str, str] = {}
+    for tag, items in by_tag.items():
+        for item in items:
+            tags.setdefault(item.prompt, tag)
+    return tags
+
+
+def tag_stats(
+    reward_table: np.ndarray, success_table: np.ndarray | None, tags: list[str | None]
+) -> dict[str, SignalStats]:
+    """SignalStats of each tag's groups (rows of the [P, G] tables), a group carrying signal against the whole
+    batch's std; groups without a tag are left out. Tags in order of first appearance."""
+    batch_std = float(np.asarray(reward_table, dtype=np.float64).std())
+    out = {}
+    for tag in dict.fromkeys(t for t in tags if t is not None):
+        rows = [i for i, t in enumerate(tags) if t == tag]
+        success = success_table[rows] if success_table is not None else None
+        out[tag] = SignalStats.of(reward_table[rows], success, reference_std=batch_std)
+    return out
+
+
 def _with_sampler(config, **changes):
     return dataclasses.replace(config, sampler=dataclasses.replace(config.sampler, **changes))
 
@@ -104,7 +135,8 @@ def diagnose(config, updates: int = 1, success_threshold: float | None = None, p
     Returns:
         A dict: `stats` (SignalStats as a dict), `verdict`, `prompts` (per group: prompt, rewards), `sde_ode_gap`
         (None when the config samples with the ODE), `clip_fraction` (None for methods without a clipped ratio),
-        `config` facts (sampler, group size, algorithm).
+        `config` facts (sampler, group size, algorithm), and `tags` (per tag of the training set: its figures
+        without the per-group lists; empty when the set has no tags).
     """
     from tqdm import tqdm
 
@@ -140,6 +172,8 @@ def diagnose(config, updates: int = 1, success_threshold: float | None = None, p
         success_table = _grouped(torch.cat(success), group_ids)[0] if success else None
         stats = SignalStats.of(reward_table, success_table)
         prompt_of = dict(zip(group_ids.tolist(), prompts))  # a group's samples share its prompt
+        tag_of = _tag_of_prompt(trainer)
+        by_tag = tag_stats(reward_table, success_table, [tag_of.get(prompt_of[g]) for g in ids])
         clip_fraction = _first_update_clip_fraction(trainer, first)
     gap = None
     if ode_rewards:
@@ -149,9 +183,20 @@ def diagnose(config, updates: int = 1, success_threshold: float | None = None, p
         "stats": dataclasses.asdict(stats),
         "verdict": stats.verdict(),
         "prompts": [
-            {"prompt": prompt_of[g], "rewards": row.tolist(), "mean": float(row.mean()), "std": float(row.std())}
+            {
+                "prompt": prompt_of[g],
+                "tag": tag_of.get(prompt_of[g]),
+                "rewards": row.tolist(),
+                "mean": float(row.mean()),
+                "std": float(row.std()),
+            }
             for g, row in zip(ids, reward_table)
         ],
+        "tags": {
+            tag: {"groups": len(t.group_std)}
+            | {k: v for k, v in dataclasses.asdict(t).items() if k not in ("group_mean", "group_std")}
+            for tag, t in by_tag.items()
+        },
         "sde_ode_gap": gap,
         "clip_fraction": clip_fraction,
         "config": {
@@ -183,13 +228,13 @@ def write_report(result: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "diagnose.json").write_text(json.dumps(result, indent=1))
     rows = sorted(result["prompts"], key=lambda r: -r["std"])
-    lines = ["| prompt | mean | std | min | max |", "|---|---|---|---|---|"]
+    lines = ["| prompt | tag | mean | std | min | max |", "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r['prompt'][:80]} | {r['mean']:.3f} | {r['std']:.3f} | {min(r['rewards']):.3f} | "
-            f"{max(r['rewards']):.3f} |"
+            f"| {r['prompt'][:80]} | {r.get('tag') or '-'} | {r['mean']:.3f} | {r['std']:.3f} | "
+            f"{min(r['rewards']):.3f} | {max(r['rewards']):.3f} |"
         )
-    (out / "prompts.md").write_text(f"{result['verdict']}\n\n" + "\n".join(lines) + "\n")
+    (out / "prompts.md").write_text(f"{result['verdict']}\n\n" + "\n".join(tag_table(result) + lines) + "\n")
     by_mean = sorted(result["prompts"], key=lambda r: r["mean"])
     with figure(out / "rewards.png", figsize=(max(5, 0.35 * len(by_mean) + 2), 3.6)) as (fig, ax):
         for x, r in enumerate(by_mean):
@@ -200,6 +245,24 @@ def write_report(result: dict, out: Path) -> list[Path]:
         ax.set_ylabel("reward")
         ax.set_title(result["verdict"].split(";")[0], fontsize=9)
     return [out / "diagnose.json", out / "prompts.md", out / "rewards.png"]
+
+
+def tag_table(result: dict) -> list[str]:
+    """The per-tag table (markdown lines and a blank line), or nothing when the training set has no tags."""
+    tags = result.get("tags") or {}
+    if not tags:
+        return []
+    lines = [
+        "| tag | groups | reward mean | within-group share | zero spread | prompts with signal | pass@1 / pass@G |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for tag, t in tags.items():
+        passes = f"{t['pass_at_1']:.2f} / {t['pass_at_g']:.2f}" if t["pass_at_1"] is not None else "-"
+        lines.append(
+            f"| {tag} | {t['groups']} | {t['reward_mean']:.3f} | {t['within_group_share']:.0%} | "
+            f"{t['zero_spread_share']:.0%} | {t['signal_share']:.0%} | {passes} |"
+        )
+    return lines + [""]
 
 
 def summary_lines(result: dict) -> list[str]:
@@ -217,5 +280,11 @@ def summary_lines(result: dict) -> list[str]:
         lines.append(f"SDE - ODE reward gap: {gap['gap']:+.4f} ({gap['sde_mean']:.4f} against {gap['ode_mean']:.4f})")
     if clip is not None:
         lines.append(f"clipped fraction of a first update: {clip:.1%}")
+    for tag, t in (result.get("tags") or {}).items():
+        passes = f", pass@1 {t['pass_at_1']:.2f}" if t["pass_at_1"] is not None else ""
+        lines.append(
+            f"  {tag}: {t['groups']} groups, mean {t['reward_mean']:.3f}, within-group share "
+            f"{t['within_group_share']:.0%}, signal on {t['signal_share']:.0%} of prompts{passes}"
+        )
     lines.append(f"verdict: {result['verdict']}")
     return lines

@@ -6,7 +6,7 @@ from run_helpers import tiny_run_config
 
 from flowrl.cli import main
 from flowrl.config import load_config
-from flowrl.diagnose import SignalStats, diagnose, write_report
+from flowrl.diagnose import SignalStats, diagnose, tag_stats, write_report
 
 
 def test_figures_of_a_table_computed_by_hand():
@@ -31,6 +31,20 @@ def test_a_group_lost_in_the_spread_across_prompts_carries_no_signal():
     assert "change the testbed" in stats.verdict()
 
 
+def test_a_tag_is_judged_against_the_whole_batch():
+    """Tag "flat": two groups whose small spread is all the tag has (within-group share 1 of its own variance), but
+    lost against the batch's: no signal there. Tag "open": groups spread 0 to 1. Untagged groups are left out."""
+    rewards = np.array([[0.5, 0.52, 0.5, 0.52], [0.5, 0.52, 0.5, 0.52], [0, 1, 0, 1], [0, 0, 1, 1], [0, 1, 1, 1]])
+    stats = tag_stats(rewards, rewards >= 1, ["flat", "flat", "open", "open", None])
+    assert list(stats) == ["flat", "open"]
+    flat, open_ = stats["flat"], stats["open"]
+    assert flat.within_group_share == pytest.approx(1.0) and flat.signal_share == 0
+    assert open_.signal_share == 1 and open_.within_group_share == pytest.approx(1.0)
+    assert len(open_.group_std) == 2 and open_.pass_at_1 == pytest.approx(0.5) and open_.pass_at_g == 1
+    # judged by its own spread, "flat" would carry signal
+    assert SignalStats.of(rewards[:2]).signal_share == 1
+
+
 def test_diagnose_on_a_tiny_pipeline_matches_the_hand_computation(tmp_path, tiny_sd3_dir):
     config_path = tiny_run_config(tmp_path / "run.yaml", tiny_sd3_dir, tmp_path / "runs", "diag", groups_per_update=4)
     config = load_config(config_path, ["reward=[{name: toy_rewards:BrightnessForCircles, params: {bar: 0.45}}]"])
@@ -52,9 +66,21 @@ def test_diagnose_on_a_tiny_pipeline_matches_the_hand_computation(tmp_path, tiny
     assert 0 <= stats["pass_at_1"] <= stats["pass_at_g"] <= 1
     assert result["sde_ode_gap"] is not None  # the config samples with the flow SDE
     assert result["clip_fraction"] is not None and 0 <= result["clip_fraction"] <= 1
+    # per tag: the figures of that tag's rows, judged against the whole batch's std
+    tags = [r["tag"] for r in rows]
+    assert None not in tags and set(result["tags"]) == set(tags)
+    for tag, figures in result["tags"].items():
+        mine = np.array([t == tag for t in tags])
+        by_hand = SignalStats.of(table[mine], reference_std=table.std())
+        assert figures["groups"] == mine.sum()
+        assert figures["reward_mean"] == pytest.approx(by_hand.reward_mean, rel=1e-6)
+        assert figures["signal_share"] == pytest.approx(by_hand.signal_share)
+        assert figures["within_group_share"] == pytest.approx(by_hand.within_group_share, rel=1e-6)
     written = write_report(result, tmp_path / "report")
     assert [p.name for p in written] == ["diagnose.json", "prompts.md", "rewards.png"]
-    assert (tmp_path / "report" / "prompts.md").read_text().count("\n| ") == 1 + 8  # the separator and 8 prompts
+    report = (tmp_path / "report" / "prompts.md").read_text()
+    # the tag table (a separator and one row per tag) and the prompt table (a separator and 8 prompts)
+    assert report.count("\n| ") == 1 + len(result["tags"]) + 1 + 8
 
 
 def test_bad_input_is_one_line(tmp_path, tiny_sd3_dir, capsys):
