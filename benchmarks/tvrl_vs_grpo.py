@@ -11,6 +11,10 @@ token-level credit should leave alone).
     python benchmarks/tvrl_vs_grpo.py --updates 12 --seeds 0,1            # 12 runs; minutes per run in the output
     python benchmarks/tvrl_vs_grpo.py --updates 2 --kinds flow --seeds 0 --eval-seeds 2024   # smoke run
 
+`--methods grpo` runs the GRPO arm alone; with `--override "reward=[...]"` it is video GRPO on any reward (the
+verifier's dense score: `[{name: moving_shapes, weight: 1.0, params: {dense: true}}]`) over training seeds, each
+gain paired with the base on the same eval seeds and given a 95% Student t interval over the training seeds.
+
 Writes OUT/results.json and OUT/table.md (OUT = benchmarks/results/tvrl_vs_grpo).
 """
 
@@ -32,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from flowrl.config import load_config  # noqa: E402
 from flowrl.inference import generate_samples  # noqa: E402
 from flowrl.policies.base import SampleSpec  # noqa: E402
+from flowrl.report import t_quantile  # noqa: E402
 from flowrl.rewards import build_reward  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 from flowrl.worlds.moving_shapes.prompts import eval_prompt_set  # noqa: E402
@@ -50,13 +55,15 @@ def background_mask(clips: np.ndarray, margin: int = 3) -> np.ndarray:
 
 def evaluate(policy, scorer, seeds: list[int], base: dict | None) -> tuple[dict, dict]:
     prompts = eval_prompt_set()
-    accuracy, reward, untouched, clips_by_seed = [], [], [], {}
+    accuracy, by_tag, reward, untouched, clips_by_seed = [], [], [], [], {}
     for seed in seeds:
         samples, records = generate_samples(policy, prompts, 4, seed, 20, 4.5, SPEC, desc=None)
         clips = samples.to_uint8()
         clips_by_seed[seed] = clips
         asked = [r["prompt"] for r in records]
-        accuracy.append(video_accuracy(clips, asked)["overall"])
+        verdicts = video_accuracy(clips, asked)
+        accuracy.append(verdicts["overall"])
+        by_tag.append(verdicts["tags"])
         with torch.no_grad():
             reward.append(float(scorer(samples.decoded(), asked).scores.mean()))
         if base is not None:
@@ -66,6 +73,7 @@ def evaluate(policy, scorer, seeds: list[int], base: dict | None) -> tuple[dict,
     metrics = {
         "accuracy": float(np.mean(accuracy)),
         "accuracy_by_seed": accuracy,
+        "accuracy_by_tag": {tag: float(np.mean([t[tag] for t in by_tag])) for tag in by_tag[0]},
         "reward": float(np.mean(reward)),
         "untouched_change": float(np.mean(untouched)) if untouched else 0.0,
     }
@@ -96,13 +104,22 @@ def run(kind: str, algorithm: str, seed: int, args, scorer, base: dict) -> dict:
     return {"kind": kind, "algorithm": algorithm, "seed": seed, "train_seconds": clock["train"], **metrics}
 
 
+def gain_interval(gains: list[float]) -> str:
+    """The mean gain in points and, over two or more training seeds, its 95% Student t half-width."""
+    points = 100 * np.asarray(gains)
+    if len(points) < 2:
+        return f"{points.mean():+.1f}"
+    half = t_quantile(len(points)) * points.std(ddof=1) / np.sqrt(len(points))
+    return f"{points.mean():+.1f} +- {half:.1f}"
+
+
 def table(base: dict, rows: list[dict]) -> str:
     lines = [
         f"base: accuracy {base['accuracy']:.3f}, scorer reward {base['reward']:.3f}",
         "",
-        "| SDE kind | method | held-out accuracy (mean over training seeds) | per training seed | scorer reward "
-        "| untouched-region change | s / run |",
-        "|---|---|---|---|---|---|---|",
+        "| SDE kind | method | held-out accuracy (mean over training seeds) | gain, points (95% over training seeds) "
+        "| per training seed | scorer reward | untouched-region change | s / run |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for kind in dict.fromkeys(r["kind"] for r in rows):
         for algorithm in ("grpo", "tvrl"):
@@ -111,17 +128,28 @@ def table(base: dict, rows: list[dict]) -> str:
                 continue
             accs = [r["accuracy"] for r in rs]
             lines.append(
-                f"| {kind} | {algorithm} | {np.mean(accs):.3f} ({np.mean(accs) - base['accuracy']:+.3f}) | "
+                f"| {kind} | {algorithm} | {np.mean(accs):.3f} | "
+                f"{gain_interval([a - base['accuracy'] for a in accs])} | "
                 f"{', '.join(f'{a:.3f}' for a in accs)} | {np.mean([r['reward'] for r in rs]):.3f} | "
                 f"{np.mean([r['untouched_change'] for r in rs]):.4f} | "
                 f"{np.mean([r['train_seconds'] for r in rs]):.0f} |"
             )
+    tags = list(base["accuracy_by_tag"])
+    lines += ["", "| SDE kind | method | " + " | ".join(tags) + " |", "|---|---|" + "---|" * len(tags)]
+    lines.append("| | base | " + " | ".join(f"{base['accuracy_by_tag'][t]:.2f}" for t in tags) + " |")
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        for algorithm in ("grpo", "tvrl"):
+            rs = [r for r in rows if r["kind"] == kind and r["algorithm"] == algorithm]
+            if rs:
+                means = [np.mean([r["accuracy_by_tag"][t] for r in rs]) for t in tags]
+                lines.append(f"| {kind} | {algorithm} | " + " | ".join(f"{m:.2f}" for m in means) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", default="flow,dance,sage")
+    parser.add_argument("--methods", default="grpo,tvrl", help="which arms: grpo, tvrl or both")
     parser.add_argument("--seeds", default="0,1", help="training seeds")
     parser.add_argument("--eval-seeds", default="2024,1,2")
     parser.add_argument("--updates", type=int, default=12)
@@ -149,7 +177,7 @@ def main() -> None:
     rows = []
     for kind in args.kinds.split(","):
         for seed in [int(s) for s in args.seeds.split(",")]:
-            for algorithm in ("grpo", "tvrl"):
+            for algorithm in args.methods.split(","):
                 started = time.time()
                 rows.append(run(kind, algorithm, seed, args, scorer, base_clips))
                 r = rows[-1]
