@@ -53,7 +53,7 @@ class WanPretrainConfig:
     # square, triangle) read linearly from the standardised latents, so shape is a feature of the latents' own size,
     # as colour is; the flow stage drew the prompt's colour but rounded blobs whatever the shape word
     vae_shape_weight: float = 0.0
-    flow_steps: int = 5000
+    flow_steps: int = 15000
     flow_batch: int = 32
     flow_pool: int = 2048  # clips whose latents are kept (LatentPool)
     flow_refresh: int = 8  # clips re-rendered and encoded per step
