@@ -96,9 +96,18 @@ measured on a laptop CPU with no downloads; it follows prompts imperfectly on pu
 
 ```python
 from diffusers import WanPipeline
+
 pipe = WanPipeline.from_pretrained("pipelines/shapes-wan")
-video = pipe("a red circle moving left", height=32, width=32, num_frames=8, num_inference_steps=20,
-             guidance_scale=4.5, max_sequence_length=16, output_type="np").frames[0]   # 9 frames
+video = pipe(
+    "a red circle moving left",
+    height=32,
+    width=32,
+    num_frames=8,
+    num_inference_steps=20,
+    guidance_scale=4.5,
+    max_sequence_length=16,
+    output_type="np",
+).frames[0]  # 9 frames
 ```
 WanPipeline rounds `num_frames` to a multiple of the VAE's temporal factor plus one, which for this VAE's factor of 1
 adds a frame: ask for 8 to get the 9 frames it was trained on (flowrl's own sampling sizes latents directly).

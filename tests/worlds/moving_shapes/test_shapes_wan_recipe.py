@@ -2,11 +2,13 @@
 writes a WanPipeline diffusers loads unmodified."""
 
 import json
+import subprocess
 from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 from diffusers import WanPipeline
 
 from flowrl.errors import UserError
@@ -226,6 +228,10 @@ def test_a_tiny_run_writes_a_pipeline_diffusers_loads(tmp_path):
     assert stored["protocol"]["seeds"] == [2024, 2025] and len(stored["protocol"]["overall_by_seed"]) == 2
     assert sum(result["counts"].values()) == 4 * len(eval_prompt_set())  # both seeds' clips are judged
     assert "seeds [2024, 2025]" in card and (tmp_path / "samples.png").is_file()
+    # the card is committed with the folder, and CI checks the format of Python blocks in markdown
+    check = ["ruff", "format", "--check", "--config", str(REPO / "pyproject.toml"), str(tmp_path / "README.md")]
+    formatted = subprocess.run(check, capture_output=True)
+    assert formatted.returncode == 0, formatted.stdout.decode()
 
 
 class StopsAfterSaving(PretrainProgress):
