@@ -318,6 +318,7 @@ pipelines: a learned image-text score that gradients can flow through. Use it as
 
 ```python
 from transformers import CLIPModel
+
 model = CLIPModel.from_pretrained("pipelines/shapes-scorer")  # score = logit_scale * cos(image, text)
 ```
 Images enter as 32x32 RGB in [0, 1], normalised with mean = std = 0.5 (preprocessor_config.json).

@@ -76,9 +76,11 @@ DDPO was defined in.
 
 ```python
 from diffusers import StableDiffusionPipeline
+
 pipe = StableDiffusionPipeline.from_pretrained("pipelines/shapes-sd")
-image = pipe("a red circle left of a blue square", height=32, width=32, num_inference_steps=20,
-             guidance_scale=4.5).images[0]
+image = pipe(
+    "a red circle left of a blue square", height=32, width=32, num_inference_steps=20, guidance_scale=4.5
+).images[0]
 ```
 
 ## Components

@@ -274,9 +274,16 @@ that is the room RL has to improve it.
 
 ```python
 from diffusers import StableDiffusion3Pipeline
+
 pipe = StableDiffusion3Pipeline.from_pretrained("pipelines/shapes-sd3")
-image = pipe("a red circle left of a blue square", height=32, width=32, num_inference_steps=20,
-             guidance_scale=4.5, max_sequence_length=16).images[0]
+image = pipe(
+    "a red circle left of a blue square",
+    height=32,
+    width=32,
+    num_inference_steps=20,
+    guidance_scale=4.5,
+    max_sequence_length=16,
+).images[0]
 ```
 Pass `max_sequence_length=16`: the T5 branch was trained on 16 tokens (the pipeline's default is 256).
 

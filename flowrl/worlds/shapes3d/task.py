@@ -159,6 +159,7 @@ A tiny {kind} flow model shaped like Hunyuan3D-2 / 3DShape2VecSet, trained from 
 ```python
 import flowrl.worlds.shapes3d.pipeline  # registers the pipeline class with diffusers
 from diffusers import DiffusionPipeline
+
 pipe = DiffusionPipeline.from_pretrained("{folder}")
 {call}
 out.meshes[0].export("shape.glb")

@@ -188,9 +188,18 @@ on purpose: that is the room RL has to improve it.
 
 ```python
 from diffusers import FluxKontextPipeline
+
 pipe = FluxKontextPipeline.from_pretrained("pipelines/shapes-kontext")
-edited = pipe(image=source, prompt="make the red circle blue", height=32, width=32, max_area=32 * 32,
-              _auto_resize=False, num_inference_steps=20, max_sequence_length=16).images[0]
+edited = pipe(
+    image=source,
+    prompt="make the red circle blue",
+    height=32,
+    width=32,
+    max_area=32 * 32,
+    _auto_resize=False,
+    num_inference_steps=20,
+    max_sequence_length=16,
+).images[0]
 ```
 `source` is a 32x32 RGB image; `_auto_resize=False` and `max_area` keep it at 32x32 (Kontext otherwise resizes to
 its preferred ~1 MP resolutions); the text encoders were trained on 16 tokens. No guidance embedding and no CFG.

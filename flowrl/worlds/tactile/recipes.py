@@ -175,9 +175,16 @@ RL runs and is measured on a laptop CPU with no downloads.
 
 ```python
 from diffusers import StableDiffusionXLControlNetPipeline
+
 pipe = StableDiffusionXLControlNetPipeline.from_pretrained("{GENERATOR}")
-tactile = pipe("woven, fine pitch, diagonal, soft, low friction", image=[rgb, depth], height=32, width=32,
-               num_inference_steps=20, guidance_scale=3.0).images[0]
+tactile = pipe(
+    "woven, fine pitch, diagonal, soft, low friction",
+    image=[rgb, depth],
+    height=32,
+    width=32,
+    num_inference_steps=20,
+    guidance_scale=3.0,
+).images[0]
 ```
 
 ## Training
