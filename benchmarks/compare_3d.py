@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from flowrl.config import config_to_dict, load_config  # noqa: E402
 from flowrl.experiment import evaluate, in_batches, reward_scores, tag_metrics_of  # noqa: E402
-from flowrl.report import figure, t_quantile  # noqa: E402
+from flowrl.report import figure, t_half_width  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 
 METHODS = {"grpo": [], "nft": [], "dpo": [], "dho": [], "dho_sync": ["runtime.async_rollouts=false"]}
@@ -122,8 +122,7 @@ def summary(runs: list[dict]) -> dict:
             }
         gains = np.array([r["curve"][-1]["iou"] - r["curve"][0]["iou"] for r in mine])
         # the training seeds' 95% interval of the mean gain (Student t with n - 1 degrees of freedom)
-        half = float(t_quantile(len(gains)) * gains.std(ddof=1) / np.sqrt(len(gains))) if len(gains) > 1 else None
-        row["iou_gain"] = {"mean": float(gains.mean()), "seed_ci95": half, "per_seed": gains.tolist()}
+        row["iou_gain"] = {"mean": float(gains.mean()), "seed_ci95": t_half_width(gains), "per_seed": gains.tolist()}
         row["iou_eval_ci95"] = {
             "base": 1.96 * mine[0]["curve"][0].get("iou_stderr", float("nan")),
             "final": float(np.mean([1.96 * r["curve"][-1].get("iou_stderr", float("nan")) for r in mine])),

@@ -48,7 +48,7 @@ from flowrl.config import config_to_dict, load_config  # noqa: E402
 from flowrl.experiment import sampled_as_checkpoint  # noqa: E402
 from flowrl.inference import generate_samples  # noqa: E402
 from flowrl.prompt_source import derived_seed  # noqa: E402
-from flowrl.report import cpu_model, figure, t_quantile  # noqa: E402
+from flowrl.report import cpu_model, figure, t_half_width, t_quantile  # noqa: E402
 from flowrl.tasks.base import tag_metrics  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 from flowrl.worlds.shapes import exact_score, parse_prompt, score  # noqa: E402
@@ -491,7 +491,7 @@ def plot(results: dict, path: Path) -> None:
                 y = 100 * np.array([[p["gain"]["overall"] for p in r["curve"][:length]] for r in runs])
                 (line,) = ax.plot(x, y.mean(0), marker="o", ms=3, label=f"{name} ({len(runs)} seeds)")
                 if len(runs) > 1:
-                    spread = t_quantile(len(runs)) * y.std(0, ddof=1) / np.sqrt(len(runs))
+                    spread = t_half_width(y, axis=0)
                     ax.fill_between(x, y.mean(0) - spread, y.mean(0) + spread, color=line.get_color(), alpha=0.15)
         for ax, label in zip(axes, ("training minutes (2 CPU cores, eval excluded)", "training samples")):
             ax.set_xlabel(label)

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from flowrl.config import load_config  # noqa: E402
 from flowrl.inference import generate_samples  # noqa: E402
 from flowrl.policies.base import SampleSpec  # noqa: E402
-from flowrl.report import t_quantile  # noqa: E402
+from flowrl.report import t_half_width  # noqa: E402
 from flowrl.rewards import build_reward  # noqa: E402
 from flowrl.train import Trainer  # noqa: E402
 from flowrl.worlds.moving_shapes.prompts import eval_prompt_set  # noqa: E402
@@ -107,10 +107,8 @@ def run(kind: str, algorithm: str, seed: int, args, scorer, base: dict) -> dict:
 def gain_interval(gains: list[float]) -> str:
     """The mean gain in points and, over two or more training seeds, its 95% Student t half-width."""
     points = 100 * np.asarray(gains)
-    if len(points) < 2:
-        return f"{points.mean():+.1f}"
-    half = t_quantile(len(points)) * points.std(ddof=1) / np.sqrt(len(points))
-    return f"{points.mean():+.1f} +- {half:.1f}"
+    half = t_half_width(points)
+    return f"{points.mean():+.1f}" + (f" +- {half:.1f}" if half is not None else "")
 
 
 def table(base: dict, rows: list[dict]) -> str:
@@ -121,28 +119,24 @@ def table(base: dict, rows: list[dict]) -> str:
         "| per training seed | scorer reward | untouched-region change | s / run |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for kind in dict.fromkeys(r["kind"] for r in rows):
-        for algorithm in ("grpo", "tvrl"):
-            rs = [r for r in rows if r["kind"] == kind and r["algorithm"] == algorithm]
-            if not rs:
-                continue
-            accs = [r["accuracy"] for r in rs]
-            lines.append(
-                f"| {kind} | {algorithm} | {np.mean(accs):.3f} | "
-                f"{gain_interval([a - base['accuracy'] for a in accs])} | "
-                f"{', '.join(f'{a:.3f}' for a in accs)} | {np.mean([r['reward'] for r in rs]):.3f} | "
-                f"{np.mean([r['untouched_change'] for r in rs]):.4f} | "
-                f"{np.mean([r['train_seconds'] for r in rs]):.0f} |"
-            )
+    arms: dict[tuple[str, str], list[dict]] = {}  # (SDE kind, method) -> its training seeds' rows, in run order
+    for r in rows:
+        arms.setdefault((r["kind"], r["algorithm"]), []).append(r)
+    for (kind, algorithm), rs in arms.items():
+        accs = [r["accuracy"] for r in rs]
+        lines.append(
+            f"| {kind} | {algorithm} | {np.mean(accs):.3f} | "
+            f"{gain_interval([a - base['accuracy'] for a in accs])} | "
+            f"{', '.join(f'{a:.3f}' for a in accs)} | {np.mean([r['reward'] for r in rs]):.3f} | "
+            f"{np.mean([r['untouched_change'] for r in rs]):.4f} | "
+            f"{np.mean([r['train_seconds'] for r in rs]):.0f} |"
+        )
     tags = list(base["accuracy_by_tag"])
     lines += ["", "| SDE kind | method | " + " | ".join(tags) + " |", "|---|---|" + "---|" * len(tags)]
     lines.append("| | base | " + " | ".join(f"{base['accuracy_by_tag'][t]:.2f}" for t in tags) + " |")
-    for kind in dict.fromkeys(r["kind"] for r in rows):
-        for algorithm in ("grpo", "tvrl"):
-            rs = [r for r in rows if r["kind"] == kind and r["algorithm"] == algorithm]
-            if rs:
-                means = [np.mean([r["accuracy_by_tag"][t] for r in rs]) for t in tags]
-                lines.append(f"| {kind} | {algorithm} | " + " | ".join(f"{m:.2f}" for m in means) + " |")
+    for (kind, algorithm), rs in arms.items():
+        means = [np.mean([r["accuracy_by_tag"][t] for r in rs]) for t in tags]
+        lines.append(f"| {kind} | {algorithm} | " + " | ".join(f"{m:.2f}" for m in means) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -106,6 +106,17 @@ def t_quantile(n: int) -> float:
     return float(t.ppf(0.975, n - 1))
 
 
+def t_half_width(values, axis: int = 0):
+    """The 95% interval's half-width of the mean of `values` over `axis` (one entry per training seed): t_quantile(n)
+    times their standard error; a float for 1-D values, an array otherwise, None for fewer than two seeds."""
+    values = np.asarray(values, dtype=np.float64)
+    n = values.shape[axis]
+    if n < 2:
+        return None
+    half = t_quantile(n) * values.std(axis=axis, ddof=1) / np.sqrt(n)
+    return float(half) if np.ndim(half) == 0 else half
+
+
 @contextmanager
 def figure(path: Path, *grid: int, title: str | None = None, dpi: int = 110, **subplots):
     """`with figure(path, 1, 2, figsize=(11, 4)) as (fig, axes):` draws on a headless matplotlib figure that is laid

@@ -138,3 +138,13 @@ def test_a_sample_its_reward_failed_on_is_left_out_and_counted_not_nan_everywher
     read_back = json.loads((tmp_path / "eval.json").read_text())
     page = write_report(tmp_path, "config", result, read_back, [], grid=False).read_text()
     assert "<th>overall</th>" in page
+
+
+def test_the_seed_interval_is_students_t_times_the_standard_error():
+    """Three seeds 1, 2, 3: sample std 1 (n - 1 in the denominator), standard error 1 / sqrt(3), t(0.975, 2) = 4.303."""
+    from flowrl.report import t_half_width
+
+    assert t_half_width([1.0, 2.0, 3.0]) == pytest.approx(4.3027 / 3**0.5, rel=1e-4)
+    assert t_half_width([5.0]) is None  # no interval over one seed
+    columns = t_half_width([[1.0, 10.0], [2.0, 10.0], [3.0, 10.0]], axis=0)  # one interval per column (per update)
+    assert columns == pytest.approx([4.3027 / 3**0.5, 0.0], rel=1e-4)
