@@ -10,12 +10,20 @@ from pathlib import Path
 from flowrl.errors import UserError
 
 
+@contextmanager
+def written_whole(path: Path):
+    """`with written_whole(path) as partial:` write to `partial` (beside `path`); once the block ends, it is renamed
+    over `path`. A block that raises leaves `path` as it was."""
+    partial = path.with_name(path.name + ".tmp")
+    yield partial
+    partial.replace(path)
+
+
 def write_whole(path: Path, text: str) -> None:
     """`text` to `path`: written beside it, then renamed over it (a run's metrics and evaluations are read back on
     resume; a sample folder's index is read by every evaluation)."""
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(text, newline="")  # the text's own line ends (csv writes \r\n itself)
-    partial.replace(path)
+    with written_whole(path) as partial:
+        partial.write_text(text, newline="")  # the text's own line ends (csv writes \r\n itself)
 
 
 @contextmanager

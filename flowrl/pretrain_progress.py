@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from flowrl.atomic import write_whole
+from flowrl.atomic import write_whole, written_whole
 from flowrl.errors import UserError
 
 
@@ -65,10 +65,8 @@ class PretrainProgress:
         return torch.load(path, weights_only=True) if path.is_file() else None
 
     def save(self, stage: str, state: dict) -> None:
-        path = self.path(stage)
-        partial = path.with_name(path.name + ".tmp")
-        torch.save(state, partial)
-        partial.replace(path)
+        with written_whole(self.path(stage)) as partial:
+            torch.save(state, partial)
         write_whole(self.folder / "seconds.json", json.dumps({"seconds": self.seconds()}) + "\n")
         self.last_save = time.monotonic()
 
