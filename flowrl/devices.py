@@ -61,14 +61,29 @@ def job_processes():
     return PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(minutes=JOB_TIMEOUT_MINUTES))
 
 
-def end_processes() -> None:
-    """Destroy the process group a command run under torchrun / accelerate launch made, as accelerate's
-    `end_training` does: left to interpreter exit, gloo's and NCCL's threads can be torn down out of order, and a rank
-    that finished its work then aborts ("terminate called without an active exception")."""
+def end_processes(status: int) -> None:
+    """End a command run under torchrun / accelerate launch with exit status `status` (nothing to do when it made no
+    process group). The group is destroyed, as accelerate's `end_training` does. With other processes, this one then
+    leaves through `os._exit` once its output is flushed, not through the interpreter's shutdown: DDP's reducer keeps
+    gloo's group, and its worker threads, alive past `destroy_process_group`, and a worker still releasing a finished
+    collective's tensor while the interpreter shuts down is ended mid-destructor; the process then aborts ("terminate
+    called without an active exception", exit -6) after its work is done. Every file a command writes is closed by
+    then (metrics, TensorBoard and W&B logs are closed at the end of training)."""
+    import logging
+    import sys
+
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    alone = dist.get_world_size() == 1
+    dist.destroy_process_group()
+    if alone:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(status)
 
 
 # diffusers' attention-dispatcher backends that run without CUDA (the rest need a GPU and, for most, a kernel package)

@@ -38,7 +38,8 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `flowrl ARGV` (None: the command line); returns the exit status: 0, 2 for bad input, 130 when
-    interrupted."""
+    interrupted. Under torchrun / accelerate launch with other processes the process ends here with that status
+    instead (devices.end_processes)."""
     try:
         extensions = task_commands()
     except UserError as error:
@@ -56,12 +57,17 @@ def main(argv: list[str] | None = None) -> int:
         "serve-reward": serve_reward.cmd_serve_reward,
         "convert-reward": convert_reward.cmd_convert_reward,
     }
+    status = 0
     try:
         commands[args.command](args)
     except UserError as error:
         print(f"flowrl {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        status = 2
     except KeyboardInterrupt:
         print(f"flowrl {args.command}: interrupted", file=sys.stderr)
-        return 130
-    return 0
+        status = 130
+    if "torch.distributed" in sys.modules:  # (a command that never loaded torch made no process group)
+        from flowrl.devices import end_processes
+
+        end_processes(status)  # under torchrun / accelerate launch: the process leaves here, with this status
+    return status

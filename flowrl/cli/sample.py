@@ -73,7 +73,7 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
     with the checkpoint's weights, its run's sampling settings where no flag says otherwise, and at most one steer
     (FK, or a task's among `extensions`)."""
     from flowrl.checkpoint import load_trained_weights
-    from flowrl.devices import end_processes, job_processes
+    from flowrl.devices import job_processes
     from flowrl.inference import particle_sampler
     from flowrl.policies import load_pipeline, place_for_sampling, policy_for, sampling_placement
     from flowrl.resumable_sampling import check_sample_folder, draw_samples
@@ -158,4 +158,3 @@ def cmd_sample(args, extensions: list[TaskCommands]) -> None:
             batch_size=args.batch_size,
             steer=steers[0] if steers else None,
         )
-    end_processes()

@@ -13,7 +13,6 @@ def add_parser(sub) -> None:
 def cmd_train(args) -> None:
     """Run the experiment `args.config` with `args.overrides` and say where its run dir and report are."""
     from flowrl.config import load_config
-    from flowrl.devices import end_processes
     from flowrl.experiment import run_experiment
 
     # `resume=PATH` is short for `run.resume=PATH`
@@ -21,4 +20,3 @@ def cmd_train(args) -> None:
     config = load_config(args.config, overrides)
     run_dir = run_experiment(config)
     print(f"run written to {run_dir} (report: {run_dir / 'report.html'})")
-    end_processes()

@@ -109,6 +109,39 @@ def test_a_process_whose_reward_is_down_logs_the_same_metrics_as_the_others(tiny
     assert all(float(r["reward/unavailable_on_one/darkness"]) > 0 for r in rows)
 
 
+def test_a_command_among_other_processes_leaves_with_its_status_once_its_group_is_destroyed(tmp_path, monkeypatch):
+    """Under torchrun, `flowrl` destroys its process group and, with other processes, leaves through os._exit with
+    the command's status (2 here: a missing config), not through the interpreter's shutdown, where gloo's threads
+    (kept alive by DDP's reducer) can abort a process that finished its work. Alone in its group it only destroys
+    it, and returns."""
+    import os
+
+    import torch.distributed as dist
+
+    from flowrl.cli import main
+
+    events = []
+
+    class Left(Exception):
+        pass
+
+    def leave(status):
+        events.append(("os._exit", status))
+        raise Left
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: events.append("destroyed"))
+    monkeypatch.setattr(os, "_exit", leave)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    with pytest.raises(Left):
+        main(["train", str(tmp_path / "missing.yaml")])
+    assert events == ["destroyed", ("os._exit", 2)]
+    events.clear()
+    monkeypatch.setattr(dist, "get_world_size", lambda: 1)
+    assert main(["train", str(tmp_path / "missing.yaml")]) == 2
+    assert events == ["destroyed"]
+
+
 @pytest.mark.slow
 def test_under_fsdp2_failed_groups_that_leave_unequal_shares_skip_the_update(tiny_sd3_dir, tmp_path):
     """FSDP2, DiffusionNFT (whose preparation runs no-grad passes over each process's samples, a rollout batch at a

@@ -6,10 +6,10 @@ import sys
 
 import torch
 import torch.distributed as dist
-from run_helpers import exit_without_teardown
 from safetensors.torch import save_file
 from tiny_pipelines import tiny_wan
 
+from flowrl.devices import end_processes
 from flowrl.policies import policy_for
 from flowrl.policies.base import SampleSpec
 from flowrl.policies.placement import enable_context_parallel
@@ -49,4 +49,4 @@ if __name__ == "__main__":
             sys.argv[1],
         )
     dist.barrier()
-    exit_without_teardown()
+    end_processes(0)

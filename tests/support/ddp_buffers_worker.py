@@ -7,9 +7,9 @@ import datetime
 
 import torch
 import torch.distributed as dist
-from run_helpers import exit_without_teardown  # this script's folder, tests/support/, is first on sys.path
 
 from flowrl.builders import without_buffer_broadcast
+from flowrl.devices import end_processes
 
 
 class Net(torch.nn.Module):
@@ -45,4 +45,4 @@ if __name__ == "__main__":
         assert torch.equal(gathered[0], gathered[1]), step
     dist.barrier()  # no process exits while another may still be sending to it
     print("ok", rank, flush=True)
-    exit_without_teardown()
+    end_processes(0)

@@ -8,8 +8,10 @@ import sys
 import torch
 from accelerate import Accelerator, FullyShardedDataParallelPlugin
 from accelerate.utils import DistributedType
-from run_helpers import exit_without_teardown, train_and_collect
+from run_helpers import train_and_collect
 from safetensors.torch import save_file
+
+from flowrl.devices import end_processes
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
@@ -30,4 +32,4 @@ if __name__ == "__main__":
     if accelerator.is_main_process:
         save_file(weights, out_file)
     accelerator.wait_for_everyone()
-    exit_without_teardown()
+    end_processes(0)

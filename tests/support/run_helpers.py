@@ -101,19 +101,6 @@ def run_flowrl(*args) -> CliResult:
     return CliResult(code, out.getvalue(), err.getvalue())
 
 
-def exit_without_teardown() -> None:
-    """End a two-process test worker once its checks are done and its processes have met: flush and leave without
-    the interpreter's teardown, whose destruction of DDP's reducer and gloo's threads aborted a rank under a busy
-    suite ("terminate called without an active exception", exit -6, after the steps passed). That is torch's exit
-    path, not what the tests are about."""
-    import os
-    import sys
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 def gloo_env(**extra) -> dict[str, str]:
     """The environment of a test's child processes: CPU processes over gloo, as the multi-process tests mean, also on
     a GPU machine (GPUs hidden: two processes on one GPU cannot form an NCCL group), one thread each."""
