@@ -27,6 +27,19 @@ class GeneratorState:
         self.generator.set_state(state["state"])
 
 
+class NumpyRngState:
+    """A numpy Generator as a state_dict / load_state_dict pair (its bit generator's state), as GeneratorState."""
+
+    def __init__(self, rng):
+        self.rng = rng
+
+    def state_dict(self) -> dict:
+        return {"state": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["state"]
+
+
 class PretrainProgress:
     """The saved stages of one recipe run in `folder`: settings.json (what a continuation must match) and one file per
     stage, written whole (a kill mid-save leaves the previous one). A stage saves at most every `every_seconds`
@@ -81,3 +94,13 @@ class PretrainProgress:
         facts = run()
         self.save(name, {"modules": [m.state_dict() for m in modules], "facts": facts})
         return facts
+
+
+def recipe_progress(args, recipe: str, cfg) -> PretrainProgress | None:
+    """The progress of `flowrl pretrain RECIPE` in the folder the command gives (`args.progress`; None when it gives
+    none, as with --out unset), keyed on the recipe and its config `cfg` (a dataclass): a continuation must match."""
+    from dataclasses import asdict
+
+    if getattr(args, "progress", None) is None:
+        return None
+    return PretrainProgress(args.progress, {"recipe": recipe, "config": asdict(cfg)})

@@ -67,8 +67,8 @@ def cmd_pretrain(args, extensions: list[TaskCommands]) -> None:
 
     out = Path(args.out)
     refuse_foreign_folder(out)
-    # a recipe that saves its stages (shapes-wan) keeps them here until its folder is in place: the same command run
-    # again after an interruption continues from them
+    # a recipe that saves its stages (shapes-wan, shapes3d, shapes3d-text) keeps them here until its folder is in
+    # place: the same command run again after an interruption continues from them
     args.progress = out.parent / f".{out.name}.progress"
     with replaced_folder(out) as work:  # an interrupted recipe leaves the previous folder whole
         args.out = str(work)

@@ -9,6 +9,7 @@ import torch
 import yaml
 
 from flowrl.config import load_config
+from flowrl.pretrain_progress import PretrainProgress
 
 
 def by_section(**fields) -> dict:
@@ -181,3 +182,16 @@ def assert_same_weights(single: dict, double: dict, names=None, tolerance: float
     moved = max((single[k] - double[k]).abs().max().item() for k in names)
     scale = max(single[k].abs().max().item() for k in names)
     assert moved <= tolerance * scale, (moved, scale)
+
+
+class StopsAfterSaving(PretrainProgress):
+    """Progress that stops the run (as a kill would) right after it saves `stage` at `step`."""
+
+    def __init__(self, *args, stage: str, step: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stop_at = (stage, step)
+
+    def save(self, stage, state):
+        super().save(stage, state)
+        if (stage, state.get("step")) == self.stop_at:
+            raise KeyboardInterrupt

@@ -56,14 +56,9 @@ def pretrain_shapes_wan(args) -> None:
         if getattr(args, name, None) is not None:
             setattr(cfg, name, getattr(args, name))
     if not getattr(args, "card_only", False):
-        progress = None
-        if getattr(args, "progress", None) is not None:
-            from dataclasses import asdict
+        from flowrl.pretrain_progress import recipe_progress
 
-            from flowrl.pretrain_progress import PretrainProgress
-
-            progress = PretrainProgress(args.progress, {"recipe": "shapes-wan", "config": asdict(cfg)})
-        pipe, facts = train(cfg, progress=progress)
+        pipe, facts = train(cfg, progress=recipe_progress(args, "shapes-wan", cfg))
         save_pipeline(pipe, args.out, facts)
     print(json.dumps(evaluate_and_write_card(args.out), indent=2))
 

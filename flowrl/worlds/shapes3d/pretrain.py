@@ -23,6 +23,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from tqdm import tqdm
 
+from flowrl.pretrain_progress import GeneratorState, NumpyRngState
 from flowrl.schedules import cosine_decay, sample_noise_levels
 from flowrl.sdf import render
 from flowrl.worlds.shapes.pretrain_sd3 import train_denoiser
@@ -149,10 +150,11 @@ def flow_pool(ae: ShapeAutoencoder, cfg, rng, generator):
     return torch.cat(latents), (torch.stack(images) if cfg.condition == "image" else prompts)
 
 
-def train_flow(transformer: ShapeFlowTransformer, latents, conditions, cfg, rng, generator) -> dict:
+def train_flow(transformer: ShapeFlowTransformer, latents, conditions, cfg, rng, generator, progress=None) -> dict:
     """Rectified flow on the pool through the shared pretraining loop (pretrain_sd3.train_denoiser of the shapes
     world): its caption dropout turns a dropped condition into "", which becomes the all-zero image or, for a text
-    model, the empty prompt (the unconditional branch)."""
+    model, the empty prompt (the unconditional branch). `progress`: the loop saves into it (with `generator`, which
+    draws the noise levels and the noise) and continues from it."""
 
     def pairs(count, rng):
         index = rng.integers(len(latents), size=count)
@@ -169,11 +171,23 @@ def train_flow(transformer: ShapeFlowTransformer, latents, conditions, cfg, rng,
         xt = (1 - t[:, None, None]) * x0 + t[:, None, None] * noise
         return (transformer(xt, t * 1000, **condition) - (noise - x0)).pow(2).mean()
 
-    return {"flow_final_loss": train_denoiser([transformer], batch_loss, cfg, rng, "pretrain 3D flow", pairs=pairs)}
+    loss = train_denoiser(
+        [transformer],
+        batch_loss,
+        cfg,
+        rng,
+        "pretrain 3D flow",
+        pairs=pairs,
+        progress=progress,
+        streams={"generator": GeneratorState(generator)},
+    )
+    return {"flow_final_loss": loss}
 
 
-def pretrain_shapes3d(cfg: Shapes3DPretrainConfig, size: Shapes3DSize | None = None):
-    """Train a shapes3d-flow pipeline from scratch; returns (pipeline, training facts for the model card)."""
+def pretrain_shapes3d(cfg: Shapes3DPretrainConfig, size: Shapes3DSize | None = None, progress=None):
+    """Train a shapes3d-flow pipeline from scratch; returns (pipeline, training facts for the model card). `progress`
+    (a PretrainProgress): each stage saves into it, and a run given the same progress continues where it stopped, to
+    the weights an uninterrupted run gives."""
     torch.set_num_threads(cfg.threads)
     size = size or Shapes3DSize()
     rng = np.random.default_rng(cfg.seed)
@@ -199,20 +213,31 @@ def pretrain_shapes3d(cfg: Shapes3DPretrainConfig, size: Shapes3DSize | None = N
         vocabulary=vocabulary() if cfg.condition == "text" else None,
     )
     facts = {"config": asdict(cfg), "size": asdict(size)}
-    start = time.time()
+    started = time.monotonic()
+    clock = progress.seconds if progress is not None else lambda: time.monotonic() - started
     if cfg.autoencoder:
         ae.eval()
         facts["ae_minutes"] = 0.0
     else:
-        facts.update(train_autoencoder(ae, cfg, rng, generator))
-        facts["ae_minutes"] = (time.time() - start) / 60
-    started = time.time()
+
+        def ae_stage() -> dict:
+            ae_facts = train_autoencoder(ae, cfg, rng, generator)
+            stats = {key: ae.config[key] for key in ("latents_mean", "latents_std")}
+            return {**ae_facts, "ae_minutes": clock() / 60, "latent_statistics": stats}
+
+        # the streams go with the stage: the pool and the flow stage draw on from where it left them
+        streams = [ae, NumpyRngState(rng), GeneratorState(generator)]
+        facts.update(progress.stage("shape autoencoder", streams, ae_stage) if progress is not None else ae_stage())
+        # they live in the autoencoder's config, not its weights: a stage loaded from progress needs them set
+        ae.register_to_config(**facts.pop("latent_statistics"))
+        ae.eval()
+    begun = clock()
     latents, conditions = flow_pool(ae, cfg, rng, generator)
-    facts["pool_minutes"] = (time.time() - started) / 60
-    started = time.time()
-    facts.update(train_flow(transformer, latents, conditions, cfg, rng, generator))
-    facts["flow_minutes"] = (time.time() - started) / 60
-    facts["total_minutes"] = (time.time() - start) / 60
+    facts["pool_minutes"] = (clock() - begun) / 60
+    begun = clock()
+    facts.update(train_flow(transformer, latents, conditions, cfg, rng, generator, progress))
+    facts["flow_minutes"] = (clock() - begun) / 60
+    facts["total_minutes"] = clock() / 60
     pipe = Shapes3DFlowPipeline(ae, transformer, FlowMatchEulerDiscreteScheduler(shift=1.0))
     pipe.to(torch.float16)
     return copy.deepcopy(pipe), facts

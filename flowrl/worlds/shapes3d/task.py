@@ -78,6 +78,7 @@ def _pretrain(args, condition: str) -> None:
     import torch
 
     from flowrl.errors import UserError
+    from flowrl.pretrain_progress import recipe_progress
     from flowrl.report import save_json
     from flowrl.worlds.shapes.pretrain_sd3 import save_pipeline
     from flowrl.worlds.shapes3d.pretrain import Shapes3DPretrainConfig, evaluate_3d
@@ -98,7 +99,8 @@ def _pretrain(args, condition: str) -> None:
     for name in ("vae_steps", "flow_steps"):  # the shapes recipes' flags: --vae-steps sets the autoencoder's
         if getattr(args, name, None) is not None:
             setattr(cfg, "ae_steps" if name == "vae_steps" else name, getattr(args, name))
-    pipe, facts = train(cfg)
+    recipe = "shapes3d-text" if condition == "text" else "shapes3d"
+    pipe, facts = train(cfg, progress=recipe_progress(args, recipe, cfg))
     save_pipeline(pipe, out, facts)
     pipe.to(torch.float32)
     result = evaluate_3d(pipe, eval_prompt_set())

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import REPO
 from diffusers import WanPipeline
+from run_helpers import StopsAfterSaving
 
 from flowrl.errors import UserError
 from flowrl.inference import generate_samples
@@ -232,19 +233,6 @@ def test_a_tiny_run_writes_a_pipeline_diffusers_loads(tmp_path):
     check = ["ruff", "format", "--check", "--config", str(REPO / "pyproject.toml"), str(tmp_path / "README.md")]
     formatted = subprocess.run(check, capture_output=True)
     assert formatted.returncode == 0, formatted.stdout.decode()
-
-
-class StopsAfterSaving(PretrainProgress):
-    """Progress that stops the run (as a kill would) right after it saves `stage` at `step`."""
-
-    def __init__(self, *args, stage: str, step: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.stop_at = (stage, step)
-
-    def save(self, stage, state):
-        super().save(stage, state)
-        if (stage, state.get("step")) == self.stop_at:
-            raise KeyboardInterrupt
 
 
 def test_a_run_stopped_mid_stage_continues_to_the_uninterrupted_weights(tmp_path):

@@ -107,6 +107,40 @@ def test_a_tiny_pretrain_run_saves_a_pipeline_that_evaluates(tmp_path):
     assert 0 <= result["overall"]["iou"] <= 1 and sum(result["counts"].values()) == 2
 
 
+def test_a_pretrain_stopped_mid_flow_continues_to_the_uninterrupted_weights(tmp_path):
+    """Stopped after the autoencoder stage and 2 of 4 flow steps, the recipe run again on its progress loads the
+    autoencoder (its latent statistics and the random streams where it left them), draws the same pool and ends on the
+    weights and loss of an uninterrupted run."""
+    from dataclasses import asdict
+
+    from run_helpers import StopsAfterSaving
+
+    from flowrl.pretrain_progress import PretrainProgress
+    from flowrl.worlds.shapes3d.pretrain import Shapes3DPretrainConfig, Shapes3DSize, pretrain_shapes3d
+
+    cfg = Shapes3DPretrainConfig(
+        ae_steps=2, ae_batch=4, surface_points=64, query_points=64, flow_steps=4, flow_batch=4, flow_pool=8, threads=1
+    )
+    size = Shapes3DSize(
+        num_tokens=4, latent_channels=4, ae_width=16, ae_heads=2, ae_decoder_layers=1, fourier_bands=2, width=16,
+        heads=2, layers=1,
+    )  # fmt: skip
+    whole, whole_facts = pretrain_shapes3d(cfg, size)
+    settings = {"recipe": "shapes3d", "config": asdict(cfg)}
+    folder = tmp_path / "progress"
+    stopping = StopsAfterSaving(folder, settings, every_seconds=0, stage="pretrain 3D flow", step=2)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain_shapes3d(cfg, size, progress=stopping)
+    assert {p.name for p in folder.glob("*.pt")} == {"shape_autoencoder.pt", "pretrain_3D_flow.pt"}
+    resumed, facts = pretrain_shapes3d(cfg, size, progress=PretrainProgress(folder, settings))
+    for name in ("autoencoder", "transformer"):
+        expected, got = getattr(whole, name).state_dict(), getattr(resumed, name).state_dict()
+        assert all(torch.equal(expected[k], got[k]) for k in expected), name
+    assert resumed.autoencoder.config.latents_std == whole.autoencoder.config.latents_std
+    assert facts["flow_final_loss"] == whole_facts["flow_final_loss"]
+    assert facts["ae_final_l1"] == whole_facts["ae_final_l1"] and "latent_statistics" not in facts
+
+
 def test_a_tiny_text_pretrain_on_a_saved_autoencoder_reads_prompts(tmp_path):
     """condition="text": the autoencoder is the saved one, unchanged; the transformer reads the grammar's words;
     evaluation samples from the prompts."""
