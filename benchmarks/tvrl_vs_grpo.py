@@ -98,10 +98,28 @@ def run(kind: str, algorithm: str, seed: int, args, scorer, base: dict) -> dict:
     config = load_config(CONFIG, overrides)
     shutil.rmtree(Path(config.run.out_dir) / name, ignore_errors=True)  # a fresh run, never a resume
     trainer = Trainer(config, log=False)
-    clock = {"train": 0.0}
-    trainer.run(lambda update, metrics: clock.__setitem__("train", clock["train"] + metrics["seconds"]))
+    seconds, train_reward = [], []  # per update: its time and its rollouts' mean training reward
+
+    def on_update(update: int, metrics: dict) -> None:
+        seconds.append(metrics["seconds"])
+        train_reward.append(metrics["reward_mean"])
+
+    trainer.run(on_update)
     metrics, _ = evaluate(trainer.policy, scorer, args.eval_seeds, base)
-    return {"kind": kind, "algorithm": algorithm, "seed": seed, "train_seconds": clock["train"], **metrics}
+    return {
+        "kind": kind,
+        "algorithm": algorithm,
+        "seed": seed,
+        "train_seconds": sum(seconds),
+        "train_reward": train_reward,
+        **metrics,
+    }
+
+
+def first_and_last(values: list[float], share: float = 0.1) -> str:
+    """The mean of the first and of the last `share` of a run's per-update values ("a -> b")."""
+    k = max(1, round(share * len(values)))
+    return f"{np.mean(values[:k]):.3f} -> {np.mean(values[-k:]):.3f}"
 
 
 def gain_interval(gains: list[float]) -> str:
@@ -116,8 +134,9 @@ def table(base: dict, rows: list[dict]) -> str:
         f"base: accuracy {base['accuracy']:.3f}, scorer reward {base['reward']:.3f}",
         "",
         "| SDE kind | method | held-out accuracy (mean over training seeds) | gain, points (95% over training seeds) "
-        "| per training seed | scorer reward | untouched-region change | s / run |",
-        "|---|---|---|---|---|---|---|---|",
+        "| per training seed | scorer reward | untouched-region change | training reward, first -> last tenth "
+        "| s / run |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     arms: dict[tuple[str, str], list[dict]] = {}  # (SDE kind, method) -> its training seeds' rows, in run order
     for r in rows:
@@ -129,6 +148,7 @@ def table(base: dict, rows: list[dict]) -> str:
             f"{gain_interval([a - base['accuracy'] for a in accs])} | "
             f"{', '.join(f'{a:.3f}' for a in accs)} | {np.mean([r['reward'] for r in rs]):.3f} | "
             f"{np.mean([r['untouched_change'] for r in rs]):.4f} | "
+            f"{', '.join(first_and_last(r['train_reward']) for r in rs if 'train_reward' in r) or '-'} | "
             f"{np.mean([r['train_seconds'] for r in rs]):.0f} |"
         )
     tags = list(base["accuracy_by_tag"])
