@@ -195,3 +195,14 @@ class StopsAfterSaving(PretrainProgress):
         super().save(stage, state)
         if (stage, state.get("step")) == self.stop_at:
             raise KeyboardInterrupt
+
+
+def stopped_then_continued(recipe, folder: Path, settings: dict, stage: str, step: int):
+    """`recipe(progress)` stopped right after saving `stage` at `step` (saving every step), then run again on the
+    progress it left in `folder`: (the names of the stage files saved before the stop, what the second run returns)."""
+    import pytest
+
+    with pytest.raises(KeyboardInterrupt):
+        recipe(StopsAfterSaving(folder, settings, every_seconds=0, stage=stage, step=step))
+    saved = {p.name for p in folder.glob("*.pt")}
+    return saved, recipe(PretrainProgress(folder, settings))

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import REPO
 from diffusers import WanPipeline
-from run_helpers import StopsAfterSaving
+from run_helpers import assert_same_weights, stopped_then_continued
 
 from flowrl.errors import UserError
 from flowrl.inference import generate_samples
@@ -252,16 +252,17 @@ def test_a_run_stopped_mid_stage_continues_to_the_uninterrupted_weights(tmp_path
     size = replace(TINY, temporal_patch=1, patch=4)
     whole, whole_facts = pretrain_shapes_wan(cfg, size)
     settings = {"recipe": "shapes-wan", "config": asdict(cfg)}
-    folder = tmp_path / "progress"
-    # saved every step; stopped after step 2 of the video stage (the VAE and image stages already done)
-    stopping = StopsAfterSaving(folder, settings, every_seconds=0, stage="pretrain video flow", step=2)
-    with pytest.raises(KeyboardInterrupt):
-        pretrain_shapes_wan(cfg, size, progress=stopping)
-    assert {p.name for p in folder.glob("*.pt")} == {"video_vae.pt", "pretrain_image_flow.pt", "pretrain_video_flow.pt"}
-    resumed, facts = pretrain_shapes_wan(cfg, size, progress=PretrainProgress(folder, settings))
-    for name in ("transformer", "text_encoder", "vae"):
-        expected, got = getattr(whole, name).state_dict(), getattr(resumed, name).state_dict()
-        assert all(torch.equal(expected[k], got[k]) for k in expected), name
+    # stopped after step 2 of the video stage (the VAE and image stages already done)
+    saved, (resumed, facts) = stopped_then_continued(
+        lambda progress: pretrain_shapes_wan(cfg, size, progress=progress),
+        tmp_path / "progress",
+        settings,
+        stage="pretrain video flow",
+        step=2,
+    )
+    assert saved == {"video_vae.pt", "pretrain_image_flow.pt", "pretrain_video_flow.pt"}
+    for name in ("transformer", "text_encoder", "vae"):  # bit for bit
+        assert_same_weights(getattr(whole, name).state_dict(), getattr(resumed, name).state_dict(), tolerance=0)
     assert facts["flow_final_loss"] == whole_facts["flow_final_loss"]
     assert facts["latents_mean"] == whole_facts["latents_mean"] and facts["total_minutes"] > facts["vae_minutes"]
 

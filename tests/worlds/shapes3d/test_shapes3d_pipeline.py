@@ -113,9 +113,8 @@ def test_a_pretrain_stopped_mid_flow_continues_to_the_uninterrupted_weights(tmp_
     weights and loss of an uninterrupted run."""
     from dataclasses import asdict
 
-    from run_helpers import StopsAfterSaving
+    from run_helpers import assert_same_weights, stopped_then_continued
 
-    from flowrl.pretrain_progress import PretrainProgress
     from flowrl.worlds.shapes3d.pretrain import Shapes3DPretrainConfig, Shapes3DSize, pretrain_shapes3d
 
     cfg = Shapes3DPretrainConfig(
@@ -127,15 +126,16 @@ def test_a_pretrain_stopped_mid_flow_continues_to_the_uninterrupted_weights(tmp_
     )  # fmt: skip
     whole, whole_facts = pretrain_shapes3d(cfg, size)
     settings = {"recipe": "shapes3d", "config": asdict(cfg)}
-    folder = tmp_path / "progress"
-    stopping = StopsAfterSaving(folder, settings, every_seconds=0, stage="pretrain 3D flow", step=2)
-    with pytest.raises(KeyboardInterrupt):
-        pretrain_shapes3d(cfg, size, progress=stopping)
-    assert {p.name for p in folder.glob("*.pt")} == {"shape_autoencoder.pt", "pretrain_3D_flow.pt"}
-    resumed, facts = pretrain_shapes3d(cfg, size, progress=PretrainProgress(folder, settings))
-    for name in ("autoencoder", "transformer"):
-        expected, got = getattr(whole, name).state_dict(), getattr(resumed, name).state_dict()
-        assert all(torch.equal(expected[k], got[k]) for k in expected), name
+    saved, (resumed, facts) = stopped_then_continued(
+        lambda progress: pretrain_shapes3d(cfg, size, progress=progress),
+        tmp_path / "progress",
+        settings,
+        stage="pretrain 3D flow",
+        step=2,
+    )
+    assert saved == {"shape_autoencoder.pt", "pretrain_3D_flow.pt"}
+    for name in ("autoencoder", "transformer"):  # bit for bit
+        assert_same_weights(getattr(whole, name).state_dict(), getattr(resumed, name).state_dict(), tolerance=0)
     assert resumed.autoencoder.config.latents_std == whole.autoencoder.config.latents_std
     assert facts["flow_final_loss"] == whole_facts["flow_final_loss"]
     assert facts["ae_final_l1"] == whole_facts["ae_final_l1"] and "latent_statistics" not in facts
