@@ -78,6 +78,23 @@ class RunSection:
                 f"run.resume: {self.resume} is not a folder; expected a checkpoint folder "
                 "(runs/<name>/checkpoints/update_N) or auto"
             )
+        self.check_run_folder_can_exist()
+
+    def check_run_folder_can_exist(self):
+        """A file where the run folder or a folder above it would go is named now, not as a traceback once the
+        model has loaded and the run folder is made."""
+        run_dir = (Path(self.out_dir) / self.name).absolute()
+        existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+        if existing.is_dir():
+            return
+        if existing == run_dir:
+            raise ConfigError(f"run.name: expected a run folder at out_dir/name, got the file {run_dir}")
+        if existing == Path(self.out_dir).absolute():
+            raise ConfigError(f"run.out_dir: expected a folder to hold the run folders, got the file {self.out_dir}")
+        raise ConfigError(
+            f"run.out_dir: expected a folder to hold the run folders; {self.out_dir} cannot be created, "
+            f"{existing} is a file"
+        )
 
 
 @dataclass

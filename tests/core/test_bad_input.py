@@ -196,6 +196,18 @@ FILE_CASES = {
         ],
         "cannot be created",
     ),
+    "train: run.out_dir a file": (
+        lambda t: ["train", GRPO, f"run.out_dir={_write(t, 'taken', 'a file')}"],
+        "run.out_dir: expected a folder to hold the run folders, got the file",
+    ),
+    "train: run.out_dir under a file": (
+        lambda t: ["train", GRPO, f"run.out_dir={Path(_write(t, 'taken', 'a file')) / 'runs'}"],
+        "runs cannot be created, ",
+    ),
+    "train: run folder a file": (
+        lambda t: ["train", GRPO, f"run.out_dir={t}", f"run.name={Path(_write(t, 'taken', 'a file')).name}"],
+        "run.name: expected a run folder at out_dir/name, got the file",
+    ),
     "serve-reward: no body limit": (
         lambda t: ["serve-reward", "jpeg_compressibility", "--max-body-mb", "0"],
         "--max-body-mb: expected a positive number of MB",
