@@ -110,6 +110,20 @@ def _metadata(body: bytes) -> str:
     return json.dumps(json.loads(body[8 : 8 + size]).get("__metadata__", {}))
 
 
+def request_problem(samples: torch.Tensor, prompts) -> str | None:
+    """What makes a decoded request the client's error rather than the reward's (None when nothing does): checked
+    before scoring, since a reward may zip a count mismatch away or score NaN pixels as if they were an image."""
+    if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+        return "prompts: expected a list of strings, one per sample"
+    count = len(samples) if samples.ndim else 0
+    if count != len(prompts):
+        return f"{count} samples and {len(prompts)} prompts; expected one prompt per sample"
+    broken = [i for i, sample in enumerate(samples) if not torch.isfinite(sample).all()]
+    if broken:
+        return f"samples {broken[:8]} hold NaN or infinite values; expected finite samples (images in [0, 1])"
+    return None
+
+
 REWARD_RAISED = 422  # the served reward raised on the request's samples (not an outage: no retry)
 
 
@@ -118,8 +132,8 @@ MAX_BODY_MB = 256.0  # the largest request body a reward server reads by default
 
 def reward_app(reward, name: str, device, token: str | None = None, max_body_mb: float = MAX_BODY_MB):
     """The FastAPI app that serves `reward` (already built and on `device`): GET /health, POST /score. A body that is
-    not a request of flowrl's client is answered 400 naming the problem, one over `max_body_mb` 413 (read no further),
-    a reward that raises on the samples 422."""
+    not a request of flowrl's client, or one whose samples and prompts do not pair up or hold NaN, is answered 400
+    naming the problem, one over `max_body_mb` 413 (read no further), a reward that raises on the samples 422."""
     from fastapi import FastAPI, HTTPException, Request, Response
 
     app = FastAPI(title=f"flowrl reward {name}")
@@ -164,6 +178,9 @@ def reward_app(reward, name: str, device, token: str | None = None, max_body_mb:
                 detail=f"malformed request ({type(error).__name__}: {str(error)[:200]}); expected the safetensors "
                 "request of flowrl's client (a `samples` tensor and `prompts` / `meta` in its metadata)",
             ) from None
+        problem = request_problem(samples, prompts)
+        if problem is not None:
+            raise HTTPException(status_code=400, detail=problem)
         try:
             with torch.no_grad():  # the samples on the reward's device, as a run hands them to its rewards
                 out = reward(samples.to(device), prompts, meta)

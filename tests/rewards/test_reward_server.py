@@ -229,3 +229,35 @@ def test_the_server_answers_malformed_requests_with_400_and_refuses_large_bodies
     samples = torch.rand(2, 3, 16, 16)
     good = client.post("/score", content=encode_request(samples, ["a", "b"], {}))
     assert good.status_code == 200
+
+
+def _nan_pixel(samples: torch.Tensor) -> torch.Tensor:
+    samples[1, 0, 3, 4] = float("nan")
+    return samples
+
+
+UNSCORABLE_REQUESTS = {  # case: (samples, prompts, expected detail)
+    "more images than prompts": (torch.rand(2, 3, 16, 16), ["a red circle"], "2 samples and 1 prompts"),
+    "NaN in an image": (
+        _nan_pixel(torch.rand(2, 3, 16, 16)),
+        ["a red circle"] * 2,
+        "samples [1] hold NaN or infinite values",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", UNSCORABLE_REQUESTS)
+def test_the_server_answers_requests_it_cannot_score_with_400_naming_why(case):
+    """A well-formed body whose samples and prompts do not pair up, or whose images hold NaN, is the client's error:
+    400 naming it, before the reward sees it (which scored as many samples as there were prompts, or the NaN
+    image as if it were one)."""
+    from fastapi.testclient import TestClient
+
+    from flowrl.rewards.remote import encode_request, reward_app
+
+    samples, prompts, expected = UNSCORABLE_REQUESTS[case]
+    client = TestClient(
+        reward_app(build_reward("shapes"), "shapes", torch.device("cpu")), raise_server_exceptions=False
+    )
+    answer = client.post("/score", content=encode_request(samples, prompts, {}))
+    assert answer.status_code == 400 and expected in answer.json()["detail"], (answer.status_code, answer.text)
