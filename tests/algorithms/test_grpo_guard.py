@@ -1,6 +1,8 @@
 """GRPO-Guard against hand computations: RatioNorm's log-ratio is mean_D(eps * (mu_theta - mu_old)), the reweighting
 divides each step's loss by its |dt|, and with both off it is GRPO."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from test_grpo import _batch
@@ -10,7 +12,7 @@ from flowrl.algorithms import build_algorithm
 from flowrl.config import SamplerSection
 from flowrl.errors import ConfigError
 from flowrl.policies import policy_for
-from flowrl.sde import sde_step
+from flowrl.sde import gaussian_log_prob, sde_step
 
 
 def _moved_policy_and_batch(kind="flow"):
@@ -54,6 +56,29 @@ def test_rationorm_is_the_step_noise_dotted_with_the_mean_gap(kind):
     gap = (mean_new - mean_old).pow(2).flatten(1).mean(1)
     torch.testing.assert_close(raw, expected / step_std - gap / (2 * step_std**2), atol=1e-4, rtol=1e-3)
     assert torch.all(gap > 0)
+
+
+def test_rationorms_gradient_is_the_step_noise_where_the_policy_has_moved():
+    """Past the first inner optimizer step mu_theta != mu_old, and the bias mean_D(dmu^2) / (2 s^2) that RatioNorm
+    adds carries a gradient cancelling the raw log-ratio's -dmu / (D s): d log rho_hat / d mu_theta = eps / D. A bias
+    that kept its value but lost its gradient would give eps / D - dmu / (D s), which only such a point tells apart."""
+    generator = torch.Generator().manual_seed(0)
+    old_mean = torch.randn(3, 2, 4, 4, generator=generator)
+    std = torch.tensor([0.3, 0.2, 0.1]).view(3, 1, 1, 1)  # one step std per item, broadcast as the SDE's is
+    x_next = old_mean + std * torch.randn(old_mean.shape, generator=generator)
+    mean = (old_mean + 0.1 * torch.randn(old_mean.shape, generator=generator)).requires_grad_()
+    guard = build_algorithm("grpo_guard", {"reweight": False, "clip_range": 1e3}, SamplerSection())  # no clipping
+    guard.old_mean = old_mean
+    advantage = torch.tensor([1.0, -0.5, 2.0])
+    log_prob, old_log_prob = gaussian_log_prob(x_next, mean, std), gaussian_log_prob(x_next, old_mean, std)
+    items = SimpleNamespace(key=torch.arange(3))
+    losses, _ = guard.surrogate(items, log_prob, old_log_prob, advantage, mean, std, 0.8, 0.7)
+    losses.sum().backward()
+    noise = (x_next - old_mean) / std
+    ratio = torch.exp((noise * (mean - old_mean)).flatten(1).mean(1)).detach()
+    # the unclipped loss -A rho_hat with rho_hat = exp(mean_D(eps dmu)): its gradient is -A rho_hat eps / D
+    expected = -(advantage * ratio).view(3, 1, 1, 1) * noise / noise[0].numel()
+    torch.testing.assert_close(mean.grad, expected)
 
 
 def test_the_reweighting_divides_each_steps_loss_by_its_dt():
