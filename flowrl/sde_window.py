@@ -21,8 +21,6 @@ Deviations from MixGRPO's code (Tencent-Hunyuan/MixGRPO):
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from flowrl.prompt_source import derived_seed
@@ -41,23 +39,31 @@ def window_start(sampler, run_seed: int, update: int) -> int:
     Returns:
         The window's start step.
     """
-    lo, hi = sampler.sde_window_range
     if sampler.sde_window_schedule == "progressive":
-        stride = sampler.sde_window_stride
-        if stride == 0:
-            return lo
-        starts = math.ceil((hi - lo) / stride)
-        return lo + (stride * (update // sampler.sde_window_shift_every)) % (stride * starts)
+        starts = window_starts(sampler)
+        return starts[(update // sampler.sde_window_shift_every) % len(starts)]
+    lo, hi = sampler.sde_window_range
     generator = torch.Generator().manual_seed(derived_seed(run_seed, update, 29))
     return int(torch.randint(lo, hi, (1,), generator=generator))
 
 
-def reachable_steps(sampler) -> range:
-    """Every step an update's SDE window can cover over the run (every step without a window)."""
-    if not sampler.sde_window_size:
-        return range(sampler.num_steps)
+def window_starts(sampler) -> tuple[int, ...]:
+    """Every start the window schedule can take, in the order the progressive schedule visits them: lo, lo + stride,
+    ... below hi (lo alone for stride 0); every step of [lo, hi) under the random schedule."""
     lo, hi = sampler.sde_window_range
-    return range(lo, hi - 1 + sampler.sde_window_size)
+    if sampler.sde_window_schedule != "progressive":
+        return tuple(range(lo, hi))
+    stride = sampler.sde_window_stride
+    return (lo,) if stride == 0 else tuple(range(lo, hi, stride))
+
+
+def reachable_steps(sampler) -> tuple[int, ...]:
+    """Every step some update's SDE window covers over the run, sorted (every step without a window): a stride
+    wider than the window leaves steps between its windows that no update trains."""
+    if not sampler.sde_window_size:
+        return tuple(range(sampler.num_steps))
+    size = sampler.sde_window_size
+    return tuple(sorted({start + k for start in window_starts(sampler) for k in range(size)}))
 
 
 def sde_window(sampler, run_seed: int, update: int) -> tuple[int, int] | None:

@@ -90,3 +90,15 @@ def test_the_normaliser_is_the_runs_not_the_updates():
     flow_grpo = step_weights("tempflow", "flow", sigmas, 0.7, run_steps(SamplerSection(), 10, 0.99, "first"))
     std = step_noise("flow", sigmas, 0.7)[0]
     assert flow_grpo[:9] / std[:9] == pytest.approx(torch.full((9,), 2.25), abs=0.005)
+
+
+def test_a_strided_windows_normaliser_leaves_out_the_steps_no_window_trains():
+    """Windows of 2 starting at 0 and 3 train steps 0, 1, 3, 4: TempFlow's mean is over those four, not over 0-4."""
+    window = SamplerSection(
+        sde_window_size=2, sde_window_range=[0, 5], sde_window_schedule="progressive", sde_window_stride=3
+    )
+    over = run_steps(window, 10, 1.0, "random")
+    assert torch.nonzero(over).flatten().tolist() == [0, 1, 3, 4]
+    sigmas = _sd35_schedule()
+    std = step_noise("flow", sigmas, 0.7)[0]
+    torch.testing.assert_close(step_weights("tempflow", "flow", sigmas, 0.7, over), std / std[[0, 1, 3, 4]].mean())

@@ -12,7 +12,7 @@ from flowrl.policies import policy_for
 from flowrl.policies.base import SampleSpec
 from flowrl.rollout import rollout, sample_generators
 from flowrl.sde import dpm_solver_pp_step
-from flowrl.sde_window import sde_window, window_start
+from flowrl.sde_window import reachable_steps, sde_window, window_start
 
 
 def _progressive(lo, hi, stride, every=25, size=3, steps=10):
@@ -40,6 +40,25 @@ def test_a_wider_stride_visits_its_starts_and_stride_zero_stays():
     assert [window_start(sampler, 0, u) for u in (0, 10, 20, 30, 40)] == [1, 3, 5, 1, 3]
     frozen = _progressive(2, 5, 0)
     assert {window_start(frozen, 0, u) for u in range(200)} == {2}
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        _progressive(0, 5, 3, size=2),  # starts 0, 3: step 2 lies between the windows
+        _progressive(1, 6, 2, size=3),
+        _progressive(2, 5, 0),
+        SamplerSection(sde_window_size=3, sde_window_range=[0, 6]),
+    ],
+)
+def test_reachable_steps_are_the_steps_some_window_covers(sampler):
+    covered = {step for update in range(400) for step in range(*sde_window(sampler, 0, update))}
+    assert reachable_steps(sampler) == tuple(sorted(covered))
+
+
+def test_a_stride_wider_than_the_window_skips_the_steps_between():
+    assert reachable_steps(_progressive(0, 5, 3, size=2)) == (0, 1, 3, 4)
+    assert reachable_steps(SamplerSection(num_steps=4)) == (0, 1, 2, 3)  # no window: every step
 
 
 def test_the_random_window_stays_in_its_range_and_follows_the_run_seed():
