@@ -48,11 +48,8 @@ def test_the_peer_methods_train_through_the_loop(recipe, tiny_sd3_dir, tmp_path)
 def test_grpo_guard_on_two_processes_trains_as_one(tiny_sd3_dir, tmp_path):
     """Each process recomputes its own items' rollout means (as many forwards on every process); the global update is
     one process's."""
-    from run_helpers import assert_same_weights, train_and_collect, train_on_two_processes
+    from run_helpers import SMOOTH_REWARD, assert_two_processes_train_as_one
 
     path = tiny_run_config(tmp_path / "g.yaml", tiny_sd3_dir, tmp_path / "runs", "guard", updates=2, checkpoint_every=0)
-    guard = RECIPES["grpo_guard"]
-    single = train_and_collect(path, [*guard, "run.name=single"])
-    assert_same_weights(
-        single, train_on_two_processes(path, tmp_path / "two.safetensors", 29545, [*guard, "run.name=two"])
-    )
+    guard = [*RECIPES["grpo_guard"], SMOOTH_REWARD]
+    assert_two_processes_train_as_one(path, tmp_path / "two.safetensors", 29545, guard)

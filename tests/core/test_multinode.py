@@ -2,7 +2,7 @@
 (static, master address and port), train two updates exactly as one process does with the same global batch."""
 
 import pytest
-from run_helpers import assert_same_weights, tiny_run_config, train_and_collect, train_on_two_processes
+from run_helpers import SMOOTH_REWARD, assert_two_processes_train_as_one, tiny_run_config
 
 
 @pytest.mark.slow
@@ -10,9 +10,7 @@ def test_two_nodes_train_as_one_process(tiny_sd3_dir, tmp_path):
     config = tiny_run_config(
         tmp_path / "n.yaml", tiny_sd3_dir, tmp_path / "runs", "nodes", updates=2, checkpoint_every=0
     )
-    single = train_and_collect(config, ["run.name=single"])
-    two_nodes = train_on_two_processes(config, tmp_path / "nodes.safetensors", 29541, ["run.name=nodes"], nodes=2)
-    assert_same_weights(single, two_nodes)
+    assert_two_processes_train_as_one(config, tmp_path / "nodes.safetensors", 29541, [SMOOTH_REWARD], nodes=2)
 
 
 def test_the_shipped_launch_configs_load_in_accelerate():

@@ -1,6 +1,7 @@
-"""Run a tiny config under torchrun (gloo on CPU) and save the trained weights from rank 0: argv is the config, the
-output file, then any overrides. FLOWRL_TEST_FSDP2=1 shards the denoiser with FSDP2, as `accelerate launch
---config_file configs/accelerate/fsdp2.yaml` does on GPUs."""
+"""Run a tiny config under torchrun (gloo on CPU) and save, from rank 0, the trained weights to the output file and
+the run's StageTrace beside it (OUTPUT.trace): argv is the config, the output file, then any overrides.
+FLOWRL_TEST_FSDP2=1 shards the denoiser with FSDP2, as `accelerate launch --config_file configs/accelerate/fsdp2.yaml`
+does on GPUs."""
 
 import os
 import sys
@@ -8,7 +9,7 @@ import sys
 import torch
 from accelerate import Accelerator, FullyShardedDataParallelPlugin
 from accelerate.utils import DistributedType
-from run_helpers import train_and_collect
+from run_helpers import traced_run
 from safetensors.torch import save_file
 
 from flowrl.devices import end_processes
@@ -28,8 +29,9 @@ if __name__ == "__main__":
     else:
         accelerator = Accelerator(cpu=True)
     assert accelerator.num_processes == 2, accelerator.num_processes
-    weights = train_and_collect(config_path, sys.argv[3:], accelerator=accelerator)
+    weights, trace = traced_run(config_path, sys.argv[3:], accelerator=accelerator)
     if accelerator.is_main_process:
         save_file(weights, out_file)
+        save_file(trace, f"{out_file}.trace")
     accelerator.wait_for_everyone()
     end_processes(0)

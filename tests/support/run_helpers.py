@@ -56,11 +56,70 @@ def tiny_run_config(path: Path, pipeline_dir: Path, out_dir: Path, name: str, **
 
 
 def train_and_collect(config_path: Path, overrides=(), accelerator=None) -> dict[str, torch.Tensor]:
+    return traced_run(config_path, overrides, accelerator)[0]
+
+
+def traced_run(config_path: Path, overrides=(), accelerator=None) -> tuple[dict[str, torch.Tensor], dict]:
+    """Train `config_path` (with `overrides`): (the trained weights, the run's StageTrace as a dict of tensors)."""
     from flowrl.train import Trainer
 
     trainer = Trainer(load_config(config_path, list(overrides)), accelerator=accelerator, log=False)
+    trace = StageTrace(trainer)
     trainer.run()
-    return {k: v.cpu() for k, v in trainer.policy.trainable_state_dict().items()}
+    return {k: v.cpu() for k, v in trainer.policy.trainable_state_dict().items()}, trace.tensors
+
+
+class StageTrace:
+    """What a run computes at each stage, gathered over its processes, in the order it computes them, so that two
+    runs can be compared where they first part. `tensors` names each "NNN stage" (NNN: the order): per update
+    `latents` (every step of every sample's trajectory), `log_probs`, `rewards` (every sample's) and `advantages` (the
+    algorithm's, where it keeps them), then per optimizer step `grads` (the trained parameters' gradients, flattened,
+    before clipping) and `weights` (after the step)."""
+
+    def __init__(self, trainer):
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.trainer = trainer
+        collect, prepare = trainer.collect, trainer.algorithm.prepare
+        clip, step = trainer.accelerator.clip_grad_norm_, trainer.optimizer.step
+
+        def traced_collect(*args, **kwargs):
+            batch, metrics = collect(*args, **kwargs)
+            self.add("latents", self.gathered(batch.trajectory.latents.transpose(0, 1)))
+            self.add("log_probs", self.gathered(batch.trajectory.log_probs.transpose(0, 1)))
+            self.add("rewards", batch.global_rewards)
+            return batch, metrics
+
+        def traced_prepare(*args, **kwargs):
+            out = prepare(*args, **kwargs)
+            if isinstance(getattr(trainer.algorithm, "advantages", None), torch.Tensor):
+                self.add("advantages", self.gathered(trainer.algorithm.advantages))
+            return out
+
+        def traced_clip(params, *args, **kwargs):
+            self.add("grads", flat(p.grad for p in params))
+            return clip(params, *args, **kwargs)
+
+        def traced_step(*args, **kwargs):
+            out = step(*args, **kwargs)
+            self.add("weights", flat(trainer.params))
+            return out
+
+        trainer.collect, trainer.algorithm.prepare = traced_collect, traced_prepare
+        trainer.accelerator.clip_grad_norm_, trainer.optimizer.step = traced_clip, traced_step
+
+    def gathered(self, local: torch.Tensor) -> torch.Tensor:
+        """This process's rows followed by the other processes' (the global order)."""
+        accelerator = self.trainer.accelerator
+        return accelerator.gather(local.contiguous().to(accelerator.device)) if self.trainer.world > 1 else local
+
+    def add(self, stage: str, value: torch.Tensor) -> None:
+        self.tensors[f"{len(self.tensors):03d} {stage}"] = value.detach().float().cpu().clone()
+
+
+def flat(tensors) -> torch.Tensor:
+    """Tensors (FSDP2's sharded ones gathered whole) as one flat float vector."""
+    parts = [t.full_tensor() if hasattr(t, "full_tensor") else t for t in tensors]
+    return torch.cat([t.detach().float().flatten().cpu() for t in parts])
 
 
 @dataclass
@@ -135,20 +194,28 @@ def torchrun(args, port: int, timeout: float = 600, **env):
     )
 
 
+# Math-library settings under which a process computes with other kernels than the default ones, so that its floats
+# round otherwise, as another CPU's do: MKL's matrix products on its code path for any x86 CPU, oneDNN's convolutions
+# on SSE4.1 (each library ignores what does not apply to it, e.g. on a CPU without MKL)
+OTHER_KERNELS = {"MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+
+
 def train_on_two_processes(
-    config_path, out_file: Path, port: int, overrides=(), fsdp2=False, nodes: int = 1
+    config_path, out_file: Path, port: int, overrides=(), fsdp2=False, nodes: int = 1, other_kernels=False
 ) -> dict[str, torch.Tensor]:
     """Rank 0's weights after training `config_path` (with `overrides`) under torchrun on 2 gloo processes, through
     tests/support/distributed_worker.py, on master port `port` (one per test, so tests in parallel do not collide); the
     denoiser sharded by FSDP2 with `fsdp2`, else wrapped in DDP. `nodes` 2: two torchrun launches of one process
-    each, node ranks 0 and 1 meeting at a localhost rendezvous, as two machines launch a multi-node run."""
+    each, node ranks 0 and 1 meeting at a localhost rendezvous, as two machines launch a multi-node run.
+    `other_kernels`: the processes compute with OTHER_KERNELS. The run's StageTrace lies beside `out_file`
+    (two_process_trace)."""
     import subprocess
     import sys
 
     from safetensors.torch import load_file
 
     repo = Path(__file__).resolve().parents[2]
-    env = child_env(FLOWRL_TEST_FSDP2="1" if fsdp2 else "0")
+    env = child_env(FLOWRL_TEST_FSDP2="1" if fsdp2 else "0", **(OTHER_KERNELS if other_kernels else {}))
     worker = [str(repo / "tests/support/distributed_worker.py"), str(config_path), str(out_file), *overrides]
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--master_port={port}"]
     if nodes == 1:
@@ -182,6 +249,61 @@ def assert_same_weights(single: dict, double: dict, names=None, tolerance: float
     moved = max((single[k] - double[k]).abs().max().item() for k in names)
     scale = max(single[k].abs().max().item() for k in names)
     assert moved <= tolerance * scale, (moved, scale)
+
+
+# How far two runs of the same updates may part at each stage: the largest difference of a stage's values over the
+# largest value. Rollouts and rewards: float32 rounding (1.2e-7 an operation) grown over a rollout's steps and layers,
+# with a margin of ~50 over what kernels that round otherwise give (OTHER_KERNELS); a sample drawn from another seed or
+# condition parts them by O(1). Advantages and gradients: the group standardisation divides a reward's difference by
+# its group's spread, ~1/1000 of the rewards' size on these tiny untrained models, so the rewards' tolerance grows
+# 1000-fold; a process's samples counted twice or not at all, or a wrong loss scale, parts them by O(1). Weights: an
+# Adam step moves each weight by ~lr whatever its gradient, so a gradient element near zero whose sign differs parts
+# the runs by 2 lr (2e-3 at the tests' lr 1e-3: a reward that rounds, such as the JPEG size, does that); 1e-4 is that
+# signature's twentieth, and ~20 times what kernels that round otherwise give with a smooth reward.
+STAGE_TOLERANCES = {
+    "latents": 1e-5,
+    "log_probs": 1e-5,
+    "rewards": 1e-5,
+    "advantages": 1e-2,
+    "grads": 1e-2,
+    "weights": 1e-4,
+}
+
+
+def two_process_trace(out_file: Path) -> dict[str, torch.Tensor]:
+    """The StageTrace that train_on_two_processes saved beside `out_file`."""
+    from safetensors.torch import load_file
+
+    return load_file(f"{out_file}.trace")
+
+
+def assert_trains_as_one(one: dict, two: dict) -> None:
+    """Two runs' StageTraces (traced_run's, two_process_trace's) hold the same stages in the same order, every
+    gradient is nonzero (the runs train), and each stage agrees within STAGE_TOLERANCES; a failure names the first
+    stage where they part and every stage's figure."""
+    assert one.keys() == two.keys(), (sorted(one), sorted(two))
+    assert all(one[key].abs().max() > 0 for key in one if key.endswith("grads")), "a step trained nothing"
+    parted = {key: (one[key] - two[key]).abs().max().item() / max(one[key].abs().max().item(), 1e-30) for key in one}
+    over = [key for key, part in parted.items() if part > STAGE_TOLERANCES[key.split()[1]]]
+    assert not over, f"first parts at {over[0]}: " + ", ".join(f"{k} {v:.1e}" for k, v in parted.items())
+
+
+# a smooth reward for runs compared value for value: mean brightness (a reward that rounds, such as the JPEG size,
+# turns a last-bit difference of a rollout into another reward)
+SMOOTH_REWARD = "reward=[{name: toy_rewards:Brightness}]"
+
+
+def assert_two_processes_train_as_one(config_path, out_file: Path, port: int, overrides=(), **launch) -> dict:
+    """`config_path` (with `overrides`) trained in this process and on two processes computing with OTHER_KERNELS
+    (train_on_two_processes, with `launch`: fsdp2, nodes) agree at every stage (assert_trains_as_one) and in the
+    trained weights (assert_same_weights). Returns this process's trained weights."""
+    single, one = traced_run(config_path, [*overrides, "run.name=single"])
+    double = train_on_two_processes(
+        config_path, out_file, port, [*overrides, "run.name=two"], other_kernels=True, **launch
+    )
+    assert_trains_as_one(one, two_process_trace(out_file))
+    assert_same_weights(single, double)
+    return single
 
 
 class StopsAfterSaving(PretrainProgress):
