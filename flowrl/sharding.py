@@ -75,14 +75,20 @@ def sharded_optimizer_state(state: dict, params: list[torch.Tensor]) -> dict:
     return {"state": per_param, "param_groups": state["param_groups"]}
 
 
+def reduced_over_processes(values: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """`values` reduced element-wise (`sum` or `max`) over every process of the process group (a collective: every
+    process calls it at the same point); `values` itself without a group."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return values
+    reduced = values.clone()
+    dist.all_reduce(reduced, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+    return reduced
+
+
 def most_calls_of_any_process(count: int, device) -> int:
     """The largest `count` any process of the process group passes here (a collective: every process calls it at the
     same point; `count` itself without a group): how many forwards each runs so a sharded denoiser, which gathers its
     weights in every forward, meets the others in every one."""
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
-        return count
-    most = torch.tensor([count], device=device)
-    dist.all_reduce(most, op=dist.ReduceOp.MAX)
-    return int(most.item())
+    return int(reduced_over_processes(torch.tensor([count], device=device), "max").item())

@@ -21,7 +21,9 @@ Per prompt group of a deterministic (ODE) rollout, with group advantages A:
    (reflow on the MAM coupling: x_t = (1 - t) x+ + t eps_n with target eps_n - x+, no stored path).
 4. Loss, weighted by how much better the positive is: a matched pair (n, p) weighs w = (A_p - A_n) / 2 (1 for a
    pair one std either side of the mean) and trains t^2 |v - u|^2 = |x0_pred(v) - x0_pred(u)|^2 in x0 space, divided
-   by one batch-level scale, the stop-gradient mean |x0| of the batch's samples; pairs whose rewards differ by less
+   by one batch-level scale, the stop-gradient mean |x0| of the update's samples on every process (`homing_scale`:
+   |x0| summed and counted over the process group, so a pair weighs the same on any number of processes, as the
+   advantages, normalised over the gathered rewards, do); pairs whose rewards differ by less
    than `min_reward_gap` are dropped. Plus alpha_pos times A_p times DiffusionNFT's normalised flow-matching loss on
    forward-noised positives (fresh noise, target eps - x0_p), for positives that beat a negative of their group by
    the gap.
@@ -35,7 +37,9 @@ No likelihood ratio is involved, so rollouts made by a stale policy need no impo
 
 Deviations from that reading:
 - The advantage weights, the batch-level scale and the reward-gap threshold (step 4) are flowrl's: the reading
-  trains every matched pair alike.
+  trains every matched pair alike. The scale is gathered over the processes rather than fixed: a fixed number would
+  not follow the latent space's scale, which differs by VAE, and one process's own mean would make a pair's weight
+  depend on which samples share its process.
 - Under `runtime.async_rollouts`, v_old (of the `dynamic` path and of the targets) is the learner's current policy,
   not the older snapshot that drew the batch (and not NFT's EMA old policy either): staleness is bounded, never
   corrected.
@@ -62,6 +66,7 @@ from flowrl.algorithms.base import (
 from flowrl.algorithms.nft import _normalised_x0_loss
 from flowrl.errors import ConfigError
 from flowrl.prompt_source import derived_seed
+from flowrl.sharding import reduced_over_processes
 
 
 @dataclass
@@ -177,6 +182,14 @@ def tdc_target(
     return v_old + lam.reshape(shape) * (v_home - v_old)
 
 
+def homing_scale(final: torch.Tensor) -> float:
+    """The homing loss's divisor: the mean |x0| of the update's final samples over every process (a collective: each
+    process passes its own samples [B_local, ...]), at least 1e-5."""
+    stats = torch.stack([final.detach().float().abs().sum(), torch.tensor(float(final.numel()), device=final.device)])
+    total, count = reduced_over_processes(stats).tolist()
+    return max(total / max(count, 1.0), 1e-5)
+
+
 def split_groups(advantages: torch.Tensor, group_ids: torch.Tensor) -> list[tuple[list[int], list[int]]]:
     """Per group: (positive indices A > 0, negative indices A <= 0)."""
     out = []
@@ -240,7 +253,7 @@ class DHO(Algorithm):
             [local[i].item() if positive else pair_weight[row] for i, row, positive in zip(samples, keys_state, kinds)],
             dtype=torch.float32,
         )
-        self.scale = final.abs().mean().clamp(min=1e-5).item()
+        self.scale = homing_scale(final)
         t = sigmas[items.step].to(final.device) if len(items) else sigmas[:0]
         self.t = t
         x_t = torch.zeros((len(items), *final.shape[1:]), device=final.device)

@@ -10,7 +10,7 @@ import torch
 from test_methods import ODE, _ode_batch, _policy
 
 from flowrl.algorithms import build_algorithm
-from flowrl.algorithms.dho import homing_lambda, mam_assign, split_groups, tdc_target
+from flowrl.algorithms.dho import homing_lambda, homing_scale, mam_assign, split_groups, tdc_target
 from flowrl.errors import ConfigError
 
 
@@ -239,6 +239,27 @@ def test_a_descent_step_moves_each_negatives_prediction_towards_its_positive():
     algorithm.loss(policy, batch, negative)[0].sum().backward()
     towards = torch.nn.functional.cosine_similarity(policy.offset.grad.flatten(1), (x_plus - x0_pred).flatten(1))
     assert len(towards) >= 8 and towards.min() > 0.999
+
+
+def test_the_scale_is_the_whole_batchs_on_any_number_of_processes():
+    """Two processes holding half the batch each both divide by the whole batch's mean |x0|, not their own half's
+    (here the halves differ threefold)."""
+    import socket
+
+    import torch.multiprocessing as mp
+    from dho_scale_worker import scale_of_one_half
+
+    final = torch.randn(8, 4, 4, 4, generator=torch.Generator().manual_seed(3))
+    final[4:] *= 3
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = torch.zeros(2).share_memory_()
+    mp.spawn(scale_of_one_half, args=(port, final, out), nprocs=2)
+    whole = final.abs().mean().item()
+    assert homing_scale(final) == pytest.approx(whole)  # one process
+    assert out.tolist() == pytest.approx([whole, whole])
+    assert homing_scale(final[4:]) > 2 * homing_scale(final[:4])  # what each would use on its own
 
 
 def test_pairs_closer_than_the_reward_gap_are_not_trained():
