@@ -9,9 +9,11 @@ with A the group advantage clipped to +-adv_clip_max and divided by it (|A| <= 1
     ghuber    W = (t / p) ((l + 1e-10)^p - 1e-10^p)    (the paper's configs, p = 0.25: a robust loss whose
                                                       gradient t (l + 1e-10)^(p - 1) grad l shrinks on large errors)
 A negative advantage pushes away from its sample, bounded by the clip. The T times are stratified over the rollout
-schedule's points 1 .. floor(N x time_fraction): the index range is cut into T strata and one index drawn in each
-from the sample's seed (the paper's `discrete_wo_init`). An optional KL term pulls v towards the LoRA-free
-reference, beta mean((v - v_ref)^2).
+schedule's points as the paper's `discrete_wo_init` does: bounds b = long(linspace(1, floor(N x time_fraction),
+T + 1)), stratum k the points b_k .. b_(k+1) - 1 (b_k alone where that is empty), one drawn in each from the sample's
+seed; so the points 1 .. floor(N x time_fraction) - 1 (1 .. 11 at the paper's N = 14, fraction 0.9), never the
+pure-noise point 0 nor floor(N x time_fraction) itself. An optional KL term pulls v towards the LoRA-free reference,
+beta mean((v - v_ref)^2).
 
 Deviations from the paper's code (scxue/advantage_weighted_matching; Flow-Factory's port):
 - The loss is A W(l, t) itself. Their code wraps -W as a log-likelihood in PPO's clipped ratio, with the old value
@@ -19,6 +21,10 @@ Deviations from the paper's code (scxue/advantage_weighted_matching; Flow-Factor
 - No EMA trust region (their second KL, to a fast EMA of the weights), and the reference KL is off by default
   (their GenEval config: 1e-3).
 - The advantage is divided by adv_clip_max as in the paper's code (Flow-Factory clips without rescaling).
+- T defaults to 4, not the paper's configs' 6: each time costs a forward and backward pass per sample, and at
+  flowrl's 10-step schedules (points 1 .. 8 in range) 4 strata of two points each cover the range evenly, where 6
+  would draw points 3, 4, 7 and 8 half as often as the others.
+- Where floor(N x time_fraction) < 2 (their range is empty) point 1 is drawn.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ class AWMParams:
     timesteps: int = 4
     """T: times each sample is re-noised at per update (>= 1), one per stratum of the schedule's points."""
     time_fraction: float = 0.9
-    """The strata cover the schedule's points 1 .. floor(N x time_fraction), in (0, 1]."""
+    """The strata cover the schedule's points 1 .. floor(N x time_fraction) - 1 (the paper's code's range), in
+    (0, 1]."""
     weighting: Literal["uniform", "ghuber"] = "ghuber"
     """W(l, t): `uniform` (l, plain flow matching) or `ghuber` ((t / p) ((l + 1e-10)^p - 1e-10^p))."""
     ghuber_power: float = 0.25
@@ -65,9 +72,10 @@ class AWMParams:
 
 
 def stratified_points(num_steps: int, count: int, fraction: float, seed: int) -> list[int]:
-    """`count` schedule indices in [1, floor(num_steps x fraction)], one drawn in each of `count` equal strata of that
-    range (strata of the same index repeat it when the range is shorter than `count`)."""
-    last = max(2, int(num_steps * fraction) + 1)  # exclusive; at least point 1
+    """`count` schedule indices in [1, floor(num_steps x fraction) - 1], one drawn in each of `count` strata of that
+    range as the paper's code cuts them (an empty stratum gives its lower bound, repeating an index when the range is
+    shorter than `count`)."""
+    last = max(1, int(num_steps * fraction))  # exclusive, as the paper's code has it; at least point 1
     bounds = torch.linspace(1, last, count + 1).long()
     generator = torch.Generator().manual_seed(derived_seed(seed, 0, 131))
     draws = torch.rand(count, generator=generator)

@@ -64,10 +64,21 @@ def test_the_ghuber_weighting_by_hand():
 
 
 def test_times_are_one_per_stratum_of_the_schedule():
-    for seed in range(20):  # 10 steps, fraction 0.9: points 1..9 in strata [1, 3), [3, 5), [5, 7), [7, 10)
+    for seed in range(20):  # 10 steps, fraction 0.9: points 1..8 in strata [1, 3), [3, 5), [5, 7), [7, 9)
         points = stratified_points(10, 4, 0.9, seed)
-        assert [lo <= p < hi for p, (lo, hi) in zip(points, [(1, 3), (3, 5), (5, 7), (7, 10)])] == [True] * 4
+        assert [lo <= p < hi for p, (lo, hi) in zip(points, [(1, 3), (3, 5), (5, 7), (7, 9)])] == [True] * 4
     assert len({tuple(stratified_points(10, 4, 0.9, s)) for s in range(20)}) > 1
+
+
+def test_the_strata_are_the_papers_discrete_wo_init():
+    """The paper's configs (N = 14, fraction 0.9, T = 6): its bounds long(linspace(1, floor(12.6), 7)) = 1, 2, 4, 6,
+    8, 10, 12 give the strata {1}, {2, 3}, ..., {10, 11}; over 2000 seeds each stratum draws all its points and no
+    other (never 12)."""
+    drawn = [set() for _ in range(6)]
+    for seed in range(2000):
+        for k, point in enumerate(stratified_points(14, 6, 0.9, seed)):
+            drawn[k].add(point)
+    assert drawn == [{1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}]
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
