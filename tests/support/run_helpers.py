@@ -110,7 +110,8 @@ class StageTrace:
     def gathered(self, local: torch.Tensor) -> torch.Tensor:
         """This process's rows followed by the other processes' (the global order)."""
         accelerator = self.trainer.accelerator
-        return accelerator.gather(local.contiguous().to(accelerator.device)) if self.trainer.world > 1 else local
+        local = local.contiguous()
+        return accelerator.gather(local.to(accelerator.device)) if self.trainer.world > 1 else local
 
     def add(self, stage: str, value: torch.Tensor) -> None:
         self.tensors[f"{len(self.tensors):03d} {stage}"] = value.detach().float().cpu().clone()
