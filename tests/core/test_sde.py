@@ -74,20 +74,35 @@ def test_zero_noise_limit_is_the_diffusers_euler_step(kind):
 DATA_STD = 0.5
 
 
+def _data_velocity(x, t):
+    """The exact velocity E[eps - x0 | x_t] of Gaussian data x0 ~ N(0, DATA_STD^2), x_t = (1 - t) x0 + t eps."""
+    var = (1 - t) ** 2 * DATA_STD**2 + t**2
+    return (t - (1 - t) * DATA_STD**2) / var * x
+
+
 def _gaussian_data_samples(kind, noise_level, steps, shift=1.0, n=40000, seed=3):
     """Samples of an SDE kind driven by the exact velocity of Gaussian data x0 ~ N(0, DATA_STD^2)."""
-
-    def velocity(x, t):  # E[eps - x0 | x_t] for x_t = (1 - t) x0 + t eps
-        var = (1 - t) ** 2 * DATA_STD**2 + t**2
-        return (t - (1 - t) * DATA_STD**2) / var * x
-
     g = torch.Generator().manual_seed(seed)
     sigmas = shifted_sigmas(steps, shift)
     x = torch.randn(1, n, generator=g)
     for i in range(steps):
         s, s_next = float(sigmas[i]), float(sigmas[i + 1])
-        x = sde_step(kind, velocity(x, s), x, s, s_next, noise_level, generator=g)[0]
+        x = sde_step(kind, _data_velocity(x, s), x, s, s_next, noise_level, generator=g)[0]
     return x
+
+
+def _exact_end_std(mean_kind, std_kind, noise_level, steps, shift=1.0):
+    """The std `_gaussian_data_samples` ends at, without sampling: the velocity is linear in x, so each step is
+    x' = m x + s z and Var' = m^2 Var + s^2 from Var = 1. m is `mean_kind`'s step, s `std_kind`'s (two kinds pair one
+    kind's mean with another's noise)."""
+    sigmas = shifted_sigmas(steps, shift)
+    one, variance = torch.ones(1, 1), 1.0
+    for i in range(steps):
+        s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+        mean = sde_step(mean_kind, _data_velocity(one, s), one, s, s_next, noise_level, noise=torch.zeros_like(one))[1]
+        std = sde_step(std_kind, _data_velocity(one, s), one, s, s_next, noise_level)[2]
+        variance = float(mean) ** 2 * variance + float(std) ** 2
+    return math.sqrt(variance)
 
 
 @pytest.mark.parametrize("kind,noise_level", [("flow", 0.7), ("dance", 0.3), ("sage", 0.7)])
@@ -98,14 +113,25 @@ def test_sde_keeps_the_data_marginal(kind, noise_level):
     assert abs(x.mean().item()) < 0.02
 
 
-@pytest.mark.parametrize("steps,shift", [(10, 1.0), (16, 5.0)])
+# exact end stds (`_exact_end_std`) of flow, of sage, and of sage's variance under Flow-GRPO's Euler score term
+END_STDS = {(10, 1.0): (0.4795, 0.5118, 0.4629), (16, 5.0): (0.4199, 0.4103, 0.3578)}
+
+
+@pytest.mark.parametrize("steps,shift", list(END_STDS))
 def test_sage_is_as_wide_as_flow_at_the_step_counts_rl_uses(steps, shift):
-    """At few steps the 60-step tolerance hides a narrow sampler: sage's integrated variance with Flow-GRPO's Euler
-    score term ends 10% narrower than flow (0.427 against 0.480, 0.356 against 0.420); with the score term
-    scaled by the same variance it ends within 2% of the data std of flow (0.512 and 0.410)."""
-    flow = _gaussian_data_samples("flow", 0.7, steps, shift, n=400000).std().item()
-    sage = _gaussian_data_samples("sage", 0.7, steps, shift, n=400000).std().item()
-    assert sage > flow - 0.02 * DATA_STD
+    """At few steps the 60-step tolerance hides a narrow sampler: sage must end no narrower than flow less 2% of the
+    data std, which pairing its integrated variance with the Euler score term breaks. The bound holds on the exact
+    end stds, with no sampling noise (at 16 steps, shift 5 sage clears it by 5e-4 and the pairing misses it by 0.05);
+    the sampled chains must match those stds to 4 standard errors of a sample std, std / sqrt(2 n) (a 6e-5 chance
+    each of missing by sampling alone)."""
+    pairs = (("flow", "flow"), ("sage", "sage"), ("flow", "sage"))
+    flow, sage, euler_score = (_exact_end_std(m, s, 0.7, steps, shift) for m, s in pairs)
+    assert (flow, sage, euler_score) == pytest.approx(END_STDS[steps, shift], abs=1e-4)  # rounded to 4 places
+    assert sage > flow - 0.02 * DATA_STD > euler_score
+    n = 400000
+    for kind, exact in (("flow", flow), ("sage", sage)):
+        sampled = _gaussian_data_samples(kind, 0.7, steps, shift, n=n).std().item()
+        assert sampled == pytest.approx(exact, abs=4 * exact / math.sqrt(2 * n))
 
 
 def test_cps_preserves_the_forward_coefficients():
