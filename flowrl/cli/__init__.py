@@ -1,5 +1,6 @@
-"""The `flowrl` command: train, diagnose, sample, export, eval, demo, the reward tools, and the tasks' own commands
-(pretraining recipes, evaluation suites, sampling options), which each task contributes through `Task.commands()`.
+"""The `flowrl` command: train, diagnose, doctor, sample, export, eval, demo, the reward tools, and the tasks' own
+commands (pretraining recipes, evaluation suites, sampling options), which each task contributes through
+`Task.commands()`.
 
 One module per command (`add_parser` and its handler); the sampling commands' shared flags in `arguments`; flags
 that belong to a feature are registered by it (FK steering's in flowrl/fk_flags.py, VBench's in
@@ -12,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flowrl.cli import convert_reward, demo, diagnose, export, pretrain, sample, serve_reward, train
+from flowrl.cli import convert_reward, demo, diagnose, doctor, export, pretrain, sample, serve_reward, train
 from flowrl.cli import eval as evaluate
 from flowrl.cli.extensions import TaskCommands, task_commands
 from flowrl.errors import UserError
@@ -27,6 +28,7 @@ def _parser(extensions: list[TaskCommands]) -> argparse.ArgumentParser:
     pretrain.add_parser(sub, extensions)
     train.add_parser(sub)
     diagnose.add_parser(sub)
+    doctor.add_parser(sub)
     sample.add_parser(sub, extensions)
     export.add_parser(sub)
     serve_reward.add_parser(sub)
@@ -50,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         "pretrain": lambda a: pretrain.cmd_pretrain(a, extensions),
         "train": train.cmd_train,
         "diagnose": diagnose.cmd_diagnose,
+        "doctor": doctor.cmd_doctor,
         "sample": lambda a: sample.cmd_sample(a, extensions),
         "eval": lambda a: evaluate.cmd_eval(a, extensions),
         "demo": demo.cmd_demo,

@@ -108,10 +108,12 @@ class StageTrace:
         trainer.accelerator.clip_grad_norm_, trainer.optimizer.step = traced_clip, traced_step
 
     def gathered(self, local: torch.Tensor) -> torch.Tensor:
-        """This process's rows followed by the other processes' (the global order)."""
-        accelerator = self.trainer.accelerator
-        local = local.contiguous()
-        return accelerator.gather(local.to(accelerator.device)) if self.trainer.world > 1 else local
+        """Every process's rows in process order (the global order); as objects, since groups dropped for a failed
+        reward can leave the processes unequal shares."""
+        from accelerate.utils import gather_object
+
+        local = local.detach().cpu().contiguous()
+        return torch.cat(gather_object([local])) if self.trainer.world > 1 else local
 
     def add(self, stage: str, value: torch.Tensor) -> None:
         self.tensors[f"{len(self.tensors):03d} {stage}"] = value.detach().float().cpu().clone()

@@ -101,3 +101,14 @@ class BrightnessForCircles(Reward):
         return RewardOutput(
             torch.where(circle, brightness, torch.full_like(brightness, 0.5)), {"accuracy": (brightness > self.bar)}
         )
+
+
+class SeedLottery(Reward):
+    """A reward no policy can change: a number in [0, 1) drawn from each sample's seed alone (the seed of its
+    initial noise), so it varies within a group but nothing a sampler step does moves it."""
+
+    name = "seed_lottery"
+
+    def __call__(self, samples, prompts, meta=None):
+        drawn = [(s * 2654435761 % 2**32) / 2**32 for s in meta["seeds"]]  # Knuth's multiplicative hash
+        return RewardOutput(torch.tensor(drawn, device=samples.device))
