@@ -391,8 +391,9 @@ def summary_lines(result: dict) -> list[str]:
     lines.append(f"prompts ({len(result['prompts'])}, chosen for signal): " + "; ".join(result["prompts"]))
     if result.get("asked_prompts"):
         lines.append(f"  only {len(result['prompts'])} of the {result['asked_prompts']} asked for carry signal")
-    last = np.asarray(result["reward"][-rise["window"] :]).mean(0)
-    first = np.asarray(result["reward"][: rise["window"]]).mean(0)
+    measured = result["success"] or result["reward"]  # what the verdict measures
+    last = np.asarray(measured[-rise["window"] :]).mean(0)
+    first = np.asarray(measured[: rise["window"]]).mean(0)
     for prompt, a, b in zip(result["prompts"], first, last):
         lines.append(f"  {prompt[:60]:60s} {a:.4f} -> {b:.4f}")
     figures = [
