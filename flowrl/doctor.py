@@ -13,8 +13,12 @@ the config on just those for N updates with its own method, sampler and optimize
   Gaussian and the updated one's (both with the sampler's std, so (mu_old - mu_new)^2 / (2 std^2), averaged over
   the latent's elements as flowrl's log-probs are), and the change of log-prob of the samples with positive
   group-relative advantage against those with negative (an update must raise the first and lower the second);
-- gradient signal against noise (on the first update and every `probe_every`): the norm of the mean of the
-  per-group gradients against the standard error of that mean over groups;
+- gradient signal against noise (on the first update and every `probe_every`): the gradients of two halves of the
+  update's samples (each group cut in two), whose agreement g_A . g_B estimates the squared signal and whose
+  difference the noise (`gradient_snr`). A deviation from comparing the mean of the per-group gradients with their
+  spread: groups of distinct prompts have near-orthogonal gradients in a LoRA's thousands of dimensions, and for P
+  orthogonal gradients of equal norm that ratio is exactly 1 whatever the noise, where two halves of the same
+  groups differ only by their samples' noise;
 - the share of the groups' reward spread that the sampler's step noise causes (the noise its likelihood credits):
   each prompt's samples from `inits` initial noises, each redrawn `draws` times with only the steps' noise new, and
   mean Var(reward | initial noise) / mean Var(reward | prompt) (0: the initial noise decides the reward, which GRPO's
@@ -43,7 +47,7 @@ RATIO_OFF = 1e-3  # |ratio - 1| at the first inner step beyond this: rollout and
 BARELY_MOVED = 0.05  # an update whose mean |change of log-prob| is below this share of the clip range barely moved
 MOST_CLIPPED = 0.5  # a clipped fraction above this: the steps overshoot the clip range
 LITTLE_NOISE_SHARE = 0.1  # the step noise decides less than this share of the spread: little to credit
-NOISY_GRADIENT = 1.0  # signal-to-noise below this: the groups' gradients disagree more than they agree
+NOISY_GRADIENT = 1.0  # signal-to-noise below this: the batch gradient is more noise than signal
 SCREEN_BATCHES = 3  # batches of the config's own groups drawn to choose the prompts
 SCREEN_UPDATE = 1_000_000  # update numbers from here seed the screening batches (apart from the training ones)
 
@@ -96,14 +100,15 @@ def noise_share(rewards: np.ndarray) -> float:
     return float(within / total) if total > 0 else 0.0
 
 
-def gradient_snr(per_group: torch.Tensor) -> float:
-    """per_group [P, n] flattened gradients of each group's loss: the norm of their mean over the standard error of
-    that mean, sqrt(sum_p |g_p - mean|^2 / (P (P - 1))); inf when every group's gradient is the same."""
-    per_group = per_group.double()
-    mean = per_group.mean(0)
-    count = len(per_group)
-    error = ((per_group - mean) ** 2).sum().div(count * (count - 1)).sqrt()
-    return float(mean.norm() / error) if error > 0 else math.inf
+def gradient_snr(halves: torch.Tensor) -> float:
+    """halves [2, n]: the flattened gradients of two halves of an update's samples (every group cut in two). With
+    g_A = G + n_A and g_B = G + n_B (independent noise of variance s^2 each), g_A . g_B estimates |G|^2 and
+    |g_A - g_B|^2 / 4 the noise s^2 / 2 of the whole batch's gradient (g_A + g_B) / 2; their ratio's square root is
+    the batch gradient's signal-to-noise (0 where the halves point apart; inf where they agree exactly)."""
+    a, b = halves.double()
+    noise = (a - b).pow(2).sum() / 4
+    signal = (a * b).sum().clamp(min=0)
+    return float((signal / noise).sqrt()) if noise > 0 else math.inf
 
 
 def gaussian_kl(mean_old: torch.Tensor, mean_new: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -152,23 +157,27 @@ def transition_terms(trainer, batch, items) -> tuple[torch.Tensor, torch.Tensor,
     return torch.cat(means), torch.cat(stds), torch.cat(log_probs)
 
 
-def per_group_gradients(trainer, batch, items) -> torch.Tensor:
-    """[P, n]: the gradient of the algorithm's loss on each group's items alone (summed over them, divided by all
-    the update's items, as the update weighs them); the parameters' gradients are left at None."""
+def half_batch_gradients(trainer, batch, items) -> torch.Tensor:
+    """[2, n]: the gradient of the algorithm's loss on each half of the update's samples (every group's samples
+    alternately to one half and the other), each half's summed loss over its trained items; [0] where a half
+    trains nothing. The parameters' gradients are left at None."""
+    groups = batch.group_ids
+    first = {int(g): i for i, g in reversed(list(enumerate(groups.tolist())))}
+    half_of_sample = (torch.arange(len(groups)) - torch.tensor([first[int(g)] for g in groups])) % 2
     rows = []
-    total = max(items.trained(), 1)
-    groups = batch.group_ids[items.sample]
-    for group in torch.unique(groups):
-        part = items.subset(torch.nonzero(groups == group).flatten())
+    for half in (0, 1):
+        part = items.subset(torch.nonzero(half_of_sample[items.sample] == half).flatten())
+        if part.trained() == 0:
+            return torch.zeros(0)
         with trainer.accelerator.autocast():
             losses, _ = trainer.algorithm.loss(trainer.policy, batch, part)
-            loss = (losses * part.weight.to(losses.device)).sum() / total
+            loss = (losses * part.weight.to(losses.device)).sum() / part.trained()
         if not loss.requires_grad:
-            continue
+            return torch.zeros(0)
         loss.backward()
         rows.append(torch.cat([p.grad.detach().float().flatten().cpu() for p in trainer.params if p.grad is not None]))
         trainer.optimizer.zero_grad(set_to_none=True)
-    return torch.stack(rows) if len(rows) > 1 else torch.zeros(0)
+    return torch.stack(rows)
 
 
 def choose_prompts(trainer, count: int) -> tuple[list, list[dict]]:
@@ -247,9 +256,12 @@ def doctor(
     draws: int = 4,
     probe_every: int = 10,
     progress: bool = True,
+    screen_seed: int | None = None,
 ) -> dict:
     """Choose `prompts` conditions with signal, measure their noise share (`inits` x `draws` samples each; 0 skips
-    it), train the config on them for `updates` updates and measure each (see the module docstring).
+    it), train the config on them for `updates` updates and measure each (see the module docstring). The prompts
+    are screened with run seed `screen_seed` (default: the run's own), so runs of several training seeds can share
+    their prompts.
 
     Returns:
         A dict: `prompts` (the chosen ones), `screened` (every screened group), `rise` (Rise as a dict, with `rose`),
@@ -273,7 +285,10 @@ def doctor(
     result.update(logp_change_positive=[], logp_change_negative=[], grad_snr={})
     with tempfile.TemporaryDirectory(prefix="flowrl-doctor-") as folder:
         trainer = Trainer(config, run_dir=Path(folder), log=False)
+        if screen_seed is not None:
+            trainer.config = dataclasses.replace(config, run=dataclasses.replace(config.run, seed=screen_seed))
         chosen, result["screened"] = choose_prompts(trainer, prompts)
+        trainer.config = config
         if not chosen:
             result.update(prompts=[], hint="no screened group carries signal: change the testbed, not the recipe")
             return result
@@ -302,9 +317,9 @@ def doctor(
                 rollout_logp = batch.trajectory.log_probs[scored.step, scored.sample].float().cpu()
                 result["ratio_at_first_step"].append(torch.exp(logp_before - rollout_logp).mean().item())
             if probe_every and update % probe_every == 0 and len(items):
-                snr = per_group_gradients(trainer, batch, items)
-                if len(snr):
-                    result["grad_snr"][update] = gradient_snr(snr)
+                halves = half_batch_gradients(trainer, batch, items)
+                if len(halves):
+                    result["grad_snr"][update] = gradient_snr(halves)
             step_metrics = trainer.optimize(batch, items, update) if len(items) else {}
             result["clip_frac"].append(step_metrics.get("clip_frac"))
             result["lr"].append(trainer.optimizer.param_groups[0]["lr"])
@@ -371,8 +386,8 @@ def hint(result: dict) -> str:
         )
     if snr is not None and snr < NOISY_GRADIENT:
         return (
-            f"gradient signal-to-noise {snr:.2f}: the groups' gradients disagree more than they agree (more samples "
-            "per group, train.group_size, or more updates)"
+            f"gradient signal-to-noise {snr:.2f}: the batch's gradient is more noise than signal (more samples per "
+            "update: train.group_size or train.groups_per_update)"
         )
     if result["rise"]["rose"]:
         return "nothing looks wrong"

@@ -37,12 +37,16 @@ def test_the_noise_share_is_the_variance_within_an_initial_noise_over_the_varian
     assert noise_share(np.zeros((2, 2, 2))) == 0.0
 
 
-def test_the_gradient_snr_is_the_mean_gradients_norm_over_its_standard_error():
-    groups = torch.tensor([[1.0, 0.0], [3.0, 0.0], [2.0, 3.0]])
-    mean = groups.mean(0)  # (2, 1)
-    error = math.sqrt(((groups - mean) ** 2).sum().item() / (3 * 2))  # (1 + 1 + 0) + (1 + 1 + 4) = 8
-    assert gradient_snr(groups) == pytest.approx(math.sqrt(5) / error)
-    assert gradient_snr(torch.ones(4, 3)) == math.inf
+def test_the_gradient_snr_is_the_halves_agreement_over_their_difference():
+    halves = torch.tensor([[1.0, 0.0, 2.0], [1.0, 2.0, 0.0]])  # a . b = 1, |a - b|^2 = 8
+    assert gradient_snr(halves) == pytest.approx(math.sqrt(1 / (8 / 4)))
+    assert gradient_snr(torch.tensor([[1.0, 0.0], [-1.0, 0.0]])) == 0.0  # pointing apart: no signal
+    assert gradient_snr(torch.ones(2, 3)) == math.inf
+    # two halves with a common signal G and independent noise: the estimate is |G| / (noise of their mean)
+    generator = torch.Generator().manual_seed(0)
+    signal, noise = torch.randn(20000, generator=generator), torch.randn(2, 20000, generator=generator)
+    estimate = gradient_snr(signal + 2.0 * noise)  # |G|^2 = n, the mean's noise 4 n / 2 = 2 n: SNR 1 / sqrt(2)
+    assert estimate == pytest.approx(1 / math.sqrt(2), rel=0.05)
 
 
 def test_the_kl_of_two_step_gaussians_is_torchs_averaged_over_the_elements():
