@@ -149,7 +149,8 @@ METHODS = {
         ],
     ),
     # AWM as its paper samples: CFG-free ODE rollouts, training and evaluation (the gain still against the base at
-    # CFG 4.5), ghuber weighting; 4 stratified times per sample (flowrl's default; the paper's is 6), lr 3e-4 constant; every step's LoRA samples
+    # CFG 4.5), ghuber weighting; 4 stratified times per sample (flowrl's default; the paper's is 6), lr 3e-4
+    # constant; every step's LoRA samples
     "awm": (
         "shapes_grpo",
         [

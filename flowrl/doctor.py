@@ -135,22 +135,14 @@ class FixedPrompts:
 def transition_terms(trainer, batch, items) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The current policy's step Gaussian (mean, std) and log-prob of `items`' stored transitions, without
     gradients, in memory.microbatch_size chunks."""
+    from flowrl.algorithms.grpo import stored_step_terms
+
     traj, policy, size = batch.trajectory, trainer.policy, trainer.config.memory.microbatch_size
     means, stds, log_probs = [], [], []
     with torch.no_grad(), trainer.accelerator.autocast():
         for start in range(0, len(items), size):
             part = items.subset(torch.arange(start, min(len(items), start + size)))
-            x = traj.latents[part.step, part.sample]
-            _, mean, std, log_prob, _ = policy.step(
-                traj.kind,
-                x,
-                traj.sigmas[part.step],
-                traj.sigmas[part.step + 1],
-                traj.cond.select(part.sample),
-                traj.guidance_scale,
-                traj.noise_level,
-                prev_sample=traj.latents[part.step + 1, part.sample],
-            )
+            *_, mean, std, log_prob = stored_step_terms(policy, traj, part)
             means.append(mean.float().cpu())
             stds.append(torch.as_tensor(std).float().cpu().expand_as(mean.cpu()))
             log_probs.append(log_prob.float().cpu())

@@ -44,6 +44,19 @@ from flowrl.errors import ConfigError
 from flowrl.sde import diffusion_time_scale
 
 
+def stored_step_terms(policy, traj, items: WorkItems):
+    """The current policy's step on the stored transitions of `items`: (x, cond, sigma, sigma_next, the step
+    Gaussian's mean and std, the log-prob of the stored next latent)."""
+    x = traj.latents[items.step, items.sample]
+    x_next = traj.latents[items.step + 1, items.sample]
+    sigma, sigma_next = traj.sigmas[items.step], traj.sigmas[items.step + 1]
+    cond = traj.cond.select(items.sample)
+    _, mean, std, log_prob, _ = policy.step(
+        traj.kind, x, sigma, sigma_next, cond, traj.guidance_scale, traj.noise_level, prev_sample=x_next
+    )
+    return x, cond, sigma, sigma_next, mean, std, log_prob
+
+
 @dataclass
 class GRPOParams:
     clip_range: float = 1e-4
@@ -175,15 +188,8 @@ class GRPO(Algorithm):
         return items, metrics
 
     def step_terms(self, policy, traj, items: WorkItems):
-        """Velocity and step Gaussian of the current policy on the stored transitions of `items`."""
-        x = traj.latents[items.step, items.sample]
-        x_next = traj.latents[items.step + 1, items.sample]
-        sigma, sigma_next = traj.sigmas[items.step], traj.sigmas[items.step + 1]
-        cond = traj.cond.select(items.sample)
-        _, mean, std, log_prob, _ = policy.step(
-            traj.kind, x, sigma, sigma_next, cond, traj.guidance_scale, traj.noise_level, prev_sample=x_next
-        )
-        return x, cond, sigma, sigma_next, mean, std, log_prob
+        """stored_step_terms: the current policy's step Gaussian on the stored transitions of `items`."""
+        return stored_step_terms(policy, traj, items)
 
     def surrogate(self, items, log_prob, old_log_prob, advantage, mean, std, sigma, sigma_next):
         """Per-item clipped surrogate losses and the likelihood ratios they clip (GRPO-Guard overrides it)."""

@@ -1,6 +1,6 @@
-"""Argument helpers the commands share: JSON and port flags, checkpoint folders, and the sampling commands' flags
-(`sample`, `demo`): their registration, defaults filled from the checkpoint's run, checks, memory options and sample
-size."""
+"""Argument helpers the commands share: JSON and port flags, report and checkpoint folders, and the sampling
+commands' flags (`sample`, `demo`): their registration, defaults filled from the checkpoint's run, checks, memory
+options and sample size."""
 
 from __future__ import annotations
 
@@ -20,6 +20,17 @@ def json_object(text: str, flag: str) -> dict:
     if not isinstance(value, dict):
         raise UserError(f"{flag}: expected a JSON object, got {text!r}")
     return value
+
+
+def report_folder(out: Path | None, config, command: str) -> Path:
+    """A config command's report folder, made: `out`, or RUN.out_dir/COMMAND/RUN.name; a UserError naming --out when
+    it cannot be made."""
+    out = out or Path(config.run.out_dir) / command / config.run.name
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"--out: cannot create the folder {out} ({error.strerror})") from None
+    return out
 
 
 def check_port(port: int) -> None:

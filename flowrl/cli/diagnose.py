@@ -28,6 +28,7 @@ def add_parser(sub) -> None:
 
 def cmd_diagnose(args) -> None:
     """Run the diagnosis, print its figures and verdict, write its report."""
+    from flowrl.cli.arguments import report_folder
     from flowrl.config import load_config
     from flowrl.diagnose import diagnose, summary_lines, write_report
     from flowrl.errors import UserError
@@ -35,11 +36,7 @@ def cmd_diagnose(args) -> None:
     if args.updates < 1:
         raise UserError(f"--updates: expected a whole number >= 1, got {args.updates}")
     config = load_config(args.config, args.overrides)
-    out = args.out or Path(config.run.out_dir) / "diagnose" / config.run.name
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UserError(f"--out: cannot create the folder {out} ({error.strerror})") from None
+    out = report_folder(args.out, config, "diagnose")
     result = diagnose(config, args.updates, args.success_threshold)
     for line in summary_lines(result):
         print(line)

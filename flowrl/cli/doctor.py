@@ -31,6 +31,7 @@ def add_parser(sub) -> None:
 
 def cmd_doctor(args) -> None:
     """Run the doctor, print its verdict and figures, write its report."""
+    from flowrl.cli.arguments import report_folder
     from flowrl.config import load_config
     from flowrl.doctor import doctor, summary_lines, write_report
     from flowrl.errors import UserError
@@ -44,11 +45,7 @@ def cmd_doctor(args) -> None:
     if args.noise_draws == 1:
         raise UserError("--noise-draws: expected 0 (skip) or at least 2 (a variance needs two draws), got 1")
     config = load_config(args.config, args.overrides)
-    out = args.out or Path(config.run.out_dir) / "doctor" / config.run.name
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UserError(f"--out: cannot create the folder {out} ({error.strerror})") from None
+    out = report_folder(args.out, config, "doctor")
     result = doctor(config, args.updates, args.prompts, args.noise_draws, args.noise_draws, args.probe_every)
     for line in summary_lines(result):
         print(line)
