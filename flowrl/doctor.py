@@ -290,7 +290,10 @@ def doctor(
             trainer.config = config
         trainer.prompts = FixedPrompts(chosen)
         result["prompts"] = [item.prompt for item in chosen]
-        result["noise_share"], table = measure_noise_share(trainer, chosen, inits, draws) if inits else (None, None)
+        if trainer.algorithm.shared_initial_noise:  # a group's samples share x_T: the steps decide all its spread
+            result["noise_share"], table = 1.0, None
+        else:
+            result["noise_share"], table = measure_noise_share(trainer, chosen, inits, draws) if inits else (None, None)
         result["noise_share_rewards"] = None if table is None else table.tolist()
         stochastic = None
         for update in tqdm(range(updates), desc="doctor", disable=not progress):
@@ -362,6 +365,12 @@ def hint(result: dict) -> str:
             f"updates lower the positive-advantage samples' log-prob against the negative ones' ({up:+.2e} vs "
             f"{down:+.2e}): the loss does not push where the advantages say (a sign, or steps the adapter skips)"
         )
+    rise = result["rise"]
+    if rise.get("half_width") is not None and rise["gain"] + rise["half_width"] < 0:
+        return (
+            f"the training reward fell ({rise['gain']:+.3f}): the steps are too large for the gradient's noise "
+            f"(lower optim.lr, now {result['lr'][-1]:.1e}, or let it decay: optim.lr_schedule=cosine)"
+        )
     if share is not None and share < LITTLE_NOISE_SHARE:
         return (
             f"the sampler's step noise decides {share:.0%} of the groups' reward spread: the initial noise decides the "
@@ -381,7 +390,7 @@ def hint(result: dict) -> str:
             f"gradient signal-to-noise {snr:.2f}: the batch's gradient is more noise than signal (more samples per "
             "update: train.group_size or train.groups_per_update)"
         )
-    if result["rise"]["rose"]:
+    if rise["rose"]:
         return "nothing looks wrong"
     kl_text = f" (KL per update {kl:.1e})" if kl is not None else ""
     return f"no figure looks wrong{kl_text}: train longer, or raise optim.lr"

@@ -68,7 +68,7 @@ def _result(**figures) -> dict:
         "lr": [1e-4],
         "grad_snr": {0: 3.0},
         "config": {"clip_range": 0.2},
-        "rise": {"rose": False},
+        "rise": {"rose": False, "gain": 0.0, "half_width": 0.1},
     }
     return base | figures
 
@@ -78,12 +78,13 @@ def _result(**figures) -> dict:
     [
         ({"ratio_at_first_step": [1.01]}, "ratio at the first inner step is 1.0100"),
         ({"logp_change_positive": [-6e-2]}, "lower the positive-advantage"),
+        ({"rise": {"rose": False, "gain": -0.2, "half_width": 0.1}, "noise_share": 0.05}, "reward fell (-0.200)"),
         ({"noise_share": 0.05}, "step noise decides 5%"),
         ({"clip_frac": [0.8]}, "80% of items clip"),
         ({"logp_change_positive": [1e-4], "logp_change_negative": [-1e-4]}, "barely moves"),
         ({"grad_snr": {0: 0.5}}, "signal-to-noise 0.50"),
         ({}, "no figure looks wrong"),
-        ({"rise": {"rose": True}}, "nothing looks wrong"),
+        ({"rise": {"rose": True, "gain": 0.3, "half_width": 0.1}}, "nothing looks wrong"),
     ],
 )
 def test_the_hint_names_the_first_figure_that_looks_wrong(figures, says):
