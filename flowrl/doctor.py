@@ -15,10 +15,10 @@ the config on just those for N updates with its own method, sampler and optimize
   group-relative advantage against those with negative (an update must raise the first and lower the second);
 - gradient signal against noise (on the first update and every `probe_every`): the gradients of two halves of the
   update's samples (each group cut in two), whose agreement g_A . g_B estimates the squared signal and whose
-  difference the noise (`gradient_snr`). A deviation from comparing the mean of the per-group gradients with their
-  spread: groups of distinct prompts have near-orthogonal gradients in a LoRA's thousands of dimensions, and for P
-  orthogonal gradients of equal norm that ratio is exactly 1 whatever the noise, where two halves of the same
-  groups differ only by their samples' noise;
+  difference the noise (`gradient_terms`), pooled over the probed updates (`gradient_snr`). A deviation from
+  comparing the mean of the per-group gradients with their spread: groups of distinct prompts have near-orthogonal
+  gradients in a LoRA's thousands of dimensions, and for P orthogonal gradients of equal norm that ratio is exactly
+  1 whatever the noise, where two halves of the same groups differ only by their samples' noise;
 - the share of the groups' reward spread that the sampler's step noise causes (the noise its likelihood credits):
   each prompt's samples from `inits` initial noises, each redrawn `draws` times with only the steps' noise new, and
   mean Var(reward | initial noise) / mean Var(reward | prompt) (0: the initial noise decides the reward, which GRPO's
@@ -100,15 +100,20 @@ def noise_share(rewards: np.ndarray) -> float:
     return float(within / total) if total > 0 else 0.0
 
 
-def gradient_snr(halves: torch.Tensor) -> float:
+def gradient_terms(halves: torch.Tensor) -> tuple[float, float]:
     """halves [2, n]: the flattened gradients of two halves of an update's samples (every group cut in two). With
-    g_A = G + n_A and g_B = G + n_B (independent noise of variance s^2 each), g_A . g_B estimates |G|^2 and
-    |g_A - g_B|^2 / 4 the noise s^2 / 2 of the whole batch's gradient (g_A + g_B) / 2; their ratio's square root is
-    the batch gradient's signal-to-noise (0 where the halves point apart; inf where they agree exactly)."""
+    g_A = G + n_A and g_B = G + n_B (independent noise of variance s^2 each): (g_A . g_B, an unbiased estimate of
+    the signal |G|^2; |g_A - g_B|^2 / 4, of the noise s^2 / 2 of the whole batch's gradient (g_A + g_B) / 2)."""
     a, b = halves.double()
-    noise = (a - b).pow(2).sum() / 4
-    signal = (a * b).sum().clamp(min=0)
-    return float((signal / noise).sqrt()) if noise > 0 else math.inf
+    return float((a * b).sum()), float((a - b).pow(2).sum() / 4)
+
+
+def gradient_snr(terms: list[tuple[float, float]]) -> float:
+    """The batch gradient's signal-to-noise from `gradient_terms` of one or more updates, pooled (each estimate is
+    noisy alone): sqrt(sum of signals / sum of noises), 0 where the halves point apart on the whole, inf where they
+    agree exactly."""
+    signal, noise = (sum(t[i] for t in terms) for i in (0, 1))
+    return math.sqrt(max(signal, 0.0) / noise) if noise > 0 else math.inf
 
 
 def gaussian_kl(mean_old: torch.Tensor, mean_new: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -259,7 +264,7 @@ def doctor(
         A dict: `prompts` (the chosen ones), `screened` (every screened group), `rise` (Rise as a dict, with `rose`),
         `noise_share`, per-update lists `reward` [updates][prompts], `success` (where the reward has an accuracy),
         `ratio_at_first_step`, `kl`, `logp_change_positive`, `logp_change_negative`, `clip_frac`, `lr`,
-        `grad_snr` ({update: figure}), `config` facts, and `hint`: the line saying what looks wrong.
+        `grad_terms` ({update: gradient_terms}), `config` facts, and `hint`: the line saying what looks wrong.
     """
     from tqdm import tqdm
 
@@ -274,7 +279,7 @@ def doctor(
         runtime=dataclasses.replace(config.runtime, async_rollouts=False),
     )
     result: dict = {key: [] for key in ("reward", "success", "ratio_at_first_step", "kl", "clip_frac", "lr")}
-    result.update(logp_change_positive=[], logp_change_negative=[], grad_snr={})
+    result.update(logp_change_positive=[], logp_change_negative=[], grad_terms={})
     with tempfile.TemporaryDirectory(prefix="flowrl-doctor-") as folder:
         trainer = Trainer(config, run_dir=Path(folder), log=False)
         if screen_seed is not None:
@@ -314,7 +319,7 @@ def doctor(
             if probe_every and update % probe_every == 0 and len(items):
                 halves = half_batch_gradients(trainer, batch, items)
                 if len(halves):
-                    result["grad_snr"][update] = gradient_snr(halves)
+                    result["grad_terms"][update] = gradient_terms(halves)
             step_metrics = trainer.optimize(batch, items, update) if len(items) else {}
             result["clip_frac"].append(step_metrics.get("clip_frac"))
             result["lr"].append(trainer.optimizer.param_groups[0]["lr"])
@@ -348,13 +353,17 @@ def _mean(values) -> float | None:
     return float(np.mean(values)) if values else None
 
 
+def _pooled_snr(result: dict) -> float | None:
+    return gradient_snr(list(result["grad_terms"].values())) if result["grad_terms"] else None
+
+
 def hint(result: dict) -> str:
     """The one line saying which figure looks wrong, the first that does in the order a reward's failure to rise is
     best looked for (the thresholds are the module's constants)."""
     ratio, kl, clip = _mean(result["ratio_at_first_step"]), _mean(result["kl"]), _mean(result["clip_frac"])
     up, down = _mean(result["logp_change_positive"]), _mean(result["logp_change_negative"])
     clip_range, share = result["config"]["clip_range"], result.get("noise_share")
-    snr = _mean(result["grad_snr"].values())
+    snr = _pooled_snr(result)
     if ratio is not None and abs(ratio - 1) > RATIO_OFF:
         return (
             f"the ratio at the first inner step is {ratio:.4f}, not 1: rollout and training disagree on the "
@@ -417,7 +426,11 @@ def summary_lines(result: dict) -> list[str]:
         ("KL(rollout || updated) per update", _mean(result["kl"]), "{:.2e}"),
         ("log-prob change, positive advantage", _mean(result["logp_change_positive"]), "{:+.2e}"),
         ("log-prob change, negative advantage", _mean(result["logp_change_negative"]), "{:+.2e}"),
-        ("gradient signal-to-noise", _mean(result["grad_snr"].values()), "{:.2f}"),
+        (
+            "gradient signal-to-noise",
+            gradient_snr(list(result["grad_terms"].values())) if result["grad_terms"] else None,
+            "{:.2f}",
+        ),
         ("noise share of the groups' spread", result.get("noise_share"), "{:.2f}"),
         ("clipped fraction", _mean(result["clip_frac"]), "{:.1%}"),
     ]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from run_helpers import run_flowrl, tiny_run_config
 
-from flowrl.doctor import Rise, gaussian_kl, gradient_snr, hint, noise_share
+from flowrl.doctor import Rise, gaussian_kl, gradient_snr, gradient_terms, hint, noise_share
 
 LOTTERY = "reward=[{name: toy_rewards:SeedLottery}]"
 BRIGHTNESS = "reward=[{name: toy_rewards:Brightness}]"
@@ -37,15 +37,17 @@ def test_the_noise_share_is_the_variance_within_an_initial_noise_over_the_varian
     assert noise_share(np.zeros((2, 2, 2))) == 0.0
 
 
-def test_the_gradient_snr_is_the_halves_agreement_over_their_difference():
-    halves = torch.tensor([[1.0, 0.0, 2.0], [1.0, 2.0, 0.0]])  # a . b = 1, |a - b|^2 = 8
-    assert gradient_snr(halves) == pytest.approx(math.sqrt(1 / (8 / 4)))
-    assert gradient_snr(torch.tensor([[1.0, 0.0], [-1.0, 0.0]])) == 0.0  # pointing apart: no signal
-    assert gradient_snr(torch.ones(2, 3)) == math.inf
+def test_the_gradient_snr_is_the_halves_agreement_over_their_difference_pooled_over_updates():
+    halves = torch.tensor([[1.0, 0.0, 2.0], [1.0, 2.0, 0.0]])  # a . b = 1, |a - b|^2 / 4 = 2
+    assert gradient_terms(halves) == pytest.approx((1.0, 2.0))
+    assert gradient_snr([(1.0, 2.0)]) == pytest.approx(math.sqrt(1 / 2))
+    assert gradient_snr([(1.0, 2.0), (-0.5, 1.0), (2.5, 3.0)]) == pytest.approx(math.sqrt(3 / 6))  # pooled
+    assert gradient_snr([gradient_terms(torch.tensor([[1.0, 0.0], [-1.0, 0.0]]))]) == 0.0  # apart: no signal
+    assert gradient_snr([gradient_terms(torch.ones(2, 3))]) == math.inf
     # two halves with a common signal G and independent noise: the estimate is |G| / (noise of their mean)
     generator = torch.Generator().manual_seed(0)
     signal, noise = torch.randn(20000, generator=generator), torch.randn(2, 20000, generator=generator)
-    estimate = gradient_snr(signal + 2.0 * noise)  # |G|^2 = n, the mean's noise 4 n / 2 = 2 n: SNR 1 / sqrt(2)
+    estimate = gradient_snr([gradient_terms(signal + 2.0 * noise)])  # |G|^2 = n, the mean's noise 4 n / 2 = 2 n
     assert estimate == pytest.approx(1 / math.sqrt(2), rel=0.05)
 
 
@@ -66,7 +68,7 @@ def _result(**figures) -> dict:
         "clip_frac": [0.1],
         "kl": [1e-4],
         "lr": [1e-4],
-        "grad_snr": {0: 3.0},
+        "grad_terms": {0: (9.0, 1.0)},
         "config": {"clip_range": 0.2},
         "rise": {"rose": False, "gain": 0.0, "half_width": 0.1},
     }
@@ -82,7 +84,7 @@ def _result(**figures) -> dict:
         ({"noise_share": 0.05}, "step noise decides 5%"),
         ({"clip_frac": [0.8]}, "80% of items clip"),
         ({"logp_change_positive": [1e-4], "logp_change_negative": [-1e-4]}, "barely moves"),
-        ({"grad_snr": {0: 0.5}}, "signal-to-noise 0.50"),
+        ({"grad_terms": {0: (1.0, 4.0)}}, "signal-to-noise 0.50"),
         ({}, "no figure looks wrong"),
         ({"rise": {"rose": True, "gain": 0.3, "half_width": 0.1}}, "nothing looks wrong"),
     ],
@@ -132,7 +134,7 @@ def test_the_doctors_figures_on_a_smooth_reward_are_its_raw_measurements(doctore
     assert all(kl > 0 for kl in result["kl"])
     up, down = result["logp_change_positive"], result["logp_change_negative"]
     assert all(p > n for p, n in zip(up, down)) and np.mean(up) > 0 > np.mean(down)
-    assert sorted(result["grad_snr"]) == ["0", "3"] and all(v > 0 for v in result["grad_snr"].values())
+    assert sorted(result["grad_terms"]) == ["0", "3"] and all(noise > 0 for _, noise in result["grad_terms"].values())
     assert "step noise" not in result["hint"] and "ratio" not in result["hint"]
     assert "ratio at the first inner step: 1.0000" in printed
 
