@@ -36,6 +36,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--updates", type=int, default=60)
     parser.add_argument("--noise-draws", type=int, default=0, help="the noise share's draws (0: skipped)")
+    parser.add_argument("--prompt", action="append", default=None, help="train these prompts (default: screened)")
     args = parser.parse_args(argv)
     out = ROOT / "benchmarks/results/doctor_knobs" / f"{Path(args.config).stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -45,7 +46,8 @@ def main(argv=None) -> None:
         for seed in (int(s) for s in args.seeds.split(",")):
             started = time.time()
             config = load_config(ROOT / args.config, [*shlex.split(overrides), f"run.seed={seed}"])
-            result = doctor(config, args.updates, 4, args.noise_draws, args.noise_draws, progress=False, screen_seed=0)
+            draws, count = args.noise_draws, len(args.prompt or [None] * 4)
+            result = doctor(config, args.updates, count, draws, draws, progress=False, screen_seed=0, only=args.prompt)
             result["seconds"] = time.time() - started
             result["overrides"] = overrides
             runs.setdefault(name, {})[str(seed)] = result

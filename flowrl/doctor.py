@@ -207,6 +207,19 @@ def choose_prompts(trainer, count: int) -> tuple[list, list[dict]]:
     return [e["item"] for e in chosen], table
 
 
+def named_conditions(conditions: list, prompts: list[str]) -> list:
+    """The first condition of `conditions` with each of `prompts`; a UserError naming a prompt the set lacks."""
+    from flowrl.errors import UserError
+
+    by_prompt = {}
+    for item in conditions:
+        by_prompt.setdefault(item.prompt, item)
+    missing = [p for p in prompts if p not in by_prompt]
+    if missing:
+        raise UserError(f"--prompt: {missing[0]!r} is not a prompt of the config's prompt set (prompts.source)")
+    return [by_prompt[p] for p in prompts]
+
+
 def measure_noise_share(trainer, items: list, inits: int, draws: int) -> tuple[float, np.ndarray]:
     """The noise share (`noise_share`) of `items` under the run's sampler and its first update's SDE window, and the
     rewards [P, inits, draws]. A sample's reward sees its initial noise's seed, as in training."""
@@ -254,11 +267,12 @@ def doctor(
     probe_every: int = 10,
     progress: bool = True,
     screen_seed: int | None = None,
+    only: list[str] | None = None,
 ) -> dict:
     """Choose `prompts` conditions with signal, measure their noise share (`inits` x `draws` samples each; 0 skips
     it), train the config on them for `updates` updates and measure each (see the module docstring). The prompts
     are screened with run seed `screen_seed` (default: the run's own), so runs of several training seeds can share
-    their prompts.
+    their prompts; `only` names the prompts to train instead (conditions of the config's prompt set), unscreened.
 
     Returns:
         A dict: `prompts` (the chosen ones), `screened` (every screened group), `rise` (Rise as a dict, with `rose`),
@@ -280,12 +294,23 @@ def doctor(
     )
     result: dict = {key: [] for key in ("reward", "success", "ratio_at_first_step", "kl", "clip_frac", "lr")}
     result.update(logp_change_positive=[], logp_change_negative=[], grad_terms={})
+    named = None
+    if only:  # checked before the model loads
+        from flowrl.prompt_source import PromptSource
+        from flowrl.tasks.base import build_task
+
+        named = named_conditions(
+            PromptSource(build_task(config.task.name, config.task.params), config.prompts.source).all(), only
+        )
     with tempfile.TemporaryDirectory(prefix="flowrl-doctor-") as folder:
         trainer = Trainer(config, run_dir=Path(folder), log=False)
-        if screen_seed is not None:
-            trainer.config = dataclasses.replace(config, run=dataclasses.replace(config.run, seed=screen_seed))
-        chosen, result["screened"] = choose_prompts(trainer, prompts)
-        trainer.config = config
+        if named is not None:
+            chosen, result["screened"] = named, []
+        else:
+            if screen_seed is not None:
+                trainer.config = dataclasses.replace(config, run=dataclasses.replace(config.run, seed=screen_seed))
+            chosen, result["screened"] = choose_prompts(trainer, prompts)
+            trainer.config = config
         if not chosen:
             result.update(prompts=[], hint="no screened group carries signal: change the testbed, not the recipe")
             return result

@@ -17,6 +17,12 @@ def add_parser(sub) -> None:
     doctor.add_argument("--updates", type=int, default=40, help="updates trained (default 40)")
     doctor.add_argument("--prompts", type=int, default=4, help="prompts trained, chosen for signal (default 4)")
     doctor.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="train this prompt of the config's prompt set instead of screened ones (repeat for more)",
+    )
+    doctor.add_argument(
         "--noise-draws",
         type=int,
         default=4,
@@ -46,7 +52,8 @@ def cmd_doctor(args) -> None:
         raise UserError("--noise-draws: expected 0 (skip) or at least 2 (a variance needs two draws), got 1")
     config = load_config(args.config, args.overrides)
     out = report_folder(args.out, config, "doctor")
-    result = doctor(config, args.updates, args.prompts, args.noise_draws, args.noise_draws, args.probe_every)
+    draws, prompts = args.noise_draws, len(args.prompt) if args.prompt else args.prompts
+    result = doctor(config, args.updates, prompts, draws, draws, args.probe_every, only=args.prompt)
     for line in summary_lines(result):
         print(line)
     written = write_report(result, out)

@@ -144,6 +144,7 @@ def test_the_doctor_refuses_bad_flags_with_one_line(tmp_path):
         (["--updates", "1"], "--updates: expected a whole number >= 2, got 1"),
         (["--noise-draws", "1"], "--noise-draws: expected 0 (skip) or at least 2"),
         (["--probe-every", "-1"], "--probe-every: expected a whole number >= 0, got -1"),
+        (["--prompt", "a purple hexagon"], "--prompt: 'a purple hexagon' is not a prompt of the config's prompt set"),
     ]:
         done = run_flowrl("doctor", "configs/shapes_grpo.yaml", *flags)
         lines = done.stderr.strip().splitlines()
