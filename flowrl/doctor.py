@@ -18,7 +18,9 @@ the config on just those for N updates with its own method, sampler and optimize
   difference the noise (`gradient_terms`), pooled over the probed updates (`gradient_snr`). A deviation from
   comparing the mean of the per-group gradients with their spread: groups of distinct prompts have near-orthogonal
   gradients in a LoRA's thousands of dimensions, and for P orthogonal gradients of equal norm that ratio is exactly
-  1 whatever the noise, where two halves of the same groups differ only by their samples' noise;
+  1 whatever the noise, where two halves of the same groups differ only by their samples' noise. A limit: a group's
+  advantages sum to 0, so its two halves weigh the score component its samples share with opposite signs, which
+  biases g_A . g_B low where that component is large (a group drawn from one initial noise);
 - the share of the groups' reward spread that the sampler's step noise causes (the noise its likelihood credits):
   each prompt's samples from `inits` initial noises, each redrawn `draws` times with only the steps' noise new, and
   mean Var(reward | initial noise) / mean Var(reward | prompt) (0: the initial noise decides the reward, which GRPO's
@@ -401,9 +403,10 @@ def hint(result: dict) -> str:
         )
     rise = result["rise"]
     if rise.get("half_width") is not None and rise["gain"] + rise["half_width"] < 0:
+        decays = "" if result["lr"][-1] < result["lr"][0] else ", or let it decay: optim.lr_schedule=cosine"
         return (
             f"the training reward fell ({rise['gain']:+.3f}): the steps are too large for the gradient's noise "
-            f"(lower optim.lr, now {result['lr'][-1]:.1e}, or let it decay: optim.lr_schedule=cosine)"
+            f"(lower optim.lr, {result['lr'][0]:.1e} at the start{decays})"
         )
     if share is not None and share < LITTLE_NOISE_SHARE:
         return (

@@ -81,6 +81,8 @@ def _result(**figures) -> dict:
         ({"ratio_at_first_step": [1.01]}, "ratio at the first inner step is 1.0100"),
         ({"logp_change_positive": [-6e-2]}, "lower the positive-advantage"),
         ({"rise": {"rose": False, "gain": -0.2, "half_width": 0.1}, "noise_share": 0.05}, "reward fell (-0.200)"),
+        ({"rise": {"rose": False, "gain": -0.2, "half_width": 0.1}}, "at the start, or let it decay"),
+        ({"rise": {"rose": False, "gain": -0.2, "half_width": 0.1}, "lr": [1e-3, 1e-5]}, "1.0e-03 at the start)"),
         ({"noise_share": 0.05}, "step noise decides 5%"),
         ({"clip_frac": [0.8]}, "80% of items clip"),
         ({"logp_change_positive": [1e-4], "logp_change_negative": [-1e-4]}, "barely moves"),
