@@ -40,7 +40,6 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     out = ROOT / "benchmarks/results/doctor_knobs" / f"{Path(args.config).stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    runs = json.loads(out.read_text()) if out.exists() else {}
     for arm in args.arm:
         name, _, overrides = arm.partition("=")
         for seed in (int(s) for s in args.seeds.split(",")):
@@ -50,6 +49,7 @@ def main(argv=None) -> None:
             result = doctor(config, args.updates, count, draws, draws, progress=False, screen_seed=0, only=args.prompt)
             result["seconds"] = time.time() - started
             result["overrides"] = overrides
+            runs = json.loads(out.read_text()) if out.exists() else {}  # read anew: another run may have written
             runs.setdefault(name, {})[str(seed)] = result
             out.write_text(json.dumps(runs, indent=1))
             print(row(name, seed, result), flush=True)
