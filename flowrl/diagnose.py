@@ -93,7 +93,7 @@ def _grouped(values: torch.Tensor, group_ids: torch.Tensor) -> tuple[np.ndarray,
     return np.stack([values[group_ids == g].double().numpy() for g in ids]), ids
 
 
-def _accuracy(info: dict) -> torch.Tensor | None:
+def accuracy_component(info: dict) -> torch.Tensor | None:
     """The reward's binary success per sample: its one `accuracy` component (a weighted sum names it
     `<term>/accuracy`); None where there is none, or several."""
     keys = [k for k in info if k == "accuracy" or k.endswith("/accuracy")]
@@ -154,7 +154,7 @@ def diagnose(config, updates: int = 1, success_threshold: float | None = None, p
             rewards.append(batch.global_rewards)
             groups.append(batch.global_group_ids + update * 1_000_000)  # groups of different updates stay apart
             prompts += batch.prompts
-            accuracy = _accuracy(batch.reward_info or {})
+            accuracy = accuracy_component(batch.reward_info or {})
             if success_threshold is not None:
                 success.append(batch.global_rewards >= success_threshold)
             elif accuracy is not None:

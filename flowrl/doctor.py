@@ -151,7 +151,7 @@ def transition_terms(trainer, batch, items) -> tuple[torch.Tensor, torch.Tensor,
             part = items.subset(torch.arange(start, min(len(items), start + size)))
             *_, mean, std, log_prob = stored_step_terms(policy, traj, part)
             means.append(mean.float().cpu())
-            stds.append(torch.as_tensor(std).float().cpu().expand_as(mean.cpu()))
+            stds.append(torch.as_tensor(std).float().cpu().expand_as(means[-1]))
             log_probs.append(log_prob.float().cpu())
     return torch.cat(means), torch.cat(stds), torch.cat(log_probs)
 
@@ -285,7 +285,7 @@ def doctor(
     from tqdm import tqdm
 
     from flowrl.algorithms.advantages import group_advantages
-    from flowrl.diagnose import _accuracy
+    from flowrl.diagnose import accuracy_component
     from flowrl.train import Trainer
 
     config = dataclasses.replace(
@@ -327,12 +327,11 @@ def doctor(
         else:
             result["noise_share"], table = measure_noise_share(trainer, chosen, inits, draws) if inits else (None, None)
         result["noise_share_rewards"] = None if table is None else table.tolist()
-        stochastic = None
+        stochastic, size = None, config.train.group_size
         for update in tqdm(range(updates), desc="doctor", disable=not progress):
             batch, metrics = trainer.collect(update)
-            size = config.train.group_size
             result["reward"].append(batch.global_rewards.view(-1, size).mean(1).tolist())
-            accuracy = _accuracy(batch.reward_info or {})
+            accuracy = accuracy_component(batch.reward_info or {})
             if accuracy is not None:
                 result["success"].append((accuracy > 0.5).float().view(-1, size).mean(1).tolist())
             with trainer.accelerator.autocast():
@@ -368,11 +367,19 @@ def doctor(
             "clip_range": getattr(trainer.algorithm.params, "clip_range", None),
             "stochastic_steps": None if stochastic is None else int(stochastic.sum()),
         }
-    per_update = [float(np.mean(r)) for r in (result["success"] or result["reward"])]
-    result["rise"] = dataclasses.asdict(Rise.of(per_update)) | {"rose": Rise.of(per_update).rose}
-    result["rise"]["of"] = "success share" if result["success"] else "reward"
+    rise = Rise.of([float(np.mean(r)) for r in measured(result)])
+    result["rise"] = dataclasses.asdict(rise) | {
+        "rose": rise.rose,
+        "of": "success share" if result["success"] else "reward",
+    }
     result["hint"] = hint(result)
     return result
+
+
+def measured(result: dict) -> list:
+    """What the verdict measures, per update and prompt: the success share where the reward has one, else the
+    reward."""
+    return result["success"] or result["reward"]
 
 
 def _mean(values) -> float | None:
@@ -444,9 +451,8 @@ def summary_lines(result: dict) -> list[str]:
     lines.append(f"prompts ({len(result['prompts'])}, chosen for signal): " + "; ".join(result["prompts"]))
     if result.get("asked_prompts"):
         lines.append(f"  only {len(result['prompts'])} of the {result['asked_prompts']} asked for carry signal")
-    measured = result["success"] or result["reward"]  # what the verdict measures
-    last = np.asarray(measured[-rise["window"] :]).mean(0)
-    first = np.asarray(measured[: rise["window"]]).mean(0)
+    last = np.asarray(measured(result)[-rise["window"] :]).mean(0)
+    first = np.asarray(measured(result)[: rise["window"]]).mean(0)
     for prompt, a, b in zip(result["prompts"], first, last):
         lines.append(f"  {prompt[:60]:60s} {a:.4f} -> {b:.4f}")
     figures = [
@@ -485,7 +491,7 @@ def write_report(result: dict, out: Path) -> list[Path]:
     if not result.get("prompts"):
         return written
     with figure(out / "doctor.png", 1, 2, figsize=(11, 3.8)) as (fig, (left, right)):
-        rewards = np.asarray(result["success"] or result["reward"])
+        rewards = np.asarray(measured(result))
         for p, prompt in enumerate(result["prompts"]):
             left.plot(range(1, len(rewards) + 1), rewards[:, p], lw=1, label=prompt[:32])
         left.plot(range(1, len(rewards) + 1), rewards.mean(1), color="black", lw=2, label="mean")

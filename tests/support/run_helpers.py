@@ -121,8 +121,9 @@ class StageTrace:
 
 def flat(tensors) -> torch.Tensor:
     """Tensors (FSDP2's sharded ones gathered whole) as one flat float vector."""
-    parts = [t.full_tensor() if hasattr(t, "full_tensor") else t for t in tensors]
-    return torch.cat([t.detach().float().flatten().cpu() for t in parts])
+    from flowrl.sharding import whole
+
+    return torch.cat([whole(t).detach().float().flatten().cpu() for t in tensors])
 
 
 @dataclass
